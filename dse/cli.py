@@ -1,0 +1,214 @@
+"""The `dse` command line: evaluate one configuration and list the catalogs.
+
+Exit codes: 0 success, 2 bad input (one message naming the file or option, the field and what is
+allowed), 3 infeasible, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dse.errors import InfeasibleError, InputError
+from dse.evaluate import Config, evaluate_config
+from dse.hardware import SYSTEM_FIELDS, default_systems
+from dse.models import default_models
+from dse.physics import KV_TIERS, PHASES
+from dse.units import DTYPES
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Find the cheapest and fastest ways to serve and train large language models.",
+    pretty_exceptions_enable=False,
+)
+catalog_app = typer.Typer(no_args_is_help=True, help="List the hardware and model catalogs.")
+app.add_typer(catalog_app, name="catalog")
+
+Phase = Enum("Phase", {p: p for p in PHASES}, type=str)
+Dtype = Enum("Dtype", {d: d for d in DTYPES}, type=str)
+Tier = Enum("Tier", {t: t for t in KV_TIERS}, type=str)
+
+
+def _fail(exc: Exception) -> None:
+    Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(getattr(exc, "exit_code", 1))
+
+
+def _si(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return f"0 {unit}"
+    prefixes = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, ""), (1e-3, "m"), (1e-6, "u")]
+    for scale, p in prefixes:
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {p}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+@app.command()
+def evaluate(
+    model: Annotated[str, typer.Option(help="Model id (see `dse catalog models`).")],
+    system: Annotated[str, typer.Option(help="System id (see `dse catalog hardware`).")],
+    batch: Annotated[int, typer.Option(help="Sequences per forward pass (per pipeline micro-batch).")],
+    context: Annotated[int, typer.Option(help="KV length in decode; prompt length in prefill (tokens).")],
+    tp: Annotated[Optional[int], typer.Option(help="Attention tensor parallelism.")] = None,
+    ep: Annotated[Optional[int], typer.Option(help="Expert parallelism.")] = None,
+    pp: Annotated[Optional[int], typer.Option(help="Pipeline stages.")] = None,
+    dp: Annotated[Optional[int], typer.Option(help="Attention data parallelism (default: fills the stage).")] = None,
+    etp: Annotated[Optional[int], typer.Option(help="Expert tensor parallelism (default: fills the stage).")] = None,
+    chips: Annotated[Optional[int], typer.Option(help="Total chips of the replica.")] = None,
+    phase: Annotated[Phase, typer.Option(help="decode or prefill.")] = Phase.decode,
+    weights_dtype: Annotated[Dtype, typer.Option("--weights-dtype", help="Weight format.")] = Dtype.bf16,
+    kv_dtype: Annotated[Dtype, typer.Option("--kv-dtype", help="KV-cache format.")] = Dtype.bf16,
+    kv_tier: Annotated[Tier, typer.Option("--kv-tier", help="Where live KV is read from.")] = Tier.hbm,
+    ideal: Annotated[bool, typer.Option("--ideal", help="Every efficiency 1, communication overlapped.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Roofline step time, throughput, cost and memory of one serving configuration."""
+    cfg = Config(
+        model=model, system=system, batch=batch, context=context, tp=tp, ep=ep, pp=pp, dp=dp, etp=etp,
+        chips=chips, phase=phase.value, weights_dtype=weights_dtype.value, kv_dtype=kv_dtype.value,
+        kv_tier=kv_tier.value,
+    )
+    try:
+        result = evaluate_config(cfg, ideal=ideal)
+    except (InputError, InfeasibleError) as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    _print_evaluation(result)
+
+
+def _print_evaluation(r: dict) -> None:
+    console = Console()
+    title = (
+        f"{r['model']} on {r['chips']} x {r['system']} ({r['racks']} domain{'s' if r['racks'] > 1 else ''}), "
+        f"TP{r['tp']} DP{r['dp']} EP{r['ep']} ETP{r['etp']} PP{r['pp']}, {r['phase']}, batch {r['batch']}, "
+        f"context {r['context']}, weights {r['weights_dtype']} (compute {r['compute_dtype']}), KV {r['kv_dtype']} "
+        f"in {r['kv_tier']}{', ideal' if r['ideal'] else ''}"
+    )
+    t = Table(title=title, title_justify="left", show_header=True, header_style="bold")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("note")
+    rows = [
+        ("compute", _si(r["compute_s"], "s"), "weights 2 x active params + attention FLOPs"),
+        ("memory", _si(r["memory_s"], "s"), "weight + KV bytes over HBM bandwidth"),
+        ("communication", _si(r["comm_s"], "s"), f"TP {_si(r['tp_comm_s'], 's')}, EP {_si(r['ep_comm_s'], 's')}, PP {_si(r['pp_comm_s'], 's')}"),
+        ("step (TPOT)" if r["phase"] == "decode" else "step (TTFT)", _si(r["step_s"], "s"), f"bound: {r['bound']}"),
+        ("TTFT", _si(r["ttft_s"], "s"), "prefill of one prompt of this context"),
+        ("throughput", _si(r["tokens_per_s"], "tok/s"), f"{r['sequences_in_flight']} sequences in flight"),
+        ("cost", f"{r['usd_per_mtok']:.4g} USD/Mtok", f"{r['chips']} chips at {r['usd_per_chip_hour']:.2f} USD/chip-h"),
+        ("weights per chip", _si(r["weights_bytes_per_chip"], "B"), ""),
+        ("KV per chip", _si(r["kv_bytes_per_chip"], "B"), f"{_si(r['kv_bytes_per_token'], 'B')} per token of context"),
+        ("HBM used per chip", _si(r["hbm_bytes_per_chip"], "B"), f"of {_si(r['hbm_capacity_per_chip'], 'B')}: {'fits' if r['fits'] else 'DOES NOT FIT'}"),
+        ("balance batch", f"{r['balance_batch']:.0f}", "compute time = weight-fetch time"),
+        ("HBM drain time", _si(r["hbm_drain_s"], "s"), "HBM capacity / bandwidth"),
+        ("KV crossover context", "-" if r["kv_crossover_context"] is None else f"{r['kv_crossover_context']:.0f}", "KV fetch time = compute time"),
+        ("params", f"{r['params_total'] / 1e9:.1f}B total, {r['params_active'] / 1e9:.1f}B active", ""),
+    ]
+    for row in rows:
+        t.add_row(*row)
+    console.print(t)
+
+
+def _hardware_rows() -> list[dict]:
+    rows = []
+    for s in default_systems().values():
+        row: dict = {"id": s.id, "name": s.name, "vendor": s.vendor, "scaleup_topology": s.topology}
+        for name in SYSTEM_FIELDS:
+            q = s.quantities.get(name)
+            row[name] = None if q is None else q.si
+            if q is not None:
+                row[f"{name}_source"] = q.source
+                row[f"{name}_date"] = q.date
+        rows.append(row)
+    return rows
+
+
+@catalog_app.command("hardware")
+def catalog_hardware(as_json: Annotated[bool, typer.Option("--json", help="Print JSON (SI units).")] = False) -> None:
+    """The accelerator systems with their dense FLOP/s, HBM, links and prices."""
+    try:
+        rows = _hardware_rows()
+    except InputError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    t = Table(title="Hardware catalog (dense FLOP/s; one-direction link bandwidth per chip)", header_style="bold")
+    for col in ("id", "BF16", "FP8", "FP4", "HBM", "HBM BW", "domain", "scale-up", "scale-out", "USD/chip-h"):
+        t.add_column(col, justify="left" if col == "id" else "right")
+
+    def fmt(v: float | None, unit: str) -> str:
+        return "-" if v is None else _si(v, unit)
+
+    for r in rows:
+        t.add_row(
+            r["id"], fmt(r["flops_bf16"], "FLOP/s"), fmt(r["flops_fp8"], "FLOP/s"), fmt(r["flops_fp4"], "FLOP/s"),
+            fmt(r["hbm_capacity"], "B"), fmt(r["hbm_bandwidth"], "B/s"), f"{r['scaleup_domain']:.0f}",
+            fmt(r["scaleup_bandwidth"], "B/s"), fmt(r["scaleout_bandwidth"], "B/s"), f"{r['price'] * 3600:.2f}",
+        )
+    Console().print(t)
+
+
+@catalog_app.command("models")
+def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """The model architectures with derived parameter counts and KV bytes per token."""
+    try:
+        models = default_models()
+    except InputError as exc:
+        _fail(exc)
+    rows = []
+    for m in models.values():
+        a = m.spec.attention
+        rows.append({
+            "id": m.id,
+            "name": m.spec.name,
+            "attention": a.kind + (" + sliding window" if a.sliding_layers else "") + (" + sparse" if a.sparse else ""),
+            "ffn": m.spec.ffn.kind,
+            "layers": m.spec.n_layers,
+            "params_total": m.params_total,
+            "params_active": m.params_active,
+            "published_total": m.spec.published_b.total * 1e9,
+            "published_active": m.spec.published_b.active * 1e9,
+            "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"),
+            "hypothetical": m.spec.hypothetical,
+        })
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    t = Table(title="Model catalog (derived counts; active excludes the input-embedding lookup)", header_style="bold")
+    for col in ("id", "attention", "ffn", "layers", "total", "active", "published", "KV/token (bf16)"):
+        t.add_column(col, justify="left" if col in ("id", "attention", "ffn") else "right")
+    for r in rows:
+        t.add_row(
+            r["id"] + (" *" if r["hypothetical"] else ""), r["attention"], r["ffn"], str(r["layers"]),
+            f"{r['params_total'] / 1e9:.1f}B", f"{r['params_active'] / 1e9:.2f}B",
+            f"{r['published_total'] / 1e9:g}B / {r['published_active'] / 1e9:g}B", _si(r["kv_bytes_per_token_bf16"], "B"),
+        )
+    Console().print(t)
+    Console().print("* hypothetical model")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except (InputError, InfeasibleError) as exc:  # pragma: no cover - commands catch their own
+        Console(stderr=True).print(f"error: {exc}")
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

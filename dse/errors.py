@@ -1,0 +1,36 @@
+"""Error types that map to the command-line exit codes (2: bad input, 3: infeasible)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class InputError(ValueError):
+    """Bad input: a file, field or option holds a value that is not allowed (exit code 2)."""
+
+    exit_code = 2
+
+
+class InfeasibleError(RuntimeError):
+    """A study has no feasible configuration; the message names the binding resource (exit code 3)."""
+
+    exit_code = 3
+
+
+def close_names(name: str, allowed: Iterable[str], n: int = 3) -> list[str]:
+    """Return up to ``n`` names from ``allowed`` that look like ``name``."""
+    allowed = list(allowed)
+    matches = difflib.get_close_matches(name, allowed, n=n, cutoff=0.5)
+    if not matches:
+        matches = [a for a in allowed if name.lower() in a.lower() or a.lower() in name.lower()][:n]
+    return matches
+
+
+def unknown_name_message(kind: str, name: str, allowed: Iterable[str]) -> str:
+    """Message for an unknown id: the close names if any, else every allowed one."""
+    allowed = sorted(allowed)
+    close = close_names(name, allowed)
+    if close:
+        return f"unknown {kind} '{name}'; did you mean: {', '.join(close)}? (allowed: {', '.join(allowed)})"
+    return f"unknown {kind} '{name}'; allowed: {', '.join(allowed)}"

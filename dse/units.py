@@ -1,0 +1,74 @@
+"""Units of the catalogs and their conversion to SI, done once at load time.
+
+Every catalog quantity names its unit; this table maps each allowed unit to its dimension and the
+factor that turns it into the SI base used everywhere else (FLOP/s, bytes, bytes/s, W, USD/s,
+USD per byte-second, seconds, counts).
+"""
+
+from __future__ import annotations
+
+from dse.errors import InputError
+
+# unit -> (dimension, factor to SI)
+UNITS: dict[str, tuple[str, float]] = {
+    # compute rate
+    "FLOP/s": ("flop_rate", 1.0),
+    "TFLOP/s": ("flop_rate", 1e12),
+    "PFLOP/s": ("flop_rate", 1e15),
+    # capacity
+    "B": ("bytes", 1.0),
+    "KB": ("bytes", 1e3),
+    "MB": ("bytes", 1e6),
+    "GB": ("bytes", 1e9),
+    "TB": ("bytes", 1e12),
+    "KiB": ("bytes", 2.0**10),
+    "MiB": ("bytes", 2.0**20),
+    "GiB": ("bytes", 2.0**30),
+    "TiB": ("bytes", 2.0**40),
+    # bandwidth (bytes or bits per second, one direction unless a field says otherwise)
+    "B/s": ("byte_rate", 1.0),
+    "MB/s": ("byte_rate", 1e6),
+    "GB/s": ("byte_rate", 1e9),
+    "TB/s": ("byte_rate", 1e12),
+    "Gb/s": ("byte_rate", 1e9 / 8),
+    "Tb/s": ("byte_rate", 1e12 / 8),
+    # power
+    "W": ("power", 1.0),
+    "kW": ("power", 1e3),
+    # prices
+    "USD/h": ("usd_rate", 1.0 / 3600.0),
+    "USD/GB-h": ("usd_per_byte_s", 1.0 / (1e9 * 3600.0)),
+    "USD/TB-month": ("usd_per_byte_s", 1.0 / (1e12 * 730.0 * 3600.0)),
+    # time
+    "s": ("time", 1.0),
+    "ms": ("time", 1e-3),
+    "us": ("time", 1e-6),
+    "h": ("time", 3600.0),
+    # dimensionless
+    "chips": ("count", 1.0),
+    "count": ("count", 1.0),
+    "fraction": ("fraction", 1.0),
+}
+
+
+def units_for(dimension: str) -> list[str]:
+    """All units allowed for a dimension."""
+    return [u for u, (d, _) in UNITS.items() if d == dimension]
+
+
+def to_si(value: float, unit: str, dimension: str, where: str) -> float:
+    """Convert ``value`` in ``unit`` to SI, checking the unit measures ``dimension``."""
+    if unit not in UNITS:
+        raise InputError(f"{where}: unknown unit '{unit}'; allowed for {dimension}: {', '.join(units_for(dimension))}")
+    dim, factor = UNITS[unit]
+    if dim != dimension:
+        raise InputError(
+            f"{where}: unit '{unit}' measures {dim}, but this field is a {dimension}; "
+            f"allowed: {', '.join(units_for(dimension))}"
+        )
+    return float(value) * factor
+
+
+# Bytes per element of the number formats the tool knows.
+DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
+DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)

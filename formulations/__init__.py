@@ -1,0 +1,1 @@
+"""Mixed-integer formulations, one module per program; each builds a model and never solves it."""

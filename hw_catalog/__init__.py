@@ -1,0 +1,1 @@
+"""Catalog data: accelerator systems, memory tiers and efficiency factors (YAML)."""

@@ -1,0 +1,1 @@
+"""Catalog data: model architectures (YAML)."""
