@@ -7,10 +7,9 @@ allowed), 3 infeasible, 1 anything else.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -60,12 +59,12 @@ def evaluate(
     system: Annotated[str, typer.Option(help="System id (see `dse catalog hardware`).")],
     batch: Annotated[int, typer.Option(help="Sequences per forward pass (per pipeline micro-batch).")],
     context: Annotated[int, typer.Option(help="KV length in decode; prompt length in prefill (tokens).")],
-    tp: Annotated[Optional[int], typer.Option(help="Attention tensor parallelism.")] = None,
-    ep: Annotated[Optional[int], typer.Option(help="Expert parallelism.")] = None,
-    pp: Annotated[Optional[int], typer.Option(help="Pipeline stages.")] = None,
-    dp: Annotated[Optional[int], typer.Option(help="Attention data parallelism (default: fills the stage).")] = None,
-    etp: Annotated[Optional[int], typer.Option(help="Expert tensor parallelism (default: fills the stage).")] = None,
-    chips: Annotated[Optional[int], typer.Option(help="Total chips of the replica.")] = None,
+    tp: Annotated[int | None, typer.Option(help="Attention tensor parallelism.")] = None,
+    ep: Annotated[int | None, typer.Option(help="Expert parallelism.")] = None,
+    pp: Annotated[int | None, typer.Option(help="Pipeline stages.")] = None,
+    dp: Annotated[int | None, typer.Option(help="Attention data parallelism (default: fills the stage).")] = None,
+    etp: Annotated[int | None, typer.Option(help="Expert tensor parallelism (default: fills the stage).")] = None,
+    chips: Annotated[int | None, typer.Option(help="Total chips of the replica.")] = None,
     phase: Annotated[Phase, typer.Option(help="decode or prefill.")] = Phase.decode,
     weights_dtype: Annotated[Dtype, typer.Option("--weights-dtype", help="Weight format.")] = Dtype.bf16,
     kv_dtype: Annotated[Dtype, typer.Option("--kv-dtype", help="KV-cache format.")] = Dtype.bf16,
@@ -101,20 +100,23 @@ def _print_evaluation(r: dict) -> None:
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_column("note")
+    comm = f"TP {_si(r['tp_comm_s'], 's')}, EP {_si(r['ep_comm_s'], 's')}, PP {_si(r['pp_comm_s'], 's')}"
+    fits = "fits" if r["fits"] else "DOES NOT FIT"
+    crossover = "-" if r["kv_crossover_context"] is None else f"{r['kv_crossover_context']:.0f}"
     rows = [
         ("compute", _si(r["compute_s"], "s"), "weights 2 x active params + attention FLOPs"),
         ("memory", _si(r["memory_s"], "s"), "weight + KV bytes over HBM bandwidth"),
-        ("communication", _si(r["comm_s"], "s"), f"TP {_si(r['tp_comm_s'], 's')}, EP {_si(r['ep_comm_s'], 's')}, PP {_si(r['pp_comm_s'], 's')}"),
+        ("communication", _si(r["comm_s"], "s"), comm),
         ("step (TPOT)" if r["phase"] == "decode" else "step (TTFT)", _si(r["step_s"], "s"), f"bound: {r['bound']}"),
         ("TTFT", _si(r["ttft_s"], "s"), "prefill of one prompt of this context"),
         ("throughput", _si(r["tokens_per_s"], "tok/s"), f"{r['sequences_in_flight']} sequences in flight"),
         ("cost", f"{r['usd_per_mtok']:.4g} USD/Mtok", f"{r['chips']} chips at {r['usd_per_chip_hour']:.2f} USD/chip-h"),
         ("weights per chip", _si(r["weights_bytes_per_chip"], "B"), ""),
         ("KV per chip", _si(r["kv_bytes_per_chip"], "B"), f"{_si(r['kv_bytes_per_token'], 'B')} per token of context"),
-        ("HBM used per chip", _si(r["hbm_bytes_per_chip"], "B"), f"of {_si(r['hbm_capacity_per_chip'], 'B')}: {'fits' if r['fits'] else 'DOES NOT FIT'}"),
+        ("HBM used per chip", _si(r["hbm_bytes_per_chip"], "B"), f"of {_si(r['hbm_capacity_per_chip'], 'B')}: {fits}"),
         ("balance batch", f"{r['balance_batch']:.0f}", "compute time = weight-fetch time"),
         ("HBM drain time", _si(r["hbm_drain_s"], "s"), "HBM capacity / bandwidth"),
-        ("KV crossover context", "-" if r["kv_crossover_context"] is None else f"{r['kv_crossover_context']:.0f}", "KV fetch time = compute time"),
+        ("KV crossover context", crossover, "KV fetch time = compute time"),
         ("params", f"{r['params_total'] / 1e9:.1f}B total, {r['params_active'] / 1e9:.1f}B active", ""),
     ]
     for row in rows:
@@ -195,7 +197,8 @@ def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print J
         t.add_row(
             r["id"] + (" *" if r["hypothetical"] else ""), r["attention"], r["ffn"], str(r["layers"]),
             f"{r['params_total'] / 1e9:.1f}B", f"{r['params_active'] / 1e9:.2f}B",
-            f"{r['published_total'] / 1e9:g}B / {r['published_active'] / 1e9:g}B", _si(r["kv_bytes_per_token_bf16"], "B"),
+            f"{r['published_total'] / 1e9:g}B / {r['published_active'] / 1e9:g}B",
+            _si(r["kv_bytes_per_token_bf16"], "B"),
         )
     Console().print(t)
     Console().print("* hypothetical model")

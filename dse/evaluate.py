@@ -1,5 +1,6 @@
 """Evaluate one serving configuration: resolve names and layout, run the vectorized physics on a
-single candidate, and return plain numbers keyed as in the command-line contract."""
+single candidate, and return plain numbers keyed as in the command-line contract.
+"""
 
 from __future__ import annotations
 

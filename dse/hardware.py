@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -12,6 +13,11 @@ from dse.errors import InputError, unknown_name_message
 from dse.units import DTYPES
 
 HW_DIR = Path(__file__).resolve().parent.parent / "hw_catalog"
+
+
+def hw_dir() -> Path:
+    """The hardware catalog folder: ``$DSE_HW_CATALOG`` if set, else the embedded one."""
+    return Path(os.environ.get("DSE_HW_CATALOG") or HW_DIR)
 
 SYSTEM_FIELDS: dict[str, FieldSpec] = {
     "flops_bf16": FieldSpec("flop_rate", True, "dense BF16 tensor FLOP/s per chip"),
@@ -166,7 +172,7 @@ def _entries(doc: object, key: str, path: Path) -> list:
 
 def load_systems(path: Path | None = None) -> dict[str, System]:
     """Load and validate ``systems.yaml``; every error names the file, the row and the field."""
-    path = Path(path) if path else HW_DIR / "systems.yaml"
+    path = Path(path) if path else hw_dir() / "systems.yaml"
     doc = read_yaml(path)
     entries = _entries(doc, "systems", path)
     check_keys(doc, ("sources", "systems"), str(path))
@@ -186,7 +192,7 @@ def load_systems(path: Path | None = None) -> dict[str, System]:
 
 def load_memory_tiers(path: Path | None = None) -> dict[str, MemoryTier]:
     """Load ``memory_tiers.yaml``: HBM, host DRAM, NVMe flash and HDD."""
-    path = Path(path) if path else HW_DIR / "memory_tiers.yaml"
+    path = Path(path) if path else hw_dir() / "memory_tiers.yaml"
     doc = read_yaml(path)
     entries = _entries(doc, "tiers", path)
     sources = parse_sources(doc, path)
@@ -212,7 +218,7 @@ def load_memory_tiers(path: Path | None = None) -> dict[str, MemoryTier]:
 
 def load_efficiency(path: Path | None = None) -> Efficiency:
     """Load the efficiency factors; each must lie in (0, 1]."""
-    path = Path(path) if path else HW_DIR / "efficiency.yaml"
+    path = Path(path) if path else hw_dir() / "efficiency.yaml"
     doc = read_yaml(path)
     sources = parse_sources(doc, path)
     factors = doc.get("factors") if isinstance(doc, dict) else None

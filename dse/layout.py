@@ -115,7 +115,8 @@ def divisors(n: int) -> list[int]:
 
 def layouts_for(model: Architecture, chips_per_stage: int, pps: tuple[int, ...] = (1,)) -> Iterator[Layout]:
     """Every valid layout with the given chips per stage, built by construction (TP x DP and
-    EP x expert-TP are factor pairs of the stage size)."""
+    EP x expert-TP are factor pairs of the stage size).
+    """
     heads = model.spec.attention.n_heads
     max_ep = model.spec.ffn.n_experts if model.is_moe else 1
     for pp in pps:

@@ -8,6 +8,7 @@ windows, cross-layer KV sharing and top-k sparse attention with a cached indexer
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -22,13 +23,19 @@ from dse.units import DTYPE_BYTES
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model_catalog"
 
 
+def model_dir() -> Path:
+    """The model catalog folder: ``$DSE_MODEL_CATALOG`` if set, else the embedded one."""
+    return Path(os.environ.get("DSE_MODEL_CATALOG") or MODEL_DIR)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class SparseAttention(_Strict):
     """Top-k token selection (DeepSeek Sparse Attention): a lightweight indexer scores every
-    cached token with its own cached keys, and the main attention reads only the top_k."""
+    cached token with its own cached keys, and the main attention reads only the top_k.
+    """
 
     top_k: int
     indexer_heads: int
@@ -250,7 +257,8 @@ class Architecture:
     @cached_property
     def params_active(self) -> int:
         """Weights a token touches in a forward pass, without the input-embedding lookup (which
-        does no multiply-adds); this is the count whose 2x gives the weight FLOPs per token."""
+        does no multiply-adds); this is the count whose 2x gives the weight FLOPs per token.
+        """
         f = self.spec.ffn
         routed_active = self.moe_layers * f.top_k * self.expert_params
         return self.params_dense - self.params_embedding + routed_active
@@ -330,7 +338,8 @@ class Architecture:
 
     def attention_flops_per_token(self, context: float, phase: str = "decode") -> float:
         """Attention-score FLOPs of one token at ``context`` (decode), or per prompt token
-        averaged over a causal prompt of ``context`` tokens (prefill)."""
+        averaged over a causal prompt of ``context`` tokens (prefill).
+        """
         per = self.attention_flops_per_attended_token(phase)
         if phase == "decode":
             attended = sum(n * min(context, cap) for n, _, _, cap in self.layer_groups)
@@ -356,7 +365,8 @@ def _format_validation(exc: ValidationError, where: str) -> str:
         for part in err["loc"][:-1]:
             field = parent.model_fields.get(str(part)) if isinstance(parent, type) else None
             ann = field.annotation if field else None
-            parent = next((t for t in getattr(ann, "__args__", (ann,)) if isinstance(t, type) and issubclass(t, BaseModel)), None)
+            options = getattr(ann, "__args__", (ann,))
+            parent = next((t for t in options if isinstance(t, type) and issubclass(t, BaseModel)), None)
         allowed = list(parent.model_fields) if parent else []
         close = close_names(key, allowed)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -369,7 +379,7 @@ def _format_validation(exc: ValidationError, where: str) -> str:
 
 def load_models(path: Path | None = None) -> dict[str, Architecture]:
     """Load and validate ``models.yaml``; errors name the file, the row and the field."""
-    path = Path(path) if path else MODEL_DIR / "models.yaml"
+    path = Path(path) if path else model_dir() / "models.yaml"
     doc = read_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
         raise InputError(f"{path}: expected a top-level 'models:' list")

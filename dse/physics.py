@@ -179,178 +179,215 @@ def alltoall_factor(group: np.ndarray, dims: np.ndarray) -> np.ndarray:
 def _causal(context: np.ndarray, cap: np.ndarray) -> np.ndarray:
     """Sum over positions 1..L of min(position, cap)."""
     c = np.minimum(context, cap)
-    return c * (c + 1.0) / 2.0 + (context - c) * c
+    return c * ((c + 1.0) * 0.5 + (context - c))
+
+
+class _Gathered:
+    """Per-candidate copies of the table columns and layout degrees, gathered once."""
+
+    def __init__(self, c: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency) -> None:
+        m, s = c.model, c.system
+        self.eff = eff
+        self.tp, self.dp, self.ep, self.etp, self.pp = (_f(x) for x in (c.tp, c.dp, c.ep, c.etp, c.pp))
+        self.cps = self.tp * self.dp
+        self.chips = self.cps * self.pp
+        self.batch, self.ctx = _f(c.batch), _f(c.context)
+        self.phase = np.asarray(c.phase)
+        dtype_bytes = _f([DTYPE_BYTES[d] for d in DTYPES])
+        self.wbytes = dtype_bytes[c.weights_dtype]
+        self.flops_rate = systems.flops[s, c.weights_dtype]
+        self.on_host = np.asarray(c.kv_tier) == 1
+        # model columns
+        self.p_act, self.p_dense, self.p_emb = models.p_active[m], models.p_dense[m], models.p_embedding[m]
+        self.p_exp, self.moe_l = models.p_expert[m], models.moe_layers[m]
+        self.n_exp, self.top_k = models.n_experts[m], models.top_k[m]
+        self.n_layers, self.d, self.vocab = models.n_layers[m], models.d_model[m], models.vocab[m]
+        groups = range(models.g_layers.shape[1])
+        self.g_layers = [np.ascontiguousarray(models.g_layers[:, k])[m] for k in groups]
+        self.g_cap = [np.ascontiguousarray(models.g_cap[:, k])[m] for k in groups]
+        g_stored = [np.ascontiguousarray(models.g_stored[:, k])[m] for k in groups]
+        g_window = [np.ascontiguousarray(models.g_window[:, k])[m] for k in groups]
+        self.idx_flops, self.idx_b = models.idx_flops[m], models.idx_bytes_layer[m]
+        self.attn_decode, self.attn_prefill = models.attn_decode[m], models.attn_prefill[m]
+        shard = np.ceil(models.kv_heads[m] / self.tp) / models.kv_heads[m]
+        self.kv_main = models.kv_elems[m] * dtype_bytes[c.kv_dtype] * shard  # bytes per token per layer per chip
+        self.attended = _gsum(self.g_layers, [np.minimum(self.ctx, cap) for cap in self.g_cap])
+        indexer = self.idx_b * self.n_layers * self.ctx
+        self.read_per_seq = self.kv_main * self.attended + indexer  # decode KV bytes read per sequence per chip
+        self.stored_per_seq = self.kv_main * _gsum(g_stored, [np.minimum(self.ctx, w) for w in g_window]) + indexer
+        # system columns
+        self.hbm_cap = systems.hbm_capacity[s]
+        self.hbm_bw = systems.hbm_bandwidth[s] * eff.memory
+        self.host_bw = systems.host_bw[s] * eff.memory
+        self.host_cap = systems.host_capacity[s]
+        self.domain = systems.domain[s]
+        self.su = systems.scaleup_bw[s] * eff.link
+        self.so = systems.scaleout_bw[s] * eff.link
+        self.topo = systems.topo_dims[s]
+        self.price = systems.price_per_s[s]
+        # layout-only quantities shared by every pass
+        self.experts_per_chip = np.ceil(self.n_exp / self.ep)
+        self.routed_per_chip = self.moe_l / self.pp * self.experts_per_chip * self.p_exp / self.etp
+        self.routed_active = self.moe_l * self.top_k * self.p_exp
+        self.dense_read = self.wbytes * (self.p_dense - self.p_emb) / (self.tp * self.pp)
+        local = np.minimum(self.cps, self.domain)
+        self.intra = np.maximum(local - 1.0, 0.0) / self.cps
+        self.inter = np.maximum(self.cps - self.domain, 0.0) / self.cps
+        self.a2a_bw = self.su * alltoall_factor(local, self.topo)
+
+
+def _gsum(weights: list[np.ndarray], values: list[np.ndarray]) -> np.ndarray:
+    """Sum over layer groups of weight x value."""
+    total = weights[0] * values[0]
+    for w, v in zip(weights[1:], values[1:], strict=True):
+        total = total + w * v
+    return total
+
+
+def _where(cond: np.ndarray | bool, a: object, b: object) -> np.ndarray:
+    """np.where that skips the work of the branch a uniform condition never takes."""
+    if np.ndim(cond) == 0:
+        return _f(a() if cond else b())
+    return np.where(cond, a(), b())
+
+
+def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[str, np.ndarray]:
+    """Compute, memory and communication time of one forward pass of a micro-batch of ``batch``."""
+    eff, ctx = g.eff, g.ctx
+    per_seq = _where(prefill, lambda: ctx, lambda: 1.0)  # tokens each sequence adds
+    tokens = batch * per_seq
+    seqs_rank = np.ceil(batch / g.dp)  # sequences on the busiest attention (DP) rank
+    tokens_rank = seqs_rank * per_seq
+    eff_c = _where(prefill, lambda: eff.compute_prefill, lambda: eff.compute_decode)
+
+    # compute: attention, dense MLPs and shared experts run per DP rank on its own sequences (TP
+    # splits them); routed experts run over every token of the stage, spread over all its chips.
+    def attn_prefill() -> np.ndarray:
+        attended = _gsum(g.g_layers, [_causal(ctx, cap) for cap in g.g_cap])
+        return g.attn_prefill * attended + g.idx_flops * g.n_layers * _causal(ctx, np.inf)
+
+    def attn_decode() -> np.ndarray:
+        return g.attn_decode * g.attended + g.idx_flops * g.n_layers * ctx
+
+    attn = _where(prefill, attn_prefill, attn_decode)  # attention FLOPs per sequence
+    rate = g.flops_rate * eff_c
+    dense_rank_flops = tokens_rank * 2.0 * (g.p_act - g.routed_active) + seqs_rank * attn
+    compute_s = dense_rank_flops / (g.tp * rate) + tokens * 2.0 * g.routed_active / (g.cps * rate)
+
+    # memory: weights of the stage (routed experts only where a token landed) and KV of the batch
+    touched = np.where(g.n_exp > 0, -np.expm1(tokens * np.log1p(-g.top_k / np.maximum(g.n_exp, 1.0))), 0.0)
+    weights_read = g.dense_read + g.wbytes * g.routed_per_chip * touched
+    kv_bytes = seqs_rank * g.stored_per_seq  # the stage holds PP micro-batches of 1/PP of the layers
+    kv_read = _where(prefill, lambda: kv_bytes, lambda: seqs_rank * g.read_per_seq) / g.pp
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kv_time = np.where(g.on_host, np.where(kv_read > 0, kv_read / g.host_bw, 0.0), kv_read / g.hbm_bw)
+        memory_s = g.pp * (weights_read / g.hbm_bw + kv_time)
+
+        # communication: TP all-reduce (ring), EP dispatch + combine all-to-all, PP hand-off
+        msg = tokens_rank * g.d * ACT_BYTES
+        tp_bw = np.where(g.tp <= g.domain, g.su, g.so)
+        allreduce = np.where(g.tp > 1, 2.0 * (g.tp - 1) / g.tp * msg / tp_bw, 0.0)
+        tp_s = 2.0 * g.n_layers / g.pp * allreduce
+        disp = np.where(g.wbytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
+        a2a_bytes = tokens_rank / g.tp * g.top_k * g.etp * g.d * (disp + ACT_BYTES)
+        a2a = np.maximum(
+            a2a_bytes * g.intra / g.a2a_bw, np.where(g.inter > 0, a2a_bytes * g.inter / g.so, 0.0)
+        )
+        ep_s = np.where((g.n_exp > 0) & (g.cps > 1), g.moe_l / g.pp * a2a, 0.0)
+        hand_bw = np.where(g.chips <= g.domain, g.su, g.so)
+        pp_s = np.where(g.pp > 1, tokens * g.d * ACT_BYTES / g.cps / hand_bw, 0.0)
+    comm_s = g.pp * (tp_s + ep_s + pp_s)
+
+    work = np.maximum(compute_s, memory_s)
+    step_s = np.maximum(work, comm_s) + (1.0 - eff.overlap) * np.minimum(comm_s, work)
+    return {
+        "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s, "work": work,
+        "tp_s": tp_s, "ep_s": ep_s, "pp_s": pp_s, "kv_bytes": kv_bytes, "seqs_rank": seqs_rank,
+        "tokens_rank": tokens_rank, "eff_c": eff_c, "attn": attn, "tokens": tokens,
+    }
 
 
 def evaluate(
     cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency, ttft: bool = True
 ) -> dict[str, np.ndarray]:
     """Roofline metrics of every candidate (SI units), as a dict of equal-length arrays."""
-    c = cand.broadcast()
-    m, s = c.model, c.system
-    tp, dp, ep, etp, pp = (_f(x) for x in (c.tp, c.dp, c.ep, c.etp, c.pp))
-    batch, ctx = _f(c.batch), _f(c.context)
-    prefill = np.asarray(c.phase) == 1
-    cps = tp * dp
-    chips = cps * pp
+    g = _Gathered(cand.broadcast(), models, systems, eff)
+    prefill = g.phase == 1
+    if prefill.ndim and (prefill.all() or not prefill.any()):
+        prefill = bool(prefill.all())  # uniform phase: take one branch only
+    r = _pass(g, g.batch, prefill)
+    step_s, compute_s, memory_s, comm_s = r["step_s"], r["compute_s"], r["memory_s"], r["comm_s"]
+    bound = np.where(comm_s > r["work"], 2, np.where(memory_s > compute_s, 1, 0))
 
-    wbytes = np.take(_f([DTYPE_BYTES[d] for d in DTYPES]), c.weights_dtype)
-    kvbytes = np.take(_f([DTYPE_BYTES[d] for d in DTYPES]), c.kv_dtype)
-    flops_rate = systems.flops[s, c.weights_dtype]
-    eff_c = np.where(prefill, eff.compute_prefill, eff.compute_decode)
+    # memory capacity per chip
+    weights_bytes = g.wbytes * (g.p_dense / (g.tp * g.pp) + g.routed_per_chip)
+    kv_bytes = r["kv_bytes"]
+    act_tokens = _where(prefill, lambda: np.minimum(r["tokens_rank"], PREFILL_CHUNK), lambda: r["tokens_rank"])
+    act_bytes = act_tokens * 8.0 * g.d * ACT_BYTES + r["seqs_rank"] * g.vocab / g.tp * LOGIT_BYTES
+    hbm_bytes = weights_bytes + np.where(g.on_host, 0.0, kv_bytes) + act_bytes
+    fits = (hbm_bytes <= g.hbm_cap * eff.hbm_usable) & (~g.on_host | (kv_bytes <= g.host_cap))
 
-    p_act, p_dense, p_emb, p_exp = models.p_active[m], models.p_dense[m], models.p_embedding[m], models.p_expert[m]
-    moe_l, n_exp, top_k = models.moe_layers[m], models.n_experts[m], models.top_k[m]
-    n_layers, d, vocab = models.n_layers[m], models.d_model[m], models.vocab[m]
+    # throughput and cost: PP micro-batches are in flight
+    seqs_in_flight = g.batch * g.pp
+    tokens_per_s = seqs_in_flight * _where(prefill, lambda: g.ctx, lambda: 1.0) / step_s
+    usd_per_mtok = g.chips * g.price / tokens_per_s * 1e6
 
-    per_seq = np.where(prefill, ctx, 1.0)  # tokens each sequence adds per forward pass
-    tokens = batch * per_seq  # tokens per forward pass
-    seqs_rank = np.ceil(batch / dp)  # sequences on the busiest attention (DP) rank
-    tokens_rank = seqs_rank * per_seq
-
-    # ---- compute ------------------------------------------------------------------------
-    # Attention, dense MLPs and shared experts run on each DP rank over its own sequences (TP
-    # splits them); routed experts run over every token of the stage, spread over all its chips.
-    g_layers, g_cap = models.g_layers[m], models.g_cap[m]
-    ctx2 = ctx[..., None]
-    attended_dec = (g_layers * np.minimum(ctx2, g_cap)).sum(axis=-1)
-    attended_pre = (g_layers * _causal(ctx2, g_cap)).sum(axis=-1)
-    attn = np.where(  # attention FLOPs per sequence per forward pass
-        prefill,
-        models.attn_prefill[m] * attended_pre + models.idx_flops[m] * n_layers * _causal(ctx, np.inf),
-        models.attn_decode[m] * attended_dec + models.idx_flops[m] * n_layers * ctx,
-    )
-    routed_active = moe_l * top_k * p_exp
-    dense_rank_flops = tokens_rank * 2.0 * (p_act - routed_active) + seqs_rank * attn
-    routed_flops = tokens * 2.0 * routed_active
-    rate = flops_rate * eff_c
-    compute_s = dense_rank_flops / (tp * rate) + routed_flops / (cps * rate)
-    attn_flops = batch * attn
-    flops = tokens * 2.0 * p_act + attn_flops
-
-    # ---- memory per chip ------------------------------------------------------------------
-    experts_per_chip = np.ceil(n_exp / ep)
-    routed_per_chip = moe_l / pp * experts_per_chip * p_exp / etp
-    dense_per_chip = p_dense / (tp * pp)
-    weights_bytes = wbytes * (dense_per_chip + routed_per_chip)
-    touched = np.where(n_exp > 0, -np.expm1(tokens * np.log1p(-top_k / np.maximum(n_exp, 1.0))), 0.0)
-    weights_read = wbytes * ((p_dense - p_emb) / (tp * pp) + routed_per_chip * touched)
-
-    shard = np.ceil(models.kv_heads[m] / tp) / models.kv_heads[m]
-    kv_main = models.kv_elems[m] * kvbytes * shard
-    idx_b = models.idx_bytes_layer[m]
-    stored_per_seq = kv_main * (models.g_stored[m] * np.minimum(ctx2, models.g_window[m])).sum(axis=-1)
-    stored_per_seq = stored_per_seq + idx_b * n_layers * ctx
-    read_per_seq = kv_main * (g_layers * np.minimum(ctx2, g_cap)).sum(axis=-1) + idx_b * n_layers * ctx
-    # A stage holds PP micro-batches of 1/PP of the layers: KV per chip does not fall with PP.
-    kv_bytes = seqs_rank * stored_per_seq
-    kv_read = np.where(prefill, kv_bytes, seqs_rank * read_per_seq) / pp  # prefill writes its KV once
-
-    on_host = np.asarray(c.kv_tier) == 1
-    hbm_bw = systems.hbm_bandwidth[s] * eff.memory
-    host_bw = systems.host_bw[s] * eff.memory
-    with np.errstate(divide="ignore", invalid="ignore"):
-        kv_time = np.where(on_host, np.where(kv_read > 0, kv_read / host_bw, 0.0), kv_read / hbm_bw)
-    memory_s = pp * (weights_read / hbm_bw + kv_time)
-
-    # ---- communication --------------------------------------------------------------------
-    domain = systems.domain[s]
-    su = systems.scaleup_bw[s] * eff.link
-    so = systems.scaleout_bw[s] * eff.link
-    msg = tokens_rank * d * ACT_BYTES
-    tp_bw = np.where(tp <= domain, su, so)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        allreduce = np.where(tp > 1, 2.0 * (tp - 1) / tp * msg / tp_bw, 0.0)
-        tp_s = 2.0 * n_layers / pp * allreduce
-
-        disp_bytes = np.where(wbytes < 2, 1.0, ACT_BYTES)
-        a2a_bytes = tokens_rank / tp * top_k * etp * d * (disp_bytes + ACT_BYTES)
-        local = np.minimum(cps, domain)
-        intra = np.maximum(local - 1.0, 0.0) / cps
-        inter = np.maximum(cps - domain, 0.0) / cps
-        a2a_bw = su * alltoall_factor(local, systems.topo_dims[s])
-        a2a = np.maximum(a2a_bytes * intra / a2a_bw, np.where(inter > 0, a2a_bytes * inter / so, 0.0))
-        ep_s = np.where((n_exp > 0) & (cps > 1), moe_l / pp * a2a, 0.0)
-
-        hand_bw = np.where(chips <= domain, su, so)
-        pp_s = np.where(pp > 1, tokens * d * ACT_BYTES / cps / hand_bw, 0.0)
-    comm_s = pp * (tp_s + ep_s + pp_s)
-
-    # ---- step -------------------------------------------------------------------------------
-    work = np.maximum(compute_s, memory_s)
-    longest = np.maximum(work, comm_s)
-    step_s = longest + (1.0 - eff.overlap) * np.minimum(comm_s, work)
-    bound = np.where(comm_s > work, 2, np.where(memory_s > compute_s, 1, 0))
-
-    # ---- memory capacity ------------------------------------------------------------------
-    act_tokens = np.where(prefill, np.minimum(tokens_rank, PREFILL_CHUNK), tokens_rank)
-    logit_tokens = seqs_rank
-    act_bytes = act_tokens * 8.0 * d * ACT_BYTES + logit_tokens * vocab / tp * LOGIT_BYTES
-    kv_in_hbm = np.where(on_host, 0.0, kv_bytes)
-    hbm_bytes = weights_bytes + kv_in_hbm + act_bytes
-    hbm_cap = systems.hbm_capacity[s]
-    fits = (hbm_bytes <= hbm_cap * eff.hbm_usable) & (~on_host | (kv_bytes <= systems.host_capacity[s]))
-
-    # ---- throughput and cost ----------------------------------------------------------------
-    seqs_in_flight = batch * pp
-    tokens_per_s = np.where(prefill, seqs_in_flight * ctx, seqs_in_flight) / step_s
-    usd_per_mtok = chips * systems.price_per_s[s] / tokens_per_s * 1e6
-
-    # ---- derived figures ----------------------------------------------------------------------
-    weights_read_all = wbytes * ((p_dense - p_emb) / (tp * pp) + routed_per_chip)
-    balance_batch = weights_read_all / hbm_bw * cps * flops_rate * eff_c / (2.0 * p_act / pp)
-    hbm_drain_s = hbm_cap / systems.hbm_bandwidth[s]
-    kv_per_token_read = kv_main * (g_layers * (g_cap == np.inf)).sum(axis=-1) + idx_b * n_layers
-    attn_per_token = models.attn_decode[m] * (g_layers * (g_cap == np.inf)).sum(axis=-1) + models.idx_flops[m] * n_layers
-    capped = (g_layers * np.where(np.isinf(g_cap), 0.0, g_cap)).sum(axis=-1)
-    rate_c = tp * rate  # FLOP/s serving one DP rank's sequences
-    slope = kv_per_token_read / hbm_bw - attn_per_token / rate_c
-    offset = (2.0 * p_act + models.attn_decode[m] * capped) / rate_c - kv_main * capped / hbm_bw
+    # derived figures
+    rate = g.flops_rate * r["eff_c"]
+    weights_read_all = g.dense_read + g.wbytes * g.routed_per_chip
+    balance_batch = weights_read_all / g.hbm_bw * g.cps * rate / (2.0 * g.p_act / g.pp)
+    unbounded_layers = _gsum(g.g_layers, [np.isinf(cap) for cap in g.g_cap])
+    capped = _gsum(g.g_layers, [np.where(np.isinf(cap), 0.0, cap) for cap in g.g_cap])
+    rate_rank = g.tp * rate  # FLOP/s serving one DP rank's sequences
+    slope = (g.kv_main * unbounded_layers + g.idx_b * g.n_layers) / g.hbm_bw
+    slope = slope - (g.attn_decode * unbounded_layers + g.idx_flops * g.n_layers) / rate_rank
+    offset = (2.0 * g.p_act + g.attn_decode * capped) / rate_rank - g.kv_main * capped / g.hbm_bw
     with np.errstate(divide="ignore", invalid="ignore"):
         kv_crossover = np.where(slope > 0, np.maximum(offset, 0.0) / slope, np.inf)
 
     out = {
-        "chips": chips,
+        "chips": g.chips,
         "compute_s": compute_s,
         "memory_s": memory_s,
         "comm_s": comm_s,
         "step_s": step_s,
         "bound": bound,
         "tokens_per_s": tokens_per_s,
-        "tpot_s": np.where(prefill, np.nan, step_s),
+        "tpot_s": _where(prefill, lambda: np.full_like(step_s, np.nan), lambda: step_s),
         "usd_per_mtok": usd_per_mtok,
         "weights_bytes_per_chip": weights_bytes,
         "kv_bytes_per_chip": kv_bytes,
         "activation_bytes_per_chip": act_bytes,
         "hbm_bytes_per_chip": hbm_bytes,
         "fits": fits,
-        "flops_per_step": flops,
-        "attention_flops_per_step": attn_flops,
-        "tp_comm_s": pp * tp_s,
-        "ep_comm_s": pp * ep_s,
-        "pp_comm_s": pp * pp_s,
+        "flops_per_step": r["tokens"] * 2.0 * g.p_act + g.batch * r["attn"],
+        "attention_flops_per_step": g.batch * r["attn"],
+        "tp_comm_s": g.pp * r["tp_s"],
+        "ep_comm_s": g.pp * r["ep_s"],
+        "pp_comm_s": g.pp * r["pp_s"],
         "sequences_in_flight": seqs_in_flight,
         "balance_batch": balance_batch,
-        "hbm_drain_s": hbm_drain_s,
+        "hbm_drain_s": g.hbm_cap / (g.hbm_bw / eff.memory),
         "kv_crossover_context": kv_crossover,
     }
     if ttft:
-        pre = Candidates(
-            m, s, c.tp, c.dp, c.ep, c.etp, c.pp, np.ones_like(batch), ctx, 1, c.weights_dtype, c.kv_dtype, c.kv_tier
-        )
-        out["ttft_s"] = np.where(prefill, step_s, evaluate(pre, models, systems, eff, ttft=False)["step_s"])
+        first = _pass(g, np.ones_like(g.batch), True)["step_s"]
+        out["ttft_s"] = np.where(prefill, step_s, first)
     return out
 
 
 BOUNDS = ("compute", "memory", "comm")
 
 
-def balance_batch_closed_form(flops: float, bandwidth: float, bytes_per_param: float, total: float, active: float) -> float:
+def balance_batch_closed_form(
+    flops: float, bandwidth: float, bytes_per_param: float, total: float, active: float
+) -> float:
     """The lecture's balance batch: (FLOP/s / bytes/s) x (bytes per param / 2) x (total / active)."""
     return flops / bandwidth * bytes_per_param / 2.0 * total / active
 
 
 def kv_crossover_bytes_per_token(flops: float, bandwidth: float, active: float, context: float) -> float:
     """KV bytes per token at which KV fetch time equals weight compute time at ``context``:
-    B L bytes / bandwidth = B 2 N_active / FLOP/s, so bytes = (bandwidth / FLOP/s) x 2 N / L."""
+    B L bytes / bandwidth = B 2 N_active / FLOP/s, so bytes = (bandwidth / FLOP/s) x 2 N / L.
+    """
     return bandwidth / flops * 2.0 * active / context
