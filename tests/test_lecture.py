@@ -1,0 +1,152 @@
+"""The lecture's quantitative claims, computed from the catalog under --ideal (pure roofline)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import run
+
+from dse.layout import Layout, resolve_layout
+from dse.physics import balance_batch_closed_form, kv_crossover_bytes_per_token
+
+TP8 = Layout(tp=8, dp=1, ep=1, etp=8, pp=1)
+
+
+def weight_read_bytes(model, bytes_per_param=2.0):
+    """Weights a decode step streams: every weight but the input-embedding table (a lookup)."""
+    return (model.params_total - model.params_embedding) * bytes_per_param
+
+
+def test_balance_batch_is_flops_over_bandwidth_times_sparsity(models, systems):
+    h100 = systems["h100"]
+    for model_id, layout in (("llama-3.1-70b", TP8), ("deepseek-v3", Layout(tp=8, dp=1, ep=8, etp=1, pp=1))):
+        m = models[model_id]
+        r = run(m, h100, layout, batch=1, context=1)
+        closed = balance_batch_closed_form(
+            h100.flops["bf16"], h100.hbm_bandwidth, 2.0, m.params_total - m.params_embedding, m.params_active
+        )
+        assert r["balance_batch"] == pytest.approx(closed, rel=1e-12)
+        # "about 300 x sparsity": H100 has 989 TFLOP/s over 3.35 TB/s = 295 FLOP per byte; sparsity
+        # here is weights streamed per step over weights multiplied per token (the embedding table
+        # is a lookup, neither streamed nor multiplied)
+        sparsity = (m.params_total - m.params_embedding) / m.params_active
+        assert r["balance_batch"] / sparsity == pytest.approx(h100.flops["bf16"] / h100.hbm_bandwidth)
+        assert r["balance_batch"] / sparsity == pytest.approx(300, rel=0.02)
+
+
+def test_deepseek_balance_batch_with_the_lectures_sparsity_of_8(systems):
+    # 32 of 256 experts active -> sparsity 8 -> about 2,400 at ~300 FLOP/byte
+    h100 = systems["h100"]
+    assert balance_batch_closed_form(h100.flops["bf16"], h100.hbm_bandwidth, 2.0, 8, 1) == pytest.approx(2400, rel=0.02)
+
+
+def test_at_the_balance_batch_compute_time_equals_weight_fetch_time(models, systems):
+    m, h100 = models["llama-3.1-70b"], systems["h100"]
+    b = run(m, h100, TP8, batch=1, context=1)["balance_batch"]
+    r = run(m, h100, TP8, batch=round(b), context=1)
+    weight_time = weight_read_bytes(m) / (8 * h100.hbm_bandwidth)
+    weight_compute = r["compute_s"] - r["attention_flops_per_step"] / (8 * h100.flops["bf16"])
+    assert weight_compute == pytest.approx(weight_time * round(b) / b)
+
+
+def test_hbm_drain_time_is_about_15_ms_for_288_gb_at_20_tb_s(systems):
+    rubin = systems["vr200-nvl144"]
+    assert rubin.hbm_capacity == 288e9
+    assert rubin.scaled(hbm_bandwidth=20e12 / rubin.hbm_bandwidth).hbm_drain_s == pytest.approx(0.0144)
+    assert 0.010 < rubin.hbm_drain_s < 0.020  # 288 GB at the catalog's 22 TB/s: 13 ms
+    for s in systems.values():
+        assert 0.005 < s.hbm_drain_s < 0.05, s.id  # "~20 ms" across generations
+
+
+def test_latency_floor_is_weight_bytes_over_aggregate_bandwidth(models, systems):
+    m, h100 = models["llama-3.1-70b"], systems["h100"]
+    r = run(m, h100, TP8, batch=1, context=1)
+    floor = weight_read_bytes(m) / (8 * h100.hbm_bandwidth)
+    assert r["step_s"] == pytest.approx(floor, rel=1e-3)
+    assert r["bound"] == 1  # memory
+    assert run(m, h100, TP8, batch=64, context=1)["step_s"] >= floor
+
+
+def test_moe_at_batch_one_reads_only_the_routed_experts(models, systems):
+    m, gb200 = models["deepseek-v3"], systems["gb200-nvl72"]
+    layout = resolve_layout(m, ep=72)
+    bw = gb200.hbm_bandwidth
+    dense = (m.params_dense - m.params_embedding) * 2 / bw  # replicated on every DP rank, always read
+    routed = 4 * m.moe_layers * m.expert_params * 2 / bw  # ceil(256 / 72) = 4 experts per chip
+    for batch in (1, 16, 4096):
+        touched = 1 - (1 - 8 / 256) ** batch  # chance a given expert receives a token
+        r = run(m, gb200, layout, batch=batch, context=1)
+        kv = math.ceil(batch / 72)  # sequences on the busiest DP rank
+        kv_time = kv * m.kv_bytes_per_token() / bw
+        assert r["memory_s"] == pytest.approx(dense + routed * touched + kv_time, rel=1e-9)
+
+
+def test_cost_per_token_flattens_past_the_balance_batch(models, systems):
+    m, h100 = models["llama-3.1-70b"], systems["h100"]
+    b = run(m, h100, TP8, batch=1, context=1)["balance_batch"]
+    cost = {k: run(m, h100, TP8, batch=k * b, context=1)["usd_per_mtok"] for k in (1 / 64, 1, 4, 16)}
+    floor = h100.price_per_s * 2 * m.params_active / h100.flops["bf16"] * 1e6
+    assert cost[4] == pytest.approx(floor, rel=1e-3)
+    assert cost[16] == pytest.approx(cost[4], rel=1e-3)  # flat: compute-bound, nothing left to amortize
+    assert cost[1 / 64] / cost[1] == pytest.approx(64, rel=0.01)  # below balance: weight fetch amortized 1/B
+
+
+def test_kv_bound_crossover_is_about_1_7_kb_per_token_for_100b_active_at_200k(systems):
+    h100 = systems["h100"]
+    per_token = kv_crossover_bytes_per_token(h100.flops["fp8"], h100.hbm_bandwidth, 100e9, 200e3)
+    assert per_token == pytest.approx(1.7e3, rel=0.02)
+
+
+def test_at_the_crossover_context_kv_fetch_time_equals_compute_time(models, systems):
+    m, h100 = models["llama-3.1-70b"], systems["h100"]
+    crossover = run(m, h100, TP8, batch=64, context=1)["kv_crossover_context"]
+    r = run(m, h100, TP8, batch=64, context=crossover)
+    kv_time = 64 * crossover * m.kv_bytes_per_token() / 8 / h100.hbm_bandwidth
+    assert r["compute_s"] == pytest.approx(kv_time, rel=1e-9)
+
+
+def test_weight_compute_per_token_does_not_depend_on_context(models, systems):
+    m, h100 = models["llama-3.1-70b"], systems["h100"]
+    weight_flops = set()
+    for context in (1_000, 100_000, 1_000_000):
+        r = run(m, h100, TP8, batch=8, context=context)
+        weight_flops.add(round(r["flops_per_step"] - r["attention_flops_per_step"]))
+        assert r["attention_flops_per_step"] > 0
+    assert len(weight_flops) == 1
+    assert weight_flops.pop() == pytest.approx(8 * 2 * m.params_active)
+
+
+def test_pipeline_parallelism_leaves_kv_per_stage_unchanged(models, systems):
+    m, h100 = models["llama-3.1-405b"], systems["h100"]
+    base = run(m, h100, TP8, batch=16, context=8192)
+    for pp in (2, 4):
+        r = run(m, h100, Layout(tp=8, dp=1, ep=1, etp=8, pp=pp), batch=16, context=8192)
+        assert r["kv_bytes_per_chip"] == pytest.approx(base["kv_bytes_per_chip"])
+        assert r["weights_bytes_per_chip"] == pytest.approx(base["weights_bytes_per_chip"] / pp)
+        assert r["compute_s"] == pytest.approx(base["compute_s"])  # latency unchanged
+        assert r["memory_s"] == pytest.approx(base["memory_s"])
+        assert r["sequences_in_flight"] == 16 * pp
+        assert r["usd_per_mtok"] == pytest.approx(base["usd_per_mtok"], rel=1e-3)  # PP x chips, PP x tokens
+
+
+def test_expert_parallelism_across_two_domains_is_slower_by_the_scale_out_ratio(models, systems):
+    m, gb200 = models["deepseek-v3"], systems["gb200-nvl72"]
+    su, so = gb200.scaleup_bandwidth, gb200.scaleout_bandwidth
+    one = run(m, gb200, resolve_layout(m, ep=72), batch=72 * 64, context=4096)
+    two = run(m, gb200, resolve_layout(m, ep=144), batch=144 * 64, context=4096)  # same tokens per chip
+    # inside one domain a chip sends 71/72 of its dispatch over scale-up; across two domains, 72/144
+    # leaves the domain over scale-out, which sets the time
+    expected = (72 / 144) / (71 / 72) * su / so
+    assert two["ep_comm_s"] / one["ep_comm_s"] == pytest.approx(expected)
+    assert two["ep_comm_s"] / one["ep_comm_s"] > su / so / 2
+    big = run(m, gb200.scaled(scaleup_domain=2), resolve_layout(m, ep=144), batch=144 * 64, context=4096)
+    # the same 144 chips in one domain twice the size: the scale-out ratio is the whole difference
+    assert two["ep_comm_s"] / big["ep_comm_s"] == pytest.approx((72 / 144) / (143 / 144) * su / so)
+
+
+def test_long_context_decode_is_memory_bound(models, systems):
+    m, gb200 = models["llama-3.1-70b"], systems["gb200-nvl72"]
+    r = run(m, gb200, TP8, batch=256, context=200_000)
+    assert r["bound"] == 1
+    assert r["kv_bytes_per_chip"] > r["weights_bytes_per_chip"]
