@@ -1,0 +1,104 @@
+"""The command-line contract: JSON keys, exit codes and messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dse.hardware import HW_DIR
+
+CONTRACT_KEYS = {
+    "chips", "compute_s", "memory_s", "comm_s", "step_s", "bound", "tokens_per_s", "tpot_s", "usd_per_mtok",
+    "weights_bytes_per_chip", "kv_bytes_per_chip", "fits", "params_total", "params_active", "kv_bytes_per_token",
+    "balance_batch", "hbm_drain_s",
+}
+
+
+def dse(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "dse.cli", *args], capture_output=True, text=True, env=full_env, timeout=120
+    )
+
+
+def test_done_when_commands_print_every_contract_key():
+    r = dse("evaluate", "--model", "llama-3.1-70b", "--system", "h100", "--tp", "8", "--batch", "64", "--context",
+            "4096", "--weights-dtype", "bf16", "--kv-dtype", "bf16", "--ideal", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert CONTRACT_KEYS <= set(out)
+    assert out["chips"] == 8 and out["bound"] in ("compute", "memory", "comm")
+    assert out["hbm_drain_s"] == pytest.approx(80e9 / 3.35e12)
+
+    r = dse("evaluate", "--model", "deepseek-v3", "--system", "gb200-nvl72", "--ep", "72", "--batch", "2048",
+            "--context", "8192", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert CONTRACT_KEYS <= set(out)
+    assert (out["chips"], out["ep"], out["dp"], out["tp"]) == (72, 72, 72, 1)
+    assert out["fits"] is True
+
+
+def test_readable_table_by_default():
+    r = dse("evaluate", "--model", "llama-3.1-8b", "--system", "h100", "--batch", "8", "--context", "1024")
+    assert r.returncode == 0, r.stderr
+    assert "step (TPOT)" in r.stdout and "balance batch" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "llama-70b", "--system", "h100"], "unknown model 'llama-70b'; did you mean: llama-3.3-70b, llama-3.1-70b"),
+        (["--model", "llama-3.1-70b", "--system", "h10"], "unknown system 'h10'; did you mean: h100"),
+        (["--model", "llama-3.1-70b", "--system", "h100", "--tp", "8", "--ep", "2"], "is dense (no experts)"),
+        (["--model", "mixtral-8x22b", "--system", "h100", "--ep", "16"], "exceeds the 8 experts"),
+        (["--model", "deepseek-v3", "--system", "h100", "--tp", "4", "--dp", "2", "--ep", "4", "--etp", "1"],
+         "attention TP x DP = 4 x 2 = 8 chips per stage, but experts EP x expert-TP = 4 x 1 = 4"),
+        (["--model", "llama-3.1-70b", "--system", "h100", "--tp", "3"], "does not divide the 64 attention heads"),
+        (["--model", "llama-3.1-70b", "--system", "tpu-v4", "--tp", "8", "--kv-tier", "host"], "no host memory"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_message(args, message):
+    r = dse("evaluate", *args, "--batch", "8", "--context", "1024")
+    assert r.returncode == 2
+    assert message in " ".join(r.stderr.split())
+    assert "Traceback" not in r.stderr
+    assert r.stdout == ""
+
+
+def test_bad_dtype_exits_2_listing_the_allowed_ones():
+    r = dse("evaluate", "--model", "llama-3.1-8b", "--system", "h100", "--batch", "8", "--context", "8",
+            "--weights-dtype", "int3")
+    assert r.returncode == 2
+    assert "bf16" in r.stderr and "fp8" in r.stderr and "fp4" in r.stderr
+
+
+def test_catalog_hardware_and_models():
+    r = dse("catalog", "hardware", "--json")
+    assert r.returncode == 0
+    rows = json.loads(r.stdout)
+    assert len(rows) == 19 and rows[0]["flops_bf16_source"]
+    r = dse("catalog", "models", "--json")
+    assert r.returncode == 0
+    assert {row["id"] for row in json.loads(r.stdout)} >= {"deepseek-v3", "frontier-5t"}
+    assert dse("catalog", "hardware").returncode == 0
+    assert dse("catalog", "models").returncode == 0
+
+
+def test_bad_catalog_exits_2_naming_file_row_and_field(tmp_path: Path):
+    for name in ("systems.yaml", "memory_tiers.yaml", "efficiency.yaml"):
+        shutil.copy(HW_DIR / name, tmp_path / name)
+    doc = yaml.safe_load((tmp_path / "systems.yaml").read_text())
+    doc["systems"][3]["hbm_capacity"]["unit"] = "gigabytes"
+    (tmp_path / "systems.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = dse("catalog", "hardware", env={"DSE_HW_CATALOG": str(tmp_path)})
+    assert r.returncode == 2
+    text = " ".join(r.stderr.split())
+    assert "systems.yaml: systems[3] (id 'h200'): field 'hbm_capacity': unknown unit 'gigabytes'" in text
