@@ -1,4 +1,4 @@
-"""Parallel layouts of one serving replica, per the wide-EP rule of DESIGN.md.
+"""Parallel layouts of one serving replica, following wide expert-parallel serving practice.
 
 Within one pipeline stage, attention runs as TP x DP and experts as EP x expert-TP over the same
 chips, so chips = chips per stage x PP. Degrees not given default to 1 and DP (attention) or
