@@ -1,0 +1,221 @@
+"""Solve the serving program exactly: presolve, greedy warm start, Dinkelbach over the MIP.
+
+The ratio USD/token = a x step / n is minimized by Dinkelbach iterations: with lambda the best
+ratio so far, minimize sum a T - lambda sum n; a negative optimum gives a better ratio, a zero
+optimum proves lambda optimal. Presolve drops blocks that break a target at every batch and, given
+the greedy incumbent, blocks whose lower bound (their cost at the largest batch that fits, since
+cost per token never rises with the batch) cannot beat it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from dse.errors import InfeasibleError
+from dse.solver import SolveResult, relative_gap, solve
+from dse.space import Choice, Space, describe_choice, pieces, step_time
+from formulations import serving as formulation
+
+TOL = 1e-9
+
+
+@dataclass
+class ServingResult:
+    """The optimum of one serving program with its provenance."""
+
+    result: SolveResult
+    choice: Choice
+    config: dict
+    presolve: dict = field(default_factory=dict)
+
+
+def _feasible_blocks(space: Space, tpot_max: float | None) -> pd.DataFrame:
+    b = space.blocks
+    keep = b["n_lo"] <= b["n_hi"]
+    if space.workload.ttft_max is not None:
+        keep &= b["ttft"] <= space.workload.ttft_max
+    b = b[keep]
+    if tpot_max is not None and not b.empty:
+        b = b[step_time(b, b["n_lo"].to_numpy()) <= tpot_max * (1 + TOL)]
+    return b
+
+
+def _feasible_points(space: Space, tpot_max: float | None) -> pd.DataFrame:
+    p = space.points
+    if p.empty:
+        return p
+    keep = p["fits"].astype(bool)
+    if space.workload.ttft_max is not None:
+        keep &= space.blocks["ttft"].to_numpy()[p["block"].to_numpy()] <= space.workload.ttft_max
+    if tpot_max is not None:
+        keep &= p["step"] <= tpot_max * (1 + TOL)
+    return p[keep]
+
+
+def largest_batch(blocks: pd.DataFrame, tpot_max: float | None) -> np.ndarray:
+    """Per block, the largest batch per rank that fits and meets the TPOT target."""
+    hi = blocks["n_hi"].to_numpy().astype(float)
+    if tpot_max is None:
+        return hi
+    alpha, beta = pieces(blocks)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        limit = np.where(beta > 0, (tpot_max - alpha) / beta, np.inf).min(axis=1)
+    return np.floor(np.minimum(hi, limit * (1 + TOL)))
+
+
+def greedy(blocks: pd.DataFrame, points: pd.DataFrame, tpot_max: float | None, objective: str) -> Choice | None:
+    """Incumbent: each block at its largest feasible batch (cost) or smallest (latency); best of all."""
+    best: Choice | None = None
+    if not blocks.empty:
+        n = largest_batch(blocks, tpot_max) if objective == "cost" else blocks["n_lo"].to_numpy().astype(float)
+        ok = n >= blocks["n_lo"].to_numpy()
+        if ok.any():
+            sub, n = blocks[ok], n[ok]
+            step = step_time(sub, n)
+            cost = sub["a"].to_numpy() * step / n
+            score = cost if objective == "cost" else step
+            i = int(np.argmin(score))
+            best = Choice(int(sub.index[i]), int(n[i]), float(step[i]), float(cost[i]))
+    if not points.empty:
+        score = points["cost"] if objective == "cost" else points["step"]
+        j = int(np.argmin(score.to_numpy()))
+        row = points.iloc[j]
+        value = float(score.iloc[j])
+        current = None if best is None else (best.cost if objective == "cost" else best.step)
+        if current is None or value < current:
+            best = Choice(int(row["block"]), int(row["n"]), float(row["step"]), float(row["cost"]))
+    return best
+
+
+def presolve(space: Space, tpot_max: float | None, objective: str = "cost", prune: bool = True):
+    """Feasible blocks and points, the greedy incumbent, and bound pruning against it."""
+    blocks = _feasible_blocks(space, tpot_max)
+    points = _feasible_points(space, tpot_max)
+    incumbent = greedy(blocks, points, tpot_max, objective)
+    stats = {"blocks_feasible": len(blocks), "points_feasible": len(points)}
+    if prune and incumbent is not None:
+        bound_target = (incumbent.cost if objective == "cost" else incumbent.step) * (1 + 1e-7)
+        if objective == "cost":
+            hi = blocks["n_hi"].to_numpy()
+            lower = blocks["a"].to_numpy() * step_time(blocks, hi) / hi
+            blocks = blocks[lower <= bound_target]
+            points = points[points["cost"] <= bound_target]
+        else:
+            blocks = blocks[step_time(blocks, blocks["n_lo"].to_numpy()) <= bound_target]
+            points = points[points["step"] <= bound_target]
+    stats.update(blocks_in_mip=len(blocks), points_in_mip=len(points))
+    return blocks, points, incumbent, stats
+
+
+def solve_serving(
+    space: Space,
+    tpot_max: float | None = None,
+    objective: str = "cost",
+    solver: str = "highs",
+    prune: bool = True,
+    time_limit_s: float = 60.0,
+) -> ServingResult:
+    """The exact optimum of the serving program; InfeasibleError names the binding resource."""
+    t0 = time.perf_counter()
+    blocks, points, incumbent, stats = presolve(space, tpot_max, objective, prune)
+    if incumbent is None:
+        raise InfeasibleError(diagnose(space, tpot_max))
+    sm = formulation.build(blocks.reset_index(drop=False).set_index("index"), points.reset_index(drop=True), tpot_max)
+    lam = incumbent.cost if objective == "cost" else 0.0
+    choice = incumbent
+    iterations = 0
+    last: SolveResult | None = None
+    while True:
+        iterations += 1
+        sm.set_objective(lam, objective)
+        engine, res = solve(sm.model, solver, time_limit_s)
+        last = res
+        if not res.ok:
+            break
+        found = _read_choice(engine, sm)
+        if objective == "latency":
+            if found.step < choice.step * (1 - TOL):
+                choice = found
+            break
+        scale = max(abs(lam) * max(found.n, 1), 1e-12)
+        if res.objective >= -TOL * scale or iterations >= 50:
+            break
+        if found.cost < choice.cost * (1 - TOL):
+            choice = found
+        lam = choice.cost
+    wall = time.perf_counter() - t0
+    assert last is not None
+    if objective == "cost":
+        bound = lam + min(0.0, last.bound) if last.ok else math.nan
+        value = choice.cost
+    else:
+        bound = last.bound if last.ok else math.nan
+        value = choice.step
+    status = "optimal" if last.ok and relative_gap(value, bound) <= 1e-6 else ("feasible" if last.ok else last.status)
+    result = SolveResult(status, last.termination, value, bound, max(0.0, relative_gap(value, bound)), wall,
+                         solver, iterations=iterations)
+    return ServingResult(result, choice, describe_choice(space, choice), stats)
+
+
+def _read_choice(engine, sm: formulation.ServingModel) -> Choice:
+    z = engine.values(sm.z) if len(sm.z) else pd.Series(dtype=float)
+    if len(z) and z.max() > 0.5:
+        k = z.idxmax()
+        n = int(round(engine.values(sm.n)[k]))
+        row = sm.blocks.loc[[k]]
+        step = float(step_time(row, np.array([n]))[0])
+        return Choice(int(k), n, step, float(row["a"].iloc[0]) * step / n)
+    p = engine.values(sm.p)
+    j = p.idxmax()
+    row = sm.points.loc[j]
+    return Choice(int(row["block"]), int(row["n"]), float(row["step"]), float(row["cost"]))
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.1f} GB"
+
+
+def diagnose(space: Space, tpot_max: float | None) -> str:
+    """Which resource runs out, and by how much, when no configuration is feasible."""
+    b, w, model = space.blocks, space.workload, space.model
+    head = f"no feasible configuration for {model.id} / {w.name} (context {w.context:,} tokens)"
+    if b.empty:
+        return f"{head}: the space is empty"
+    cap = np.array([space.systems[i].hbm_capacity for i in b["system_idx"]]) * space.efficiency.hbm_usable
+    need = b["hbm_base"].to_numpy() + b["hbm_per_seq"].to_numpy()
+    fits = b["n_hi"].to_numpy() >= 1
+    if not fits.any():
+        short = need - cap
+        i = int(np.argmin(short / cap))
+        row = b.iloc[i]
+        return (
+            f"{head}: HBM capacity runs out. Even the best layout ({row['system']}, {int(row['chips'])} chips, "
+            f"TP{int(row['tp'])} DP{int(row['dp'])} EP{int(row['ep'])} PP{int(row['pp'])}) needs {_gb(need[i])} per chip "
+            f"for the weights plus the KV of one {w.context:,}-token sequence "
+            f"({_gb(space.model.kv_bytes_per_sequence(w.context, 'fp8'))} in FP8 for the whole model), "
+            f"{_gb(short[i])} more than its usable {_gb(cap[i])}"
+        )
+    ttft = b["ttft"].to_numpy()
+    if w.ttft_max is not None and not (fits & (ttft <= w.ttft_max)).any():
+        i = int(np.argmin(np.where(fits, ttft, np.inf)))
+        return (
+            f"{head}: the TTFT target runs out. The fastest prefill of a {w.prompt:,}-token prompt that fits "
+            f"({b.iloc[i]['system']}, {int(b.iloc[i]['chips'])} chips) takes {ttft[i]:.3g} s, "
+            f"{ttft[i] - w.ttft_max:.3g} s over the {w.ttft_max:g} s target"
+        )
+    ok = fits & ((ttft <= w.ttft_max) if w.ttft_max is not None else True)
+    steps = np.where(ok, step_time(b, np.ones(len(b))), np.inf)
+    if not space.points.empty:
+        pts = space.points[space.points["fits"].astype(bool) & ok[space.points["block"].to_numpy()]]
+        if not pts.empty:
+            steps = np.minimum(steps.min(), pts["step"].min()) * np.ones(1)
+    best = float(np.min(steps))
+    return (
+        f"{head}: the TPOT target runs out. The fastest decode step that fits takes {best:.3g} s "
+        f"at one sequence per rank, {best - (tpot_max or 0):.3g} s over the {tpot_max:g} s target"
+    )

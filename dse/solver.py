@@ -1,0 +1,76 @@
+"""The bridge to OR-Tools: one result type for every solve, and the solve call itself.
+
+Formulations build an OR-Tools ``model_builder`` model (or a Pyomo model, compiled to the same
+standard form) and return it; this module solves it with a named solver and maps the answer to
+`SolveResult`. Unknown solver answers map to ``unknown``, never to a crash.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from ortools.linear_solver.python import model_builder as mb
+
+from dse.errors import InputError
+
+SOLVERS = ("highs", "scip", "sat")
+_STATUS = {
+    mb.SolveStatus.OPTIMAL: "optimal",
+    mb.SolveStatus.FEASIBLE: "feasible",
+    mb.SolveStatus.INFEASIBLE: "infeasible",
+    mb.SolveStatus.UNBOUNDED: "unbounded",
+}
+
+
+@dataclass
+class SolveResult:
+    """What every solve returns: status, objective, bound, gap, wall time and the chosen values."""
+
+    status: str  # optimal | feasible | infeasible | unbounded | unknown
+    termination: str
+    objective: float
+    bound: float
+    gap: float
+    wall_s: float
+    solver: str
+    values: dict = field(default_factory=dict)
+    iterations: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("optimal", "feasible")
+
+    def as_dict(self) -> dict:
+        return {"name": self.solver, "status": self.status, "wall_s": self.wall_s, "gap": self.gap,
+                "objective": self.objective, "bound": self.bound, "iterations": self.iterations}
+
+
+def relative_gap(objective: float, bound: float) -> float:
+    """|objective - bound| / max(|objective|, tiny); 0 when both agree."""
+    if math.isnan(objective) or math.isnan(bound):
+        return math.inf
+    return abs(objective - bound) / max(abs(objective), 1e-12)
+
+
+def solve(model: mb.Model, solver: str = "highs", time_limit_s: float = 60.0) -> tuple[mb.Solver, SolveResult]:
+    """Solve a model_builder model with a named OR-Tools back end."""
+    if solver not in SOLVERS:
+        raise InputError(f"solver '{solver}' is not allowed; allowed: {', '.join(SOLVERS)}")
+    engine = mb.Solver(solver)
+    if not engine.solver_is_supported():
+        raise InputError(f"solver '{solver}' is not available in this OR-Tools build; allowed: {', '.join(SOLVERS)}")
+    engine.set_time_limit_in_seconds(time_limit_s)
+    if solver == "highs":
+        engine.set_solver_specific_parameters("output_flag=false\nmip_rel_gap=1e-9")
+    t0 = time.perf_counter()
+    status = engine.solve(model)
+    wall = time.perf_counter() - t0
+    name = _STATUS.get(status, "unknown")
+    if name in ("optimal", "feasible"):
+        obj, bound = engine.objective_value, engine.best_objective_bound
+    else:
+        obj = bound = math.nan
+    gap = relative_gap(obj, bound) if name in ("optimal", "feasible") else math.inf
+    return engine, SolveResult(name, str(status), obj, bound, gap, wall, solver)
