@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -65,6 +66,7 @@ def evaluate(
     dp: Annotated[int | None, typer.Option(help="Attention data parallelism (default: fills the stage).")] = None,
     etp: Annotated[int | None, typer.Option(help="Expert tensor parallelism (default: fills the stage).")] = None,
     chips: Annotated[int | None, typer.Option(help="Total chips of the replica.")] = None,
+    prompt: Annotated[int | None, typer.Option(help="Prompt length for TTFT (default: the context).")] = None,
     phase: Annotated[Phase, typer.Option(help="decode or prefill.")] = Phase.decode,
     weights_dtype: Annotated[Dtype, typer.Option("--weights-dtype", help="Weight format.")] = Dtype.bf16,
     kv_dtype: Annotated[Dtype, typer.Option("--kv-dtype", help="KV-cache format.")] = Dtype.bf16,
@@ -76,7 +78,7 @@ def evaluate(
     cfg = Config(
         model=model, system=system, batch=batch, context=context, tp=tp, ep=ep, pp=pp, dp=dp, etp=etp,
         chips=chips, phase=phase.value, weights_dtype=weights_dtype.value, kv_dtype=kv_dtype.value,
-        kv_tier=kv_tier.value,
+        kv_tier=kv_tier.value, prompt=prompt,
     )
     try:
         result = evaluate_config(cfg, ideal=ideal)
@@ -108,7 +110,7 @@ def _print_evaluation(r: dict) -> None:
         ("memory", _si(r["memory_s"], "s"), "weight + KV bytes over HBM bandwidth"),
         ("communication", _si(r["comm_s"], "s"), comm),
         ("step (TPOT)" if r["phase"] == "decode" else "step (TTFT)", _si(r["step_s"], "s"), f"bound: {r['bound']}"),
-        ("TTFT", _si(r["ttft_s"], "s"), "prefill of one prompt of this context"),
+        ("TTFT", _si(r["ttft_s"], "s"), f"prefill of one {r['prompt']}-token prompt"),
         ("throughput", _si(r["tokens_per_s"], "tok/s"), f"{r['sequences_in_flight']} sequences in flight"),
         ("cost", f"{r['usd_per_mtok']:.4g} USD/Mtok", f"{r['chips']} chips at {r['usd_per_chip_hour']:.2f} USD/chip-h"),
         ("weights per chip", _si(r["weights_bytes_per_chip"], "B"), ""),
@@ -122,6 +124,57 @@ def _print_evaluation(r: dict) -> None:
     for row in rows:
         t.add_row(*row)
     console.print(t)
+
+
+@app.command()
+def run(
+    study: Annotated[Path, typer.Argument(help="Study file (YAML).")],
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: results/<study>/).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the table.")] = False,
+) -> None:
+    """Run a study: solve it, then write summary.json, CSVs, PNG plots and report.html."""
+    from dse.runner import run_study, write_outputs
+    from dse.study import load_study
+
+    err = Console(stderr=True)
+    try:
+        spec = load_study(study)
+        target = out or Path("results") / spec.study
+        if target.exists() and not target.is_dir():
+            raise InputError(f"--out {target}: exists and is not a folder")
+        with err.status(f"[bold]{spec.study}[/]: building and solving") as status:
+            output = run_study(spec, progress=lambda what: status.update(f"[bold]{spec.study}[/]: {what}"))
+        files = write_outputs(output, spec, target)
+    except InputError as exc:
+        _fail(exc)
+    summary = output.summary
+    if as_json:
+        typer.echo((target / "summary.json").read_text())
+    else:
+        _print_study(summary, target, files)
+    if summary["status"] == "infeasible":
+        for item in summary["infeasible"]:
+            err.print(f"[bold red]infeasible:[/] {item['reason']}", highlight=False, soft_wrap=True)
+        raise typer.Exit(3)
+
+
+def _print_study(summary: dict, target: Path, files: list[str]) -> None:
+    console = Console()
+    solver = summary["solver"]
+    t = Table(
+        title=f"{summary['study']} ({summary['kind']}): {summary['status']}, {solver['solves']} solves in "
+        f"{solver['solve_wall_s']:.3f} s (total {solver['wall_s']:.2f} s), gap {solver['gap']:.2g}",
+        title_justify="left", header_style="bold",
+    )
+    for col in ("model", "workload", "configuration", "USD/Mtok", "TPOT", "TTFT", "bound"):
+        t.add_column(col, justify="right" if col in ("USD/Mtok", "TPOT", "TTFT") else "left")
+    for e in summary["best"]:
+        conf = (f"{e['chips']} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
+                f"{e['weights_dtype']}/{e['kv_dtype']} KV in {e['kv_tier']}")
+        t.add_row(e["model"], e["workload"], conf, f"{e['usd_per_mtok']:.4g}", _si(e["tpot_s"], "s"),
+                  _si(e["ttft_s"], "s"), e["bound"])
+    console.print(t)
+    console.print(f"wrote {', '.join(files)} to {target}/")
 
 
 def _hardware_rows() -> list[dict]:

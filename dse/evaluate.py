@@ -5,7 +5,7 @@ single candidate, and return plain numbers keyed as in the command-line contract
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dse.errors import InputError
 from dse.hardware import IDEAL, Efficiency, default_efficiency, get_system
@@ -33,6 +33,7 @@ class Config:
     weights_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     kv_tier: str = "hbm"
+    prompt: int | None = None  # prompt length for TTFT; default: the context
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> int:
@@ -49,7 +50,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     wd = _choice("weights-dtype", cfg.weights_dtype, DTYPES)
     kd = _choice("kv-dtype", cfg.kv_dtype, DTYPES)
     tier = _choice("kv-tier", cfg.kv_tier, KV_TIERS)
-    for name, value in (("batch", cfg.batch), ("context", cfg.context)):
+    for name, value in (("batch", cfg.batch), ("context", cfg.context), ("prompt", cfg.prompt or 1)):
         if not isinstance(value, int) or value < 1:
             raise InputError(f"--{name} must be a whole number >= 1, got {value!r}")
     layout: Layout = resolve_layout(model, cfg.tp, cfg.ep, cfg.pp, cfg.dp, cfg.etp, cfg.chips)
@@ -68,7 +69,11 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
         model=0, system=0, tp=layout.tp, dp=layout.dp, ep=layout.ep, etp=layout.etp, pp=layout.pp,
         batch=cfg.batch, context=cfg.context, phase=phase, weights_dtype=wd, kv_dtype=kd, kv_tier=tier,
     )
-    raw = evaluate(cand, ModelTable.build([model]), SystemTable.build([system]), eff)
+    tables = ModelTable.build([model]), SystemTable.build([system])
+    raw = evaluate(cand, *tables, eff)
+    if cfg.prompt is not None and phase == 0:
+        first = replace(cand, batch=1, context=cfg.prompt, phase=1)
+        raw["ttft_s"] = evaluate(first, *tables, eff, ttft=False)["step_s"]
     out: dict = {
         "model": model.id,
         "system": system.id,
@@ -82,6 +87,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
         "racks": math.ceil(layout.chips / system.scaleup_domain),
         "batch": cfg.batch,
         "context": cfg.context,
+        "prompt": cfg.prompt or cfg.context,
         "weights_dtype": cfg.weights_dtype,
         "kv_dtype": cfg.kv_dtype,
         "kv_tier": cfg.kv_tier,

@@ -52,7 +52,11 @@ EFFICIENCY_FIELDS: dict[str, FieldSpec] = {
     "link": FieldSpec("fraction", True, "achieved fraction of scale-up and scale-out bandwidth"),
     "overlap": FieldSpec("fraction", True, "share of the shorter of compute/memory and communication hidden"),
     "hbm_usable": FieldSpec("fraction", True, "share of HBM the serving engine can fill"),
+    "latency_scaleup": FieldSpec("time", True, "fixed latency of one collective inside a scale-up domain", False),
+    "latency_scaleout": FieldSpec("time", True, "fixed latency of one collective over the scale-out network", False),
+    "layer_overhead": FieldSpec("time", True, "fixed time per layer per forward pass (kernels, syncs)", False),
 }
+FRACTIONS = tuple(k for k, v in EFFICIENCY_FIELDS.items() if v.dimension == "fraction")
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,9 @@ class MemoryTier:
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Achieved fractions of peak; all 1 (and full overlap, no reserve) under ``--ideal``."""
+    """Achieved fractions of peak and fixed latencies; under ``--ideal`` every fraction is 1 (full
+    overlap, no HBM reserve) and every latency 0: the pure roofline.
+    """
 
     compute_prefill: float = 1.0
     compute_decode: float = 1.0
@@ -122,6 +128,9 @@ class Efficiency:
     link: float = 1.0
     overlap: float = 1.0
     hbm_usable: float = 1.0
+    latency_scaleup: float = 0.0
+    latency_scaleout: float = 0.0
+    layer_overhead: float = 0.0
 
 
 IDEAL = Efficiency()
@@ -228,7 +237,7 @@ def load_efficiency(path: Path | None = None) -> Efficiency:
     check_keys(factors, tuple(EFFICIENCY_FIELDS), where)
     q = parse_quantities(factors, EFFICIENCY_FIELDS, sources, where)
     for name, quantity in q.items():
-        if quantity.si > 1:
+        if name in FRACTIONS and quantity.si > 1:
             raise InputError(f"{where}: field '{name}': a fraction must lie in (0, 1], got {quantity.value}")
     return Efficiency(**{name: quantity.si for name, quantity in q.items()})
 

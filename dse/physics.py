@@ -7,7 +7,10 @@ Per forward pass of a micro-batch through all pipeline stages (the lecture's dec
     memory  = (weight bytes read + KV bytes read) per chip / HBM bandwidth, x PP
     comm    = TP all-reduce + EP all-to-all (scale-up, and scale-out for the share that leaves the
               domain) + PP hand-offs, x PP
-    step    = max(compute, memory, comm)            (--ideal: communication fully overlapped)
+    step    = max(compute, memory, comm) + fixed per-layer overhead
+              (--ideal: communication fully overlapped, no fixed latencies: the lecture's roofline)
+    Calibrated, the step is ov x max(comm, work) + (1 - ov) x (comm + work) + overhead, with
+    work = max(compute, memory), and each collective pays a fixed latency.
 
 Pipeline parallelism as in the lecture: weights per chip fall as 1/PP; the stage holds KV for PP
 micro-batches of its layers, so KV per chip does not fall; latency is unchanged; PP micro-batches
@@ -234,6 +237,12 @@ class _Gathered:
         self.intra = np.maximum(local - 1.0, 0.0) / self.cps
         self.inter = np.maximum(self.cps - self.domain, 0.0) / self.cps
         self.a2a_bw = self.su * alltoall_factor(local, self.topo)
+        # fixed latencies (0 under --ideal): one per collective, and per layer
+        tp_latency = np.where(self.tp <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
+        self.lat_tp = np.where(self.tp > 1, tp_latency, 0.0)
+        self.lat_ep = np.where(self.inter > 0, eff.latency_scaleout, eff.latency_scaleup)
+        self.lat_pp = np.where(self.chips <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
+        self.overhead = self.n_layers * eff.layer_overhead
 
 
 def _gsum(weights: list[np.ndarray], values: list[np.ndarray]) -> np.ndarray:
@@ -286,20 +295,20 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
         # communication: TP all-reduce (ring), EP dispatch + combine all-to-all, PP hand-off
         msg = tokens_rank * g.d * ACT_BYTES
         tp_bw = np.where(g.tp <= g.domain, g.su, g.so)
-        allreduce = np.where(g.tp > 1, 2.0 * (g.tp - 1) / g.tp * msg / tp_bw, 0.0)
+        allreduce = np.where(g.tp > 1, 2.0 * (g.tp - 1) / g.tp * msg / tp_bw + g.lat_tp, 0.0)
         tp_s = 2.0 * g.n_layers / g.pp * allreduce
         disp = np.where(g.wbytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
         a2a_bytes = tokens_rank / g.tp * g.top_k * g.etp * g.d * (disp + ACT_BYTES)
         a2a = np.maximum(
             a2a_bytes * g.intra / g.a2a_bw, np.where(g.inter > 0, a2a_bytes * g.inter / g.so, 0.0)
-        )
+        ) + 2.0 * g.lat_ep  # dispatch and combine
         ep_s = np.where((g.n_exp > 0) & (g.cps > 1), g.moe_l / g.pp * a2a, 0.0)
         hand_bw = np.where(g.chips <= g.domain, g.su, g.so)
-        pp_s = np.where(g.pp > 1, tokens * g.d * ACT_BYTES / g.cps / hand_bw, 0.0)
+        pp_s = np.where(g.pp > 1, tokens * g.d * ACT_BYTES / g.cps / hand_bw + g.lat_pp, 0.0)
     comm_s = g.pp * (tp_s + ep_s + pp_s)
 
     work = np.maximum(compute_s, memory_s)
-    step_s = np.maximum(work, comm_s) + (1.0 - eff.overlap) * np.minimum(comm_s, work)
+    step_s = np.maximum(work, comm_s) + (1.0 - eff.overlap) * np.minimum(comm_s, work) + g.overhead
     return {
         "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s, "work": work,
         "tp_s": tp_s, "ep_s": ep_s, "pp_s": pp_s, "kv_bytes": kv_bytes, "seqs_rank": seqs_rank,
@@ -365,6 +374,7 @@ def evaluate(
         "tp_comm_s": g.pp * r["tp_s"],
         "ep_comm_s": g.pp * r["ep_s"],
         "pp_comm_s": g.pp * r["pp_s"],
+        "overhead_s": g.overhead * np.ones_like(step_s),
         "sequences_in_flight": seqs_in_flight,
         "balance_batch": balance_batch,
         "hbm_drain_s": g.hbm_cap / (g.hbm_bw / eff.memory),

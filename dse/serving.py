@@ -51,7 +51,7 @@ def _feasible_points(space: Space, tpot_max: float | None) -> pd.DataFrame:
         return p
     keep = p["fits"].astype(bool)
     if space.workload.ttft_max is not None:
-        keep &= space.blocks["ttft"].to_numpy()[p["block"].to_numpy()] <= space.workload.ttft_max
+        keep &= space.blocks["ttft"].loc[p["block"]].to_numpy() <= space.workload.ttft_max
     if tpot_max is not None:
         keep &= p["step"] <= tpot_max * (1 + TOL)
     return p[keep]
@@ -119,13 +119,34 @@ def solve_serving(
     solver: str = "highs",
     prune: bool = True,
     time_limit_s: float = 60.0,
+    cost_max: float | None = None,
+    start: Choice | None = None,
 ) -> ServingResult:
-    """The exact optimum of the serving program; InfeasibleError names the binding resource."""
+    """The exact optimum of the serving program; InfeasibleError names the binding resource.
+
+    ``objective`` "cost" minimizes USD per token; "latency" minimizes the step time, optionally with
+    cost per token capped at ``cost_max`` (the second stage of a lexicographic Pareto point);
+    ``start`` is a known feasible choice under that cap (the first stage's optimum).
+    """
     t0 = time.perf_counter()
-    blocks, points, incumbent, stats = presolve(space, tpot_max, objective, prune)
+    blocks, points, incumbent, stats = presolve(space, tpot_max, objective, prune and cost_max is None)
+    if cost_max is not None:  # the greedy ignores the cap: prune by the cap and by the known start
+        cap = cost_max * (1 + 1e-7)
+        if not blocks.empty:
+            hi = blocks["n_hi"].to_numpy()
+            blocks = blocks[blocks["a"].to_numpy() * step_time(blocks, hi) / hi <= cap]
+        points = points[points["cost"] <= cap]
+        if start is not None and prune:
+            blocks = blocks[step_time(blocks, blocks["n_lo"].to_numpy()) <= start.step * (1 + 1e-7)]
+            points = points[points["step"] <= start.step * (1 + 1e-7)]
+        stats.update(blocks_in_mip=len(blocks), points_in_mip=len(points))
+        incumbent = start or (None if blocks.empty and points.empty else Choice(-1, 1, math.inf, math.inf))
     if incumbent is None:
         raise InfeasibleError(diagnose(space, tpot_max))
-    sm = formulation.build(blocks.reset_index(drop=False).set_index("index"), points.reset_index(drop=True), tpot_max)
+    sm = formulation.build(
+        blocks.reset_index(drop=False).set_index("index"), points.reset_index(drop=True), tpot_max,
+        cost_max=None if cost_max is None else cost_max * (1 + 1e-9),
+    )
     lam = incumbent.cost if objective == "cost" else 0.0
     choice = incumbent
     iterations = 0
@@ -138,6 +159,8 @@ def solve_serving(
         if not res.ok:
             break
         found = _read_choice(engine, sm)
+        if choice.block < 0:
+            choice = found
         if objective == "latency":
             if found.step < choice.step * (1 - TOL):
                 choice = found
@@ -156,10 +179,64 @@ def solve_serving(
     else:
         bound = last.bound if last.ok else math.nan
         value = choice.step
+    if choice.block < 0:
+        raise InfeasibleError(diagnose(space, tpot_max))
     status = "optimal" if last.ok and relative_gap(value, bound) <= 1e-6 else ("feasible" if last.ok else last.status)
     result = SolveResult(status, last.termination, value, bound, max(0.0, relative_gap(value, bound)), wall,
                          solver, iterations=iterations)
     return ServingResult(result, choice, describe_choice(space, choice), stats)
+
+
+@dataclass
+class DemandResult:
+    """The cheapest way to meet a demand: one configuration, an integer number of replicas."""
+
+    result: SolveResult
+    choice: Choice
+    replicas: int
+    usd_per_s: float
+
+
+def solve_demand(space: Space, demand: float, tpot_max: float | None, solver: str = "highs") -> DemandResult:
+    """Meet ``demand`` output tokens/s with an integer number of replicas at least cost.
+
+    Within a block, throughput per replica never falls as the batch grows, so the block's best
+    option is its largest feasible batch; the MIP then picks the option and the replica count.
+    """
+    t0 = time.perf_counter()
+    blocks = _feasible_blocks(space, tpot_max)
+    points = _feasible_points(space, tpot_max)
+    rows = []
+    if not blocks.empty:
+        n = largest_batch(blocks, tpot_max)
+        ok = n >= blocks["n_lo"].to_numpy()
+        sub, n = blocks[ok], n[ok]
+        step = step_time(sub, n)
+        for k, nn, st in zip(sub.index, n, step, strict=True):
+            rows.append((int(k), int(nn), float(st)))
+    for _, row in points.iterrows():
+        rows.append((int(row["block"]), int(row["n"]), float(row["step"])))
+    if not rows:
+        raise InfeasibleError(diagnose(space, tpot_max))
+    opts = pd.DataFrame(rows, columns=["block", "n", "step"])
+    b = space.blocks.loc[opts["block"]]
+    opts["tokens_per_s"] = (b["dp"].to_numpy() * opts["n"] * b["pp"].to_numpy()) / opts["step"]
+    price = np.array([space.systems[i].price_per_s for i in b["system_idx"]])
+    opts["usd_per_s"] = b["chips"].to_numpy() * price
+    # presolve: continuous lower bound against the rounded-up greedy
+    greedy_cost = np.ceil(demand / opts["tokens_per_s"]) * opts["usd_per_s"]
+    lower = demand / opts["tokens_per_s"] * opts["usd_per_s"]
+    opts = opts[lower <= greedy_cost.min() * (1 + 1e-9)].reset_index(drop=True)
+    dm = formulation.build_demand(opts, demand)
+    engine, res = solve(dm.model, solver)
+    z = engine.values(dm.z)
+    j = int(z.idxmax())
+    replicas = int(round(engine.values(dm.r)[j]))
+    row = opts.loc[j]
+    b = space.blocks.loc[int(row["block"])]
+    choice = Choice(int(row["block"]), int(row["n"]), float(row["step"]), float(b["a"] * row["step"] / row["n"]))
+    res.wall_s = time.perf_counter() - t0
+    return DemandResult(res, choice, replicas, replicas * float(row["usd_per_s"]))
 
 
 def _read_choice(engine, sm: formulation.ServingModel) -> Choice:
@@ -195,7 +272,8 @@ def diagnose(space: Space, tpot_max: float | None) -> str:
         row = b.iloc[i]
         return (
             f"{head}: HBM capacity runs out. Even the best layout ({row['system']}, {int(row['chips'])} chips, "
-            f"TP{int(row['tp'])} DP{int(row['dp'])} EP{int(row['ep'])} PP{int(row['pp'])}) needs {_gb(need[i])} per chip "
+            f"TP{int(row['tp'])} DP{int(row['dp'])} EP{int(row['ep'])} PP{int(row['pp'])}) needs {_gb(need[i])} "
+            f"per chip "
             f"for the weights plus the KV of one {w.context:,}-token sequence "
             f"({_gb(space.model.kv_bytes_per_sequence(w.context, 'fp8'))} in FP8 for the whole model), "
             f"{_gb(short[i])} more than its usable {_gb(cap[i])}"
@@ -211,7 +289,8 @@ def diagnose(space: Space, tpot_max: float | None) -> str:
     ok = fits & ((ttft <= w.ttft_max) if w.ttft_max is not None else True)
     steps = np.where(ok, step_time(b, np.ones(len(b))), np.inf)
     if not space.points.empty:
-        pts = space.points[space.points["fits"].astype(bool) & ok[space.points["block"].to_numpy()]]
+        ok_pts = ok[b.index.get_indexer(space.points["block"].to_numpy())]
+        pts = space.points[space.points["fits"].astype(bool).to_numpy() & ok_pts]
         if not pts.empty:
             steps = np.minimum(steps.min(), pts["step"].min()) * np.ones(1)
     best = float(np.min(steps))

@@ -150,9 +150,12 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     r1 = evaluate(_candidates(blocks, n_sat, workload.context), mt, st, eff, ttft=False)
     r2 = evaluate(_candidates(blocks, n_sat + 1, workload.context), mt, st, eff, ttft=False)
     blocks["c"] = r2["compute_s"] - r1["compute_s"]
+    blocks["c0"] = np.maximum(r1["compute_s"] - blocks["c"] * n_sat, 0.0)
     blocks["m1"] = r2["memory_s"] - r1["memory_s"]
     blocks["m0"] = r1["memory_s"] - blocks["m1"] * n_sat
     blocks["q"] = r2["comm_s"] - r1["comm_s"]
+    blocks["q0"] = np.maximum(r1["comm_s"] - blocks["q"] * n_sat, 0.0)
+    blocks["o"] = r1["overhead_s"]
     hbm_slope = r2["hbm_bytes_per_chip"] - r1["hbm_bytes_per_chip"]
     hbm_base = r1["hbm_bytes_per_chip"] - hbm_slope * n_sat
     kv_slope = r2["kv_bytes_per_chip"] - r1["kv_bytes_per_chip"]
@@ -203,18 +206,18 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
 def pieces(blocks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Intercepts and slopes (blocks x 6) of the affine pieces whose max is the step time.
 
-    step = ov x max(comm, work) + (1 - ov) x (comm + work), work = max(compute, memory); expanding
-    the maxima gives six affine functions of n, and the step is their maximum.
+    step = ov x max(comm, work) + (1 - ov) x (comm + work) + overhead, work = max(compute, memory);
+    expanding the maxima gives six affine functions of n, and the step is their maximum.
     """
     ov = blocks["overlap"].to_numpy()
-    c, m0, m1, q = (blocks[k].to_numpy() for k in ("c", "m0", "m1", "q"))
-    terms = {"compute": (0 * c, c), "memory": (m0, m1), "comm": (0 * q, q)}
+    c0, c, m0, m1, q0, q, o = (blocks[k].to_numpy() for k in ("c0", "c", "m0", "m1", "q0", "q", "o"))
+    terms = {"compute": (c0, c), "memory": (m0, m1), "comm": (q0, q)}
     alphas, betas = [], []
     for x in ("compute", "memory", "comm"):
         for y in ("compute", "memory"):
             ax, bx = terms[x]
             ay, by = terms[y]
-            alphas.append(ov * ax + (1 - ov) * ay)
+            alphas.append(ov * ax + (1 - ov) * (q0 + ay) + o)
             betas.append(ov * bx + (1 - ov) * (q + by))
     return np.stack(alphas, axis=1), np.stack(betas, axis=1)
 
@@ -268,7 +271,7 @@ def exhaustive(space: Space, tpot_max: float | None, objective: str = "cost", ch
         i = int(np.argmin(score))
         current = None if best is None else (best.cost if objective == "cost" else best.step)
         if current is None or score[i] < current:
-            best = Choice(int(idx[i]), int(n[i]), float(r["step_s"][i]), float(cost[i]))
+            best = Choice(int(b.index[idx[i]]), int(n[i]), float(r["step_s"][i]), float(cost[i]))
 
     # affine regions: every integer batch, in chunks
     order = np.repeat(np.arange(len(b)), counts)
@@ -279,14 +282,24 @@ def exhaustive(space: Space, tpot_max: float | None, objective: str = "cost", ch
     # points below saturation
     if not space.points.empty:
         p = space.points
-        keep = ok_block[p["block"].to_numpy()]
-        consider(p["block"].to_numpy()[keep], p["n"].to_numpy()[keep].astype(np.int64))
+        pos = b.index.get_indexer(p["block"].to_numpy())
+        keep = ok_block[pos]
+        consider(pos[keep], p["n"].to_numpy()[keep].astype(np.int64))
     return best
+
+
+def subset(space: Space, mask: np.ndarray) -> Space:
+    """The space restricted to the blocks where ``mask`` holds (block labels are kept)."""
+    blocks = space.blocks[mask]
+    points = space.points[space.points["block"].isin(blocks.index)] if not space.points.empty else space.points
+    sub = Space(space.model, space.workload, space.systems, blocks, points, space.efficiency)
+    sub.stats = {"blocks": len(blocks), "points": len(points), "configurations": sub.size}
+    return sub
 
 
 def describe_choice(space: Space, choice: Choice) -> dict:
     """The configuration of a choice, keyed as in the command-line contract."""
-    row = space.blocks.iloc[choice.block]
+    row = space.blocks.loc[choice.block]
     system = space.systems[int(row["system_idx"])]
     return {
         "system": system.id,

@@ -43,6 +43,12 @@ class ServingModel:
         self.model.minimize(mb.LinearExpr.weighted_sum(terms, coefs))
 
 
+def add_cost_cap(m: mb.Model, blocks: pd.DataFrame, t: pd.Series, n: pd.Series, cost_max: float) -> None:
+    """Cost per token stays at or below cost_max: a T - cost_max n <= 0 (for the lexicographic front)."""
+    for k in blocks.index:
+        m.add(float(blocks.at[k, "a"]) * t[k] - cost_max * n[k] <= 0)
+
+
 def add_choice(m: mb.Model, blocks: pd.DataFrame, points: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """Exactly one block or one point is chosen."""
     z = m.new_bool_var_series("z", blocks.index)
@@ -73,10 +79,40 @@ def add_step_time(m: mb.Model, blocks: pd.DataFrame, z: pd.Series, n: pd.Series,
     return t
 
 
-def build(blocks: pd.DataFrame, points: pd.DataFrame, tpot_max: float | None) -> ServingModel:
+def build(
+    blocks: pd.DataFrame, points: pd.DataFrame, tpot_max: float | None, cost_max: float | None = None
+) -> ServingModel:
     """Build the serving program over the given blocks and points (both already presolved)."""
     m = mb.Model()
     z, p = add_choice(m, blocks, points)
     n = add_batch(m, blocks, z)
     t = add_step_time(m, blocks, z, n, tpot_max)
+    if cost_max is not None:
+        add_cost_cap(m, blocks, t, n, cost_max)
     return ServingModel(m, z, n, t, p, blocks, points)
+
+
+@dataclass
+class DemandModel:
+    """Replica counts that meet a demand, one configuration per option."""
+
+    model: mb.Model
+    z: pd.Series
+    r: pd.Series
+    options: pd.DataFrame
+
+
+def build_demand(options: pd.DataFrame, demand: float) -> DemandModel:
+    """Choose one option (a block at its largest feasible batch, or a point) and an integer number of
+    replicas r with r x tokens_per_s >= demand; minimize r x chips x price (USD per second).
+    """
+    m = mb.Model()
+    z = m.new_bool_var_series("z", options.index)
+    upper = np.ceil(demand / options["tokens_per_s"].to_numpy())
+    r = m.new_int_var_series("r", options.index, lower_bounds=0, upper_bounds=pd.Series(upper, index=options.index))
+    m.add(mb.LinearExpr.sum(list(z)) == 1)
+    for k in options.index:
+        m.add(float(options.at[k, "tokens_per_s"]) * r[k] >= demand * z[k])
+        m.add(r[k] <= float(upper[options.index.get_loc(k)]) * z[k])
+    m.minimize(mb.LinearExpr.weighted_sum(list(r), list(options["usd_per_s"])))
+    return DemandModel(m, z, r, options)

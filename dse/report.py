@@ -1,0 +1,190 @@
+"""Plots (PNG) and the self-contained HTML report of a study run."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from dse.study import StudySpec  # noqa: E402
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _cost_by_system(table: pd.DataFrame, path: Path) -> None:
+    groups = list(table.groupby(["model", "workload"], sort=False))
+    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 2.2 + 0.28 * table["system"].nunique() * len(groups)),
+                             squeeze=False)
+    for ax, ((model, workload), g) in zip(axes[:, 0], groups, strict=True):
+        g = g.iloc[::-1].reset_index(drop=True)
+        ok = (g["status"] != "infeasible").to_numpy()
+        y = np.arange(len(g))
+        cost = g["usd_per_mtok"].to_numpy(dtype=float) if "usd_per_mtok" in g else np.full(len(g), np.nan)
+        if ok.any():
+            left = np.nanmin(cost[ok]) / 2
+            ax.barh(y[ok], cost[ok] - left, left=left, color="#3b7dd8")
+            ax.set_xscale("log")
+            for yi, c in zip(y[ok], cost[ok], strict=True):
+                ax.text(c, yi, f" {c:.3g}", va="center", fontsize=7)
+        for yi in y[~ok]:
+            ax.text(0.01, yi, "infeasible", transform=ax.get_yaxis_transform(), va="center", fontsize=8, color="#b00")
+        ax.set_yticks(y, g["system"], fontsize=8)
+        ax.set_xlabel("USD per million output tokens (best configuration of each system)")
+        ax.set_title(f"{model} / {workload}", fontsize=10)
+    _save(fig, path)
+
+
+def _breakdown(best: pd.DataFrame, path: Path) -> None:
+    labels = [f"{m}\n{w}\n{s}" for m, w, s in zip(best["model"], best["workload"], best["system"], strict=True)]
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(best)), 4))
+    x = range(len(best))
+    width = 0.27
+    for i, (key, color) in enumerate((("compute_s", "#e07b39"), ("memory_s", "#3b7dd8"), ("comm_s", "#59a14f"))):
+        ax.bar([v + (i - 1) * width for v in x], best[key] * 1e3, width, label=key.removesuffix("_s"), color=color)
+    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_ylabel("time per decode step (ms)")
+    ax.legend()
+    ax.set_title("What binds the chosen configurations")
+    _save(fig, path)
+
+
+def _pareto(table: pd.DataFrame, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(9, 6))
+    for (model, workload), g in table.groupby(["model", "workload"], sort=False):
+        ax.plot(g["tpot_s"] * 1e3, g["usd_per_mtok"], "o-", drawstyle="steps-post", label=f"{model} / {workload}")
+        for _, r in g.iterrows():
+            ax.annotate(r["label"], (r["tpot_s"] * 1e3, r["usd_per_mtok"]), fontsize=5.5, rotation=20,
+                        xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("TPOT (ms per output token)")
+    ax.set_ylabel("USD per million output tokens")
+    ax.set_title("Pareto front: latency against cost (each point optimal for its TPOT target)")
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def _fast_slow(table: pd.DataFrame, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ok = table[table["status"] != "infeasible"]
+    for (model, workload), g in ok.groupby(["model", "workload"], sort=False):
+        line = ax.plot(g["speed_multiplier"], g["cost_multiplier"], "o-", label=f"{model} / {workload}: re-provisioned")
+        if "cost_multiplier_same_layout" in g:
+            ax.plot(g["speed_multiplier"], g["cost_multiplier_same_layout"], "s--", color=line[0].get_color(),
+                    label=f"{model} / {workload}: same layout, smaller batch")
+    ax.plot([2.5], [6.0], "r*", markersize=14, label="fast mode at published prices: 2.5x speed for 6x price")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xlabel("speed multiplier (TPOT of the cost optimum / TPOT)")
+    ax.set_ylabel("cost multiplier (USD per token / cost optimum)")
+    ax.set_title("Fast and slow modes: what speed costs")
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def write_plots(out, spec: StudySpec, folder: Path) -> list[str]:
+    """Draw the study's plots into ``folder``; return their file names."""
+    files = []
+    tables = out.tables
+    if "systems" in tables and not tables["systems"].empty:
+        _cost_by_system(tables["systems"], folder / "cost_by_system.png")
+        files.append("cost_by_system.png")
+    if "best" in tables and not tables["best"].empty:
+        _breakdown(tables["best"], folder / "time_breakdown.png")
+        files.append("time_breakdown.png")
+    if "pareto" in tables and not tables["pareto"].empty:
+        _pareto(tables["pareto"], folder / "pareto.png")
+        files.append("pareto.png")
+    if "fast_slow" in tables and not tables["fast_slow"].empty:
+        _fast_slow(tables["fast_slow"], folder / "fast_slow.png")
+        files.append("fast_slow.png")
+    return files
+
+
+def _fmt_bytes(x: float) -> str:
+    return f"{x / 1e9:,.1f} GB"
+
+
+def explain(e: dict, space) -> str:
+    """Why this configuration: which resource binds, the time and the memory breakdown."""
+    parts = {"compute": e["compute_s"], "memory (HBM bandwidth)": e["memory_s"], "communication": e["comm_s"]}
+    binding = max(parts, key=parts.get)
+    times = ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in parts.items())
+    n = e["batch"] // e["dp"]
+    row = None
+    if space is not None:
+        blocks = space.blocks
+        match = blocks[(blocks["system"] == e["system"]) & (blocks["tp"] == e["tp"]) & (blocks["dp"] == e["dp"])
+                       & (blocks["ep"] == e["ep"]) & (blocks["pp"] == e["pp"])]
+        row = match.iloc[0] if len(match) else None
+    w = space.workload if space is not None else None
+    if row is not None and n >= int(row["n_hi"]):
+        cap = "HBM capacity caps the batch (one more sequence per rank would not fit)"
+    elif w is not None and w.tpot_max is not None and e["tpot_s"] >= 0.98 * w.tpot_max:
+        cap = f"the TPOT target of {w.tpot_max * 1e3:g} ms caps the batch"
+    else:
+        cap = "the batch stops where a larger one no longer lowers the cost per token, or at the study's limit"
+    free = e["hbm_capacity_per_chip"] - e["hbm_bytes_per_chip"]
+    return (
+        f"<p><b>{html.escape(e['model'])} / {html.escape(e['workload'])}</b>: {e['chips']} x {e['system']} "
+        f"({e['racks']} scale-up domain{'s' if e['racks'] > 1 else ''}), TP{e['tp']} DP{e['dp']} EP{e['ep']} "
+        f"PP{e['pp']}, batch {e['batch']}, weights {e['weights_dtype']}, KV {e['kv_dtype']} in {e['kv_tier']}. "
+        f"Binding resource: <b>{binding}</b> ({times} per step). {cap}. "
+        f"Memory per chip: weights {_fmt_bytes(e['weights_bytes_per_chip'])}, KV {_fmt_bytes(e['kv_bytes_per_chip'])}, "
+        f"activations {_fmt_bytes(e['activation_bytes_per_chip'])}, free {_fmt_bytes(free)} of "
+        f"{_fmt_bytes(e['hbm_capacity_per_chip'])}. Cost {e['usd_per_mtok']:.4g} USD per million output tokens, "
+        f"{e['usd_per_mtok_input']:.4g} per million input tokens (prefill one prompt at a time); "
+        f"TPOT {e['tpot_s'] * 1e3:.3g} ms, TTFT {e['ttft_s']:.3g} s.</p>"
+    )
+
+
+def write_report(out, spec: StudySpec, folder: Path) -> None:
+    """A self-contained report.html: text, tables and the PNGs embedded."""
+    s = out.summary
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(s['study'])}</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+        "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
+        "img{max-width:100%}</style></head><body>",
+        f"<h1>{html.escape(s['study'])}</h1>",
+        f"<p><b>Question.</b> {html.escape(s['description'])}</p>",
+        f"<p><b>Expected.</b> {html.escape(s['expect'])}</p>",
+        f"<p><b>Status:</b> {s['status']} &middot; solver {s['solver']['name']}, {s['solver']['solves']} solves, "
+        f"{s['solver']['solve_wall_s']:.3f} s solving, {s['solver']['wall_s']:.3f} s in all, "
+        f"largest gap {s['solver']['gap']:.2g}</p>",
+    ]
+    if s["best"]:
+        parts.append("<h2>Chosen configurations</h2>")
+        for e in s["best"]:
+            parts.append(explain(e, out.spaces.get((e["model"], e["workload"]))))
+    if s["infeasible"]:
+        parts.append("<h2>Infeasible</h2><ul>")
+        parts += [f"<li>{html.escape(i['model'])} / {html.escape(i['workload'])}: {html.escape(i['reason'])}</li>"
+                  for i in s["infeasible"]]
+        parts.append("</ul>")
+    for name in ("cost_by_system.png", "time_breakdown.png", "pareto.png", "fast_slow.png"):
+        path = folder / name
+        if path.exists():
+            data = base64.b64encode(path.read_bytes()).decode()
+            title = name.removesuffix(".png").replace("_", " ")
+            parts.append(f"<h2>{title}</h2><img src='data:image/png;base64,{data}'>")
+    for name, table in out.tables.items():
+        parts.append(f"<h2>{name}.csv</h2>")
+        parts.append(table.to_html(index=False, float_format=lambda v: f"{v:.4g}", escape=True))
+    parts.append("<h2>Search spaces</h2>")
+    parts.append(pd.DataFrame(s["spaces"]).to_html(index=False))
+    parts.append("</body></html>")
+    (folder / "report.html").write_text("\n".join(parts))

@@ -1,0 +1,240 @@
+"""Run a study: solve every (model, workload), gather tables, write summary, CSVs, plots and report.
+
+Outputs are written into a fresh folder beside the target and moved into place at the end, so an
+interrupted or failed run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dse.errors import InfeasibleError
+from dse.evaluate import Config, evaluate_config
+from dse.models import get_model
+from dse.serving import ServingResult, solve_demand, solve_serving
+from dse.space import Space, build_space, describe_choice, subset
+from dse.study import StudySpec
+
+METRICS = ("tpot_s", "ttft_s", "usd_per_mtok", "tokens_per_s", "hbm_bytes_per_chip")
+EXTRA = (
+    "usd_per_mtok_input", "compute_s", "memory_s", "comm_s", "step_s", "bound", "tp_comm_s", "ep_comm_s",
+    "pp_comm_s", "weights_bytes_per_chip", "kv_bytes_per_chip", "activation_bytes_per_chip", "hbm_capacity_per_chip",
+    "sequences_in_flight", "usd_per_chip_hour", "prompt",
+)
+
+
+@dataclass
+class StudyOutput:
+    """Everything a study produced, before it is written."""
+
+    summary: dict
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    spaces: dict[tuple[str, str], Space] = field(default_factory=dict)
+
+
+def entry(space: Space, res: ServingResult, ideal: bool) -> dict:
+    """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`)."""
+    cfg = res.config
+    w = space.workload
+    ev = evaluate_config(
+        Config(
+            model=space.model.id, system=cfg["system"], batch=cfg["batch"], context=cfg["context"], tp=cfg["tp"],
+            ep=cfg["ep"], pp=cfg["pp"], dp=cfg["dp"], etp=cfg["etp"], weights_dtype=cfg["weights_dtype"],
+            kv_dtype=cfg["kv_dtype"], kv_tier=cfg["kv_tier"], prompt=w.prompt,
+        ),
+        ideal=ideal,
+    )
+    ev["usd_per_mtok_input"] = ev["chips"] * ev["usd_per_chip_hour"] / 3600 * ev["ttft_s"] / w.prompt * 1e6
+    out = {"model": space.model.id, "workload": w.name, **cfg}
+    out.update({k: ev[k] for k in METRICS})
+    out.update({k: ev[k] for k in EXTRA})
+    out["solver_status"] = res.result.status
+    out["gap"] = res.result.gap
+    return out
+
+
+def _solve(space: Space, spec: StudySpec, tpot: float | None, **kw) -> ServingResult:
+    return solve_serving(space, tpot, solver=spec.solver.name, time_limit_s=spec.solver.time_limit_s, **kw)
+
+
+def _cheapest(space: Space, spec: StudySpec, out: StudyOutput, ideal: bool) -> None:
+    w = space.workload
+    res = _solve(space, spec, w.tpot_max)
+    e = entry(space, res, ideal)
+    if w.demand is not None:
+        d = solve_demand(space, w.demand, w.tpot_max, spec.solver.name)
+        dcfg = describe_choice(space, d.choice)
+        e["demand_tokens_per_s"] = w.demand
+        e["replicas"] = d.replicas
+        e["usd_per_mtok_at_demand"] = d.usd_per_s / w.demand * 1e6
+        e["demand_config"] = dcfg
+    out.summary["best"].append(e)
+    out.summary["_results"].append(res.result)
+    rows = []
+    for si, system in enumerate(space.systems):
+        sub = subset(space, (space.blocks["system_idx"] == si).to_numpy())
+        row = {"model": space.model.id, "workload": w.name, "system": system.id}
+        try:
+            r = _solve(sub, spec, w.tpot_max)
+        except InfeasibleError as exc:
+            row.update(status="infeasible", reason=str(exc))
+        else:
+            out.summary["_results"].append(r.result)
+            se = entry(sub, r, ideal)
+            row.update(status=r.result.status, reason="")
+            row.update({k: se[k] for k in ("chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype",
+                                             "kv_dtype", "kv_tier", *METRICS, "bound")})
+        rows.append(row)
+    out.tables.setdefault("systems", []).extend(rows)
+
+
+def _pareto(space: Space, spec: StudySpec, out: StudyOutput, ideal: bool) -> None:
+    w = space.workload
+    base = _solve(space, spec, w.tpot_max)
+    out.summary["best"].append(entry(space, base, ideal))
+    out.summary["_results"].append(base.result)
+    eps = base.choice.step
+    rows = []
+    while len(rows) < spec.pareto.max_points:
+        try:
+            cheapest = _solve(space, spec, eps)
+            fastest = _solve(space, spec, eps, objective="latency", cost_max=cheapest.choice.cost,
+                             start=cheapest.choice)
+        except InfeasibleError:
+            break
+        out.summary["_results"] += [cheapest.result, fastest.result]
+        e = entry(space, fastest, ideal)
+        e["label"] = f"{e['system']} TP{e['tp']} EP{e['ep']} PP{e['pp']} B{e['batch']} {e['weights_dtype']}"
+        rows.append(e)
+        eps = fastest.choice.step * (1 - spec.pareto.min_step)
+    out.tables.setdefault("pareto", []).extend(rows)
+
+
+def _fast_slow(space: Space, spec: StudySpec, out: StudyOutput, ideal: bool) -> None:
+    w = space.workload
+    base = _solve(space, spec, w.tpot_max)
+    be = entry(space, base, ideal)
+    out.summary["best"].append(be)
+    out.summary["_results"].append(base.result)
+    rows = []
+    for s in spec.fast_slow.speedups:
+        target = base.choice.step / s
+        row = {"model": space.model.id, "workload": w.name, "speed_multiplier": s, "tpot_target_s": target}
+        try:
+            r = _solve(space, spec, target)
+        except InfeasibleError as exc:
+            row.update(status="infeasible", reason=str(exc))
+        else:
+            out.summary["_results"].append(r.result)
+            e = entry(space, r, ideal)
+            row.update(status=r.result.status, reason="", cost_multiplier=e["usd_per_mtok"] / be["usd_per_mtok"],
+                       speedup_achieved=be["tpot_s"] / e["tpot_s"])
+            try:  # the lecture's mechanism: same hardware and layout, only the batch shrinks
+                same = _solve(subset(space, (space.blocks.index == base.choice.block)), spec, target)
+                row["cost_multiplier_same_layout"] = entry(space, same, ideal)["usd_per_mtok"] / be["usd_per_mtok"]
+                row["batch_same_layout"] = describe_choice(space, same.choice)["batch"]
+            except InfeasibleError:
+                row["cost_multiplier_same_layout"] = math.nan
+                row["batch_same_layout"] = 0
+            row.update({k: e[k] for k in ("system", "chips", "tp", "ep", "pp", "dp", "batch", "weights_dtype",
+                                            "kv_dtype", "kv_tier", *METRICS, "bound")})
+        rows.append(row)
+    out.tables.setdefault("fast_slow", []).extend(rows)
+
+
+KINDS: dict[str, Callable] = {"cheapest": _cheapest, "pareto": _pareto, "fast_slow": _fast_slow}
+
+
+def run_study(spec: StudySpec, progress: Callable[[str], None] | None = None) -> StudyOutput:
+    """Solve every (model, workload) of the study; infeasible pairs are recorded, not raised."""
+    t0 = time.perf_counter()
+    opts = spec.space.options()
+    out = StudyOutput(summary={
+        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
+        "expect": spec.expect.strip(), "best": [], "infeasible": [], "_results": [], "spaces": [],
+    })
+    for model_id in spec.models:
+        model = get_model(model_id)
+        for ws in spec.workloads:
+            w = ws.workload()
+            if progress:
+                progress(f"{model_id} / {w.name}")
+            space = build_space(model, w, opts)
+            out.spaces[(model_id, w.name)] = space
+            out.summary["spaces"].append({"model": model_id, "workload": w.name, **space.stats})
+            try:
+                KINDS[spec.kind](space, spec, out, opts.ideal)
+            except InfeasibleError as exc:
+                out.summary["infeasible"].append({"model": model_id, "workload": w.name, "reason": str(exc)})
+    results = out.summary.pop("_results")
+    if out.summary["infeasible"]:
+        status = "infeasible"
+    elif all(r.status == "optimal" for r in results):
+        status = "optimal"
+    else:
+        status = "feasible"
+    out.summary["status"] = status
+    out.summary["solver"] = {
+        "name": spec.solver.name,
+        "wall_s": time.perf_counter() - t0,
+        "solve_wall_s": float(sum(r.wall_s for r in results)),
+        "solves": len(results),
+        "gap": float(max((r.gap for r in results), default=0.0)),
+    }
+    out.tables = {k: pd.DataFrame(v) for k, v in out.tables.items()}
+    if out.summary["best"]:
+        flat = [{k: v for k, v in e.items() if not isinstance(v, dict)} for e in out.summary["best"]]
+        out.tables["best"] = pd.DataFrame(flat)
+    return out
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        f = float(obj)
+        return None if math.isnan(f) or math.isinf(f) else f
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def write_outputs(out: StudyOutput, spec: StudySpec, target: Path) -> list[str]:
+    """Write summary.json, one CSV per table, PNG plots and report.html; all or nothing."""
+    from dse.report import write_plots, write_report
+
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        files = []
+        for name, table in out.tables.items():
+            table.to_csv(tmp / f"{name}.csv", index=False)
+            files.append(f"{name}.csv")
+        files += write_plots(out, spec, tmp)
+        files.append("report.html")
+        files.append("summary.json")
+        out.summary["outputs"] = sorted(files)
+        (tmp / "summary.json").write_text(json.dumps(_jsonable(out.summary), indent=2))
+        write_report(out, spec, tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(files)

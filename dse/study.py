@@ -1,0 +1,187 @@
+"""Study files: declarative YAML validated on load, with one clear message per mistake.
+
+A study names the models and workloads to serve, the design space to search and what to report:
+``cheapest`` (the cost optimum of every model and workload, and the best of every system),
+``pareto`` (the TPOT-cost front by the epsilon-constraint method) or ``fast_slow`` (cost against
+speed relative to the cost optimum).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dse.catalog import read_yaml
+from dse.errors import InputError, close_names, unknown_name_message
+from dse.hardware import default_systems
+from dse.models import default_models
+from dse.solver import SOLVERS
+from dse.space import SpaceOptions, Workload
+from dse.units import DTYPES
+
+KINDS = ("cheapest", "pareto", "fast_slow")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkloadSpec(_Strict):
+    """One kind of request and its service targets."""
+
+    name: str
+    prompt: int = Field(gt=0, description="prompt tokens")
+    output: int = Field(gt=0, description="output tokens")
+    tpot_max_s: float | None = Field(default=None, gt=0)
+    ttft_max_s: float | None = Field(default=None, gt=0)
+    demand_tokens_per_s: float | None = Field(default=None, gt=0)
+
+    def workload(self) -> Workload:
+        return Workload(self.name, self.prompt, self.output, self.tpot_max_s, self.ttft_max_s, self.demand_tokens_per_s)
+
+
+class SpaceSpec(_Strict):
+    """The discrete choices to search."""
+
+    systems: list[str] | Literal["all"] = "all"
+    weights_dtypes: list[Literal["bf16", "fp8", "fp4"]] = ["bf16", "fp8", "fp4"]
+    kv_dtypes: list[Literal["bf16", "fp8", "fp4"]] = ["bf16", "fp8"]
+    kv_tiers: list[Literal["hbm", "host"]] = ["hbm", "host"]
+    tp: list[int] = [1, 2, 4, 8]
+    pp: list[int] = [1, 2, 4]
+    max_racks: int = Field(default=4, ge=1)
+    max_chips_per_stage: int = Field(default=1024, ge=1)
+    max_batch_per_rank: int = Field(default=1024, ge=1)
+    ideal: bool = False
+
+    @field_validator("weights_dtypes", "kv_dtypes", "kv_tiers", "tp", "pp")
+    @classmethod
+    def _non_empty(cls, v: list) -> list:
+        if not v:
+            raise ValueError("must list at least one value")
+        if any(isinstance(x, int) and x < 1 for x in v):
+            raise ValueError(f"degrees must be >= 1, got {v}")
+        return v
+
+    def options(self) -> SpaceOptions:
+        systems = tuple(default_systems()) if self.systems == "all" else tuple(self.systems)
+        return SpaceOptions(
+            systems=systems, weights_dtypes=tuple(self.weights_dtypes), kv_dtypes=tuple(self.kv_dtypes),
+            kv_tiers=tuple(self.kv_tiers), tp=tuple(self.tp), pp=tuple(self.pp), max_racks=self.max_racks,
+            max_chips_per_stage=self.max_chips_per_stage, max_batch_per_rank=self.max_batch_per_rank,
+            ideal=self.ideal,
+        )
+
+
+class SolverSpec(_Strict):
+    name: Literal["highs", "scip", "sat"] = "highs"
+    time_limit_s: float = Field(default=60.0, gt=0)
+
+
+class ParetoSpec(_Strict):
+    """Epsilon-constraint sweep of the TPOT target, from the cost optimum down to the fastest point."""
+
+    min_step: float = Field(default=0.02, gt=0, lt=1, description="relative TPOT step between front points")
+    max_points: int = Field(default=60, ge=2)
+
+
+class FastSlowSpec(_Strict):
+    """Speed multipliers (TPOT of the base point / TPOT) to price; below 1 is a slow mode."""
+
+    speedups: list[float] = [0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0]
+
+    @field_validator("speedups")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        if not v or any(x <= 0 for x in v):
+            raise ValueError(f"must be a non-empty list of numbers > 0, got {v}")
+        return sorted(v)
+
+
+class StudySpec(_Strict):
+    """A study file."""
+
+    study: str
+    kind: Literal["cheapest", "pareto", "fast_slow"]
+    description: str
+    expect: str
+    models: list[str]
+    workloads: list[WorkloadSpec]
+    space: SpaceSpec = SpaceSpec()
+    solver: SolverSpec = SolverSpec()
+    pareto: ParetoSpec = ParetoSpec()
+    fast_slow: FastSlowSpec = FastSlowSpec()
+
+    @model_validator(mode="after")
+    def _check(self) -> StudySpec:
+        if not self.models:
+            raise ValueError("models: must list at least one model")
+        if not self.workloads:
+            raise ValueError("workloads: must list at least one workload")
+        names = [w.name for w in self.workloads]
+        if len(set(names)) != len(names):
+            raise ValueError(f"workloads: names must be unique, got {names}")
+        return self
+
+
+def _sub_model(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    current: type[BaseModel] | None = cls
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return current
+        ann = field.annotation
+        options = list(getattr(ann, "__args__", (ann,)))
+        for o in list(options):
+            options += list(getattr(o, "__args__", ()))
+        current = next((t for t in options if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    return current
+
+
+def _message(exc: ValidationError, path: Path) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        parent = _sub_model(StudySpec, tuple(err["loc"][:-1]))
+        allowed = list(parent.model_fields) if parent else []
+        key = str(err["loc"][-1])
+        close = close_names(key, allowed)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        return f"{path}: unknown field '{loc}'{hint} (allowed: {', '.join(allowed)})"
+    if err["type"] == "missing":
+        return f"{path}: missing required field '{loc}'"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+    return f"{path}: field '{loc}': {msg}{shown}" if loc else f"{path}: {msg}"
+
+
+def load_study(path: str | Path) -> StudySpec:
+    """Read and validate a study file; every error is an InputError naming file and field."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such study file")
+    doc = read_yaml(path)
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: a study file is a mapping with study, kind, models, workloads, ...")
+    try:
+        spec = StudySpec.model_validate(doc)
+    except ValidationError as exc:
+        raise InputError(_message(exc, path)) from None
+    models = default_models()
+    for i, m in enumerate(spec.models):
+        if m not in models:
+            raise InputError(f"{path}: field 'models.{i}': " + unknown_name_message("model", m, models))
+    if spec.space.systems != "all":
+        systems = default_systems()
+        if not spec.space.systems:
+            raise InputError(f"{path}: field 'space.systems': must list at least one system, or be 'all'")
+        for i, s in enumerate(spec.space.systems):
+            if s not in systems:
+                raise InputError(f"{path}: field 'space.systems.{i}': " + unknown_name_message("system", s, systems))
+    assert spec.solver.name in SOLVERS and all(d in DTYPES for d in spec.space.weights_dtypes)
+    return spec
