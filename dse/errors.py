@@ -21,10 +21,14 @@ class InfeasibleError(RuntimeError):
 def close_names(name: str, allowed: Iterable[str], n: int = 3) -> list[str]:
     """Return up to ``n`` names from ``allowed`` that look like ``name``."""
     allowed = list(allowed)
-    matches = difflib.get_close_matches(name, allowed, n=n, cutoff=0.5)
-    if not matches:
-        matches = [a for a in allowed if name.lower() in a.lower() or a.lower() in name.lower()][:n]
-    return matches
+    low = name.lower()
+    contains = [a for a in allowed if low in a.lower()]  # "gb200" -> "gb200-nvl72"
+    similar = difflib.get_close_matches(name, allowed, n=n, cutoff=0.5)
+    out: list[str] = []
+    for a in contains + similar:
+        if a not in out:
+            out.append(a)
+    return out[:n]
 
 
 def unknown_name_message(kind: str, name: str, allowed: Iterable[str]) -> str:

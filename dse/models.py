@@ -357,7 +357,8 @@ def causal_attended(context: float, cap: float) -> float:
 
 
 def _format_validation(exc: ValidationError, where: str) -> str:
-    err = exc.errors()[0]
+    # a misspelled key also makes its field "missing": name the unknown key first
+    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
     loc = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         key = str(err["loc"][-1])

@@ -239,10 +239,14 @@ class Choice:
     cost: float
 
 
-def exhaustive(space: Space, tpot_max: float | None, objective: str = "cost", chunk: int = 2_000_000) -> Choice | None:
+def exhaustive(
+    space: Space, tpot_max: float | None, objective: str = "cost", chunk: int = 2_000_000,
+    cost_max: float | None = None,
+) -> Choice | None:
     """Evaluate the physics at every (block, batch) of the space; return the best feasible one.
 
-    ``objective`` is "cost" (USD per million output tokens) or "latency" (step time).
+    ``objective`` is "cost" (USD per million output tokens) or "latency" (step time); ``cost_max``
+    caps the cost per token.
     """
     b, w = space.blocks, space.workload
     if b.empty:
@@ -264,9 +268,11 @@ def exhaustive(space: Space, tpot_max: float | None, objective: str = "cost", ch
         feasible = r["fits"].copy()
         if tpot_max is not None:
             feasible &= r["step_s"] <= tpot_max
+        cost = sub["a"].to_numpy() * r["step_s"] / n
+        if cost_max is not None:
+            feasible &= cost <= cost_max
         if not feasible.any():
             return
-        cost = sub["a"].to_numpy() * r["step_s"] / n
         score = np.where(feasible, cost if objective == "cost" else r["step_s"], np.inf)
         i = int(np.argmin(score))
         current = None if best is None else (best.cost if objective == "cost" else best.step)

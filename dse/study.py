@@ -143,7 +143,8 @@ def _sub_model(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
 
 
 def _message(exc: ValidationError, path: Path) -> str:
-    err = exc.errors()[0]
+    # a misspelled key also makes its field "missing": name the unknown key first
+    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
     loc = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         parent = _sub_model(StudySpec, tuple(err["loc"][:-1]))

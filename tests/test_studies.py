@@ -1,0 +1,143 @@
+"""Every shipped study runs and gives the result its file says it expects; `dse run` contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from dse.evaluate import Config, evaluate_config
+from dse.runner import run_study, write_outputs
+from dse.study import load_study
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDIES = ROOT / "studies"
+BEST_KEYS = {"model", "workload", "system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "context",
+             "weights_dtype", "kv_dtype", "kv_tier", "tpot_s", "ttft_s", "usd_per_mtok", "tokens_per_s",
+             "hbm_bytes_per_chip"}
+
+
+def dse(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dse.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env=os.environ.copy(), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def cheapest_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "cheapest"
+    r = dse("run", str(STUDIES / "cheapest_1m_context.yaml"), "--out", str(out), "--json")
+    return r, out
+
+
+def test_cheapest_1m_context_is_optimal_and_writes_every_output(cheapest_run):
+    r, out = cheapest_run
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["status"] == "optimal"
+    assert {"name", "wall_s", "gap"} <= set(summary["solver"]) and summary["solver"]["gap"] <= 1e-6
+    for name in ("summary.json", "best.csv", "systems.csv", "cost_by_system.png", "time_breakdown.png", "report.html"):
+        assert (out / name).stat().st_size > 0, name
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html and "Binding resource" in html and "src='http" not in html
+    best = {e["model"]: e for e in summary["best"]}
+    assert set(best) == {"deepseek-v3.2", "deepseek-v3", "llama-3.1-70b"}
+    for e in best.values():
+        assert BEST_KEYS <= set(e)
+        assert e["context"] == 1_001_000 and e["tpot_s"] <= 0.1 and e["ttft_s"] <= 3600
+        assert e["bound"] == "memory" and e["kv_dtype"] == "fp8"
+    # sparse attention is several times cheaper than dense attention at 1M; the dense model costs most
+    assert best["deepseek-v3.2"]["usd_per_mtok"] * 2 < best["deepseek-v3"]["usd_per_mtok"]
+    assert best["llama-3.1-70b"]["usd_per_mtok"] > best["deepseek-v3"]["usd_per_mtok"]
+    systems = pd.read_csv(out / "systems.csv")
+    assert len(systems) == 3 * 19
+    assert (systems["status"] == "infeasible").sum() > 0 and systems["reason"].fillna("").str.contains("runs out").any()
+
+
+def test_dse_evaluate_reproduces_the_reported_best(cheapest_run):
+    _, out = cheapest_run
+    summary = json.loads((out / "summary.json").read_text())
+    for e in summary["best"]:
+        ev = evaluate_config(Config(
+            model=e["model"], system=e["system"], batch=e["batch"], context=e["context"], tp=e["tp"], ep=e["ep"],
+            pp=e["pp"], dp=e["dp"], etp=e["etp"], weights_dtype=e["weights_dtype"], kv_dtype=e["kv_dtype"],
+            kv_tier=e["kv_tier"], prompt=e["prompt"]))
+        for key in ("usd_per_mtok", "tpot_s", "ttft_s", "tokens_per_s", "hbm_bytes_per_chip"):
+            assert ev[key] == pytest.approx(e[key], rel=0.01), key
+
+
+def test_pareto_front_is_monotone_and_non_dominated(tmp_path):
+    spec = load_study(STUDIES / "pareto_latency_cost.yaml")
+    out = run_study(spec)
+    files = write_outputs(out, spec, tmp_path / "p")
+    assert "pareto.csv" in files and "pareto.png" in files
+    front = pd.read_csv(tmp_path / "p" / "pareto.csv")
+    assert len(front) >= 10
+    assert (front["tpot_s"].diff().dropna() < 0).all()
+    assert (front["usd_per_mtok"].diff().dropna() >= -1e-12).all()
+    assert front["label"].str.contains("TP").all()
+    assert out.summary["status"] == "optimal"
+
+
+def test_fast_slow_mode(tmp_path):
+    spec = load_study(STUDIES / "fast_slow_mode.yaml")
+    out = run_study(spec)
+    write_outputs(out, spec, tmp_path / "f")
+    table = pd.read_csv(tmp_path / "f" / "fast_slow.csv")
+    for _, g in table.groupby("model"):
+        g = g.sort_values("speed_multiplier")
+        assert (g["cost_multiplier"].diff().dropna() >= -1e-9).all()
+        assert (g["cost_multiplier_same_layout"] >= g["cost_multiplier"] - 1e-9).all()
+        assert (g.loc[g["speed_multiplier"] < 1, "cost_multiplier"] <= 1 + 1e-9).all()
+        at = g.loc[g["speed_multiplier"] == 2.5, "cost_multiplier"].iloc[0]
+        assert 1.2 < at < 2.0
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(workload=d.pop("workloads")), "unknown field 'workload'; did you mean workloads"),
+        (lambda d: d["workloads"][0].update(prompt="long"), "field 'workloads.0.prompt'"),
+        (lambda d: d["workloads"][0].update(tpot_max_s=-1), "field 'workloads.0.tpot_max_s': Input should be greater than 0"),
+        (lambda d: d.update(models=["deepseek-v4"]), "unknown model 'deepseek-v4'; did you mean: deepseek-v3"),
+        (lambda d: d["space"].update(systems=["gb200"]), "unknown system 'gb200'; did you mean: gb200-nvl72"),
+        (lambda d: d["space"].update(tp=[]), "field 'space.tp': Value error, must list at least one value"),
+        (lambda d: d.update(models=[]), "models: must list at least one model"),
+        (lambda d: d["space"].update(max_racks=0), "field 'space.max_racks'"),
+        (lambda d: d.update(kind="cheapst"), "field 'kind'"),
+    ],
+)
+def test_bad_study_exits_2_and_writes_nothing(tmp_path, mutate, message):
+    doc = yaml.safe_load((STUDIES / "cheapest_1m_context.yaml").read_text())
+    mutate(doc)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "out"
+    r = dse("run", str(path), "--out", str(out))
+    assert r.returncode == 2, r.stderr
+    text = " ".join(r.stderr.split())
+    assert str(path) in text and message.split("Value error, ")[-1] in text
+    assert "Traceback" not in r.stderr
+    assert not out.exists()
+
+
+def test_infeasible_study_exits_3_naming_the_resource(tmp_path):
+    doc = yaml.safe_load((STUDIES / "cheapest_1m_context.yaml").read_text())
+    doc.update(models=["llama-3.1-405b"])
+    doc["space"].update(systems=["tpu-v5e"], max_chips_per_stage=8, max_racks=1, kv_tiers=["hbm"])
+    path = tmp_path / "infeasible.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = dse("run", str(path), "--out", str(tmp_path / "out"))
+    assert r.returncode == 3
+    text = " ".join(r.stderr.split())
+    assert "HBM capacity runs out" in text and "GB more than its usable" in text
+
+
+def test_missing_study_file_exits_2(tmp_path):
+    r = dse("run", str(tmp_path / "nope.yaml"))
+    assert r.returncode == 2 and "no such study file" in r.stderr
