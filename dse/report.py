@@ -90,7 +90,7 @@ def _fast_slow(table: pd.DataFrame, path: Path) -> None:
     ax.set_xlabel("speed multiplier (TPOT of the cost optimum / TPOT)")
     ax.set_ylabel("cost multiplier (USD per token / cost optimum)")
     ax.set_title("Fast and slow modes: what speed costs")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     _save(fig, path)
 
 
