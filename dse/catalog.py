@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
 from dse.errors import InputError, close_names
 from dse.units import to_si
@@ -127,3 +128,38 @@ def parse_quantities(
             continue
         out[name] = parse_quantity(raw, spec, sources, f"{where}: field '{name}'")
     return out
+
+
+def _sub_model(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that holds the field at ``loc`` (list indices skipped)."""
+    current: type[BaseModel] | None = root
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return current
+        options = list(getattr(field.annotation, "__args__", (field.annotation,)))
+        for o in list(options):
+            options += list(getattr(o, "__args__", ()))
+        current = next((t for t in options if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    return current
+
+
+def validation_message(exc: ValidationError, root: type[BaseModel], where: str) -> str:
+    """One clear message for a pydantic error: the field, what is wrong, what is allowed."""
+    # a misspelled key also makes its field "missing": name the unknown key first
+    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        parent = _sub_model(root, tuple(err["loc"][:-1]))
+        allowed = list(parent.model_fields) if parent else []
+        close = close_names(str(err["loc"][-1]), allowed)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        return f"{where}: unknown field '{loc}'{hint} (allowed: {', '.join(allowed)})"
+    if err["type"] == "missing":
+        return f"{where}: missing required field '{loc}'"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+    return f"{where}: field '{loc}': {msg}{shown}" if loc else f"{where}: {msg}"

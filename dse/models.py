@@ -16,8 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from dse.catalog import read_yaml
-from dse.errors import InputError, close_names, unknown_name_message
+from dse.catalog import read_yaml, validation_message
+from dse.errors import InputError, unknown_name_message
 from dse.units import DTYPE_BYTES
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model_catalog"
@@ -356,28 +356,6 @@ def causal_attended(context: float, cap: float) -> float:
     return cap * (cap + 1) / 2 + (context - cap) * cap
 
 
-def _format_validation(exc: ValidationError, where: str) -> str:
-    # a misspelled key also makes its field "missing": name the unknown key first
-    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    if err["type"] == "extra_forbidden":
-        key = str(err["loc"][-1])
-        parent = ModelSpec
-        for part in err["loc"][:-1]:
-            field = parent.model_fields.get(str(part)) if isinstance(parent, type) else None
-            ann = field.annotation if field else None
-            options = getattr(ann, "__args__", (ann,))
-            parent = next((t for t in options if isinstance(t, type) and issubclass(t, BaseModel)), None)
-        allowed = list(parent.model_fields) if parent else []
-        close = close_names(key, allowed)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        return f"{where}: unknown field '{loc}'{hint} (allowed: {', '.join(allowed)})"
-    if err["type"] == "missing":
-        return f"{where}: missing required field '{loc}'"
-    msg = err["msg"].removeprefix("Value error, ")
-    return f"{where}: field '{loc}': {msg}" if loc else f"{where}: {msg}"
-
-
 def load_models(path: Path | None = None) -> dict[str, Architecture]:
     """Load and validate ``models.yaml``; errors name the file, the row and the field."""
     path = Path(path) if path else model_dir() / "models.yaml"
@@ -391,7 +369,7 @@ def load_models(path: Path | None = None) -> dict[str, Architecture]:
         try:
             spec = ModelSpec.model_validate(entry)
         except ValidationError as exc:
-            raise InputError(_format_validation(exc, where)) from None
+            raise InputError(validation_message(exc, ModelSpec, where)) from None
         if spec.id in out:
             raise InputError(f"{where}: duplicate id '{spec.id}'")
         out[spec.id] = Architecture(spec)

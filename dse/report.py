@@ -96,20 +96,13 @@ def _fast_slow(table: pd.DataFrame, path: Path) -> None:
 
 def write_plots(out, spec: StudySpec, folder: Path) -> list[str]:
     """Draw the study's plots into ``folder``; return their file names."""
+    plots = (("systems", _cost_by_system, "cost_by_system.png"), ("best", _breakdown, "time_breakdown.png"),
+             ("pareto", _pareto, "pareto.png"), ("fast_slow", _fast_slow, "fast_slow.png"))
     files = []
-    tables = out.tables
-    if "systems" in tables and not tables["systems"].empty:
-        _cost_by_system(tables["systems"], folder / "cost_by_system.png")
-        files.append("cost_by_system.png")
-    if "best" in tables and not tables["best"].empty:
-        _breakdown(tables["best"], folder / "time_breakdown.png")
-        files.append("time_breakdown.png")
-    if "pareto" in tables and not tables["pareto"].empty:
-        _pareto(tables["pareto"], folder / "pareto.png")
-        files.append("pareto.png")
-    if "fast_slow" in tables and not tables["fast_slow"].empty:
-        _fast_slow(tables["fast_slow"], folder / "fast_slow.png")
-        files.append("fast_slow.png")
+    for table, draw, name in plots:
+        if table in out.tables and not out.tables[table].empty:
+            draw(out.tables[table], folder / name)
+            files.append(name)
     return files
 
 

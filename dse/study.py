@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dse.catalog import read_yaml
-from dse.errors import InputError, close_names, unknown_name_message
+from dse.catalog import read_yaml, validation_message
+from dse.errors import InputError, unknown_name_message
 from dse.hardware import default_systems
 from dse.models import default_models
 from dse.solver import SOLVERS
@@ -126,41 +126,6 @@ class StudySpec(_Strict):
         return self
 
 
-def _sub_model(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    current: type[BaseModel] | None = cls
-    for part in loc:
-        if isinstance(part, int) or current is None:
-            continue
-        field = current.model_fields.get(str(part))
-        if field is None:
-            return current
-        ann = field.annotation
-        options = list(getattr(ann, "__args__", (ann,)))
-        for o in list(options):
-            options += list(getattr(o, "__args__", ()))
-        current = next((t for t in options if isinstance(t, type) and issubclass(t, BaseModel)), None)
-    return current
-
-
-def _message(exc: ValidationError, path: Path) -> str:
-    # a misspelled key also makes its field "missing": name the unknown key first
-    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    if err["type"] == "extra_forbidden":
-        parent = _sub_model(StudySpec, tuple(err["loc"][:-1]))
-        allowed = list(parent.model_fields) if parent else []
-        key = str(err["loc"][-1])
-        close = close_names(key, allowed)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        return f"{path}: unknown field '{loc}'{hint} (allowed: {', '.join(allowed)})"
-    if err["type"] == "missing":
-        return f"{path}: missing required field '{loc}'"
-    msg = err["msg"].removeprefix("Value error, ")
-    got = err.get("input")
-    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
-    return f"{path}: field '{loc}': {msg}{shown}" if loc else f"{path}: {msg}"
-
-
 def load_study(path: str | Path) -> StudySpec:
     """Read and validate a study file; every error is an InputError naming file and field."""
     path = Path(path)
@@ -172,7 +137,7 @@ def load_study(path: str | Path) -> StudySpec:
     try:
         spec = StudySpec.model_validate(doc)
     except ValidationError as exc:
-        raise InputError(_message(exc, path)) from None
+        raise InputError(validation_message(exc, StudySpec, str(path))) from None
     models = default_models()
     for i, m in enumerate(spec.models):
         if m not in models:

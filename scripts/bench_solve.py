@@ -73,7 +73,8 @@ def main() -> None:
     total = time.perf_counter() - t0
     s = out.summary["solver"]
     print(f"full-catalog 1M-context study: status {out.summary['status']}, {s['solves']} solves, "
-          f"{s['solve_wall_s']:.3f} s solving, {total:.3f} s with building the spaces (no plotting), gap {s['gap']:.1g}")
+          f"{s['solve_wall_s']:.3f} s solving, {total:.3f} s with building the spaces (no plotting), "
+          f"gap {s['gap']:.1g}")
 
 
 if __name__ == "__main__":
