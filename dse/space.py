@@ -57,6 +57,7 @@ class SpaceOptions:
     pp: tuple[int, ...] = (1, 2, 4)
     max_racks: int = 4
     max_chips_per_stage: int = 1024
+    min_chips_per_stage: int = 1
     max_batch_per_rank: int = 1024
     ideal: bool = False
 
@@ -85,7 +86,7 @@ def stage_sizes(system: System, opts: SpaceOptions) -> list[int]:
     limit = min(opts.max_chips_per_stage, system.scaleup_domain * opts.max_racks)
     sizes = {2**i for i in range(0, 31) if 2**i <= limit}
     sizes |= {system.scaleup_domain * r for r in range(1, opts.max_racks + 1) if system.scaleup_domain * r <= limit}
-    return sorted(sizes)
+    return sorted(s for s in sizes if s >= opts.min_chips_per_stage)
 
 
 def _layouts(model: Architecture, system: System, opts: SpaceOptions) -> list[Layout]:

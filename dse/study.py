@@ -53,6 +53,7 @@ class SpaceSpec(_Strict):
     pp: list[int] = [1, 2, 4]
     max_racks: int = Field(default=4, ge=1)
     max_chips_per_stage: int = Field(default=1024, ge=1)
+    min_chips_per_stage: int = Field(default=1, ge=1)
     max_batch_per_rank: int = Field(default=1024, ge=1)
     ideal: bool = False
 
@@ -65,12 +66,22 @@ class SpaceSpec(_Strict):
             raise ValueError(f"degrees must be >= 1, got {v}")
         return v
 
+    @model_validator(mode="after")
+    def _range(self) -> SpaceSpec:
+        if self.min_chips_per_stage > self.max_chips_per_stage:
+            raise ValueError(
+                f"min_chips_per_stage ({self.min_chips_per_stage}) must be <= max_chips_per_stage "
+                f"({self.max_chips_per_stage})"
+            )
+        return self
+
     def options(self) -> SpaceOptions:
         systems = tuple(default_systems()) if self.systems == "all" else tuple(self.systems)
         return SpaceOptions(
             systems=systems, weights_dtypes=tuple(self.weights_dtypes), kv_dtypes=tuple(self.kv_dtypes),
             kv_tiers=tuple(self.kv_tiers), tp=tuple(self.tp), pp=tuple(self.pp), max_racks=self.max_racks,
-            max_chips_per_stage=self.max_chips_per_stage, max_batch_per_rank=self.max_batch_per_rank,
+            max_chips_per_stage=self.max_chips_per_stage, min_chips_per_stage=self.min_chips_per_stage,
+            max_batch_per_rank=self.max_batch_per_rank,
             ideal=self.ideal,
         )
 

@@ -54,6 +54,9 @@ def test_cheapest_1m_context_is_optimal_and_writes_every_output(cheapest_run):
     # sparse attention is several times cheaper than dense attention at 1M; the dense model costs most
     assert best["deepseek-v3.2"]["usd_per_mtok"] * 2 < best["deepseek-v3"]["usd_per_mtok"]
     assert best["llama-3.1-70b"]["usd_per_mtok"] > best["deepseek-v3"]["usd_per_mtok"]
+    for e in best.values():  # the demand is met by whole replicas
+        assert e["replicas"] * e["demand_config"]["batch"] >= 1
+        assert e["usd_per_mtok_at_demand"] >= e["usd_per_mtok"] * (1 - 1e-9)
     systems = pd.read_csv(out / "systems.csv")
     assert len(systems) == 3 * 19
     assert (systems["status"] == "infeasible").sum() > 0 and systems["reason"].fillna("").str.contains("runs out").any()
@@ -110,6 +113,8 @@ def test_fast_slow_mode(tmp_path):
         (lambda d: d.update(models=[]), "models: must list at least one model"),
         (lambda d: d["space"].update(max_racks=0), "field 'space.max_racks'"),
         (lambda d: d.update(kind="cheapst"), "field 'kind'"),
+        (lambda d: d["space"].update(min_chips_per_stage=64, max_chips_per_stage=8),
+         "field 'space': Value error, min_chips_per_stage (64) must be <= max_chips_per_stage (8)"),
     ],
 )
 def test_bad_study_exits_2_and_writes_nothing(tmp_path, mutate, message):
