@@ -177,6 +177,62 @@ def _print_study(summary: dict, target: Path, files: list[str]) -> None:
     console.print(f"wrote {', '.join(files)} to {target}/")
 
 
+@app.command()
+def validate(
+    cases: Annotated[Path | None, typer.Option(help="Cases file (default: hw_catalog/calibration/cases.yaml).")] = None,
+    fit: Annotated[bool, typer.Option("--fit", help="Refit the efficiencies (leave-one-out too); store them.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Report folder (default: results/validate/).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Predictions against published measurements: error per case and by category."""
+    import datetime
+
+    from dse import validate as v
+    from dse.hardware import default_efficiency, default_efficiency_catalog, hw_dir
+
+    err = Console(stderr=True)
+    try:
+        loaded = v.load_cases(cases)
+        if fit:
+            with err.status("fitting the efficiencies, then leaving each point out") as status:
+                cal = v.calibrate(loaded, default_efficiency(), loo=True,
+                                  progress=lambda i, n: status.update(f"leave-one-out {i + 1}/{n}"))
+            v.write_calibration(cal, str(cases or v.cases_path()), hw_dir(), datetime.date.today().isoformat())
+            default_efficiency_catalog.cache_clear()
+            v._CACHE.clear()
+        report = v.run_validation(loaded, use_stored_loo=cases is None or fit)
+        target = out or Path("results") / "validate"
+        v.write_validation_report(report, target)
+    except InputError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(report.as_dict(), indent=2))
+        return
+    _print_validation(report, target)
+
+
+def _print_validation(report, target: Path) -> None:
+    console = Console()
+    t = Table(title="Predicted against measured (calibrated physics)", header_style="bold")
+    for col in ("case", "configuration", "measured", "predicted", "error", "leave-one-out", "ideal"):
+        t.add_column(col, justify="left" if col in ("case", "configuration") else "right")
+    df = report.table
+    for _, r in df.iterrows():
+        loo = "-" if "loo_error" not in df or r.get("loo_error") != r.get("loo_error") else f"{r['loo_error']:+.1%}"
+        t.add_row(r["case"][:28], r["label"], f"{r['measured']:.4g}", f"{r['predicted']:.4g}", f"{r['error']:+.1%}",
+                  loo, f"{r['ideal']:.4g}")
+    console.print(t)
+    s = Table(title="Absolute error by category", header_style="bold")
+    for col in report.summary.columns:
+        s.add_column(col, justify="left" if col == "category" else "right")
+    for _, r in report.summary.iterrows():
+        s.add_row(*[f"{x:.1%}" if isinstance(x, float) else str(x) for x in r])
+    console.print(s)
+    for sk in report.skipped:
+        console.print(f"[dim]skipped[/] {sk.case} ({sk.category}): {sk.reason}", highlight=False)
+    console.print(f"wrote validate.csv, summary.json, scatter.png, report.html to {target}/")
+
+
 def _hardware_rows() -> list[dict]:
     rows = []
     for s in default_systems().values():

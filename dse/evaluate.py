@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, replace
 
 from dse.errors import InputError
-from dse.hardware import IDEAL, Efficiency, default_efficiency, get_system
+from dse.hardware import IDEAL, Efficiency, efficiency_for, get_system
 from dse.layout import Layout, resolve_layout
 from dse.models import get_model
 from dse.physics import BOUNDS, KV_TIERS, PHASES, Candidates, ModelTable, SystemTable, evaluate
@@ -64,7 +64,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
             f"layout {layout.describe()} needs {layout.chips} chips, more than one {system.scaleup_domain}-chip "
             f"domain of '{system.id}', whose scale-out bandwidth the catalog does not know"
         )
-    eff = IDEAL if ideal else (efficiency or default_efficiency())
+    eff = IDEAL if ideal else (efficiency or efficiency_for(system.id))
     cand = Candidates(
         model=0, system=0, tp=layout.tp, dp=layout.dp, ep=layout.ep, etp=layout.etp, pp=layout.pp,
         batch=cfg.batch, context=cfg.context, phase=phase, weights_dtype=wd, kv_dtype=kd, kv_tier=tier,

@@ -50,7 +50,7 @@ EFFICIENCY_FIELDS: dict[str, FieldSpec] = {
     "compute_decode": FieldSpec("fraction", True, "achieved fraction of peak FLOP/s in decode"),
     "memory": FieldSpec("fraction", True, "achieved fraction of HBM (and host link) bandwidth"),
     "link": FieldSpec("fraction", True, "achieved fraction of scale-up and scale-out bandwidth"),
-    "overlap": FieldSpec("fraction", True, "share of the shorter of compute/memory and communication hidden"),
+    "overlap": FieldSpec("fraction", True, "share of the shorter of compute/memory and communication hidden", False),
     "hbm_usable": FieldSpec("fraction", True, "share of HBM the serving engine can fill"),
     "latency_scaleup": FieldSpec("time", True, "fixed latency of one collective inside a scale-up domain", False),
     "latency_scaleout": FieldSpec("time", True, "fixed latency of one collective over the scale-out network", False),
@@ -225,21 +225,65 @@ def load_memory_tiers(path: Path | None = None) -> dict[str, MemoryTier]:
     return tiers
 
 
-def load_efficiency(path: Path | None = None) -> Efficiency:
-    """Load the efficiency factors; each must lie in (0, 1]."""
-    path = Path(path) if path else hw_dir() / "efficiency.yaml"
-    doc = read_yaml(path)
-    sources = parse_sources(doc, path)
-    factors = doc.get("factors") if isinstance(doc, dict) else None
-    if not isinstance(factors, dict):
-        raise InputError(f"{path}: expected a top-level 'factors:' mapping")
-    where = f"{path}: factors"
-    check_keys(factors, tuple(EFFICIENCY_FIELDS), where)
-    q = parse_quantities(factors, EFFICIENCY_FIELDS, sources, where)
+@dataclass(frozen=True)
+class EfficiencyCatalog:
+    """Global efficiency factors and, per hardware family, the fitted ones that replace them."""
+
+    default: Efficiency
+    families: dict[str, Efficiency]
+    members: dict[str, str]  # system id -> family
+
+    def for_system(self, system_id: str) -> Efficiency:
+        family = self.members.get(system_id)
+        return self.families[family] if family else self.default
+
+
+def _factors(raw: object, sources: dict, where: str, base: dict | None = None) -> dict[str, Quantity]:
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a mapping of factor -> {{value, unit, source, date}}")
+    check_keys(raw, tuple(EFFICIENCY_FIELDS), where)
+    specs = EFFICIENCY_FIELDS if base is None else {
+        k: FieldSpec(v.dimension, False, v.description, v.positive) for k, v in EFFICIENCY_FIELDS.items()
+    }
+    q = parse_quantities(raw, specs, sources, where)
     for name, quantity in q.items():
         if name in FRACTIONS and quantity.si > 1:
             raise InputError(f"{where}: field '{name}': a fraction must lie in (0, 1], got {quantity.value}")
-    return Efficiency(**{name: quantity.si for name, quantity in q.items()})
+    return q
+
+
+def load_efficiency_catalog(path: Path | None = None) -> EfficiencyCatalog:
+    """Load the efficiency factors: ``factors`` (every system) and ``families`` (fitted per family)."""
+    path = Path(path) if path else hw_dir() / "efficiency.yaml"
+    doc = read_yaml(path)
+    sources = parse_sources(doc, path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("factors"), dict):
+        raise InputError(f"{path}: expected a top-level 'factors:' mapping")
+    check_keys(doc, ("sources", "factors", "families"), str(path))
+    base = _factors(doc["factors"], sources, f"{path}: factors")
+    default = Efficiency(**{name: quantity.si for name, quantity in base.items()})
+    families: dict[str, Efficiency] = {}
+    members: dict[str, str] = {}
+    for fam, entry in (doc.get("families") or {}).items():
+        where = f"{path}: families.{fam}"
+        if not isinstance(entry, dict):
+            raise InputError(f"{where}: expected a mapping with systems and factors")
+        check_keys(entry, ("systems", "factors"), where)
+        systems = entry.get("systems") or []
+        if not isinstance(systems, list) or not systems:
+            raise InputError(f"{where}: field 'systems': must list at least one system id")
+        for sid in systems:
+            if sid in members:
+                raise InputError(f"{where}: system '{sid}' is already in family '{members[sid]}'")
+            members[sid] = fam
+        q = _factors(entry.get("factors") or {}, sources, f"{where}.factors", base=base)
+        families[fam] = replace(default, **{name: quantity.si for name, quantity in q.items()})
+    return EfficiencyCatalog(default, families, members)
+
+
+def load_efficiency(path: Path | None = None) -> Efficiency:
+    """The global efficiency factors; each fraction must lie in (0, 1]."""
+    return load_efficiency_catalog(path).default
 
 
 @lru_cache(maxsize=1)
@@ -249,9 +293,19 @@ def default_systems() -> dict[str, System]:
 
 
 @lru_cache(maxsize=1)
-def default_efficiency() -> Efficiency:
+def default_efficiency_catalog() -> EfficiencyCatalog:
     """The embedded efficiency factors, loaded once."""
-    return load_efficiency()
+    return load_efficiency_catalog()
+
+
+def default_efficiency() -> Efficiency:
+    """The global calibrated factors (systems outside every fitted family use these)."""
+    return default_efficiency_catalog().default
+
+
+def efficiency_for(system_id: str) -> Efficiency:
+    """The calibrated factors of one system: its family's fit, else the global ones."""
+    return default_efficiency_catalog().for_system(system_id)
 
 
 def get_system(system_id: str, systems: dict[str, System] | None = None) -> System:

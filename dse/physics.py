@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from dse.hardware import Efficiency, System
+from dse.hardware import Efficiency, System, efficiency_for
 from dse.models import Architecture
 from dse.units import DTYPE_BYTES, DTYPES
 
@@ -113,12 +113,16 @@ class SystemTable:
     host_capacity: np.ndarray
     host_bw: np.ndarray
     price_per_s: np.ndarray
+    efficiency: dict[str, np.ndarray]  # calibrated factor -> value per system
 
     @classmethod
-    def build(cls, systems: list[System]) -> SystemTable:
+    def build(cls, systems: list[System], efficiency: list[Efficiency] | None = None) -> SystemTable:
+        """Columns of the systems; ``efficiency`` (one per system) defaults to each system's calibration."""
+
         def known(v: float) -> float:
             return 0.0 if np.isnan(v) else v
 
+        effs = efficiency if efficiency is not None else [efficiency_for(s.id) for s in systems]
         return cls(
             ids=tuple(s.id for s in systems),
             flops=_f([[s.flops[s.compute_dtype(d)] for d in DTYPES] for s in systems]),
@@ -131,7 +135,12 @@ class SystemTable:
             host_capacity=_f([known(s.host_memory_capacity) for s in systems]),
             host_bw=_f([known(s.host_offload_bandwidth) for s in systems]),
             price_per_s=_f([s.price_per_s for s in systems]),
+            efficiency={f.name: _f([getattr(e, f.name) for e in effs]) for f in fields(Efficiency)},
         )
+
+    def efficiency_of(self, system: np.ndarray) -> Efficiency:
+        """The calibrated factors of each candidate's system, as arrays."""
+        return Efficiency(**{name: col[system] for name, col in self.efficiency.items()})
 
 
 @dataclass
@@ -317,10 +326,17 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
 
 
 def evaluate(
-    cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency, ttft: bool = True
+    cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency | None = None, ttft: bool = True
 ) -> dict[str, np.ndarray]:
-    """Roofline metrics of every candidate (SI units), as a dict of equal-length arrays."""
-    g = _Gathered(cand.broadcast(), models, systems, eff)
+    """Roofline metrics of every candidate (SI units), as a dict of equal-length arrays.
+
+    ``eff`` applies one set of factors to every candidate (IDEAL for the pure roofline); None
+    applies each system's calibrated factors.
+    """
+    c = cand.broadcast()
+    if eff is None:
+        eff = systems.efficiency_of(np.asarray(c.system))
+    g = _Gathered(c, models, systems, eff)
     prefill = g.phase == 1
     if prefill.ndim and (prefill.all() or not prefill.any()):
         prefill = bool(prefill.all())  # uniform phase: take one branch only
@@ -377,7 +393,7 @@ def evaluate(
         "overhead_s": g.overhead * np.ones_like(step_s),
         "sequences_in_flight": seqs_in_flight,
         "balance_batch": balance_batch,
-        "hbm_drain_s": g.hbm_cap / (g.hbm_bw / eff.memory),
+        "hbm_drain_s": g.hbm_cap / (g.hbm_bw / g.eff.memory),
         "kv_crossover_context": kv_crossover,
     }
     if ttft:

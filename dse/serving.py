@@ -263,7 +263,7 @@ def diagnose(space: Space, tpot_max: float | None) -> str:
     head = f"no feasible configuration for {model.id} / {w.name} (context {w.context:,} tokens)"
     if b.empty:
         return f"{head}: the space is empty"
-    cap = np.array([space.systems[i].hbm_capacity for i in b["system_idx"]]) * space.efficiency.hbm_usable
+    cap = np.array([space.systems[i].hbm_capacity for i in b["system_idx"]]) * b["hbm_usable"].to_numpy()
     need = b["hbm_base"].to_numpy() + b["hbm_per_seq"].to_numpy()
     fits = b["n_hi"].to_numpy() >= 1
     if not fits.any():

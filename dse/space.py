@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from dse.errors import InputError
-from dse.hardware import IDEAL, Efficiency, System, default_efficiency, default_systems
+from dse.hardware import IDEAL, System, default_systems
 from dse.layout import Layout, layouts_for
 from dse.models import Architecture
 from dse.physics import KV_TIERS, Candidates, ModelTable, SystemTable, evaluate
@@ -71,7 +71,7 @@ class Space:
     systems: list[System]
     blocks: pd.DataFrame
     points: pd.DataFrame
-    efficiency: Efficiency
+    ideal: bool
     stats: dict = field(default_factory=dict)
 
     @property
@@ -120,7 +120,7 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     catalog = default_systems()
     ids = opts.systems or tuple(catalog)
     systems = [catalog[s] for s in ids]
-    eff = IDEAL if opts.ideal else default_efficiency()
+    eff = IDEAL if opts.ideal else None  # None: each system's calibrated factors
     rows = []
     for si, system in enumerate(systems):
         for lay in _layouts(model, system, opts):
@@ -136,7 +136,7 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     blocks = pd.DataFrame(rows, columns=cols)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
     if blocks.empty:
-        return Space(model, workload, systems, blocks, pd.DataFrame(columns=[*cols, "n"]), eff)
+        return Space(model, workload, systems, blocks, pd.DataFrame(columns=[*cols, "n"]), opts.ideal)
 
     # expert saturation: the smallest n at which every routed expert is read with certainty 1 - 1e-12
     dp = blocks["dp"].to_numpy().astype(float)
@@ -160,7 +160,8 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     hbm_slope = r2["hbm_bytes_per_chip"] - r1["hbm_bytes_per_chip"]
     hbm_base = r1["hbm_bytes_per_chip"] - hbm_slope * n_sat
     kv_slope = r2["kv_bytes_per_chip"] - r1["kv_bytes_per_chip"]
-    hbm_cap = st.hbm_capacity[blocks["system_idx"]] * eff.hbm_usable
+    block_eff = eff or st.efficiency_of(blocks["system_idx"].to_numpy())
+    hbm_cap = st.hbm_capacity[blocks["system_idx"]] * block_eff.hbm_usable
     n_cap = np.floor((hbm_cap - hbm_base) / hbm_slope * (1 + 1e-12))
     on_host = blocks["tier"].to_numpy() == 1
     host_cap = st.host_capacity[blocks["system_idx"]]
@@ -171,7 +172,8 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     blocks["n_lo"] = blocks["n_sat"]
     blocks["hbm_base"] = hbm_base
     blocks["hbm_per_seq"] = hbm_slope
-    blocks["overlap"] = eff.overlap
+    blocks["overlap"] = block_eff.overlap
+    blocks["hbm_usable"] = block_eff.hbm_usable
 
     # TTFT: prefill of one prompt on the block's layout
     pre = evaluate(_candidates(blocks, np.ones_like(dp) / dp, workload.prompt, phase=1), mt, st, eff, ttft=False)
@@ -198,7 +200,7 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
         points["cost"] = points["a"] * points["step"] / points["n"]
     else:
         points = pd.DataFrame(columns=["block", "n", "step", "fits", "a", "cost"])
-    space = Space(model, workload, systems, blocks, points, eff)
+    space = Space(model, workload, systems, blocks, points, opts.ideal)
     space.stats = {"blocks": len(blocks), "points": len(points), "configurations": space.size}
     return space
 
@@ -265,7 +267,7 @@ def exhaustive(
         if len(idx) == 0:
             return
         sub = b.iloc[idx]
-        r = evaluate(_candidates(sub, n, w.context), mt, st, space.efficiency, ttft=False)
+        r = evaluate(_candidates(sub, n, w.context), mt, st, IDEAL if space.ideal else None, ttft=False)
         feasible = r["fits"].copy()
         if tpot_max is not None:
             feasible &= r["step_s"] <= tpot_max
@@ -299,7 +301,7 @@ def subset(space: Space, mask: np.ndarray) -> Space:
     """The space restricted to the blocks where ``mask`` holds (block labels are kept)."""
     blocks = space.blocks[mask]
     points = space.points[space.points["block"].isin(blocks.index)] if not space.points.empty else space.points
-    sub = Space(space.model, space.workload, space.systems, blocks, points, space.efficiency)
+    sub = Space(space.model, space.workload, space.systems, blocks, points, space.ideal)
     sub.stats = {"blocks": len(blocks), "points": len(points), "configurations": sub.size}
     return sub
 

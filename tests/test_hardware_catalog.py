@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from dse.errors import InputError
-from dse.hardware import HW_DIR, load_efficiency, load_memory_tiers, load_systems
+from dse.hardware import HW_DIR, load_efficiency, load_efficiency_catalog, load_memory_tiers, load_systems
 
 SYSTEM_IDS = {
     "a100", "h100", "h800", "h200", "b200", "b300", "gb200-nvl72", "gb300-nvl72", "vr200-nvl144",
@@ -55,9 +55,14 @@ def test_memory_tiers_and_efficiency_load():
     tiers = load_memory_tiers()
     assert set(tiers) == {"hbm", "host_dram", "nvme", "hdd"}
     assert tiers["hdd"].device_bandwidth == 285e6
-    eff = load_efficiency()
-    for value in (eff.compute_prefill, eff.compute_decode, eff.memory, eff.link, eff.overlap, eff.hbm_usable):
-        assert 0 < value <= 1
+    cat = load_efficiency_catalog()
+    for eff in (cat.default, *cat.families.values()):
+        for value in (eff.compute_prefill, eff.compute_decode, eff.memory, eff.link, eff.hbm_usable):
+            assert 0 < value <= 1
+        assert 0 <= eff.overlap <= 1
+        assert eff.layer_overhead >= 0 and eff.latency_scaleup >= 0 and eff.latency_scaleout >= 0
+    assert cat.for_system("h100") == cat.families["hopper"]
+    assert cat.for_system("tpu-v5e") == cat.default
 
 
 def _write(tmp_path: Path, doc: dict) -> Path:

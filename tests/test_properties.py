@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dse.hardware import IDEAL, default_efficiency, default_systems
+from dse.hardware import IDEAL, default_systems, efficiency_for
 from dse.layout import check_layout, divisors, layouts_for, resolve_layout
 from dse.models import default_models
 from dse.physics import Candidates, ModelTable, SystemTable, evaluate
@@ -44,8 +44,9 @@ def _eval(cfg, systems, batch=None):
         batch=cfg["batch"] if batch is None else batch, context=cfg["context"], phase=cfg["phase"],
         weights_dtype=cfg["weights"], kv_dtype=cfg["kv"], kv_tier=0,
     )
-    eff = IDEAL if cfg["ideal"] else default_efficiency()
-    return {k: v.item() for k, v in evaluate(cand, MT, SystemTable.build(systems), eff).items()}
+    eff = IDEAL if cfg["ideal"] else None
+    table = SystemTable.build(systems, [efficiency_for(s.id) for s in SYSTEMS])
+    return {k: v.item() for k, v in evaluate(cand, MT, table, eff).items()}
 
 
 FIELDS = ("hbm_bandwidth", "scaleup_bandwidth", "scaleout_bandwidth", "host_offload_bandwidth", "flops")
@@ -66,7 +67,7 @@ def test_more_bandwidth_or_flops_never_raises_step_time(cfg, field, factor):
 def test_larger_batch_never_lowers_cost_below_the_compute_floor(cfg, scale):
     system = SYSTEMS[cfg["system"]]
     model = MODELS[cfg["model"]]
-    eff = IDEAL if cfg["ideal"] else default_efficiency()
+    eff = IDEAL if cfg["ideal"] else efficiency_for(system.id)
     rate = MT_rate(system, cfg["weights"]) * (eff.compute_prefill if cfg["phase"] else eff.compute_decode)
     floor = system.price_per_s * 2 * model.params_active / rate * 1e6  # USD per million tokens
     for batch in (cfg["batch"], cfg["batch"] * scale):
@@ -113,7 +114,7 @@ def test_vectorized_equals_one_at_a_time():
         phase=rng.integers(0, 2, n), weights_dtype=rng.integers(0, 3, n), kv_dtype=rng.integers(0, 3, n), kv_tier=0,
     )
     st_ = SystemTable.build(SYSTEMS)
-    eff = default_efficiency()
+    eff = None
     batch_out = evaluate(cand, MT, st_, eff)
     for i in range(0, n, 17):
         one = Candidates(*(np.asarray(getattr(cand.broadcast(), f))[i] for f in cand.__dataclass_fields__))

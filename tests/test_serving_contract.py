@@ -51,7 +51,7 @@ def recheck_config(space, cfg: dict, claimed_cost: float) -> None:
         Config(space.model.id, cfg["system"], cfg["batch"], cfg["context"], tp=cfg["tp"], ep=cfg["ep"], pp=cfg["pp"],
                dp=cfg["dp"], etp=cfg["etp"], weights_dtype=cfg["weights_dtype"], kv_dtype=cfg["kv_dtype"],
                kv_tier=cfg["kv_tier"], prompt=w.prompt),
-        ideal=space.efficiency.compute_decode == 1.0 and space.efficiency.layer_overhead == 0.0,
+        ideal=space.ideal,
     )
     assert ev["fits"], cfg
     assert cfg["batch"] % cfg["dp"] == 0
@@ -112,7 +112,7 @@ class TestLatencyContract(TestServingContract):
             Config(space.model.id, cfg["system"], cfg["batch"], cfg["context"], tp=cfg["tp"], ep=cfg["ep"],
                    pp=cfg["pp"], dp=cfg["dp"], etp=cfg["etp"], weights_dtype=cfg["weights_dtype"],
                    kv_dtype=cfg["kv_dtype"], kv_tier=cfg["kv_tier"]),
-            ideal=space.efficiency.layer_overhead == 0.0 and space.efficiency.compute_decode == 1.0,
+            ideal=space.ideal,
         )
         assert ev["fits"] and ev["tpot_s"] == pytest.approx(value, rel=1e-6)
 
