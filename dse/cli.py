@@ -105,14 +105,21 @@ def _print_evaluation(r: dict) -> None:
     comm = f"TP {_si(r['tp_comm_s'], 's')}, EP {_si(r['ep_comm_s'], 's')}, PP {_si(r['pp_comm_s'], 's')}"
     fits = "fits" if r["fits"] else "DOES NOT FIT"
     crossover = "-" if r["kv_crossover_context"] is None else f"{r['kv_crossover_context']:.0f}"
+    band_t = band_c = ""
+    if r.get("tokens_per_s_band"):
+        lo, hi = r["tokens_per_s_band"]
+        band_t = f"; 80% band {_si(lo, 'tok/s')} - {_si(hi, 'tok/s')}"
+        lo, hi = r["usd_per_mtok_band"]
+        band_c = f"; 80% band {lo:.3g} - {hi:.3g}"
     rows = [
         ("compute", _si(r["compute_s"], "s"), "weights 2 x active params + attention FLOPs"),
         ("memory", _si(r["memory_s"], "s"), "weight + KV bytes over HBM bandwidth"),
         ("communication", _si(r["comm_s"], "s"), comm),
         ("step (TPOT)" if r["phase"] == "decode" else "step (TTFT)", _si(r["step_s"], "s"), f"bound: {r['bound']}"),
         ("TTFT", _si(r["ttft_s"], "s"), f"prefill of one {r['prompt']}-token prompt"),
-        ("throughput", _si(r["tokens_per_s"], "tok/s"), f"{r['sequences_in_flight']} sequences in flight"),
-        ("cost", f"{r['usd_per_mtok']:.4g} USD/Mtok", f"{r['chips']} chips at {r['usd_per_chip_hour']:.2f} USD/chip-h"),
+        ("throughput", _si(r["tokens_per_s"], "tok/s"), f"{r['sequences_in_flight']} sequences in flight{band_t}"),
+        ("cost", f"{r['usd_per_mtok']:.4g} USD/Mtok",
+         f"{r['chips']} chips at {r['usd_per_chip_hour']:.2f} USD/chip-h{band_c}"),
         ("weights per chip", _si(r["weights_bytes_per_chip"], "B"), ""),
         ("KV per chip", _si(r["kv_bytes_per_chip"], "B"), f"{_si(r['kv_bytes_per_token'], 'B')} per token of context"),
         ("HBM used per chip", _si(r["hbm_bytes_per_chip"], "B"), f"of {_si(r['hbm_capacity_per_chip'], 'B')}: {fits}"),

@@ -13,6 +13,7 @@ from dse.layout import Layout, resolve_layout
 from dse.models import get_model
 from dse.physics import BOUNDS, KV_TIERS, PHASES, Candidates, ModelTable, SystemTable, evaluate
 from dse.units import DTYPES
+from dse.validate import error_band
 
 
 @dataclass(frozen=True)
@@ -109,4 +110,13 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     out["kv_bytes_per_token"] = model.kv_bytes_per_token(cfg.kv_dtype)
     out["hbm_capacity_per_chip"] = system.hbm_capacity
     out["usd_per_chip_hour"] = system.price_per_s * 3600
+    band = None if ideal else error_band(system.id)
+    if band is None:
+        out["tokens_per_s_band"] = out["usd_per_mtok_band"] = out["tpot_s_band"] = None
+    else:  # from the leave-one-out residuals of `dse validate`: 10th-90th percentile of measured / predicted
+        lo, hi = band
+        out["tokens_per_s_band"] = [out["tokens_per_s"] * lo, out["tokens_per_s"] * hi]
+        out["usd_per_mtok_band"] = [out["usd_per_mtok"] / hi, out["usd_per_mtok"] / lo]
+        tpot = out["tpot_s"]
+        out["tpot_s_band"] = None if tpot is None else [tpot / hi, tpot / lo]
     return out

@@ -110,6 +110,11 @@ def _fmt_bytes(x: float) -> str:
     return f"{x / 1e9:,.1f} GB"
 
 
+def _band(e: dict) -> str:
+    band = e.get("usd_per_mtok_band")
+    return "" if not band else f" (80% band {band[0]:.3g}-{band[1]:.3g}, from the leave-one-out errors of dse validate)"
+
+
 def explain(e: dict, space) -> str:
     """Why this configuration: which resource binds, the time and the memory breakdown."""
     parts = {"compute": e["compute_s"], "memory (HBM bandwidth)": e["memory_s"], "communication": e["comm_s"]}
@@ -137,7 +142,8 @@ def explain(e: dict, space) -> str:
         f"Binding resource: <b>{binding}</b> ({times} per step). {cap}. "
         f"Memory per chip: weights {_fmt_bytes(e['weights_bytes_per_chip'])}, KV {_fmt_bytes(e['kv_bytes_per_chip'])}, "
         f"activations {_fmt_bytes(e['activation_bytes_per_chip'])}, free {_fmt_bytes(free)} of "
-        f"{_fmt_bytes(e['hbm_capacity_per_chip'])}. Cost {e['usd_per_mtok']:.4g} USD per million output tokens, "
+        f"{_fmt_bytes(e['hbm_capacity_per_chip'])}. Cost {e['usd_per_mtok']:.4g} USD per million output tokens"
+        f"{_band(e)}, "
         f"{e['usd_per_mtok_input']:.4g} per million input tokens (prefill one prompt at a time); "
         f"TPOT {e['tpot_s'] * 1e3:.3g} ms, TTFT {e['ttft_s']:.3g} s.</p>"
     )

@@ -29,7 +29,7 @@ METRICS = ("tpot_s", "ttft_s", "usd_per_mtok", "tokens_per_s", "hbm_bytes_per_ch
 EXTRA = (
     "usd_per_mtok_input", "compute_s", "memory_s", "comm_s", "step_s", "bound", "tp_comm_s", "ep_comm_s",
     "pp_comm_s", "weights_bytes_per_chip", "kv_bytes_per_chip", "activation_bytes_per_chip", "hbm_capacity_per_chip",
-    "sequences_in_flight", "usd_per_chip_hour", "prompt",
+    "sequences_in_flight", "usd_per_chip_hour", "prompt", "usd_per_mtok_band", "tokens_per_s_band",
 )
 
 
@@ -193,7 +193,7 @@ def run_study(spec: StudySpec, progress: Callable[[str], None] | None = None) ->
     }
     out.tables = {k: pd.DataFrame(v) for k, v in out.tables.items()}
     if out.summary["best"]:
-        flat = [{k: v for k, v in e.items() if not isinstance(v, dict)} for e in out.summary["best"]]
+        flat = [{k: v for k, v in e.items() if not isinstance(v, (dict, list))} for e in out.summary["best"]]
         out.tables["best"] = pd.DataFrame(flat)
     return out
 

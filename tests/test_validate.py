@@ -1,0 +1,95 @@
+"""`dse validate`: predictions against the published cases, the calibration and its errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dse.hardware import IDEAL, default_efficiency_catalog
+from dse.validate import FITTED, calibrate, fit, load_cases, load_fitted, predict, run_validation
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return load_cases()
+
+
+def test_every_case_is_predicted_or_skipped_with_a_reason(cases):
+    predicted = {p.case for p in cases.points}
+    skipped = {s.case for s in cases.skipped}
+    import yaml
+
+    from dse.validate import cases_path
+
+    ids = {c["id"] for c in yaml.safe_load(cases_path().read_text())["cases"]}
+    assert ids <= predicted | skipped
+    assert all(s.reason for s in cases.skipped)
+    assert len(cases.points) >= 100
+
+
+def test_no_calibrated_prediction_exceeds_the_ideal_roofline(cases):
+    throughput = [p for p in cases.points if p.category == "serving_throughput"]
+    calibrated = predict(throughput, None)
+    ideal = predict(throughput, IDEAL)
+    assert np.all(calibrated <= ideal * (1 + 1e-12))
+    assert np.all(calibrated > 0)
+
+
+def test_stored_leave_one_out_error_meets_the_target():
+    fitted = load_fitted()
+    row = next(r for r in fitted["summary"] if r["category"] == "serving_throughput")
+    assert row["points"] >= 100
+    assert row["loo_median_abs_error"] <= 0.15
+    assert row["loo_median_abs_error"] >= row["median_abs_error"] - 0.02  # out of sample is not better
+
+
+def test_validation_uses_the_stored_factors(cases):
+    report = run_validation(cases)
+    thr = report.summary.set_index("category").loc["serving_throughput"]
+    assert thr["median_abs_error"] <= 0.15
+    assert "loo_error" in report.table and report.table["loo_error"].notna().sum() >= 100
+
+
+def test_the_fit_is_reproducible(cases):
+    """Refitting the Hopper family from the global factors lands on the stored Hopper factors."""
+    cat = default_efficiency_catalog()
+    hopper = [p for p in cases.points if p.system in ("h100", "h800", "h200")]
+    eff, rms = fit(hopper, cat.default)
+    stored = cat.families["hopper"]
+    for name in FITTED:
+        assert getattr(eff, name) == pytest.approx(getattr(stored, name), rel=0.02, abs=1e-3), name
+    assert rms < 0.25
+
+
+def test_leave_one_out_machinery_on_a_subset(cases):
+    sub = type(cases)(points=[p for p in cases.points if p.system == "h200" and p.model == "llama-3.3-70b"])
+    cal = calibrate(sub, default_efficiency_catalog().default, loo=True)
+    assert cal.table["loo_predicted"].notna().all()
+    assert cal.band["default"][0] <= 1 <= cal.band["default"][1] + 0.5
+
+
+def test_dse_validate_command(tmp_path):
+    out = tmp_path / "v"
+    r = subprocess.run([sys.executable, "-m", "dse.cli", "validate", "--json", "--out", str(out)],
+                       capture_output=True, text=True, env=os.environ.copy(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert {s["category"] for s in doc["summary"]} >= {"serving_throughput"}
+    assert any("training" in s["category"] for s in doc["skipped"])
+    for name in ("validate.csv", "summary.json", "scatter.png", "report.html"):
+        assert (out / name).stat().st_size > 0
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+
+
+def test_evaluate_reports_an_error_band():
+    from dse.evaluate import Config, evaluate_config
+
+    r = evaluate_config(Config("llama-3.1-70b", "h100", 64, 4096, tp=8))
+    lo, hi = r["tokens_per_s_band"]
+    assert lo < r["tokens_per_s"] < hi
+    assert evaluate_config(Config("llama-3.1-70b", "h100", 64, 4096, tp=8), ideal=True)["tokens_per_s_band"] is None
