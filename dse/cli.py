@@ -137,10 +137,11 @@ def _print_evaluation(r: dict) -> None:
 def run(
     study: Annotated[Path, typer.Argument(help="Study file (YAML).")],
     out: Annotated[Path | None, typer.Option(help="Output folder (default: results/<study>/).")] = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL of a sweep (default: SQLite in out).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the table.")] = False,
 ) -> None:
     """Run a study: solve it, then write summary.json, CSVs, PNG plots and report.html."""
-    from dse.runner import run_study, write_outputs
+    from dse.runner import run_study, run_sweep_study, write_outputs
     from dse.study import load_study
 
     err = Console(stderr=True)
@@ -149,8 +150,21 @@ def run(
         target = out or Path("results") / spec.study
         if target.exists() and not target.is_dir():
             raise InputError(f"--out {target}: exists and is not a folder")
+        sweep = spec.kind in ("sweep", "tornado")
+        if storage is not None and not sweep:
+            raise InputError(f"--storage: only sweep and tornado studies use a storage; {study} is a {spec.kind} study")
         with err.status(f"[bold]{spec.study}[/]: building and solving") as status:
-            output = run_study(spec, progress=lambda what: status.update(f"[bold]{spec.study}[/]: {what}"))
+            def progress(what: str) -> None:
+                status.update(f"[bold]{spec.study}[/]: {what}")
+
+            if sweep:
+                from dse.sweep import default_storage, open_storage
+
+                url = storage or default_storage(target)
+                open_storage(url)
+                output = run_sweep_study(spec, url, progress)
+            else:
+                output = run_study(spec, progress=progress)
         files = write_outputs(output, spec, target)
     except InputError as exc:
         _fail(exc)
@@ -163,6 +177,26 @@ def run(
         for item in summary["infeasible"]:
             err.print(f"[bold red]infeasible:[/] {item['reason']}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)
+
+
+@app.command()
+def worker(
+    study: Annotated[Path, typer.Argument(help="Study file (YAML) of a sweep or tornado study.")],
+    storage: Annotated[str, typer.Option(help="Optuna storage URL shared with `dse run`.")],
+) -> None:
+    """Join a distributed sweep: solve its waiting points until none are left."""
+    from dse.study import load_study
+    from dse.sweep import run_sweep
+
+    err = Console(stderr=True)
+    try:
+        spec = load_study(study)
+        if spec.kind not in ("sweep", "tornado"):
+            raise InputError(f"{study}: `dse worker` joins sweep and tornado studies; this is a {spec.kind} study")
+        _, _, solved = run_sweep(spec, storage, create=False)
+    except InputError as exc:
+        _fail(exc)
+    err.print(f"worker solved {solved} points")
 
 
 def _print_study(summary: dict, target: Path, files: list[str]) -> None:

@@ -99,6 +99,8 @@ class System:
         for name, f in factors.items():
             if name == "flops":
                 changes["flops"] = {d: v * f for d, v in self.flops.items()}
+            elif name == "scaleup_domain":  # a whole number of chips
+                changes[name] = max(1, int(round(self.scaleup_domain * f)))
             else:
                 changes[name] = getattr(self, name) * f
         return replace(self, **changes)

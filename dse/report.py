@@ -94,11 +94,64 @@ def _fast_slow(table: pd.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
+def _sweep(table: pd.DataFrame, path: Path, systems: pd.DataFrame | None = None) -> None:
+    groups = list(table.groupby(["model", "workload", "parameter"], sort=False))
+    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3.6 * len(groups)), squeeze=False)
+    for ax, ((model, workload, parameter), g) in zip(axes[:, 0], groups, strict=True):
+        g = g.sort_values("factor")
+        if systems is not None and not systems.empty:
+            sg = systems[(systems["model"] == model) & (systems["workload"] == workload)]
+            for _, h in sg.groupby("system"):
+                h = h.sort_values("factor")
+                ax.plot(h["factor"], h["usd_per_mtok"], lw=0.7, alpha=0.5, color="grey")
+        ok = np.isfinite(g["usd_per_mtok"].astype(float))
+        ax.plot(g["factor"][ok], g["usd_per_mtok"][ok], "o-", lw=2, color="#3b7dd8", label="optimum over all systems")
+        for _, r in g[ok].iterrows():
+            ax.annotate(f"{r['system']}\n{r['bound']}", (r["factor"], r["usd_per_mtok"]), fontsize=6,
+                        xytext=(3, 4), textcoords="offset points")
+        if "bound_changes_here" in g:
+            ch = g[g["bound_changes_here"].fillna(False).astype(bool) & ok]
+            ax.plot(ch["factor"], ch["usd_per_mtok"], "r*", markersize=12, label="binding resource changes")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"{parameter} (x catalog value)")
+        ax.set_ylabel("USD per million output tokens")
+        ax.set_title(f"{model} / {workload} (grey: best of each system)", fontsize=10)
+        ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def _tornado(table: pd.DataFrame, path: Path) -> None:
+    groups = list(table.groupby(["model", "workload"], sort=False))
+    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3.2 * len(groups)), squeeze=False)
+    for ax, ((model, workload), g) in zip(axes[:, 0], groups, strict=True):
+        base = g[g["factor"] == 1.0]["usd_per_mtok"].iloc[0]
+        rows = []
+        for parameter, h in g[g["factor"] != 1.0].groupby("parameter", sort=False):
+            lo = h[h["factor"] < 1]["usd_per_mtok"].iloc[0] / base - 1
+            hi = h[h["factor"] > 1]["usd_per_mtok"].iloc[0] / base - 1
+            rows.append((parameter, lo, hi))
+        rows.sort(key=lambda r: max(abs(r[1]), abs(r[2])))
+        y = np.arange(len(rows))
+        ax.barh(y, [100 * r[1] for r in rows], color="#e07b39", label="x 0.5 (low)")
+        ax.barh(y, [100 * r[2] for r in rows], color="#3b7dd8", label="x 2 (high)")
+        ax.set_yticks(y, [r[0] for r in rows], fontsize=8)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_xlabel("change of the optimal cost per token (%)")
+        ax.set_title(f"{model} / {workload}: base {base:.3g} USD/Mtok", fontsize=10)
+        ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 def write_plots(out, spec: StudySpec, folder: Path) -> list[str]:
     """Draw the study's plots into ``folder``; return their file names."""
     plots = (("systems", _cost_by_system, "cost_by_system.png"), ("best", _breakdown, "time_breakdown.png"),
-             ("pareto", _pareto, "pareto.png"), ("fast_slow", _fast_slow, "fast_slow.png"))
+             ("pareto", _pareto, "pareto.png"), ("fast_slow", _fast_slow, "fast_slow.png"),
+             ("tornado", _tornado, "tornado.png"))
     files = []
+    if "sweep" in out.tables and not out.tables["sweep"].empty:
+        _sweep(out.tables["sweep"], folder / "sweep.png", out.tables.get("sweep_systems"))
+        files.append("sweep.png")
     for table, draw, name in plots:
         if table in out.tables and not out.tables[table].empty:
             draw(out.tables[table], folder / name)
@@ -174,7 +227,7 @@ def write_report(out, spec: StudySpec, folder: Path) -> None:
         parts += [f"<li>{html.escape(i['model'])} / {html.escape(i['workload'])}: {html.escape(i['reason'])}</li>"
                   for i in s["infeasible"]]
         parts.append("</ul>")
-    for name in ("cost_by_system.png", "time_breakdown.png", "pareto.png", "fast_slow.png"):
+    for name in ("cost_by_system.png", "time_breakdown.png", "pareto.png", "fast_slow.png", "sweep.png", "tornado.png"):
         path = folder / name
         if path.exists():
             data = base64.b64encode(path.read_bytes()).decode()
@@ -183,7 +236,8 @@ def write_report(out, spec: StudySpec, folder: Path) -> None:
     for name, table in out.tables.items():
         parts.append(f"<h2>{name}.csv</h2>")
         parts.append(table.to_html(index=False, float_format=lambda v: f"{v:.4g}", escape=True))
-    parts.append("<h2>Search spaces</h2>")
-    parts.append(pd.DataFrame(s["spaces"]).to_html(index=False))
+    if s.get("spaces"):
+        parts.append("<h2>Search spaces</h2>")
+        parts.append(pd.DataFrame(s["spaces"]).to_html(index=False))
     parts.append("</body></html>")
     (folder / "report.html").write_text("\n".join(parts))

@@ -42,22 +42,28 @@ class StudyOutput:
     spaces: dict[tuple[str, str], Space] = field(default_factory=dict)
 
 
-def entry(space: Space, res: ServingResult, ideal: bool) -> dict:
-    """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`)."""
-    cfg = res.config
-    w = space.workload
+def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: bool) -> dict:
+    """A configuration with its metrics computed by `dse evaluate` on the catalog hardware."""
     ev = evaluate_config(
         Config(
-            model=space.model.id, system=cfg["system"], batch=cfg["batch"], context=cfg["context"], tp=cfg["tp"],
+            model=model, system=cfg["system"], batch=cfg["batch"], context=cfg["context"], tp=cfg["tp"],
             ep=cfg["ep"], pp=cfg["pp"], dp=cfg["dp"], etp=cfg["etp"], weights_dtype=cfg["weights_dtype"],
-            kv_dtype=cfg["kv_dtype"], kv_tier=cfg["kv_tier"], prompt=w.prompt,
+            kv_dtype=cfg["kv_dtype"], kv_tier=cfg["kv_tier"], prompt=prompt,
         ),
         ideal=ideal,
     )
-    ev["usd_per_mtok_input"] = ev["chips"] * ev["usd_per_chip_hour"] / 3600 * ev["ttft_s"] / w.prompt * 1e6
-    out = {"model": space.model.id, "workload": w.name, **cfg}
+    ev["usd_per_mtok_input"] = ev["chips"] * ev["usd_per_chip_hour"] / 3600 * ev["ttft_s"] / prompt * 1e6
+    keys = ("system", "chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context", "weights_dtype",
+            "kv_dtype", "kv_tier")
+    out = {"model": model, "workload": workload_name, **{k: cfg[k] for k in keys}}
     out.update({k: ev[k] for k in METRICS})
     out.update({k: ev[k] for k in EXTRA})
+    return out
+
+
+def entry(space: Space, res: ServingResult, ideal: bool) -> dict:
+    """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`)."""
+    out = config_entry(space.model.id, space.workload.name, space.workload.prompt, res.config, ideal)
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out
@@ -214,7 +220,11 @@ def _jsonable(obj):
 
 
 def write_outputs(out: StudyOutput, spec: StudySpec, target: Path) -> list[str]:
-    """Write summary.json, one CSV per table, PNG plots and report.html; all or nothing."""
+    """Write summary.json, one CSV per table, PNG plots and report.html; all or nothing.
+
+    Files are written into a fresh folder and moved into ``target`` at the end; a sweep's Optuna
+    storage (optuna.db) in ``target`` is kept.
+    """
     from dse.report import write_plots, write_report
 
     target = Path(target)
@@ -231,10 +241,54 @@ def write_outputs(out: StudyOutput, spec: StudySpec, target: Path) -> list[str]:
         out.summary["outputs"] = sorted(files)
         (tmp / "summary.json").write_text(json.dumps(_jsonable(out.summary), indent=2))
         write_report(out, spec, tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    except BaseException:
+        target.mkdir(exist_ok=True)
+        for old in target.iterdir():
+            if old.is_file() and not old.name.startswith("optuna.db") and old.name not in files:
+                old.unlink()
+        for name in files:
+            (tmp / name).replace(target / name)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return sorted(files)
+
+
+def run_sweep_study(spec: StudySpec, storage_url: str, progress: Callable[[str], None] | None = None,
+                    max_points: int | None = None) -> StudyOutput | None:
+    """A sweep or tornado study on Optuna; None when stopped early (``max_points``)."""
+    from dse.sweep import results, run_sweep
+
+    t0 = time.perf_counter()
+    study, points, solved = run_sweep(spec, storage_url, progress, create=True, max_points=max_points)
+    df = results(study, points)
+    if len(df) < len(points):
+        return None
+    out = StudyOutput(summary={
+        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
+        "expect": spec.expect.strip(), "best": [], "infeasible": [], "spaces": [], "storage": storage_url,
+        "points": len(points), "points_solved_here": solved,
+    })
+    per_system = []
+    for _, r in df.iterrows():
+        for system, cost in (r.get("per_system") or {}).items():
+            per_system.append({"model": r["model"], "workload": r["workload"], "parameter": r["parameter"],
+                               "factor": r["factor"], "system": system, "usd_per_mtok": cost})
+        if r["status"] == "infeasible":
+            out.summary["infeasible"].append({"model": r["model"], "workload": r["workload"],
+                                              "reason": f"{r['parameter']} x {r['factor']:g}: {r['reason']}"})
+        elif r["factor"] == 1.0:  # the catalog itself: metrics as `dse evaluate` gives them
+            prompt = next(w.prompt for w in spec.workloads if w.name == r["workload"])
+            out.summary["best"].append(config_entry(r["model"], r["workload"], prompt, r, spec.space.ideal))
+    table = df.drop(columns=["per_system"])
+    out.tables = {spec.kind: table}
+    if per_system:
+        out.tables["sweep_systems"] = pd.DataFrame(per_system)
+    statuses = set(table["status"])
+    out.summary["status"] = "infeasible" if "infeasible" in statuses and statuses == {"infeasible"} else (
+        "optimal" if statuses <= {"optimal", "infeasible"} else "feasible")
+    out.summary["solver"] = {
+        "name": spec.solver.name, "wall_s": time.perf_counter() - t0,
+        "solve_wall_s": float(table["solve_wall_s"].sum()), "solves": len(table),
+        "per_point_s": float(table["solve_wall_s"].mean()),
+        "gap": float(table["gap"].fillna(0).max()) if "gap" in table else 0.0,
+    }
+    return out

@@ -60,6 +60,8 @@ class SpaceOptions:
     min_chips_per_stage: int = 1
     max_batch_per_rank: int = 1024
     ideal: bool = False
+    scale: tuple[tuple[str, float], ...] = ()  # (System field, factor) applied to scaled_systems
+    scaled_systems: tuple[str, ...] = ()  # empty: every system
 
 
 @dataclass
@@ -120,6 +122,9 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     catalog = default_systems()
     ids = opts.systems or tuple(catalog)
     systems = [catalog[s] for s in ids]
+    if opts.scale:
+        targets = set(opts.scaled_systems or ids)
+        systems = [s.scaled(**dict(opts.scale)) if s.id in targets else s for s in systems]
     eff = IDEAL if opts.ideal else None  # None: each system's calibrated factors
     rows = []
     for si, system in enumerate(systems):

@@ -21,7 +21,9 @@ from dse.solver import SOLVERS
 from dse.space import SpaceOptions, Workload
 from dse.units import DTYPES
 
-KINDS = ("cheapest", "pareto", "fast_slow")
+KINDS = ("cheapest", "pareto", "fast_slow", "sweep", "tornado")
+SWEEP_PARAMETERS = ("hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "scaleout_bandwidth",
+                    "scaleup_domain", "price")
 
 
 class _Strict(BaseModel):
@@ -111,11 +113,45 @@ class FastSlowSpec(_Strict):
         return sorted(v)
 
 
+class SweepSpec(_Strict):
+    """One catalog parameter scaled by each factor (1 = the catalog), for some systems or all."""
+
+    parameter: Literal["hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "scaleout_bandwidth",
+                       "scaleup_domain", "price"] = "hbm_bandwidth"
+    factors: list[float] = [0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0]
+    systems: list[str] | Literal["all"] = "all"
+    per_system: bool = True
+
+    @field_validator("factors")
+    @classmethod
+    def _factors(cls, v: list[float]) -> list[float]:
+        if len(v) < 2 or any(x <= 0 for x in v):
+            raise ValueError(f"must list at least two factors > 0, got {v}")
+        return sorted(set(v))
+
+
+class TornadoSpec(_Strict):
+    """Each parameter at a low and a high factor around the catalog value."""
+
+    parameters: list[Literal["hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "scaleout_bandwidth",
+                             "scaleup_domain", "price"]] = list(SWEEP_PARAMETERS)
+    low: float = Field(default=0.5, gt=0)
+    high: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _range(self) -> TornadoSpec:
+        if not self.parameters:
+            raise ValueError("parameters: must list at least one parameter")
+        if not self.low < 1.0 < self.high:
+            raise ValueError(f"low < 1 < high must hold, got low={self.low}, high={self.high}")
+        return self
+
+
 class StudySpec(_Strict):
     """A study file."""
 
     study: str
-    kind: Literal["cheapest", "pareto", "fast_slow"]
+    kind: Literal["cheapest", "pareto", "fast_slow", "sweep", "tornado"]
     description: str
     expect: str
     models: list[str]
@@ -124,6 +160,8 @@ class StudySpec(_Strict):
     solver: SolverSpec = SolverSpec()
     pareto: ParetoSpec = ParetoSpec()
     fast_slow: FastSlowSpec = FastSlowSpec()
+    sweep: SweepSpec = SweepSpec()
+    tornado: TornadoSpec = TornadoSpec()
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:
@@ -153,6 +191,11 @@ def load_study(path: str | Path) -> StudySpec:
     for i, m in enumerate(spec.models):
         if m not in models:
             raise InputError(f"{path}: field 'models.{i}': " + unknown_name_message("model", m, models))
+    if spec.kind == "sweep" and spec.sweep.systems != "all":
+        systems = default_systems()
+        for i, s in enumerate(spec.sweep.systems):
+            if s not in systems:
+                raise InputError(f"{path}: field 'sweep.systems.{i}': " + unknown_name_message("system", s, systems))
     if spec.space.systems != "all":
         systems = default_systems()
         if not spec.space.systems:

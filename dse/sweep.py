@@ -1,0 +1,246 @@
+"""Sensitivity sweeps on Optuna: every point scales one catalog parameter and solves the serving MIP.
+
+Points (model x workload x parameter x factor) are enqueued as Optuna trials in a shared storage:
+an embedded SQLite file in the output folder by default, or a PostgreSQL URL that several
+`dse worker` processes (on several machines) draw from. A point is done once (a COMPLETE trial);
+trials of a killed process stop sending heartbeats, are failed as stale and their points enqueued
+again, so a sweep killed mid-way resumes with no completed point lost and none recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+
+from dse.errors import InfeasibleError, InputError
+from dse.models import get_model
+from dse.serving import solve_serving
+from dse.space import build_space, describe_choice, subset
+from dse.study import StudySpec
+
+PARAMETERS = {  # study name -> System field
+    "hbm_bandwidth": "hbm_bandwidth", "hbm_capacity": "hbm_capacity", "flops": "flops",
+    "scaleup_bandwidth": "scaleup_bandwidth", "scaleout_bandwidth": "scaleout_bandwidth",
+    "scaleup_domain": "scaleup_domain", "price": "price_per_s",
+}
+HEARTBEAT_S = 1
+GRACE_S = 4
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+logging.getLogger("optuna").setLevel(logging.WARNING)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One sweep point."""
+
+    model: str
+    workload: str
+    parameter: str
+    factor: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}|{self.workload}|{self.parameter}|{self.factor:g}"
+
+
+def points_of(spec: StudySpec) -> list[Point]:
+    """Every point of a sweep or tornado study, in a stable order."""
+    if spec.kind == "sweep":
+        pairs = [(spec.sweep.parameter, f) for f in spec.sweep.factors]
+    else:
+        pairs = [(spec.tornado.parameters[0], 1.0)]
+        pairs += [(p, f) for p in spec.tornado.parameters for f in (spec.tornado.low, spec.tornado.high)]
+    return [Point(m, w.name, p, float(f)) for m in spec.models for w in spec.workloads for p, f in pairs]
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage with heartbeats; a bad URL or an unreachable server is an InputError."""
+    if not (url.startswith("sqlite:///") or url.startswith("postgresql://") or url.startswith("postgresql+")):
+        raise InputError(f"--storage '{url}': unsupported URL; allowed: sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
+    try:
+        return optuna.storages.RDBStorage(
+            url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+            engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else None,
+        )
+    except Exception as exc:  # sqlalchemy raises many kinds; each means the storage cannot be used
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"--storage '{url}': cannot open the storage: {reason}") from None
+
+
+def _load_study(spec: StudySpec, storage, create: bool, wait_s: float = 30.0) -> optuna.Study:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if create:
+                return optuna.create_study(study_name=spec.study, storage=storage, direction="minimize",
+                                           load_if_exists=True)
+            return optuna.load_study(study_name=spec.study, storage=storage)
+        except KeyError:
+            if time.monotonic() > deadline:
+                raise InputError(f"no sweep '{spec.study}' in the storage yet: start `dse run` first") from None
+            time.sleep(0.5)
+
+
+def _state_by_point(study: optuna.Study) -> dict[str, set[str]]:
+    states: dict[str, set[str]] = {}
+    for t in study.get_trials(deepcopy=False):
+        key = t.params.get("point") or t.user_attrs.get("point_key")
+        if key:
+            states.setdefault(key, set()).add(t.state.name)
+    return states
+
+
+def enqueue_missing(study: optuna.Study, points: list[Point]) -> int:
+    """Enqueue every point with no COMPLETE, RUNNING or WAITING trial; return how many."""
+    optuna.storages.fail_stale_trials(study)
+    states = _state_by_point(study)
+    n = 0
+    for p in points:
+        if not states.get(p.key, set()) & {"COMPLETE", "RUNNING", "WAITING"}:
+            study.enqueue_trial({"point": p.key}, user_attrs={"point_key": p.key, "queued_at": time.time()})
+            n += 1
+    return n
+
+
+def solve_point(spec: StudySpec, p: Point) -> dict:
+    """The optimum with the parameter scaled, overall and per system."""
+    w = next(ws.workload() for ws in spec.workloads if ws.name == p.workload)
+    opts = replace(spec.space.options(), scale=((PARAMETERS[p.parameter], p.factor),),
+                   scaled_systems=tuple(spec.sweep.systems) if spec.kind == "sweep" and spec.sweep.systems != "all"
+                   else ())
+    t0 = time.perf_counter()
+    space = build_space(get_model(p.model), w, opts)
+    out: dict = {"point": p.key, "model": p.model, "workload": p.workload, "parameter": p.parameter,
+                 "factor": p.factor}
+    try:
+        res = solve_serving(space, w.tpot_max, solver=spec.solver.name, time_limit_s=spec.solver.time_limit_s)
+    except InfeasibleError as exc:
+        out.update(status="infeasible", reason=str(exc), usd_per_mtok=math.inf)
+    else:
+        cfg = describe_choice(space, res.choice)
+        row = space.blocks.loc[res.choice.block]
+        n = res.choice.n
+        comps = {"compute": row["c0"] + row["c"] * n, "memory": row["m0"] + row["m1"] * n,
+                 "comm": row["q0"] + row["q"] * n}
+        out.update(cfg)
+        out.update(
+            status=res.result.status, reason="", usd_per_mtok=res.choice.cost, tpot_s=res.choice.step,
+            ttft_s=float(row["ttft"]), tokens_per_s=cfg["batch"] * cfg["pp"] / res.choice.step,
+            hbm_bytes_per_chip=float(row["hbm_base"] + row["hbm_per_seq"] * n), bound=max(comps, key=comps.get),
+            gap=res.result.gap,
+        )
+    per_system = {}
+    if spec.kind == "sweep" and spec.sweep.per_system:
+        for si, system in enumerate(space.systems):
+            sub = subset(space, (space.blocks["system_idx"] == si).to_numpy())
+            try:
+                per_system[system.id] = solve_serving(sub, w.tpot_max, solver=spec.solver.name).choice.cost
+            except InfeasibleError:
+                per_system[system.id] = None
+    out["per_system"] = per_system
+    out["solve_wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def work(spec: StudySpec, study: optuna.Study, points: list[Point], progress: Callable[[str], None] | None = None,
+         max_points: int | None = None) -> int:
+    """Solve enqueued points until none wait; return how many this process solved."""
+    by_key = {p.key: p for p in points}
+    keys = [p.key for p in points]
+    done = 0
+
+    def objective(trial: optuna.Trial) -> float:
+        queued = trial.user_attrs.get("point_key")
+        if queued is None:  # nothing was waiting when this trial was asked: not a point
+            raise optuna.TrialPruned()
+        key = trial.suggest_categorical("point", keys)
+        attrs = solve_point(spec, by_key[key])
+        trial.set_user_attr("result", json.dumps(attrs, default=float))
+        cost = attrs["usd_per_mtok"]
+        return cost if math.isfinite(cost) else 1e300
+
+    while max_points is None or done < max_points:
+        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        if not waiting:
+            break
+        if progress:
+            progress(f"{len(waiting)} points waiting")
+        study.optimize(objective, n_trials=1)
+        done += 1
+    return done
+
+
+def run_sweep(spec: StudySpec, storage_url: str, progress: Callable[[str], None] | None = None,
+              create: bool = True, max_points: int | None = None) -> tuple[optuna.Study, list[Point], int]:
+    """Coordinator (create=True): enqueue, work, wait for stragglers until every point is complete.
+    Worker (create=False): work while points wait.
+    """
+    storage = open_storage(storage_url)
+    study = _load_study(spec, storage, create)
+    points = points_of(spec)
+    solved = 0
+    while True:
+        if create:
+            enqueue_missing(study, points)
+        else:
+            optuna.storages.fail_stale_trials(study)
+        solved += work(spec, study, points, progress, None if max_points is None else max_points - solved)
+        if not create or (max_points is not None and solved >= max_points):
+            return study, points, solved
+        states = _state_by_point(study)
+        missing = [p for p in points if "COMPLETE" not in states.get(p.key, set())]
+        if not missing:
+            return study, points, solved
+        if progress:
+            progress(f"waiting for {len(missing)} points solved elsewhere")
+        time.sleep(HEARTBEAT_S)
+
+
+def results(study: optuna.Study, points: list[Point]) -> pd.DataFrame:
+    """One row per point (the first COMPLETE trial of each), with elasticities."""
+    first: dict[str, dict] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        key = t.params.get("point")
+        if key and key not in first:
+            first[key] = {**json.loads(t.user_attrs["result"]), "trial": t.number}
+    rows = [first[p.key] for p in points if p.key in first]
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    df["elasticity"] = np.nan
+    for _, g in df.groupby(["model", "workload", "parameter"], sort=False):
+        g = g.sort_values("factor")
+        ok = np.isfinite(g["usd_per_mtok"].to_numpy(dtype=float)) & (g["factor"].to_numpy() > 0)
+        if ok.sum() >= 2:
+            x = np.log(g["factor"].to_numpy()[ok])
+            y = np.log(g["usd_per_mtok"].to_numpy(dtype=float)[ok])
+            df.loc[g.index[ok], "elasticity"] = np.gradient(y, x)
+        if "bound" in g:
+            changed = g["bound"].ne(g["bound"].shift()) & g["bound"].shift().notna()
+            df.loc[g.index, "bound_changes_here"] = changed.to_numpy()
+    return df
+
+
+def count_complete(study: optuna.Study) -> dict[str, int]:
+    """Completed trials per point (for tests: exactly one each)."""
+    counts: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        counts[t.params["point"]] = counts.get(t.params["point"], 0) + 1
+    return counts
+
+
+def default_storage(out: Path) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(out / 'optuna.db').resolve()}"
