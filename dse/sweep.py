@@ -69,9 +69,12 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage with heartbeats; a bad URL or an unreachable server is an InputError."""
     if not (url.startswith("sqlite:///") or url.startswith("postgresql://") or url.startswith("postgresql+")):
         raise InputError(f"--storage '{url}': unsupported URL; allowed: sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
+    engine_url = url
+    if url.startswith("postgresql://"):  # SQLAlchemy 2.1 defaults to psycopg 3; the project ships psycopg2
+        engine_url = "postgresql+psycopg2://" + url.removeprefix("postgresql://")
     try:
         return optuna.storages.RDBStorage(
-            url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+            engine_url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
             engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else None,
         )
     except Exception as exc:  # sqlalchemy raises many kinds; each means the storage cannot be used

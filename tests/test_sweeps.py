@@ -1,0 +1,136 @@
+"""Sweeps on Optuna: results, the embedded default storage, kill and resume, PostgreSQL workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+from postgres import find_bin, postgres_server
+
+from dse.study import load_study
+from dse.sweep import count_complete, open_storage, points_of
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ROOT / "tests" / "fixtures" / "small_sweep.yaml"
+
+
+def dse(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dse.cli", *args], capture_output=True, text=True,
+                          env=os.environ.copy(), timeout=600, **kw)
+
+
+def load(url: str, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=open_storage(url))
+
+
+def test_hbm_bandwidth_sensitivity_study(tmp_path):
+    out = tmp_path / "hbm"
+    r = dse("run", str(ROOT / "studies" / "hbm_bandwidth_sensitivity.yaml"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    sweep = pd.read_csv(out / "sweep.csv")
+    assert set(sweep["factor"]) == {0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0}
+    for workload, g in sweep.groupby("workload"):
+        g = g.sort_values("factor")
+        assert (g["usd_per_mtok"].diff().dropna() <= 1e-12).all(), workload  # more bandwidth never costs more
+    long = sweep[sweep["workload"] == "1m-context"].sort_values("factor")
+    assert long["elasticity"].iloc[0] < -0.7 and (long["elasticity"] <= 0).all() and (long["bound"] == "memory").all()
+    assert sweep["bound_changes_here"].any()
+    for name in ("sweep.png", "sweep_systems.csv", "report.html", "summary.json", "optuna.db"):
+        assert (out / name).exists()
+
+
+def test_tornado_price_moves_cost_one_for_one(tmp_path):
+    out = tmp_path / "t"
+    r = dse("run", str(ROOT / "studies" / "tornado.yaml"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    t = pd.read_csv(out / "tornado.csv")
+    for _, g in t.groupby("workload"):
+        base = g[g["factor"] == 1.0]["usd_per_mtok"].iloc[0]
+        price = g[g["parameter"] == "price"].set_index("factor")["usd_per_mtok"]
+        assert price[2.0] == pytest.approx(2 * base, rel=1e-9)
+        assert price[0.5] == pytest.approx(0.5 * base, rel=1e-9)
+        for parameter, h in g[g["parameter"] != "price"].groupby("parameter"):
+            h = h.set_index("factor")["usd_per_mtok"]
+            assert h[2.0] <= base * (1 + 1e-9) <= h[0.5] * (1 + 1e-9), parameter  # more hardware never costs more
+    assert (out / "tornado.png").exists()
+
+
+def test_sweep_killed_midway_resumes_without_losing_or_recomputing(tmp_path):
+    out = tmp_path / "resume"
+    url = f"sqlite:///{out / 'optuna.db'}"
+    proc = subprocess.Popen([sys.executable, "-m", "dse.cli", "run", str(SMALL), "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    done_before: dict[int, object] = {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        if not (out / "optuna.db").exists():
+            continue
+        try:
+            trials = load(url, "small_sweep").get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        except Exception:  # the study may not be created yet
+            continue
+        if len(trials) >= 3:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    study = load(url, "small_sweep")
+    done_before = {t.number: t.datetime_complete for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
+    points = points_of(load_study(SMALL))
+    assert 3 <= len(done_before) < len(points), "the kill must land mid-way"
+    r = dse("run", str(SMALL), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    study = load(url, "small_sweep")
+    counts = count_complete(study)
+    assert sorted(counts) == sorted(p.key for p in points)  # none missing
+    assert set(counts.values()) == {1}  # none solved twice
+    after = {t.number: t.datetime_complete for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
+    assert all(after[n] == when for n, when in done_before.items())  # completed points kept as they were
+    assert len(pd.read_csv(out / "sweep.csv")) == len(points)
+
+
+@pytest.mark.skipif(find_bin("initdb") is None, reason="PostgreSQL server binaries missing: .ci/run installs them")
+def test_four_workers_on_postgresql_finish_one_sweep(tmp_path):
+    with postgres_server(tmp_path / "pg") as url:
+        out = tmp_path / "pgsweep"
+        coordinator = subprocess.Popen([sys.executable, "-m", "dse.cli", "run", str(SMALL), "--out", str(out),
+                                        "--storage", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        workers = [subprocess.Popen([sys.executable, "-m", "dse.cli", "worker", str(SMALL), "--storage", url],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+        for w in workers:
+            _, err = w.communicate(timeout=600)
+            assert w.returncode == 0, err
+        _, err = coordinator.communicate(timeout=600)
+        assert coordinator.returncode == 0, err
+        counts = count_complete(load(url, "small_sweep"))
+        points = points_of(load_study(SMALL))
+        assert sorted(counts) == sorted(p.key for p in points)
+        assert set(counts.values()) == {1}
+        assert len(pd.read_csv(out / "sweep.csv")) == len(points)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mongodb://localhost/x", "unsupported URL; allowed: sqlite:///PATH or postgresql://"),
+        ("postgresql://nobody@127.0.0.1:1/nodb", "cannot open the storage"),
+    ],
+)
+def test_bad_storage_url_exits_2(tmp_path, url, message):
+    r = dse("run", str(SMALL), "--out", str(tmp_path / "o"), "--storage", url)
+    assert r.returncode == 2, r.stderr
+    assert message in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
+    r = dse("worker", str(SMALL), "--storage", url)
+    assert r.returncode == 2 and message in " ".join(r.stderr.split())
+
+
+def test_storage_is_refused_for_studies_that_are_not_sweeps(tmp_path):
+    r = dse("run", str(ROOT / "studies" / "pareto_latency_cost.yaml"), "--storage", "sqlite:///x.db")
+    assert r.returncode == 2 and "only sweep and tornado studies use a storage" in r.stderr
