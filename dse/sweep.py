@@ -75,7 +75,8 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     try:
         return optuna.storages.RDBStorage(
             engine_url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-            engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else None,
+            engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else
+            {"connect_args": {"timeout": 60}},  # SQLite: wait for a writer in another process, do not fail
         )
     except Exception as exc:  # sqlalchemy raises many kinds; each means the storage cannot be used
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
