@@ -98,6 +98,7 @@ class FFN(_Strict):
     d_ff_dense: int | None = None
     bias: bool = False
     router_bias: bool = False
+    gated: bool = True  # SwiGLU-style (3 matrices); False: the GPT-style MLP (2 matrices)
 
     @model_validator(mode="after")
     def _check(self) -> FFN:
@@ -196,8 +197,9 @@ class Architecture:
         return n + 2 * d  # pre-attention and pre-FFN norms
 
     def _mlp(self, d_ff: int, bias: bool) -> int:
-        d = self.spec.d_model
-        return 3 * d * d_ff + ((2 * d_ff + d) if bias else 0)
+        d, gated = self.spec.d_model, self.spec.ffn.gated
+        matrices = 3 if gated else 2
+        return matrices * d * d_ff + (((2 if gated else 1) * d_ff + d) if bias else 0)
 
     @cached_property
     def expert_params(self) -> int:

@@ -65,22 +65,39 @@ def points_of(spec: StudySpec) -> list[Point]:
     return [Point(m, w.name, p, float(f)) for m in spec.models for w in spec.workloads for p, f in pairs]
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage with heartbeats; a bad URL or an unreachable server is an InputError."""
+def open_storage(url: str, create_tables: bool = True, wait_s: float = 30.0) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage with heartbeats; a bad URL or an unreachable server is an InputError.
+
+    Workers pass ``create_tables=False`` and wait for the coordinator to create the tables, so that
+    several processes never race to create them.
+    """
     if not (url.startswith("sqlite:///") or url.startswith("postgresql://") or url.startswith("postgresql+")):
         raise InputError(f"--storage '{url}': unsupported URL; allowed: sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
     engine_url = url
     if url.startswith("postgresql://"):  # SQLAlchemy 2.1 defaults to psycopg 3; the project ships psycopg2
         engine_url = "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+    kwargs = {"pool_pre_ping": True} if url.startswith("postgresql") else {"connect_args": {"timeout": 60}}
     try:
-        return optuna.storages.RDBStorage(
-            engine_url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-            engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else
-            {"connect_args": {"timeout": 60}},  # SQLite: wait for a writer in another process, do not fail
-        )
-    except Exception as exc:  # sqlalchemy raises many kinds; each means the storage cannot be used
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(engine_url, **kwargs)
+        engine.connect().close()
+        engine.dispose()
+    except Exception as exc:  # sqlalchemy raises many kinds; each means the storage cannot be reached
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"--storage '{url}': cannot open the storage: {reason}") from None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return optuna.storages.RDBStorage(
+                engine_url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                skip_table_creation=not create_tables,
+            )
+        except Exception as exc:
+            if create_tables or time.monotonic() > deadline:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise InputError(f"--storage '{url}': cannot use the storage: {reason}") from None
+            time.sleep(0.5)  # the coordinator has not created the tables yet
 
 
 def _load_study(spec: StudySpec, storage, create: bool, wait_s: float = 30.0) -> optuna.Study:
@@ -191,7 +208,7 @@ def run_sweep(spec: StudySpec, storage_url: str, progress: Callable[[str], None]
     """Coordinator (create=True): enqueue, work, wait for stragglers until every point is complete.
     Worker (create=False): work while points wait.
     """
-    storage = open_storage(storage_url)
+    storage = open_storage(storage_url, create_tables=create)
     study = _load_study(spec, storage, create)
     points = points_of(spec)
     solved = 0

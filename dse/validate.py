@@ -22,9 +22,10 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog import read_yaml
-from dse.hardware import IDEAL, Efficiency, default_systems, hw_dir
-from dse.models import default_models
+from dse.hardware import IDEAL, Efficiency, default_systems, efficiency_for, hw_dir
+from dse.models import Architecture, ModelSpec, default_models
 from dse.physics import ACT_BYTES, Candidates, ModelTable, SystemTable, evaluate
+from dse.training import TrainLayout, train_step
 from dse.units import DTYPES
 
 CATEGORIES = ("serving_throughput", "latency", "training_mfu")
@@ -65,10 +66,28 @@ class Skipped:
     reason: str
 
 
+@dataclass(frozen=True)
+class TrainPoint:
+    """One published training measurement: the layout, and MFU or TFLOP/s per GPU."""
+
+    case: str
+    label: str
+    model: Architecture
+    system: str
+    layout: TrainLayout
+    global_batch: int
+    seq: int
+    measured: float
+    unit: str  # "MFU" or "TFLOP/s per GPU (Megatron counting)"
+    category: str = "training_mfu"
+    source: str = ""
+
+
 @dataclass
 class Cases:
     points: list[Point] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    training: list[TrainPoint] = field(default_factory=list)
 
 
 def cases_path() -> Path:
@@ -166,13 +185,64 @@ def load_cases(path: Path | None = None) -> Cases:
         elif cid == "mlperf_v50_offline_nvidia":
             out.skipped.append(Skipped(cid, "serving_throughput", "input-length distributions not stated in the case, "
                                        "and llama2-70b / mixtral-8x7b are not in the model catalog"))
-        elif cat == "training":
-            out.skipped.append(Skipped(cid, "training_mfu", "training step physics (pipeline bubbles, activation "
-                                       "memory, optimizer sharding) is not modelled yet"))
+        elif cid == "train_megatron_2021_table1":
+            seq, vocab = case["config_common"]["seq"], case["config_common"]["vocab"]
+            for params_b, heads, h, layers, tp, pp, gpus, batch, tflops, *_ in case["rows"]:
+                model = gpt_model(params_b, heads, h, layers, vocab)
+                lay = TrainLayout(tp=tp, pp=pp, dp=gpus // (tp * pp), micro_batch=1, interleave=2 if pp > 1 else 1,
+                                  recompute="full")
+                out.training.append(TrainPoint(
+                    cid, f"GPT {params_b}B on {gpus} x a100 TP{tp} PP{pp} DP{lay.dp}, batch {batch} (assumed: "
+                    "micro-batch 1, 2 interleaved stages, full recompute)", model, "a100", lay, batch, seq,
+                    float(tflops), "TFLOP/s per GPU (Megatron counting)", source=_source(case)))
+        elif cid == "train_llama3_405b_table4":
+            model = default_models()["llama-3.1-405b"]
+            for row in case["rows"]:
+                lay = TrainLayout(tp=row["tp"], pp=row["pp"], dp=row["dp"], cp=row["cp"], micro_batch=1,
+                                  interleave=2, recompute="none" if row["cp"] == 1 else "selective")
+                batch = row["batch_per_dp"] * row["dp"]
+                out.training.append(TrainPoint(
+                    cid, f"Llama 3.1 405B on {row['gpus']} x h100 TP{row['tp']} CP{row['cp']} PP{row['pp']} "
+                    f"DP{row['dp']}, seq {row['seq']} (assumed: micro-batch 1, 2 interleaved stages)", model,
+                    "h100", lay, batch, row["seq"], float(row["bf16_mfu"]), "MFU", source=_source(case)))
         else:
             out.skipped.append(Skipped(cid, cat, f"a {cat.replace('_', ' ')} reference, not a measurement of "
                                        "throughput, latency or MFU"))
     return out
+
+
+def gpt_model(params_b: float, heads: int, hidden: int, layers: int, vocab: int) -> Architecture:
+    """A GPT-3-style dense model (MHA with biases, 4h non-gated MLP) of the Megatron-LM tables."""
+    return Architecture(ModelSpec.model_validate({
+        "id": f"gpt-{params_b:g}b", "name": f"GPT {params_b:g}B", "d_model": hidden, "n_layers": layers,
+        "vocab": vocab, "source": {"title": "Narayanan et al. 2021, Table 1", "date": "2021-04"},
+        "published_b": {"total": params_b, "active": params_b, "precision_total": 0.1, "precision_active": 0.1,
+                        "source": "Megatron-LM 2021 Table 1", "active_includes_embedding": True},
+        "attention": {"kind": "mha", "n_heads": heads, "n_kv_heads": heads, "head_dim": hidden // heads,
+                      "bias": True},
+        "ffn": {"kind": "dense", "d_ff": 4 * hidden, "gated": False, "bias": True},
+    }))
+
+
+def megatron_flops(tp: TrainPoint) -> float:
+    """FLOPs per iteration as Megatron-LM counts them: 96 B s l h^2 (1 + s / 6h + V / 16 l h)."""
+    s, h, layers, v = tp.seq, tp.model.spec.d_model, tp.model.spec.n_layers, tp.model.spec.vocab
+    return 96.0 * tp.global_batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+
+
+def predict_training(points: list[TrainPoint], eff: Efficiency | None = None) -> np.ndarray:
+    """Predicted MFU, or TFLOP/s per GPU in Megatron's counting, of each training point."""
+    systems = default_systems()
+    out = []
+    for tp in points:
+        system = systems[tp.system]
+        e = IDEAL if eff is IDEAL else (eff or efficiency_for(tp.system))
+        r = train_step(tp.model, system, tp.layout, tp.global_batch, tp.seq, eff=e)
+        if tp.unit == "MFU":
+            out.append(r["mfu"])
+        else:
+            out.append(megatron_flops(tp) / (r["step_s"] * tp.layout.chips) / 1e12)
+    return np.array(out)
 
 
 # ---- predictions --------------------------------------------------------------------------------
@@ -315,6 +385,45 @@ def fit(points: list[Point], start: Efficiency, max_nfev: int = 400) -> tuple[Ef
     return _to_eff(res.x, start), float(np.sqrt(np.mean(res.fun**2)))
 
 
+def _calibrate_training(points: list[TrainPoint], default: Efficiency, families: dict[str, Efficiency], loo: bool):
+    """Fit the training matmul efficiency (one value for every system) on the training points."""
+    from scipy.optimize import minimize_scalar
+
+    measured = np.array([p.measured for p in points])
+
+    def effs(value: float, pts: list[TrainPoint]) -> list[Efficiency]:
+        return [replace(families.get(family_of(p.system), default), compute_train=value) for p in pts]
+
+    def predict_with(value: float, pts: list[TrainPoint]) -> np.ndarray:
+        return np.array([predict_training([p], e)[0] for p, e in zip(pts, effs(value, pts), strict=True)])
+
+    def best(pts: list[TrainPoint], meas: np.ndarray) -> float:
+        res = minimize_scalar(lambda v: float(np.sum(np.log(predict_with(v, pts) / meas) ** 2)),
+                              bounds=(0.05, 1.0), method="bounded", options={"xatol": 1e-5})
+        return float(res.x)
+
+    value = best(points, measured)
+    pred = predict_with(value, points)
+    ideal = predict_training(points, IDEAL)
+    loo_pred = None
+    if loo:
+        loo_pred = np.array([
+            predict_with(best([q for j, q in enumerate(points) if j != i], np.delete(measured, i)), [p])[0]
+            for i, p in enumerate(points)
+        ])
+    df = pd.DataFrame({"case": [p.case for p in points], "category": "training_mfu",
+                       "label": [p.label for p in points], "unit": [p.unit for p in points], "measured": measured,
+                       "predicted": pred, "ideal": ideal})
+    df["error"] = df["predicted"] / df["measured"] - 1.0
+    if loo_pred is not None:
+        df["loo_predicted"] = loo_pred
+        df["loo_error"] = df["loo_predicted"] / df["measured"] - 1.0
+    df["family"] = "training"
+    default = replace(default, compute_train=value)
+    families = {k: replace(v, compute_train=value) for k, v in families.items()}
+    return default, families, df
+
+
 def family_of(system: str) -> str | None:
     return next((f for f, members in FAMILIES.items() if system in members), None)
 
@@ -354,6 +463,10 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None) 
             loo_pred[i] = predict([p], e)[0]
     df = table(pts, pred, ideal, loo_pred)
     df["family"] = [family_of(p.system) if family_of(p.system) in families else "default" for p in pts]
+    if cases.training:
+        default, families, train_df = _calibrate_training(cases.training, default, families, loo)
+        rms["training"] = float(np.sqrt(np.mean(np.log(1 + train_df["error"]) ** 2)))
+        df = pd.concat([df, train_df], ignore_index=True)
     band = {}
     col = "loo_error" if loo else "error"
     for fam in ["default", *families]:
@@ -373,6 +486,7 @@ def _quantity(name: str, value: float, source: str, date: str, note: str) -> str
     return f'{{value: {value * factor:.4g}, unit: {unit}, source: {source}, date: "{date}", note: "{note}"}}'
 
 
+TRAIN_NOTE = "fitted on the training cases (Megatron-LM 2021 Table 1, Llama 3 Table 4), one value for all"
 ESTIMATES = {
     "layer_overhead": "kernel boundaries and synchronization of one layer in decode with CUDA graphs; not fitted",
     "latency_scaleup": "small-message collective inside an NVLink-class domain; not fitted",
@@ -403,12 +517,13 @@ def write_calibration(cal: Calibration, cases_file: str, folder: Path, date: str
 
     def block(eff: Efficiency, indent: str, note: str) -> list[str]:
         out = []
-        for name in (*FITTED, "layer_overhead", "latency_scaleup", "latency_scaleout"):
-            fitted = name in FITTED
-            lo, hi = BOUNDS.get(name, (None, None))
+        for name in (*FITTED, "compute_train", "layer_overhead", "latency_scaleup", "latency_scaleout"):
+            fitted = name in FITTED or name == "compute_train"
+            lo, hi = BOUNDS.get(name, (0.05, 1.0))
             value = getattr(eff, name)
             at_bound = fitted and (abs(value - lo) < 1e-6 * max(hi, 1e-9) or abs(value - hi) < 1e-6 * max(hi, 1e-9))
-            why = note + (" (at the bound of its range)" if at_bound else "") if fitted else ESTIMATES[name]
+            why = (TRAIN_NOTE if name == "compute_train" else note) + (" (at the bound of its range)" if at_bound
+                                                                        else "") if fitted else ESTIMATES[name]
             out.append(f"{indent}{name}: " + _quantity(name, value, "dse_validate_fit" if fitted else "estimate",
                                                        date, why))
         return out
@@ -486,12 +601,20 @@ def run_validation(cases: Cases, use_stored_loo: bool = True) -> Validation:
     """Predict every point with the catalog's calibrated factors; attach the stored leave-one-out errors."""
     pts = cases.points
     df = table(pts, predict(pts, None), predict(pts, IDEAL))
+    df["family"] = [family_of(p.system) or "default" for p in pts]
+    if cases.training:
+        tr = cases.training
+        tdf = pd.DataFrame({"case": [p.case for p in tr], "category": "training_mfu", "label": [p.label for p in tr],
+                            "unit": [p.unit for p in tr], "measured": [p.measured for p in tr],
+                            "predicted": predict_training(tr, None), "ideal": predict_training(tr, IDEAL)})
+        tdf["error"] = tdf["predicted"] / tdf["measured"] - 1.0
+        tdf["family"] = "training"
+        df = pd.concat([df, tdf], ignore_index=True)
     fitted = load_fitted() if use_stored_loo else None
     if fitted:
         loo = {row["label"]: row.get("loo_predicted") for row in fitted["table"]}
         df["loo_predicted"] = [loo.get(label, np.nan) for label in df["label"]]
         df["loo_error"] = df["loo_predicted"] / df["measured"] - 1.0
-    df["family"] = [family_of(p.system) or "default" for p in pts]
     return Validation(df, summarize(df), cases.skipped)
 
 

@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 
 from dse.hardware import IDEAL, default_efficiency_catalog
-from dse.validate import FITTED, calibrate, fit, load_cases, load_fitted, predict, run_validation
+from dse.validate import (
+    FITTED,
+    calibrate,
+    fit,
+    load_cases,
+    load_fitted,
+    predict,
+    predict_training,
+    run_validation,
+)
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +29,7 @@ def cases():
 
 
 def test_every_case_is_predicted_or_skipped_with_a_reason(cases):
-    predicted = {p.case for p in cases.points}
+    predicted = {p.case for p in cases.points} | {p.case for p in cases.training}
     skipped = {s.case for s in cases.skipped}
     import yaml
 
@@ -38,6 +47,19 @@ def test_no_calibrated_prediction_exceeds_the_ideal_roofline(cases):
     ideal = predict(throughput, IDEAL)
     assert np.all(calibrated <= ideal * (1 + 1e-12))
     assert np.all(calibrated > 0)
+    train_cal, train_ideal = predict_training(cases.training, None), predict_training(cases.training, IDEAL)
+    assert np.all(train_cal <= train_ideal * (1 + 1e-12)) and np.all(train_cal > 0)
+
+
+def test_training_physics_against_megatron_and_llama3(cases):
+    """Time per step: the calibrated model is within 20% of every published training row."""
+    assert len(cases.training) == 13
+    err = predict_training(cases.training, None) / np.array([p.measured for p in cases.training]) - 1
+    assert np.median(np.abs(err)) <= 0.15
+    assert np.max(np.abs(err)) <= 0.30
+    fitted = load_fitted()
+    row = next(r for r in fitted["summary"] if r["category"] == "training_mfu")
+    assert row["loo_median_abs_error"] <= 0.15
 
 
 def test_stored_leave_one_out_error_meets_the_target():
