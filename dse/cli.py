@@ -150,9 +150,10 @@ def run(
         target = out or Path("results") / spec.study
         if target.exists() and not target.is_dir():
             raise InputError(f"--out {target}: exists and is not a folder")
-        sweep = spec.kind in ("sweep", "tornado")
+        sweep = spec.kind in ("sweep", "tornado", "overtraining")
         if storage is not None and not sweep:
-            raise InputError(f"--storage: only sweep and tornado studies use a storage; {study} is a {spec.kind} study")
+            raise InputError(f"--storage: only sweep, tornado and overtraining studies use a storage; {study} is a "
+                             f"{spec.kind} study")
         with err.status(f"[bold]{spec.study}[/]: building and solving") as status:
             def progress(what: str) -> None:
                 status.update(f"[bold]{spec.study}[/]: {what}")
@@ -162,7 +163,12 @@ def run(
 
                 url = storage or default_storage(target)
                 open_storage(url)
-                output = run_sweep_study(spec, url, progress)
+                if spec.kind == "overtraining":
+                    from dse.runner import run_overtraining_study
+
+                    output = run_overtraining_study(spec, url, progress)
+                else:
+                    output = run_sweep_study(spec, url, progress)
             else:
                 output = run_study(spec, progress=progress)
         files = write_outputs(output, spec, target)
@@ -209,6 +215,12 @@ def _print_study(summary: dict, target: Path, files: list[str]) -> None:
     )
     for col in ("model", "workload", "configuration", "USD/Mtok", "TPOT", "TTFT", "bound"):
         t.add_column(col, justify="right" if col in ("USD/Mtok", "TPOT", "TTFT") else "left")
+    for e in summary.get("optimum", []):
+        console.print(
+            f"demand {e['demand_tokens_per_s']:.3g} tokens/s: {e['params'] / 1e9:.0f}B params trained on "
+            f"{e['pretrain_tokens']:.3g} tokens = {e['overtraining_ratio']:.1f}x Chinchilla; lifetime "
+            f"{e['lifetime_usd']:.3g} USD (pre-training {e['pretrain_usd']:.3g}, RL {e['rl_usd']:.3g}, inference "
+            f"{e['inference_usd']:.3g}); inference tokens {e['inference_tokens']:.3g}", highlight=False)
     for e in summary["best"]:
         conf = (f"{e['chips']} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
                 f"{e['weights_dtype']}/{e['kv_dtype']} KV in {e['kv_tier']}")

@@ -143,11 +143,32 @@ def _tornado(table: pd.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
+def _overtraining(table: pd.DataFrame, path: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    ok = table[np.isfinite(table["lifetime_usd"].astype(float))] if "lifetime_usd" in table else table
+    for demand, g in ok.groupby("demand_tokens_per_s"):
+        g = g.sort_values("overtraining_ratio")
+        axes[0].plot(g["overtraining_ratio"], g["lifetime_usd"], "o", ms=3, label=f"{demand:.3g} tokens/s")
+        b = g.loc[g["lifetime_usd"].idxmin()]
+        axes[0].plot([b["overtraining_ratio"]], [b["lifetime_usd"]], "k*", ms=12)
+        g = g.sort_values("params")
+        axes[1].plot(g["params"] / 1e9, g["lifetime_usd"], "o", ms=3, label=f"{demand:.3g} tokens/s")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_ylabel("lifetime cost (USD): pre-training + RL + inference")
+        ax.legend(fontsize=8, title="inference demand")
+    axes[0].set_xlabel("pre-training tokens / Chinchilla-optimal (20 per parameter)")
+    axes[1].set_xlabel("parameters (billions)")
+    axes[0].set_title("Optimum (star) moves past Chinchilla as inference demand grows", fontsize=10)
+    _save(fig, path)
+
+
 def write_plots(out, spec: StudySpec, folder: Path) -> list[str]:
     """Draw the study's plots into ``folder``; return their file names."""
     plots = (("systems", _cost_by_system, "cost_by_system.png"), ("best", _breakdown, "time_breakdown.png"),
              ("pareto", _pareto, "pareto.png"), ("fast_slow", _fast_slow, "fast_slow.png"),
-             ("tornado", _tornado, "tornado.png"))
+             ("tornado", _tornado, "tornado.png"), ("overtraining", _overtraining, "overtraining.png"))
     files = []
     if "sweep" in out.tables and not out.tables["sweep"].empty:
         _sweep(out.tables["sweep"], folder / "sweep.png", out.tables.get("sweep_systems"))
@@ -227,7 +248,8 @@ def write_report(out, spec: StudySpec, folder: Path) -> None:
         parts += [f"<li>{html.escape(i['model'])} / {html.escape(i['workload'])}: {html.escape(i['reason'])}</li>"
                   for i in s["infeasible"]]
         parts.append("</ul>")
-    for name in ("cost_by_system.png", "time_breakdown.png", "pareto.png", "fast_slow.png", "sweep.png", "tornado.png"):
+    for name in ("cost_by_system.png", "time_breakdown.png", "pareto.png", "fast_slow.png", "sweep.png", "tornado.png",
+                 "overtraining.png"):
         path = folder / name
         if path.exists():
             data = base64.b64encode(path.read_bytes()).decode()

@@ -292,3 +292,62 @@ def run_sweep_study(spec: StudySpec, storage_url: str, progress: Callable[[str],
         "gap": float(table["gap"].fillna(0).max()) if "gap" in table else 0.0,
     }
     return out
+
+
+def run_overtraining_study(spec: StudySpec, storage_url: str, progress: Callable[[str], None] | None = None
+                           ) -> StudyOutput:
+    """Optuna over model size (TPE, seeded), one study per inference demand, in the given storage."""
+    import math as _math
+
+    import optuna
+
+    from dse.equalization import Lifetime, equalization_heuristic, lifetime_cost
+    from dse.sweep import open_storage
+
+    o = spec.overtraining
+    storage = open_storage(storage_url)
+    workload = spec.workloads[0].workload()
+    rows, best = [], []
+    t0 = time.perf_counter()
+    lo, hi = _math.log10(o.params_b[0] * 1e9), _math.log10(o.params_b[1] * 1e9)
+    for demand in o.demands_tokens_per_s:
+        life = Lifetime(o.target_loss, o.loss_fit, demand, o.deployment_days, o.rl_tokens_per_pretrain_token,
+                        o.rl_flops_factor, o.rl_inefficiency, o.seq, o.global_batch_tokens, o.deadline_days,
+                        o.chip_budget, tuple(o.train_systems), workload, spec.space.options())
+        study = optuna.create_study(study_name=f"{spec.study}-{demand:g}", storage=storage, direction="minimize",
+                                    load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=8))
+
+        def objective(trial: optuna.Trial, life: Lifetime = life) -> float:
+            n = 10 ** trial.suggest_float("log10_params", lo, hi)
+            try:
+                r = lifetime_cost(n, life)
+            except InfeasibleError as exc:
+                trial.set_user_attr("result", json.dumps({"params": n, "reason": str(exc)}))
+                return 1e30
+            trial.set_user_attr("result", json.dumps(r, default=float))
+            return r["lifetime_usd"]
+
+        done = len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
+        if progress:
+            progress(f"demand {demand:g} tokens/s: {done}/{o.trials} trials")
+        if done < o.trials:
+            study.optimize(objective, n_trials=o.trials - done)
+        trials = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
+        for t in trials:
+            rows.append({"demand_tokens_per_s": demand, "trial": t.number, **json.loads(t.user_attrs["result"])})
+        b = json.loads(study.best_trial.user_attrs["result"])
+        heuristic = equalization_heuristic(life, b["params"])
+        best.append({"model": f"dense {b['params'] / 1e9:.0f}B", "workload": workload.name,
+                     "demand_tokens_per_s": demand, **b,
+                     "heuristic_overtraining_ratio": heuristic["overtraining_ratio"]})
+    out = StudyOutput(summary={
+        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
+        "expect": spec.expect.strip(), "best": [], "optimum": best, "infeasible": [], "spaces": [],
+        "storage": storage_url, "status": "feasible",
+        "solver": {"name": f"optuna TPE + {spec.solver.name}", "wall_s": time.perf_counter() - t0,
+                   "solve_wall_s": float(sum(r.get("solve_wall_s", 0.0) for r in rows)), "solves": len(rows),
+                   "gap": 0.0},
+        "lecture": {"inference_tokens_at_50M_per_s_for_60_days": 50e6 * 60 * 86400},
+    })
+    out.tables = {"overtraining": pd.DataFrame(rows), "overtraining_best": pd.DataFrame(best)}
+    return out

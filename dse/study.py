@@ -21,7 +21,7 @@ from dse.solver import SOLVERS
 from dse.space import SpaceOptions, Workload
 from dse.units import DTYPES
 
-KINDS = ("cheapest", "pareto", "fast_slow", "sweep", "tornado")
+KINDS = ("cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining")
 SWEEP_PARAMETERS = ("hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "scaleout_bandwidth",
                     "scaleup_domain", "price")
 
@@ -147,14 +147,41 @@ class TornadoSpec(_Strict):
         return self
 
 
+class OvertrainingSpec(_Strict):
+    """Lifetime cost at a target loss: pre-training, RL and inference, searched over model size."""
+
+    target_loss: float = Field(default=1.82, gt=0)
+    loss_fit: Literal["hoffmann", "epoch"] = "hoffmann"
+    demands_tokens_per_s: list[float] = [5e6, 5e7, 5e8]
+    deployment_days: float = Field(default=60, gt=0)
+    rl_tokens_per_pretrain_token: float = Field(default=0.67, ge=0)
+    rl_flops_factor: float = Field(default=3.0, ge=2.0, le=6.0)
+    rl_inefficiency: float = Field(default=3.0, ge=1.0)
+    seq: int = Field(default=8192, gt=0)
+    global_batch_tokens: float = Field(default=16_000_000, gt=0)
+    deadline_days: float = Field(default=120, gt=0)
+    chip_budget: int = Field(default=32768, ge=1)
+    train_systems: list[str] = ["h100", "b200", "gb200-nvl72"]
+    params_b: list[float] = [10, 3000]
+    trials: int = Field(default=40, ge=4)
+
+    @model_validator(mode="after")
+    def _check(self) -> OvertrainingSpec:
+        if len(self.params_b) != 2 or not 0 < self.params_b[0] < self.params_b[1]:
+            raise ValueError(f"params_b must be [low, high] with 0 < low < high, got {self.params_b}")
+        if not self.demands_tokens_per_s or any(d <= 0 for d in self.demands_tokens_per_s):
+            raise ValueError(f"demands_tokens_per_s must list demands > 0, got {self.demands_tokens_per_s}")
+        return self
+
+
 class StudySpec(_Strict):
     """A study file."""
 
     study: str
-    kind: Literal["cheapest", "pareto", "fast_slow", "sweep", "tornado"]
+    kind: Literal["cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining"]
     description: str
     expect: str
-    models: list[str]
+    models: list[str] = []
     workloads: list[WorkloadSpec]
     space: SpaceSpec = SpaceSpec()
     solver: SolverSpec = SolverSpec()
@@ -162,10 +189,11 @@ class StudySpec(_Strict):
     fast_slow: FastSlowSpec = FastSlowSpec()
     sweep: SweepSpec = SweepSpec()
     tornado: TornadoSpec = TornadoSpec()
+    overtraining: OvertrainingSpec = OvertrainingSpec()
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:
-        if not self.models:
+        if not self.models and self.kind != "overtraining":
             raise ValueError("models: must list at least one model")
         if not self.workloads:
             raise ValueError("workloads: must list at least one workload")
@@ -191,6 +219,12 @@ def load_study(path: str | Path) -> StudySpec:
     for i, m in enumerate(spec.models):
         if m not in models:
             raise InputError(f"{path}: field 'models.{i}': " + unknown_name_message("model", m, models))
+    if spec.kind == "overtraining":
+        systems = default_systems()
+        for i, s in enumerate(spec.overtraining.train_systems):
+            if s not in systems:
+                raise InputError(f"{path}: field 'overtraining.train_systems.{i}': "
+                                 + unknown_name_message("system", s, systems))
     if spec.kind == "sweep" and spec.sweep.systems != "all":
         systems = default_systems()
         for i, s in enumerate(spec.sweep.systems):
