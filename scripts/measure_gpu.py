@@ -63,6 +63,21 @@ class Backend:
             return torch.randn(*shape, device=self.device, dtype=dt)
         return np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
 
+    def einsum(self, spec: str, a, b):
+        return torch.einsum(spec, a, b) if self.torch else np.einsum(spec, a, b)
+
+    def softmax(self, x):
+        if self.torch:
+            return torch.softmax(x.float(), -1).to(x.dtype)
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    def silu(self, x):
+        if self.torch:
+            return torch.nn.functional.silu(x)
+        with np.errstate(over="ignore"):
+            return x / (1 + np.exp(-x))
+
     def name(self) -> str:
         if self.torch and self.device == "cuda":
             return torch.cuda.get_device_name()
@@ -146,36 +161,17 @@ def decode_step_fn(backend: Backend, spec: dict, batch: int, context: int, dtype
     x0 = backend.randn(batch, d, dtype=dtype)
     group = h // kvh
 
-    if backend.torch:
-        import torch.nn.functional as F
-
-        def step():
-            x = x0
-            for L in layers:
-                qkv = x @ L["wqkv"]
-                q = qkv[:, : h * hd].view(batch, kvh, group, hd)
-                scores = torch.einsum("bkgd,bktd->bkgt", q, L["k"]) / math.sqrt(hd)
-                o = torch.einsum("bkgt,bktd->bkgd", torch.softmax(scores.float(), -1).to(x.dtype), L["v"])
-                x = x + o.reshape(batch, h * hd) @ L["wo"]
-                g, u = (x @ L["w13"]).chunk(2, dim=-1)
-                x = x + (F.silu(g) * u) @ L["w2"]
-            return x
-    else:
-        def step():
-            x = x0
-            for L in layers:
-                qkv = x @ L["wqkv"]
-                q = qkv[:, : h * hd].reshape(batch, kvh, group, hd)
-                scores = np.einsum("bkgd,bktd->bkgt", q, L["k"]) / math.sqrt(hd)
-                scores = np.exp(scores - scores.max(-1, keepdims=True))
-                scores /= scores.sum(-1, keepdims=True)
-                o = np.einsum("bkgt,bktd->bkgd", scores, L["v"])
-                x = x + o.reshape(batch, h * hd) @ L["wo"]
-                gu = x @ L["w13"]
-                g, u = gu[:, :f], gu[:, f:]
-                with np.errstate(over="ignore"):
-                    x = x + (g / (1 + np.exp(-g)) * u) @ L["w2"]
-            return x
+    def step():
+        x = x0
+        for L in layers:
+            qkv = x @ L["wqkv"]
+            q = qkv[:, : h * hd].reshape(batch, kvh, group, hd)
+            scores = backend.einsum("bkgd,bktd->bkgt", q, L["k"]) / math.sqrt(hd)
+            o = backend.einsum("bkgt,bktd->bkgd", backend.softmax(scores), L["v"])
+            x = x + o.reshape(batch, h * hd) @ L["wo"]
+            gu = x @ L["w13"]
+            x = x + (backend.silu(gu[:, :f]) * gu[:, f:]) @ L["w2"]
+        return x
     return step
 
 
