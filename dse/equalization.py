@@ -10,6 +10,7 @@ cluster MIP and the serving MIP for that model.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ LOSS_FITS = {  # constants as published (calibration cases scaling_chinchilla_pa
     "epoch": {"E": 1.8172, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658},
 }
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
+RECOMPUTE = ("none", "selective", "full", "reversible")
 
 
 def loss(n: float, d: float, fit: str = "hoffmann") -> float:
@@ -106,15 +108,18 @@ def training_options(model: Architecture, life: Lifetime) -> pd.DataFrame:
                 for dp in (2 ** k for k in range(0, 15)):
                     if tp * pp * dp > life.chip_budget or batch % dp:
                         continue
-                    for recompute in ("none", "selective", "full"):
-                        lay = TrainLayout(tp=tp, pp=pp, dp=dp, micro_batch=1, interleave=2 if pp > 1 else 1,
+                    eps = [e for e in (1, 8, 32, 64) if model.is_moe and e <= dp * tp] if model.is_moe else [1]
+                    for ep, mb, recompute in itertools.product(eps, (1, 2, 4), RECOMPUTE):
+                        if (batch // dp) % mb:
+                            continue
+                        lay = TrainLayout(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mb, interleave=2 if pp > 1 else 1,
                                           recompute=recompute)
                         r = train_step(model, system, lay, batch, life.seq)
                         if not r["fits"]:
                             continue
-                        rows.append({"system": sid, "tp": tp, "pp": pp, "dp": dp, "recompute": recompute,
-                                     "chips": lay.chips, "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"],
-                                     "usd_per_token": r["usd_per_mtok"] / 1e6, "step_s": r["step_s"]})
+                        rows.append({"system": sid, "tp": tp, "pp": pp, "dp": dp, "ep": ep, "micro_batch": mb,
+                                     "recompute": recompute, "chips": lay.chips, "tokens_per_s": r["tokens_per_s"],
+                                     "mfu": r["mfu"], "usd_per_token": r["usd_per_mtok"] / 1e6, "step_s": r["step_s"]})
     return pd.DataFrame(rows)
 
 
@@ -162,7 +167,8 @@ def lifetime_cost(n_params: float, life: Lifetime) -> dict:
         "overtraining_ratio": d_pre / (CHINCHILLA_TOKENS_PER_PARAM * n), "rl_tokens": d_rl, "inference_tokens": d_inf,
         "pretrain_usd": pre_usd, "rl_usd": rl_usd, "inference_usd": inf_usd, "lifetime_usd": pre_usd + rl_usd + inf_usd,
         "pretrain_flops": 6 * n * d_pre, "train_system": train["system"], "train_chips": int(train["chips"]),
-        "train_layout": f"TP{int(train['tp'])} PP{int(train['pp'])} DP{int(train['dp'])} {train['recompute']}",
+        "train_layout": f"TP{int(train['tp'])} PP{int(train['pp'])} DP{int(train['dp'])} EP{int(train['ep'])} "
+                        f"micro-batch {int(train['micro_batch'])}, {train['recompute']} recomputation",
         "train_mfu": train["mfu"], "train_days": d_pre / train["tokens_per_s"] / 86400,
         "serve_system": cfg["system"], "serve_chips": cfg["chips"], "serve_usd_per_mtok": serve.choice.cost,
         "solve_wall_s": time.perf_counter() - t0,

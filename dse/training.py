@@ -7,6 +7,8 @@ recomputation (Narayanan et al. 2021, Megatron-LM); the 1F1B pipeline bubble (PP
 with m micro-batches and v interleaved stages per device (ibid.); activation bytes per layer
 s b h (34 + 5 a s / h) with sequence parallelism dividing by TP, 34 s b h / TP with selective
 recomputation and 2 s b h (the layer input) with full recomputation (Korthikanti et al. 2022);
+reversible layers keep only the stage boundary and recompute like full recomputation (Gomez et
+al. 2017, RevNets); MoE experts shard over EP with an all-to-all per MoE layer;
 mixed-precision Adam keeps 2 + 2 + 12 bytes per parameter (weights, gradients, fp32 master and two
 moments), the 12 sharded over DP with ZeRO-1 (Rajbhandari et al. 2020).
 """
@@ -30,9 +32,10 @@ class TrainLayout:
     pp: int
     dp: int
     cp: int = 1
+    ep: int = 1  # expert parallelism (MoE): experts sharded over ep of the DP x TP chips of a stage
     micro_batch: int = 1  # sequences per micro-batch
     interleave: int = 1  # virtual pipeline stages per device
-    recompute: str = "full"  # none | selective | full
+    recompute: str = "full"  # none | selective | full | reversible
     zero: int = 1  # 0: optimizer states replicated; 1: sharded over DP
 
     @property
@@ -55,7 +58,10 @@ def train_step(model: Architecture, system: System, lay: TrainLayout, global_bat
     n_act = model.params_active
     attn_fwd = model.attention_flops_per_token(seq, "prefill")
     model_flops = tokens * (6.0 * n_act + 3.0 * attn_fwd)
-    extra = {"full": 2.0 * n_act + attn_fwd, "selective": attn_fwd, "none": 0.0}[lay.recompute]
+    # full recomputation and reversible layers (which rebuild each layer's input from its output,
+    # Gomez et al. 2017) both run the forward pass again in the backward pass
+    extra = {"full": 2.0 * n_act + attn_fwd, "reversible": 2.0 * n_act + attn_fwd, "selective": attn_fwd,
+             "none": 0.0}[lay.recompute]
     hw_flops = model_flops + tokens * extra
     peak = system.flops["bf16"]
     compute_s = hw_flops / (lay.chips * peak * eff.compute_train)
@@ -82,28 +88,40 @@ def train_step(model: Architecture, system: System, lay: TrainLayout, global_bat
     # CP: the KV of each layer is all-gathered around the CP ring, forward and backward
     kv = model.kv_bytes_per_token("bf16") / layers * s_local * lay.micro_batch
     cp_s = (m * layers / lay.pp * 2 * (lay.cp - 1) * kv / (su if lay.chips <= domain else so)) if lay.cp > 1 else 0.0
-    exposed = (1.0 - eff.overlap) * (tp_s + pp_s + cp_s) + (1.0 - eff.overlap) * dp_s
+    # EP: dispatch and combine of every routed token, forward and backward (and the recomputed forward)
+    ep_s = 0.0
+    if model.is_moe and lay.ep > 1:
+        f = model.spec.ffn
+        a2a = lay.micro_batch * s_local * f.top_k * d * ACT * 2 * (lay.ep - 1) / lay.ep
+        ep_bw = su if lay.ep * lay.tp <= domain else so
+        ep_s = m * model.moe_layers / lay.pp * (passes / 2) * (a2a / lay.tp / ep_bw + 2 * eff.latency_scaleup)
+    exposed = (1.0 - eff.overlap) * (tp_s + pp_s + cp_s + ep_s) + (1.0 - eff.overlap) * dp_s
     step_s = compute_s / (1.0 - bubble) + exposed
 
-    # memory per chip
-    weights = 2.0 * model.params_total / (lay.tp * lay.pp)
-    grads = 2.0 * model.params_total / (lay.tp * lay.pp)
-    optim = 12.0 * model.params_total / (lay.tp * lay.pp) / (lay.dp * lay.cp if lay.zero else 1)
+    # memory per chip: dense weights over TP x PP, routed experts also over EP
+    params_chip = (model.params_dense + model.params_routed / lay.ep) / (lay.tp * lay.pp)
+    weights = 2.0 * params_chip
+    grads = 2.0 * params_chip
+    replicas = lay.dp * lay.cp / (lay.ep if model.is_moe else 1)  # copies of each expert shard
+    optim = 12.0 * params_chip / (max(replicas, 1.0) if lay.zero else 1)
     b, s = lay.micro_batch, s_local
     per_layer = {
         "none": s * b * d * (34 + 5 * heads * s / d) / lay.tp,
         "selective": 34 * s * b * d / lay.tp,
         "full": 2 * s * b * d / lay.tp,
+        "reversible": 0.0,  # rebuilt from the next layer's output: only the stage's boundary is kept
     }[lay.recompute]
     in_flight = min(lay.pp, math.ceil(m))  # 1F1B: the first stage holds PP micro-batches
     activations = per_layer * layers / lay.pp * in_flight
-    if lay.recompute == "full":  # one layer's full activations are rebuilt at a time
+    if lay.recompute == "reversible":
+        activations = 2 * s * b * d / lay.tp * in_flight
+    if lay.recompute in ("full", "reversible"):  # one layer's full activations are rebuilt at a time
         activations += s * b * d * (34 + 5 * heads * s / d) / lay.tp
     hbm = weights + grads + optim + activations
     usable = system.hbm_capacity * eff.hbm_usable
     return {
         "chips": lay.chips, "step_s": step_s, "compute_s": compute_s, "bubble": bubble, "tp_s": tp_s, "pp_s": pp_s,
-        "dp_s": dp_s, "cp_s": cp_s, "model_flops": model_flops, "hardware_flops": hw_flops,
+        "dp_s": dp_s, "cp_s": cp_s, "ep_s": ep_s, "model_flops": model_flops, "hardware_flops": hw_flops,
         "mfu": model_flops / (step_s * lay.chips * peak), "tokens_per_s": tokens / step_s,
         "hbm_bytes_per_chip": hbm, "weights_bytes_per_chip": weights, "optimizer_bytes_per_chip": optim,
         "activation_bytes_per_chip": activations, "fits": hbm <= usable,

@@ -71,3 +71,31 @@ def test_overtraining_study_reproduces_the_lecture(tmp_path):
     table = pd.read_csv(out / "overtraining.csv")
     assert len(table) == 3 * spec.overtraining.trials
     assert (out / "overtraining.png").exists()
+
+
+def test_training_memory_options_trade_memory_for_compute():
+    from dse.hardware import get_system
+    from dse.models import get_model
+    from dse.training import TrainLayout, train_step
+
+    m, h100 = get_model("llama-3.1-70b"), get_system("h100")
+    r = {rc: train_step(m, h100, TrainLayout(tp=8, pp=4, dp=16, micro_batch=1, recompute=rc), 512, 8192)
+         for rc in ("none", "selective", "full", "reversible")}
+    act = [r[k]["activation_bytes_per_chip"] for k in ("none", "selective", "full", "reversible")]
+    assert act == sorted(act, reverse=True)  # each option keeps less
+    assert r["full"]["hardware_flops"] == r["reversible"]["hardware_flops"] > r["none"]["hardware_flops"]
+    assert r["none"]["mfu"] >= r["full"]["mfu"]
+    zero0 = train_step(m, h100, TrainLayout(tp=8, pp=4, dp=16, zero=0), 512, 8192)
+    assert zero0["optimizer_bytes_per_chip"] == 16 * r["full"]["optimizer_bytes_per_chip"]  # ZeRO-1 shards over DP
+
+
+def test_moe_training_shards_experts_over_ep():
+    from dse.hardware import get_system
+    from dse.models import get_model
+    from dse.training import TrainLayout, train_step
+
+    m, gb200 = get_model("deepseek-v3"), get_system("gb200-nvl72")
+    one = train_step(m, gb200, TrainLayout(tp=1, pp=8, dp=64, ep=1), 1024, 4096)
+    wide = train_step(m, gb200, TrainLayout(tp=1, pp=8, dp=64, ep=64), 1024, 4096)
+    assert wide["weights_bytes_per_chip"] < one["weights_bytes_per_chip"] / 10
+    assert wide["ep_s"] > 0 and one["ep_s"] == 0
