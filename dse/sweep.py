@@ -33,8 +33,8 @@ PARAMETERS = {  # study name -> System field
     "scaleup_bandwidth": "scaleup_bandwidth", "scaleout_bandwidth": "scaleout_bandwidth",
     "scaleup_domain": "scaleup_domain", "price": "price_per_s",
 }
-HEARTBEAT_S = 1
-GRACE_S = 4
+HEARTBEAT_S = 2
+GRACE_S = 10  # a trial whose heartbeat is older than this is from a dead process
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -198,7 +198,12 @@ def work(spec: StudySpec, study: optuna.Study, points: list[Point], progress: Ca
             break
         if progress:
             progress(f"{len(waiting)} points waiting")
-        study.optimize(objective, n_trials=1)
+        try:
+            study.optimize(objective, n_trials=1)
+        except RuntimeError as exc:  # the trial was failed as stale meanwhile: its point is enqueued again
+            if progress:
+                progress(f"a point was taken back ({exc}); continuing")
+            continue
         done += 1
     return done
 
