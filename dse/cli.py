@@ -67,6 +67,7 @@ def evaluate(
     etp: Annotated[int | None, typer.Option(help="Expert tensor parallelism (default: fills the stage).")] = None,
     chips: Annotated[int | None, typer.Option(help="Total chips of the replica.")] = None,
     prompt: Annotated[int | None, typer.Option(help="Prompt length for TTFT (default: the context).")] = None,
+    moe_imbalance: Annotated[float, typer.Option(help="Most-loaded GPU's expert tokens over the mean.")] = 1.0,
     phase: Annotated[Phase, typer.Option(help="decode or prefill.")] = Phase.decode,
     weights_dtype: Annotated[Dtype, typer.Option("--weights-dtype", help="Weight format.")] = Dtype.bf16,
     kv_dtype: Annotated[Dtype, typer.Option("--kv-dtype", help="KV-cache format.")] = Dtype.bf16,
@@ -78,7 +79,7 @@ def evaluate(
     cfg = Config(
         model=model, system=system, batch=batch, context=context, tp=tp, ep=ep, pp=pp, dp=dp, etp=etp,
         chips=chips, phase=phase.value, weights_dtype=weights_dtype.value, kv_dtype=kv_dtype.value,
-        kv_tier=kv_tier.value, prompt=prompt,
+        kv_tier=kv_tier.value, prompt=prompt, moe_imbalance=moe_imbalance,
     )
     try:
         result = evaluate_config(cfg, ideal=ideal)
@@ -169,6 +170,10 @@ def run(
                     output = run_overtraining_study(spec, url, progress)
                 else:
                     output = run_sweep_study(spec, url, progress)
+            elif spec.kind == "expert_placement":
+                from dse.runner import run_placement_study
+
+                output = run_placement_study(spec, progress)
             else:
                 output = run_study(spec, progress=progress)
         files = write_outputs(output, spec, target)

@@ -35,6 +35,7 @@ class Config:
     kv_dtype: str = "bf16"
     kv_tier: str = "hbm"
     prompt: int | None = None  # prompt length for TTFT; default: the context
+    moe_imbalance: float = 1.0  # most-loaded GPU's routed tokens over the mean (from expert placement)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> int:
@@ -51,6 +52,8 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     wd = _choice("weights-dtype", cfg.weights_dtype, DTYPES)
     kd = _choice("kv-dtype", cfg.kv_dtype, DTYPES)
     tier = _choice("kv-tier", cfg.kv_tier, KV_TIERS)
+    if not cfg.moe_imbalance >= 1.0:
+        raise InputError(f"--moe-imbalance must be >= 1 (most-loaded GPU over the mean), got {cfg.moe_imbalance}")
     for name, value in (("batch", cfg.batch), ("context", cfg.context), ("prompt", cfg.prompt or 1)):
         if not isinstance(value, int) or value < 1:
             raise InputError(f"--{name} must be a whole number >= 1, got {value!r}")
@@ -69,6 +72,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     cand = Candidates(
         model=0, system=0, tp=layout.tp, dp=layout.dp, ep=layout.ep, etp=layout.etp, pp=layout.pp,
         batch=cfg.batch, context=cfg.context, phase=phase, weights_dtype=wd, kv_dtype=kd, kv_tier=tier,
+        imbalance=cfg.moe_imbalance,
     )
     tables = ModelTable.build([model]), SystemTable.build([system])
     raw = evaluate(cand, *tables, eff)

@@ -166,6 +166,7 @@ class Candidates:
     weights_dtype: np.ndarray | int = 0
     kv_dtype: np.ndarray | int = 0
     kv_tier: np.ndarray | int = 0
+    imbalance: np.ndarray | float = 1.0  # most-loaded GPU's routed tokens over the mean (expert placement)
 
     def broadcast(self) -> Candidates:
         arrays = np.broadcast_arrays(*(np.asarray(getattr(self, f.name)) for f in fields(self)))
@@ -209,6 +210,7 @@ class _Gathered:
         self.wbytes = dtype_bytes[c.weights_dtype]
         self.flops_rate = systems.flops[s, c.weights_dtype]
         self.on_host = np.asarray(c.kv_tier) == 1
+        self.imbalance = _f(c.imbalance)
         # model columns
         self.p_act, self.p_dense, self.p_emb = models.p_active[m], models.p_dense[m], models.p_embedding[m]
         self.p_exp, self.moe_l = models.p_expert[m], models.moe_layers[m]
@@ -290,7 +292,8 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
     attn = _where(prefill, attn_prefill, attn_decode)  # attention FLOPs per sequence
     rate = g.flops_rate * eff_c
     dense_rank_flops = tokens_rank * 2.0 * (g.p_act - g.routed_active) + seqs_rank * attn
-    compute_s = dense_rank_flops / (g.tp * rate) + tokens * 2.0 * g.routed_active / (g.cps * rate)
+    # the slowest GPU sets the step: routed work scales with the placement's imbalance
+    compute_s = dense_rank_flops / (g.tp * rate) + g.imbalance * tokens * 2.0 * g.routed_active / (g.cps * rate)
 
     # memory: weights of the stage (routed experts only where a token landed) and KV of the batch
     touched = np.where(g.n_exp > 0, -np.expm1(tokens * np.log1p(-g.top_k / np.maximum(g.n_exp, 1.0))), 0.0)
@@ -307,7 +310,7 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
         allreduce = np.where(g.tp > 1, 2.0 * (g.tp - 1) / g.tp * msg / tp_bw + g.lat_tp, 0.0)
         tp_s = 2.0 * g.n_layers / g.pp * allreduce
         disp = np.where(g.wbytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
-        a2a_bytes = tokens_rank / g.tp * g.top_k * g.etp * g.d * (disp + ACT_BYTES)
+        a2a_bytes = g.imbalance * tokens_rank / g.tp * g.top_k * g.etp * g.d * (disp + ACT_BYTES)
         a2a = np.maximum(
             a2a_bytes * g.intra / g.a2a_bw, np.where(g.inter > 0, a2a_bytes * g.inter / g.so, 0.0)
         ) + 2.0 * g.lat_ep  # dispatch and combine

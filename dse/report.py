@@ -164,11 +164,26 @@ def _overtraining(table: pd.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
+def _placement(table: pd.DataFrame, path: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    x = np.arange(len(table))
+    labels = [f"{m}\nskew {s:g}" for m, s in zip(table["model"], table["skew"], strict=True)]
+    for ax, key, title in ((axes[0], "imbalance", "most-loaded GPU / mean"),
+                           (axes[1], "crossing_tokens", "tokens crossing scale-out per step")):
+        ax.bar(x - 0.2, table[f"{key}_greedy"], 0.4, label="EPLB greedy", color="#e07b39")
+        ax.bar(x + 0.2, table[f"{key}_mip"], 0.4, label="MIP", color="#3b7dd8")
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 def write_plots(out, spec: StudySpec, folder: Path) -> list[str]:
     """Draw the study's plots into ``folder``; return their file names."""
     plots = (("systems", _cost_by_system, "cost_by_system.png"), ("best", _breakdown, "time_breakdown.png"),
              ("pareto", _pareto, "pareto.png"), ("fast_slow", _fast_slow, "fast_slow.png"),
-             ("tornado", _tornado, "tornado.png"), ("overtraining", _overtraining, "overtraining.png"))
+             ("tornado", _tornado, "tornado.png"), ("overtraining", _overtraining, "overtraining.png"),
+             ("placement", _placement, "placement.png"))
     files = []
     if "sweep" in out.tables and not out.tables["sweep"].empty:
         _sweep(out.tables["sweep"], folder / "sweep.png", out.tables.get("sweep_systems"))
@@ -249,7 +264,7 @@ def write_report(out, spec: StudySpec, folder: Path) -> None:
                   for i in s["infeasible"]]
         parts.append("</ul>")
     for name in ("cost_by_system.png", "time_breakdown.png", "pareto.png", "fast_slow.png", "sweep.png", "tornado.png",
-                 "overtraining.png"):
+                 "overtraining.png", "placement.png"):
         path = folder / name
         if path.exists():
             data = base64.b64encode(path.read_bytes()).decode()

@@ -21,7 +21,7 @@ from dse.solver import SOLVERS
 from dse.space import SpaceOptions, Workload
 from dse.units import DTYPES
 
-KINDS = ("cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining")
+KINDS = ("cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining", "expert_placement")
 SWEEP_PARAMETERS = ("hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "scaleout_bandwidth",
                     "scaleup_domain", "price")
 
@@ -174,11 +174,33 @@ class OvertrainingSpec(_Strict):
         return self
 
 
+class PlacementSpec(_Strict):
+    """Expert placement for one MoE model on one system: load skews and a replica budget."""
+
+    system: str = "gb200-nvl72"
+    gpus: int = Field(default=16, ge=2)
+    domain_gpus: int = Field(default=8, ge=1, description="GPUs per scale-up domain in the placement")
+    tokens_per_step: int = Field(default=4096, ge=1)
+    skews: list[float] = [0.0, 0.6, 1.0, 1.4]
+    redundant: int = Field(default=16, ge=0)
+    extra_slots: int = Field(default=2, ge=0, description="slots per GPU beyond experts / GPUs")
+    experts: int | None = Field(default=None, ge=2, description="experts to place (default: the model's)")
+    time_limit_s: float = Field(default=10.0, gt=0)
+    context: int = Field(default=4096, ge=1)
+
+    @field_validator("skews")
+    @classmethod
+    def _skews(cls, v: list[float]) -> list[float]:
+        if not v or any(x < 0 for x in v):
+            raise ValueError(f"must list Zipf exponents >= 0, got {v}")
+        return v
+
+
 class StudySpec(_Strict):
     """A study file."""
 
     study: str
-    kind: Literal["cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining"]
+    kind: Literal["cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining", "expert_placement"]
     description: str
     expect: str
     models: list[str] = []
@@ -190,6 +212,7 @@ class StudySpec(_Strict):
     sweep: SweepSpec = SweepSpec()
     tornado: TornadoSpec = TornadoSpec()
     overtraining: OvertrainingSpec = OvertrainingSpec()
+    placement: PlacementSpec = PlacementSpec()
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:
@@ -219,6 +242,12 @@ def load_study(path: str | Path) -> StudySpec:
     for i, m in enumerate(spec.models):
         if m not in models:
             raise InputError(f"{path}: field 'models.{i}': " + unknown_name_message("model", m, models))
+    if spec.kind == "expert_placement":
+        if spec.placement.system not in default_systems():
+            raise InputError(f"{path}: field 'placement.system': "
+                             + unknown_name_message("system", spec.placement.system, default_systems()))
+        if not all(models[m].is_moe for m in spec.models):
+            raise InputError(f"{path}: field 'models': expert placement needs MoE models")
     if spec.kind == "overtraining":
         systems = default_systems()
         for i, s in enumerate(spec.overtraining.train_systems):

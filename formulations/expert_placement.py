@@ -97,7 +97,8 @@ def crossing_tokens(data: PlacementData, x: np.ndarray) -> float:
 def greedy_eplb(data: PlacementData) -> tuple[np.ndarray, np.ndarray]:
     """The balanced-packing baseline of DeepSeek's EPLB: give each redundant replica to the expert
     with the most tokens per replica, split each expert's tokens evenly over its replicas, then place
-    replicas heaviest first on the least-loaded GPU with a free slot. Returns (x, y)."""
+    replicas heaviest first on the least-loaded GPU with a free slot. Returns (x, y).
+    """
     replicas = np.ones(data.experts, dtype=int)
     for _ in range(data.redundant):
         if replicas.sum() >= data.gpus * data.slots:

@@ -69,3 +69,18 @@ def test_skewed_loads_on_two_domains():
     assert p.status == "optimal"
     assert p.peak <= g.peak and p.crossing < g.crossing
     assert p.imbalance(data) >= 1.0
+
+
+def test_expert_placement_study(tmp_path):
+    from dse.runner import run_placement_study, write_outputs
+    from dse.study import load_study
+
+    spec = load_study(__import__("pathlib").Path(__file__).resolve().parent.parent / "studies" / "expert_placement.yaml")
+    out = run_placement_study(spec)
+    write_outputs(out, spec, tmp_path / "ep")
+    t = out.tables["placement"]
+    assert out.summary["mip_never_worse"]
+    assert (t["imbalance_mip"] <= t["imbalance_greedy"] + 1e-9).all()
+    assert (t["crossing_tokens_mip"] < t["crossing_tokens_greedy"]).all()
+    assert (t["tpot_s_mip"] <= t["tpot_s_greedy"] * (1 + 1e-12)).all()
+    assert (tmp_path / "ep" / "placement.png").exists()
