@@ -170,6 +170,10 @@ def run(
                     output = run_overtraining_study(spec, url, progress)
                 else:
                     output = run_sweep_study(spec, url, progress)
+            elif spec.kind == "kv_tiers":
+                from dse.runner import run_kv_tiers_study
+
+                output = run_kv_tiers_study(spec, progress)
             elif spec.kind == "expert_placement":
                 from dse.runner import run_placement_study
 

@@ -21,7 +21,7 @@ from dse.solver import SOLVERS
 from dse.space import SpaceOptions, Workload
 from dse.units import DTYPES
 
-KINDS = ("cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining", "expert_placement")
+KINDS = ("cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining", "expert_placement", "kv_tiers")
 SWEEP_PARAMETERS = ("hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "scaleout_bandwidth",
                     "scaleup_domain", "price")
 
@@ -196,11 +196,33 @@ class PlacementSpec(_Strict):
         return v
 
 
+class PrefixClassSpec(_Strict):
+    name: str
+    prefix_tokens: int = Field(gt=0)
+    prefixes_kept: int = Field(gt=0)
+    lifetime_s: float = Field(gt=0)
+    hits_per_s: float = Field(ge=0)
+    ttft_s: float = Field(gt=0)
+
+
+class KVTiersSpec(_Strict):
+    """Cached-prefix classes on one serving node's memory tiers."""
+
+    system: str = "h100"
+    chips: int = Field(default=8, ge=1)
+    tp: int = Field(default=8, ge=1)
+    weights_dtype: Literal["bf16", "fp8", "fp4"] = "fp8"
+    nvme_drives: int = Field(default=8, ge=0)
+    hdd_drives: int = Field(default=12, ge=0)
+    classes: list[PrefixClassSpec]
+
+
 class StudySpec(_Strict):
     """A study file."""
 
     study: str
-    kind: Literal["cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining", "expert_placement"]
+    kind: Literal["cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining", "expert_placement",
+                  "kv_tiers"]
     description: str
     expect: str
     models: list[str] = []
@@ -213,6 +235,7 @@ class StudySpec(_Strict):
     tornado: TornadoSpec = TornadoSpec()
     overtraining: OvertrainingSpec = OvertrainingSpec()
     placement: PlacementSpec = PlacementSpec()
+    kv_tiers: KVTiersSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:
@@ -242,6 +265,12 @@ def load_study(path: str | Path) -> StudySpec:
     for i, m in enumerate(spec.models):
         if m not in models:
             raise InputError(f"{path}: field 'models.{i}': " + unknown_name_message("model", m, models))
+    if spec.kind == "kv_tiers":
+        if spec.kv_tiers is None:
+            raise InputError(f"{path}: missing required field 'kv_tiers' (classes of cached prefixes and the node)")
+        if spec.kv_tiers.system not in default_systems():
+            raise InputError(f"{path}: field 'kv_tiers.system': "
+                             + unknown_name_message("system", spec.kv_tiers.system, default_systems()))
     if spec.kind == "expert_placement":
         if spec.placement.system not in default_systems():
             raise InputError(f"{path}: field 'placement.system': "

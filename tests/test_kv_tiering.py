@@ -1,0 +1,73 @@
+"""KV-cache tiering: the MIP against every assignment, and the shipped study's reading of cache pricing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from formulation_contract import FormulationContract
+
+from dse.solver import solve
+from formulations import kv_tiering as fk
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def random_instance(rng):
+    n, t = int(rng.integers(1, 5)), len(fk.TIERS)
+    kept = rng.uniform(1, 100, n)
+    read = rng.uniform(0.1, 10, n)
+    cost = rng.uniform(0.1, 10, (n, t))
+    load = rng.uniform(0, 2, (n, t))
+    capacity = np.append(rng.uniform(20, 200, t - 1), np.inf)
+    bandwidth = np.append(rng.uniform(2, 20, t - 1), np.inf)
+    return fk.TieringData([f"c{i}" for i in range(n)], kept, read, cost, load, rng.uniform(0.5, 2.5, n),
+                          capacity, bandwidth)
+
+
+class TestKVTieringContract(FormulationContract):
+    def make_instance(self, rng):
+        return random_instance(rng)
+
+    def solve_mip(self, data):
+        tm = fk.build(data)
+        engine, res = solve(tm.model, "highs")
+        if not res.ok:
+            from dse.errors import InfeasibleError
+
+            raise InfeasibleError("no assignment")
+        return res.objective, engine.values(tm.z).to_numpy().reshape(len(data.classes), len(fk.TIERS)), res
+
+    def solve_exhaustive(self, data):
+        return fk.exhaustive(data)
+
+    def recheck(self, data, z, value):
+        t = z.argmax(axis=1)
+        c = np.arange(len(data.classes))
+        assert np.allclose(z.sum(axis=1), 1)
+        assert (data.load_s[c, t] <= data.ttft_s).all()
+        assert (np.bincount(t, weights=data.bytes_kept, minlength=len(fk.TIERS)) <= data.capacity + 1e-9).all()
+        assert (np.bincount(t, weights=data.read_rate, minlength=len(fk.TIERS)) <= data.bandwidth + 1e-9).all()
+        assert data.cost[c, t].sum() == pytest.approx(value, rel=1e-6)
+
+    def build_model(self, data):
+        return fk.build(data).model
+
+
+def test_kv_cache_tiers_study_reads_cache_pricing_by_drain_time(tmp_path):
+    from dse.runner import run_kv_tiers_study, write_outputs
+    from dse.study import load_study
+
+    spec = load_study(ROOT / "studies" / "kv_cache_tiers.yaml")
+    out = run_kv_tiers_study(spec)
+    write_outputs(out, spec, tmp_path / "kv")
+    tiers = out.summary["tiers"]
+    assert 180 < tiers["nvme"]["drain_s"] < 600  # flash drains in about 5 minutes
+    assert tiers["hdd"]["drain_s"] > 3600  # disk in hours
+    chosen = out.tables["kv_tiers"].set_index("class")["tier"]
+    assert chosen["5-minute"] == "nvme" and chosen["1-hour"] == "hdd"
+    assert chosen["hot-system-prompt"] in ("hbm", "host_dram")
+    ratio = out.tables["kv_tiers"]["write_over_hit"]
+    assert (ratio > 10).all()  # a hit costs a small fraction of the prefill a write pays for
+    assert out.summary["status"] == "optimal"
