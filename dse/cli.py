@@ -170,6 +170,10 @@ def run(
                     output = run_overtraining_study(spec, url, progress)
                 else:
                     output = run_sweep_study(spec, url, progress)
+            elif spec.kind == "api_pricing":
+                from dse.runner import run_pricing_study
+
+                output = run_pricing_study(spec, progress)
             elif spec.kind == "kv_tiers":
                 from dse.runner import run_kv_tiers_study
 

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -448,4 +448,56 @@ def run_kv_tiers_study(spec: StudySpec, progress: Callable[[str], None] | None =
                    "gap": float(max(r.gap for r in results))},
     })
     out.tables = {"kv_tiers": table, "tiers": pd.DataFrame([{"tier": k, **v} for k, v in tiers_info.items()])}
+    return out
+
+
+def run_pricing_study(spec: StudySpec, progress: Callable[[str], None] | None = None) -> StudyOutput:
+    """Inverse reading of price sheets; forward tier prices from the serving optimum at each context."""
+    import numpy as np
+
+    from dse.hardware import get_system
+    from dse.pricing import PriceSheet, inverse, tier_prices
+
+    t0 = time.perf_counter()
+    pr = spec.pricing
+    system = get_system(pr.system)
+    inv = []
+    for sh in pr.sheets:
+        sheet = PriceSheet(sh.name, sh.step_context, sh.input[0], sh.input[1], sh.output[0], sh.output[1])
+        inv += inverse(sheet, system, np.array(pr.actives_b) * 1e9)
+    fwd, tiers, results = [], [], []
+    opts = spec.space.options()
+    base = spec.workloads[0]
+    for model_id in spec.models:
+        model = get_model(model_id)
+        costs = []
+        for ctx in pr.contexts:
+            if progress:
+                progress(f"{model_id}: context {ctx:,}")
+            w = replace(base.workload(), name=f"{ctx}", prompt=ctx - base.output if ctx > base.output else ctx)
+            space = build_space(model, w, opts)
+            try:
+                r = solve_serving(space, w.tpot_max, solver=spec.solver.name)
+            except InfeasibleError as exc:
+                fwd.append({"model": model_id, "context": ctx, "status": "infeasible", "reason": str(exc)})
+                costs.append(np.inf)
+                continue
+            results.append(r.result)
+            e = entry(space, r, opts.ideal)
+            fwd.append({"model": model_id, "context": ctx, "status": r.result.status, "reason": "",
+                        **{k: e[k] for k in ("system", "chips", "batch", "usd_per_mtok", "usd_per_mtok_input",
+                                             "tpot_s", "bound")}})
+            costs.append(e["usd_per_mtok"])
+        for t in tier_prices(np.array(pr.contexts, dtype=float), np.array(costs), pr.tier_boundaries, pr.margin):
+            tiers.append({"model": model_id, **t})
+    out = StudyOutput(summary={
+        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
+        "expect": spec.expect.strip(), "best": [], "infeasible": [], "spaces": [],
+        "status": "optimal" if all(r.status == "optimal" for r in results) else "feasible",
+        "solver": {"name": spec.solver.name, "wall_s": time.perf_counter() - t0,
+                   "solve_wall_s": float(sum(r.wall_s for r in results)), "solves": len(results),
+                   "gap": float(max((r.gap for r in results), default=0.0))},
+    })
+    out.tables = {"pricing_inverse": pd.DataFrame(inv), "pricing_forward": pd.DataFrame(fwd),
+                  "pricing_tiers": pd.DataFrame(tiers)}
     return out

@@ -21,7 +21,8 @@ from dse.solver import SOLVERS
 from dse.space import SpaceOptions, Workload
 from dse.units import DTYPES
 
-KINDS = ("cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining", "expert_placement", "kv_tiers")
+KINDS = ("cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining", "expert_placement", "kv_tiers",
+         "api_pricing")
 SWEEP_PARAMETERS = ("hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "scaleout_bandwidth",
                     "scaleup_domain", "price")
 
@@ -217,12 +218,37 @@ class KVTiersSpec(_Strict):
     classes: list[PrefixClassSpec]
 
 
+class SheetSpec(_Strict):
+    name: str
+    step_context: float = Field(gt=0)
+    input: list[float]  # [below the step, above]
+    output: list[float]
+
+    @field_validator("input", "output")
+    @classmethod
+    def _pair(cls, v: list[float]) -> list[float]:
+        if len(v) != 2 or any(x <= 0 for x in v):
+            raise ValueError(f"must be [price below the step, price above], both > 0, got {v}")
+        return v
+
+
+class PricingSpec(_Strict):
+    """Inverse: what price sheets imply; forward: tier prices for a model on the study's space."""
+
+    sheets: list[SheetSpec]
+    system: str = "tpu-v7"
+    actives_b: list[float] = [25, 50, 100, 200, 400]
+    contexts: list[int] = [8000, 32000, 128000, 200000, 400000, 1000000]
+    tier_boundaries: list[int] = [200000, 1000000]
+    margin: float = Field(default=0.5, ge=0)
+
+
 class StudySpec(_Strict):
     """A study file."""
 
     study: str
     kind: Literal["cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining", "expert_placement",
-                  "kv_tiers"]
+                  "kv_tiers", "api_pricing"]
     description: str
     expect: str
     models: list[str] = []
@@ -236,6 +262,7 @@ class StudySpec(_Strict):
     overtraining: OvertrainingSpec = OvertrainingSpec()
     placement: PlacementSpec = PlacementSpec()
     kv_tiers: KVTiersSpec | None = None
+    pricing: PricingSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:
@@ -265,6 +292,12 @@ def load_study(path: str | Path) -> StudySpec:
     for i, m in enumerate(spec.models):
         if m not in models:
             raise InputError(f"{path}: field 'models.{i}': " + unknown_name_message("model", m, models))
+    if spec.kind == "api_pricing":
+        if spec.pricing is None:
+            raise InputError(f"{path}: missing required field 'pricing' (price sheets and the forward contexts)")
+        if spec.pricing.system not in default_systems():
+            raise InputError(f"{path}: field 'pricing.system': "
+                             + unknown_name_message("system", spec.pricing.system, default_systems()))
     if spec.kind == "kv_tiers":
         if spec.kv_tiers is None:
             raise InputError(f"{path}: missing required field 'kv_tiers' (classes of cached prefixes and the node)")

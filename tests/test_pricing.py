@@ -1,0 +1,37 @@
+"""API pricing: the inverse reading of price sheets and forward tier prices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from dse.runner import run_pricing_study, write_outputs
+from dse.study import load_study
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_api_pricing_study(tmp_path):
+    spec = load_study(ROOT / "studies" / "api_pricing.yaml")
+    out = run_pricing_study(spec)
+    write_outputs(out, spec, tmp_path / "ap")
+    inv = out.tables["pricing_inverse"]
+    at100 = inv[(inv["params_active"] == 1e11)]
+    assert ((at100["kv_bytes_per_token"] > 1.5e3) & (at100["kv_bytes_per_token"] < 2.1e3)).all()  # ~1.7 KB
+    assert set(inv["decode_over_prefill"]) == {8.0, 6.0}
+    assert inv["working"].str.contains("B/token").all()
+    fwd = out.tables["pricing_forward"]
+    growth = {}
+    for model, g in fwd.groupby("model"):
+        g = g.sort_values("context")
+        assert (np.diff(g["usd_per_mtok"]) >= -1e-12).all()  # longer context never costs less per token
+        growth[model] = g["usd_per_mtok"].iloc[-1] / g["usd_per_mtok"].iloc[0]
+    assert growth["deepseek-v3.2"] < growth["llama-3.1-70b"]  # sparse attention flattens the curve
+    tiers = out.tables["pricing_tiers"]
+    for model, g in tiers.groupby("model"):
+        assert g["price_usd_per_mtok"].is_monotonic_increasing
+        inside = fwd[fwd["model"] == model]
+        for _, t in g.iterrows():
+            cost = inside[(inside["context"] > t["tier_from"]) & (inside["context"] <= t["tier_to"])]["usd_per_mtok"]
+            assert (t["price_usd_per_mtok"] >= cost).all()  # every tier stays profitable
