@@ -170,6 +170,10 @@ def run(
                     output = run_overtraining_study(spec, url, progress)
                 else:
                     output = run_sweep_study(spec, url, progress)
+            elif spec.kind == "moe_codesign":
+                from dse.runner import run_codesign_study
+
+                output = run_codesign_study(spec, progress)
             elif spec.kind == "api_pricing":
                 from dse.runner import run_pricing_study
 
@@ -228,12 +232,20 @@ def _print_study(summary: dict, target: Path, files: list[str]) -> None:
     )
     for col in ("model", "workload", "configuration", "USD/Mtok", "TPOT", "TTFT", "bound"):
         t.add_column(col, justify="right" if col in ("USD/Mtok", "TPOT", "TTFT") else "left")
-    for e in summary.get("optimum", []):
+    for e in summary.get("optimum", []) if summary["kind"] == "overtraining" else []:
         console.print(
             f"demand {e['demand_tokens_per_s']:.3g} tokens/s: {e['params'] / 1e9:.0f}B params trained on "
             f"{e['pretrain_tokens']:.3g} tokens = {e['overtraining_ratio']:.1f}x Chinchilla; lifetime "
             f"{e['lifetime_usd']:.3g} USD (pre-training {e['pretrain_usd']:.3g}, RL {e['rl_usd']:.3g}, inference "
             f"{e['inference_usd']:.3g}); inference tokens {e['inference_tokens']:.3g}", highlight=False)
+    if summary["kind"] == "moe_codesign":
+        for e in summary["optimum"]:
+            if e["status"] == "infeasible":
+                console.print(f"{e['system_domain']}: no sparsity fits one domain", highlight=False)
+                continue
+            console.print(f"{e['system_domain']}: sparsity {e['sparsity']} ({e['params_total'] / 1e12:.2f}T total, "
+                          f"{e['params_active'] / 1e9:.0f}B active) on {e['chips']} chips: "
+                          f"{e['usd_per_mtok']:.4g} USD/Mtok", highlight=False)
     for e in summary["best"]:
         conf = (f"{e['chips']} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
                 f"{e['weights_dtype']}/{e['kv_dtype']} KV in {e['kv_tier']}")

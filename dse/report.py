@@ -178,12 +178,29 @@ def _placement(table: pd.DataFrame, path: Path) -> None:
     _save(fig, path)
 
 
+def _codesign(table: pd.DataFrame, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for system, g in table.groupby("system_domain", sort=False):
+        ok = g[g["status"] != "infeasible"]
+        ax.plot(ok["sparsity"], ok["usd_per_mtok"], "o-", label=f"one {system} domain")
+        b = ok.loc[ok["usd_per_mtok"].idxmin()] if not ok.empty else None
+        if b is not None:
+            ax.plot([b["sparsity"]], [b["usd_per_mtok"]], "k*", ms=12)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sparsity (total / active expert parameters; fixed quality)")
+    ax.set_ylabel("USD per million output tokens")
+    ax.set_title("Cost-optimal sparsity (star) jumps with the scale-up domain", fontsize=10)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 def write_plots(out, spec: StudySpec, folder: Path) -> list[str]:
     """Draw the study's plots into ``folder``; return their file names."""
     plots = (("systems", _cost_by_system, "cost_by_system.png"), ("best", _breakdown, "time_breakdown.png"),
              ("pareto", _pareto, "pareto.png"), ("fast_slow", _fast_slow, "fast_slow.png"),
              ("tornado", _tornado, "tornado.png"), ("overtraining", _overtraining, "overtraining.png"),
-             ("placement", _placement, "placement.png"))
+             ("placement", _placement, "placement.png"), ("codesign", _codesign, "codesign.png"))
     files = []
     if "sweep" in out.tables and not out.tables["sweep"].empty:
         _sweep(out.tables["sweep"], folder / "sweep.png", out.tables.get("sweep_systems"))
@@ -264,7 +281,7 @@ def write_report(out, spec: StudySpec, folder: Path) -> None:
                   for i in s["infeasible"]]
         parts.append("</ul>")
     for name in ("cost_by_system.png", "time_breakdown.png", "pareto.png", "fast_slow.png", "sweep.png", "tornado.png",
-                 "overtraining.png", "placement.png"):
+                 "overtraining.png", "placement.png", "codesign.png"):
         path = folder / name
         if path.exists():
             data = base64.b64encode(path.read_bytes()).decode()

@@ -501,3 +501,39 @@ def run_pricing_study(spec: StudySpec, progress: Callable[[str], None] | None = 
     out.tables = {"pricing_inverse": pd.DataFrame(inv), "pricing_forward": pd.DataFrame(fwd),
                   "pricing_tiers": pd.DataFrame(tiers)}
     return out
+
+
+def run_codesign_study(spec: StudySpec, progress: Callable[[str], None] | None = None) -> StudyOutput:
+    """For each scale-up domain, the serving cost of each sparsity at fixed quality; the optimum per domain."""
+    from dse.codesign import codesign_point
+
+    t0 = time.perf_counter()
+    cd = spec.codesign
+    w = spec.workloads[0].workload()
+    rows = []
+    for system in cd.systems:
+        opts = replace(spec.space.options(), systems=(system,), max_racks=1)  # one scale-up domain
+        for s in cd.sparsities:
+            if progress:
+                progress(f"{system}: sparsity {s}")
+            rows.append({"system_domain": system, **codesign_point(cd.effective_params_b * 1e9, s, cd.gamma, w, opts,
+                                                                   spec.solver.name)})
+    table = pd.DataFrame(rows)
+    best = []
+    for system, g in table.groupby("system_domain", sort=False):
+        ok = g[g["status"] != "infeasible"]
+        if ok.empty:
+            best.append({"system_domain": system, "status": "infeasible"})
+            continue
+        b = ok.loc[ok["usd_per_mtok"].idxmin()]
+        best.append({"system_domain": system, "status": "optimal", "sparsity": int(b["sparsity"]),
+                     "params_total": b["params_total"], "params_active": b["params_active"],
+                     "usd_per_mtok": b["usd_per_mtok"], "chips": int(b["chips"])})
+    out = StudyOutput(summary={
+        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
+        "expect": spec.expect.strip(), "best": [], "optimum": best, "infeasible": [], "spaces": [],
+        "status": "optimal", "solver": {"name": spec.solver.name, "wall_s": time.perf_counter() - t0,
+                                        "solve_wall_s": time.perf_counter() - t0, "solves": len(rows), "gap": 0.0},
+    })
+    out.tables = {"codesign": table, "codesign_best": pd.DataFrame(best)}
+    return out

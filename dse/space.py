@@ -103,6 +103,8 @@ def _layouts(model: Architecture, system: System, opts: SpaceOptions) -> list[La
                 continue
             if lay.chips > system.scaleup_domain and math.isnan(system.scaleout_bandwidth):
                 continue
+            if lay.chips > system.scaleup_domain * opts.max_racks:  # the replica's racks, all its stages
+                continue
             out.append(lay)
     return out
 

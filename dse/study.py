@@ -22,7 +22,7 @@ from dse.space import SpaceOptions, Workload
 from dse.units import DTYPES
 
 KINDS = ("cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining", "expert_placement", "kv_tiers",
-         "api_pricing")
+         "api_pricing", "moe_codesign")
 SWEEP_PARAMETERS = ("hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "scaleout_bandwidth",
                     "scaleup_domain", "price")
 
@@ -243,12 +243,21 @@ class PricingSpec(_Strict):
     margin: float = Field(default=0.5, ge=0)
 
 
+class CodesignSpec(_Strict):
+    """Fixed quality (effective dense size), the sparsities to weigh, the scale-up domains to serve on."""
+
+    effective_params_b: float = Field(default=700, gt=0)
+    gamma: float = Field(default=1 / 3, gt=0, lt=1)
+    sparsities: list[int] = [1, 2, 4, 8, 16, 32, 64]
+    systems: list[str] = ["h200", "gb200-nvl72", "rubin-ultra-nvl576"]
+
+
 class StudySpec(_Strict):
     """A study file."""
 
     study: str
     kind: Literal["cheapest", "pareto", "fast_slow", "sweep", "tornado", "overtraining", "expert_placement",
-                  "kv_tiers", "api_pricing"]
+                  "kv_tiers", "api_pricing", "moe_codesign"]
     description: str
     expect: str
     models: list[str] = []
@@ -263,10 +272,11 @@ class StudySpec(_Strict):
     placement: PlacementSpec = PlacementSpec()
     kv_tiers: KVTiersSpec | None = None
     pricing: PricingSpec | None = None
+    codesign: CodesignSpec = CodesignSpec()
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:
-        if not self.models and self.kind != "overtraining":
+        if not self.models and self.kind not in ("overtraining", "moe_codesign"):
             raise ValueError("models: must list at least one model")
         if not self.workloads:
             raise ValueError("workloads: must list at least one workload")

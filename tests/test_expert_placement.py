@@ -81,6 +81,8 @@ def test_expert_placement_study(tmp_path):
     t = out.tables["placement"]
     assert out.summary["mip_never_worse"]
     assert (t["imbalance_mip"] <= t["imbalance_greedy"] + 1e-9).all()
-    assert (t["crossing_tokens_mip"] < t["crossing_tokens_greedy"]).all()
+    # stage 2 (crossing tokens) runs under the study's time limit: never worse than its greedy start
+    assert (t["crossing_tokens_mip"] <= t["crossing_tokens_greedy"] * (1 + 1e-9)).all()
+    assert (t["crossing_tokens_mip"] < t["crossing_tokens_greedy"]).any()
     assert (t["tpot_s_mip"] <= t["tpot_s_greedy"] * (1 + 1e-12)).all()
     assert (tmp_path / "ep" / "placement.png").exists()

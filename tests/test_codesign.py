@@ -1,0 +1,32 @@
+"""Sparsity co-design: the cost-optimal sparsity jumps with the scale-up domain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dse.codesign import effective_params, moe_model
+from dse.runner import run_codesign_study, write_outputs
+from dse.study import load_study
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_effective_size_follows_the_lectures_reading_of_clark():
+    # 64x the total parameters is worth 4x the active ones at gamma = 1/3
+    m = moe_model(7168, 64)
+    assert effective_params(m, 1 / 3) / m.params_active == (m.params_total / m.params_active) ** (1 / 3)
+    assert 64 ** (1 / 3) == 4.0 or abs(64 ** (1 / 3) - 4.0) < 1e-12
+
+
+def test_moe_codesign_study(tmp_path):
+    spec = load_study(ROOT / "studies" / "moe_codesign.yaml")
+    out = run_codesign_study(spec)
+    write_outputs(out, spec, tmp_path / "cd")
+    best = {b["system_domain"]: b for b in out.summary["optimum"]}
+    assert best["h200"]["sparsity"] < best["gb200-nvl72"]["sparsity"]  # the jump
+    assert best["gb200-nvl72"]["params_total"] > 3 * best["h200"]["params_total"]
+    assert best["gb200-nvl72"]["usd_per_mtok"] < best["h200"]["usd_per_mtok"]
+    t = out.tables["codesign"]
+    h200 = t[t["system_domain"] == "h200"]
+    assert (h200[h200["sparsity"] >= 16]["status"] == "infeasible").all()  # too big for 8 GPUs' HBM
+    assert (tmp_path / "cd" / "codesign.png").exists()
