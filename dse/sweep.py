@@ -65,7 +65,10 @@ def points_of(spec: StudySpec) -> list[Point]:
     return [Point(m, w.name, p, float(f)) for m in spec.models for w in spec.workloads for p, f in pairs]
 
 
-def open_storage(url: str, create_tables: bool = True, wait_s: float = 30.0) -> optuna.storages.RDBStorage:
+WORKER_WAIT_S = 300.0  # how long a worker waits for `dse run` to create the sweep
+
+
+def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WAIT_S) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage with heartbeats; a bad URL or an unreachable server is an InputError.
 
     Workers pass ``create_tables=False`` and wait for the coordinator to create the tables, so that
@@ -100,7 +103,7 @@ def open_storage(url: str, create_tables: bool = True, wait_s: float = 30.0) -> 
             time.sleep(0.5)  # the coordinator has not created the tables yet
 
 
-def _load_study(spec: StudySpec, storage, create: bool, wait_s: float = 30.0) -> optuna.Study:
+def _load_study(spec: StudySpec, storage, create: bool, wait_s: float = WORKER_WAIT_S) -> optuna.Study:
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -110,7 +113,8 @@ def _load_study(spec: StudySpec, storage, create: bool, wait_s: float = 30.0) ->
             return optuna.load_study(study_name=spec.study, storage=storage)
         except KeyError:
             if time.monotonic() > deadline:
-                raise InputError(f"no sweep '{spec.study}' in the storage yet: start `dse run` first") from None
+                raise InputError(f"no sweep '{spec.study}' in the storage after {wait_s:.0f} s: start `dse run` "
+                                 "with the same study and storage first") from None
             time.sleep(0.5)
 
 
