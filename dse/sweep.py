@@ -127,9 +127,32 @@ def _state_by_point(study: optuna.Study) -> dict[str, set[str]]:
     return states
 
 
+def fail_dead_trials(study: optuna.Study) -> None:
+    """Fail the RUNNING trials of dead processes: stale heartbeats (Optuna), and trials a process was
+    killed with before its first heartbeat (none recorded, started more than the grace period ago).
+    """
+    import datetime
+
+    import sqlalchemy
+
+    optuna.storages.fail_stale_trials(study)
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)  # Optuna wraps the RDB storage in a cache
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if not running or not hasattr(backend, "engine"):
+        return
+    with backend.engine.connect() as conn:
+        beating = {row[0] for row in conn.execute(sqlalchemy.text("SELECT trial_id FROM trial_heartbeats"))}
+    now = datetime.datetime.now()
+    for t in running:
+        started = t.datetime_start or now
+        if t._trial_id not in beating and (now - started).total_seconds() > GRACE_S:
+            storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+
+
 def enqueue_missing(study: optuna.Study, points: list[Point]) -> int:
     """Enqueue every point with no COMPLETE, RUNNING or WAITING trial; return how many."""
-    optuna.storages.fail_stale_trials(study)
+    fail_dead_trials(study)
     states = _state_by_point(study)
     n = 0
     for p in points:
@@ -225,7 +248,7 @@ def run_sweep(spec: StudySpec, storage_url: str, progress: Callable[[str], None]
         if create:
             enqueue_missing(study, points)
         else:
-            optuna.storages.fail_stale_trials(study)
+            fail_dead_trials(study)
         solved += work(spec, study, points, progress, None if max_points is None else max_points - solved)
         if not create or (max_points is not None and solved >= max_points):
             return study, points, solved

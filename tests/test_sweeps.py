@@ -134,3 +134,17 @@ def test_bad_storage_url_exits_2(tmp_path, url, message):
 def test_storage_is_refused_for_studies_that_are_not_sweeps(tmp_path):
     r = dse("run", str(ROOT / "studies" / "pareto_latency_cost.yaml"), "--storage", "sqlite:///x.db")
     assert r.returncode == 2 and "only sweep, tornado and overtraining studies use a storage" in " ".join(r.stderr.split())
+
+
+def test_a_trial_killed_before_its_first_heartbeat_is_failed(tmp_path, monkeypatch):
+    import dse.sweep as sw
+
+    monkeypatch.setattr(sw, "GRACE_S", 1)
+    study = optuna.create_study(study_name="t", storage=sw.open_storage(f"sqlite:///{tmp_path / 'x.db'}"))
+    study.enqueue_trial({"point": "a"})
+    study.ask()  # RUNNING, and no heartbeat was ever recorded: its process died at once
+    sw.fail_dead_trials(study)
+    assert [t.state.name for t in study.get_trials()] == ["RUNNING"]  # not yet past the grace period
+    time.sleep(1.2)
+    sw.fail_dead_trials(study)
+    assert [t.state.name for t in study.get_trials()] == ["FAIL"]
