@@ -60,3 +60,24 @@ def tier_prices(contexts: np.ndarray, costs: np.ndarray, boundaries: list[float]
                     "price_usd_per_mtok": worst * (1 + margin)})
         lo = hi
     return out
+
+
+def consistent_architectures(sheet: PriceSheet, system: System, actives: np.ndarray, tolerance: float = 0.25,
+                             dtype: str = "fp8") -> list[dict]:
+    """Every architecture of a grid (active size, KV heads of 128, layers, cross-layer sharing, KV format)
+    whose decode crossover context lies within ``tolerance`` of the price step.
+    """
+    flops = system.flops[system.compute_dtype(dtype)]
+    rows = []
+    for n in actives:
+        for kv_heads in (1, 2, 4, 8, 16):
+            for layers in (40, 60, 80, 100, 120):
+                for share in sorted({1, 2, 4, 8, 16, layers}):  # layers sharing one KV cache; all of them
+                    for kv_dtype, width in (("fp8", 1.0), ("bf16", 2.0)):
+                        kv = 2 * kv_heads * 128 * layers / share * width
+                        crossover = system.hbm_bandwidth / flops * 2.0 * float(n) / kv
+                        if abs(crossover / sheet.step_context - 1.0) <= tolerance:
+                            rows.append({"sheet": sheet.name, "params_active": float(n), "kv_heads": kv_heads,
+                                         "layers": layers, "layers_sharing_kv": share, "kv_dtype": kv_dtype,
+                                         "kv_bytes_per_token": kv, "crossover_context": crossover})
+    return rows

@@ -456,15 +456,16 @@ def run_pricing_study(spec: StudySpec, progress: Callable[[str], None] | None = 
     import numpy as np
 
     from dse.hardware import get_system
-    from dse.pricing import PriceSheet, inverse, tier_prices
+    from dse.pricing import PriceSheet, consistent_architectures, inverse, tier_prices
 
     t0 = time.perf_counter()
     pr = spec.pricing
     system = get_system(pr.system)
-    inv = []
+    inv, consistent = [], []
     for sh in pr.sheets:
         sheet = PriceSheet(sh.name, sh.step_context, sh.input[0], sh.input[1], sh.output[0], sh.output[1])
         inv += inverse(sheet, system, np.array(pr.actives_b) * 1e9)
+        consistent += consistent_architectures(sheet, system, np.array(pr.actives_b) * 1e9)
     fwd, tiers, results = [], [], []
     opts = spec.space.options()
     base = spec.workloads[0]
@@ -498,7 +499,8 @@ def run_pricing_study(spec: StudySpec, progress: Callable[[str], None] | None = 
                    "solve_wall_s": float(sum(r.wall_s for r in results)), "solves": len(results),
                    "gap": float(max((r.gap for r in results), default=0.0))},
     })
-    out.tables = {"pricing_inverse": pd.DataFrame(inv), "pricing_forward": pd.DataFrame(fwd),
+    out.tables = {"pricing_inverse": pd.DataFrame(inv), "pricing_consistent": pd.DataFrame(consistent),
+                  "pricing_forward": pd.DataFrame(fwd),
                   "pricing_tiers": pd.DataFrame(tiers)}
     return out
 

@@ -21,6 +21,11 @@ def test_api_pricing_study(tmp_path):
     assert ((at100["kv_bytes_per_token"] > 1.5e3) & (at100["kv_bytes_per_token"] < 2.1e3)).all()  # ~1.7 KB
     assert set(inv["decode_over_prefill"]) == {8.0, 6.0}
     assert inv["working"].str.contains("B/token").all()
+    ok = out.tables["pricing_consistent"]
+    ok100 = ok[(ok["params_active"] == 1e11) & (ok["sheet"] == "gemini-2.5-pro")]
+    assert ((ok100["crossover_context"] - 2e5).abs() <= 5e4).all() and len(ok100) >= 1
+    # the lecture's reading: 8 KV heads of 128 in FP8 fits a 100B-active model with cross-layer sharing
+    assert ((ok100["kv_heads"] == 8) & (ok100["kv_dtype"] == "fp8")).any()
     fwd = out.tables["pricing_forward"]
     growth = {}
     for model, g in fwd.groupby("model"):
