@@ -286,6 +286,28 @@ class StudySpec(_Strict):
         return self
 
 
+def _field_value(spec: StudySpec, dotted: str):
+    value = spec
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _system_fields(spec: StudySpec) -> list[tuple[str, list[str]]]:
+    """Every field of the study that names systems, with the ids it names."""
+    fields = ["space.systems"]
+    fields += {"sweep": ["sweep.systems"], "overtraining": ["overtraining.train_systems"],
+               "expert_placement": ["placement.system"], "kv_tiers": ["kv_tiers.system"],
+               "api_pricing": ["pricing.system"], "moe_codesign": ["codesign.systems"]}.get(spec.kind, [])
+    out = []
+    for field in fields:
+        value = _field_value(spec, field)
+        if value == "all":
+            continue
+        out.append((field, [value] if isinstance(value, str) else list(value)))
+    return out
+
+
 def load_study(path: str | Path) -> StudySpec:
     """Read and validate a study file; every error is an InputError naming file and field."""
     path = Path(path)
@@ -302,41 +324,20 @@ def load_study(path: str | Path) -> StudySpec:
     for i, m in enumerate(spec.models):
         if m not in models:
             raise InputError(f"{path}: field 'models.{i}': " + unknown_name_message("model", m, models))
-    if spec.kind == "api_pricing":
-        if spec.pricing is None:
-            raise InputError(f"{path}: missing required field 'pricing' (price sheets and the forward contexts)")
-        if spec.pricing.system not in default_systems():
-            raise InputError(f"{path}: field 'pricing.system': "
-                             + unknown_name_message("system", spec.pricing.system, default_systems()))
-    if spec.kind == "kv_tiers":
-        if spec.kv_tiers is None:
-            raise InputError(f"{path}: missing required field 'kv_tiers' (classes of cached prefixes and the node)")
-        if spec.kv_tiers.system not in default_systems():
-            raise InputError(f"{path}: field 'kv_tiers.system': "
-                             + unknown_name_message("system", spec.kv_tiers.system, default_systems()))
-    if spec.kind == "expert_placement":
-        if spec.placement.system not in default_systems():
-            raise InputError(f"{path}: field 'placement.system': "
-                             + unknown_name_message("system", spec.placement.system, default_systems()))
-        if not all(models[m].is_moe for m in spec.models):
-            raise InputError(f"{path}: field 'models': expert placement needs MoE models")
-    if spec.kind == "overtraining":
-        systems = default_systems()
-        for i, s in enumerate(spec.overtraining.train_systems):
+    required = {"api_pricing": ("pricing", "price sheets and the forward contexts"),
+                "kv_tiers": ("kv_tiers", "classes of cached prefixes and the node")}
+    if spec.kind in required and getattr(spec, required[spec.kind][0]) is None:
+        name, what = required[spec.kind]
+        raise InputError(f"{path}: missing required field '{name}' ({what})")
+    if spec.kind == "expert_placement" and not all(models[m].is_moe for m in spec.models):
+        raise InputError(f"{path}: field 'models': expert placement needs MoE models")
+    systems = default_systems()
+    for field, ids in _system_fields(spec):
+        if not ids:
+            raise InputError(f"{path}: field '{field}': must list at least one system, or be 'all'")
+        for i, s in enumerate(ids):
             if s not in systems:
-                raise InputError(f"{path}: field 'overtraining.train_systems.{i}': "
-                                 + unknown_name_message("system", s, systems))
-    if spec.kind == "sweep" and spec.sweep.systems != "all":
-        systems = default_systems()
-        for i, s in enumerate(spec.sweep.systems):
-            if s not in systems:
-                raise InputError(f"{path}: field 'sweep.systems.{i}': " + unknown_name_message("system", s, systems))
-    if spec.space.systems != "all":
-        systems = default_systems()
-        if not spec.space.systems:
-            raise InputError(f"{path}: field 'space.systems': must list at least one system, or be 'all'")
-        for i, s in enumerate(spec.space.systems):
-            if s not in systems:
-                raise InputError(f"{path}: field 'space.systems.{i}': " + unknown_name_message("system", s, systems))
+                where = field if isinstance(_field_value(spec, field), str) else f"{field}.{i}"
+                raise InputError(f"{path}: field '{where}': " + unknown_name_message("system", s, systems))
     assert spec.solver.name in SOLVERS and all(d in DTYPES for d in spec.space.weights_dtypes)
     return spec
