@@ -89,7 +89,9 @@ def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WA
     except Exception as exc:  # sqlalchemy raises many kinds; each means the storage cannot be reached
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"--storage '{url}': cannot open the storage: {reason}") from None
-    deadline = time.monotonic() + wait_s
+    # Processes that open a fresh database together race to create its tables and version row: the
+    # losers see an integrity error once, then find everything in place.
+    deadline = time.monotonic() + (wait_s if not create_tables else 30.0)
     while True:
         try:
             return optuna.storages.RDBStorage(
@@ -97,10 +99,10 @@ def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WA
                 skip_table_creation=not create_tables,
             )
         except Exception as exc:
-            if create_tables or time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise InputError(f"--storage '{url}': cannot use the storage: {reason}") from None
-            time.sleep(0.5)  # the coordinator has not created the tables yet
+            time.sleep(0.5)  # tables being created by another process, or not yet
 
 
 def _load_study(spec: StudySpec, storage, create: bool, wait_s: float = WORKER_WAIT_S) -> optuna.Study:

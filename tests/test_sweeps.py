@@ -104,11 +104,11 @@ def test_four_workers_on_postgresql_finish_one_sweep(tmp_path):
                                         "--storage", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         workers = [subprocess.Popen([sys.executable, "-m", "dse.cli", "worker", str(SMALL), "--storage", url],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
-        for w in workers:
-            _, err = w.communicate(timeout=600)
+        _, coordinator_err = coordinator.communicate(timeout=600)
+        errors = [w.communicate(timeout=600)[1] for w in workers]
+        assert coordinator.returncode == 0, coordinator_err
+        for w, err in zip(workers, errors, strict=True):
             assert w.returncode == 0, err
-        _, err = coordinator.communicate(timeout=600)
-        assert coordinator.returncode == 0, err
         counts = count_complete(load(url, "small_sweep"))
         points = points_of(load_study(SMALL))
         assert sorted(counts) == sorted(p.key for p in points)
