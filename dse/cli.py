@@ -160,10 +160,9 @@ def run(
                 status.update(f"[bold]{spec.study}[/]: {what}")
 
             if sweep:
-                from dse.sweep import default_storage, open_storage
+                from dse.sweep import default_storage
 
                 url = storage or default_storage(target)
-                open_storage(url)
                 if spec.kind == "overtraining":
                     from dse.runner import run_overtraining_study
 

@@ -26,7 +26,7 @@ from dse.hardware import IDEAL, Efficiency, default_systems, efficiency_for, hw_
 from dse.models import Architecture, ModelSpec, default_models
 from dse.physics import ACT_BYTES, Candidates, ModelTable, SystemTable, evaluate
 from dse.training import TrainLayout, train_step
-from dse.units import DTYPES
+from dse.units import DTYPE_BYTES, DTYPES
 
 CATEGORIES = ("serving_throughput", "latency", "training_mfu")
 PREFILL_CHUNK = 8192
@@ -287,14 +287,11 @@ def predict(points: list[Point], eff: Efficiency | None = None) -> np.ndarray:
             cand, mt, st = _cands(pts, np.array([p.batch for p in pts]), np.array([p.context for p in pts]), 0)
             r = evaluate(cand, mt, st, eff, ttft=False)
             moe_layers = np.array([default_models()[p.model].moe_layers for p in pts], dtype=float)
-            disp = np.where(np.array([DTYPE_BYTES_OF[p.weights_dtype] for p in pts]) < 2, 1.0, ACT_BYTES)
+            disp = np.where(np.array([DTYPE_BYTES[p.weights_dtype] for p in pts]) < 2, 1.0, ACT_BYTES)
             lat = (eff or st.efficiency_of(cand.system)).latency_scaleout  # EP72 over 8-GPU domains
             transfer = np.maximum(r["ep_comm_s"] / moe_layers - 2 * lat, 0.0)
             out[idx] = transfer * disp / (disp + ACT_BYTES) + lat
     return out
-
-
-DTYPE_BYTES_OF = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
 
 
 def _offline(pts: list[Point], eff: Efficiency | None) -> np.ndarray:
