@@ -61,6 +61,22 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
     return out
 
 
+def _summary(spec: StudySpec, **extra) -> dict:
+    """The keys every summary.json starts with; ``extra`` adds or replaces keys."""
+    return {"study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
+            "expect": spec.expect.strip(), "best": [], "infeasible": [], "spaces": [], **extra}
+
+
+def _solved(spec: StudySpec, results: list, t0: float) -> dict:
+    """Status and solver statistics from the SolveResults of a study."""
+    return {
+        "status": "optimal" if all(r.status == "optimal" for r in results) else "feasible",
+        "solver": {"name": spec.solver.name, "wall_s": time.perf_counter() - t0,
+                   "solve_wall_s": float(sum(r.wall_s for r in results)), "solves": len(results),
+                   "gap": float(max((r.gap for r in results), default=0.0))},
+    }
+
+
 def entry(space: Space, res: ServingResult, ideal: bool) -> dict:
     """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`)."""
     out = config_entry(space.model.id, space.workload.name, space.workload.prompt, res.config, ideal)
@@ -165,10 +181,7 @@ def run_study(spec: StudySpec, progress: Callable[[str], None] | None = None) ->
     """Solve every (model, workload) of the study; infeasible pairs are recorded, not raised."""
     t0 = time.perf_counter()
     opts = spec.space.options()
-    out = StudyOutput(summary={
-        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
-        "expect": spec.expect.strip(), "best": [], "infeasible": [], "_results": [], "spaces": [],
-    })
+    out = StudyOutput(summary=_summary(spec, _results=[]))
     for model_id in spec.models:
         model = get_model(model_id)
         for ws in spec.workloads:
@@ -262,11 +275,7 @@ def run_sweep_study(spec: StudySpec, storage_url: str, progress: Callable[[str],
     df = results(study, points)
     if len(df) < len(points):
         return None
-    out = StudyOutput(summary={
-        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
-        "expect": spec.expect.strip(), "best": [], "infeasible": [], "spaces": [], "storage": storage_url,
-        "points": len(points), "points_solved_here": solved,
-    })
+    out = StudyOutput(summary=_summary(spec, storage=storage_url, points=len(points), points_solved_here=solved))
     per_system = []
     for _, r in df.iterrows():
         for system, cost in (r.get("per_system") or {}).items():
@@ -340,15 +349,13 @@ def run_overtraining_study(spec: StudySpec, storage_url: str, progress: Callable
         best.append({"model": f"dense {b['params'] / 1e9:.0f}B", "workload": workload.name,
                      "demand_tokens_per_s": demand, **b,
                      "heuristic_overtraining_ratio": heuristic["overtraining_ratio"]})
-    out = StudyOutput(summary={
-        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
-        "expect": spec.expect.strip(), "best": [], "optimum": best, "infeasible": [], "spaces": [],
-        "storage": storage_url, "status": "feasible",
-        "solver": {"name": f"optuna TPE + {spec.solver.name}", "wall_s": time.perf_counter() - t0,
+    out = StudyOutput(summary=_summary(
+        spec, optimum=best, storage=storage_url, status="feasible",
+        solver={"name": f"optuna TPE + {spec.solver.name}", "wall_s": time.perf_counter() - t0,
                    "solve_wall_s": float(sum(r.get("solve_wall_s", 0.0) for r in rows)), "solves": len(rows),
                    "gap": 0.0},
-        "lecture": {"inference_tokens_at_50M_per_s_for_60_days": 50e6 * 60 * 86400},
-    })
+        lecture={"inference_tokens_at_50M_per_s_for_60_days": 50e6 * 60 * 86400},
+    ))
     out.tables = {"overtraining": pd.DataFrame(rows), "overtraining_best": pd.DataFrame(best)}
     return out
 
@@ -387,15 +394,12 @@ def run_placement_study(spec: StudySpec, progress: Callable[[str], None] | None 
                 row[f"usd_per_mtok_{name}"] = ev["usd_per_mtok"]
             rows.append(row)
     table = pd.DataFrame(rows)
-    out = StudyOutput(summary={
-        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
-        "expect": spec.expect.strip(), "best": [], "infeasible": [], "spaces": [],
-        "status": "optimal" if all(r.status == "optimal" for r in results) else "feasible",
-        "solver": {"name": "scip", "wall_s": time.perf_counter() - t0,
-                   "solve_wall_s": float(table["wall_s"].sum()), "solves": 2 * len(table),
-                   "gap": float(table["gap"].max())},
-        "mip_never_worse": bool((table["peak_tokens_mip"] <= table["peak_tokens_greedy"] * (1 + 1e-9)).all()),
-    })
+    out = StudyOutput(summary=_summary(
+        spec, status="optimal" if all(r.status == "optimal" for r in results) else "feasible",
+        solver={"name": "scip", "wall_s": time.perf_counter() - t0, "solve_wall_s": float(table["wall_s"].sum()),
+                "solves": 2 * len(table), "gap": float(table["gap"].max())},
+        mip_never_worse=bool((table["peak_tokens_mip"] <= table["peak_tokens_greedy"] * (1 + 1e-9)).all()),
+    ))
     out.tables = {"placement": table}
     return out
 
@@ -439,14 +443,7 @@ def run_kv_tiers_study(spec: StudySpec, progress: Callable[[str], None] | None =
                          "write_over_hit": write / hit if hit else float("nan"),
                          "gb_kept": data.bytes_kept[i] / 1e9})
     table = pd.DataFrame(rows)
-    out = StudyOutput(summary={
-        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
-        "expect": spec.expect.strip(), "best": [], "infeasible": [], "spaces": [], "tiers": tiers_info,
-        "status": "optimal" if all(r.status == "optimal" for r in results) else "feasible",
-        "solver": {"name": spec.solver.name, "wall_s": time.perf_counter() - t0,
-                   "solve_wall_s": float(sum(r.wall_s for r in results)), "solves": len(results),
-                   "gap": float(max(r.gap for r in results))},
-    })
+    out = StudyOutput(summary=_summary(spec, tiers=tiers_info, **_solved(spec, results, t0)))
     out.tables = {"kv_tiers": table, "tiers": pd.DataFrame([{"tier": k, **v} for k, v in tiers_info.items()])}
     return out
 
@@ -491,14 +488,7 @@ def run_pricing_study(spec: StudySpec, progress: Callable[[str], None] | None = 
             costs.append(e["usd_per_mtok"])
         for t in tier_prices(np.array(pr.contexts, dtype=float), np.array(costs), pr.tier_boundaries, pr.margin):
             tiers.append({"model": model_id, **t})
-    out = StudyOutput(summary={
-        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
-        "expect": spec.expect.strip(), "best": [], "infeasible": [], "spaces": [],
-        "status": "optimal" if all(r.status == "optimal" for r in results) else "feasible",
-        "solver": {"name": spec.solver.name, "wall_s": time.perf_counter() - t0,
-                   "solve_wall_s": float(sum(r.wall_s for r in results)), "solves": len(results),
-                   "gap": float(max((r.gap for r in results), default=0.0))},
-    })
+    out = StudyOutput(summary=_summary(spec, **_solved(spec, results, t0)))
     out.tables = {"pricing_inverse": pd.DataFrame(inv), "pricing_consistent": pd.DataFrame(consistent),
                   "pricing_forward": pd.DataFrame(fwd),
                   "pricing_tiers": pd.DataFrame(tiers)}
@@ -531,11 +521,11 @@ def run_codesign_study(spec: StudySpec, progress: Callable[[str], None] | None =
         best.append({"system_domain": system, "status": "optimal", "sparsity": int(b["sparsity"]),
                      "params_total": b["params_total"], "params_active": b["params_active"],
                      "usd_per_mtok": b["usd_per_mtok"], "chips": int(b["chips"])})
-    out = StudyOutput(summary={
-        "study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
-        "expect": spec.expect.strip(), "best": [], "optimum": best, "infeasible": [], "spaces": [],
-        "status": "optimal", "solver": {"name": spec.solver.name, "wall_s": time.perf_counter() - t0,
-                                        "solve_wall_s": time.perf_counter() - t0, "solves": len(rows), "gap": 0.0},
-    })
+    solved = table[table["status"] != "infeasible"]
+    out = StudyOutput(summary=_summary(
+        spec, optimum=best, status="optimal" if (solved["status"] == "optimal").all() else "feasible",
+        solver={"name": spec.solver.name, "wall_s": time.perf_counter() - t0, "solves": len(rows),
+                "solve_wall_s": time.perf_counter() - t0, "gap": 0.0},
+    ))
     out.tables = {"codesign": table, "codesign_best": pd.DataFrame(best)}
     return out

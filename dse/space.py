@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from dse.errors import InputError
 from dse.hardware import IDEAL, System, default_systems
 from dse.layout import Layout, layouts_for
 from dse.models import Architecture
@@ -332,12 +331,3 @@ def describe_choice(space: Space, choice: Choice) -> dict:
         "kv_dtype": DTYPES[int(row["kd"])],
         "kv_tier": KV_TIERS[int(row["tier"])],
     }
-
-
-def check_known(space: Space) -> None:
-    """Raise InputError if the space has no block at all (e.g. no system offers the options)."""
-    if space.blocks.empty:
-        raise InputError(
-            f"the space for {space.model.id} / {space.workload.name} is empty: no system offers the requested "
-            "layouts, formats and KV tiers"
-        )
