@@ -1,5 +1,113 @@
-"""dse: a design-space optimizer for the economics of training and serving large language models."""
+"""dse: a design-space optimizer for the economics of training and serving large language models.
+
+The public Python API (each function imports what it needs when called, so ``import dse`` is light):
+
+- ``evaluate(model=..., system=..., batch=..., context=..., ...) -> dict``: one configuration, the
+  keys of `dse evaluate --json`;
+- ``evaluate_frame(df) -> DataFrame``: every row of a DataFrame of configurations, vectorized;
+- ``load_study(path_or_dict) -> StudySpec``: a validated study;
+- ``run(study, out=None, storage=None) -> Result``: solve a study (``.summary``, ``.tables``), and
+  write its files into ``out`` when given.
+
+Bad input raises ``InputError`` with the message the command line prints; an infeasible
+configuration or study raises ``InfeasibleError`` where `dse` exits 3.
+"""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dse.errors import InfeasibleError, InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dse.studies.base import StudySpec
+
 __version__ = "0.1.0"
+__all__ = ["InfeasibleError", "InputError", "Result", "__version__", "evaluate", "evaluate_frame", "load_study",
+           "run"]
+
+
+def evaluate(model: str, system: str, batch: int, context: int, *, ideal: bool = False, **config: Any) -> dict:
+    """Metrics of one configuration, as `dse evaluate --json` prints them.
+
+    ``config`` takes the other fields of `dse evaluate`: ``tp``, ``ep``, ``pp``, ``dp``, ``etp``,
+    ``chips``, ``phase``, ``weights_dtype``, ``kv_dtype``, ``kv_tier``, ``prompt``, ``moe_imbalance``.
+    """
+    from dse.physics.evaluate import Config, evaluate_config
+
+    allowed = set(Config.__dataclass_fields__) - {"model", "system", "batch", "context"}
+    unknown = sorted(set(config) - allowed)
+    if unknown:
+        raise InputError(f"evaluate: unknown argument(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    return evaluate_config(Config(model=model, system=system, batch=batch, context=context, **config), ideal=ideal)
+
+
+def evaluate_frame(frame: pd.DataFrame, ideal: bool = False) -> pd.DataFrame:
+    """Metrics of every row of a DataFrame of configurations (columns: the arguments of ``evaluate``)."""
+    from dse.physics.evaluate import evaluate_frame as _evaluate_frame
+
+    return _evaluate_frame(frame, ideal=ideal)
+
+
+def load_study(study: str | Path | dict) -> StudySpec:
+    """A validated study from a YAML file or from the mapping such a file holds."""
+    from dse.studies.base import load_study as _load_study
+
+    return _load_study(study)
+
+
+@dataclass
+class Result:
+    """What a study run gives: the summary (the contents of summary.json) and its tables."""
+
+    summary: dict
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    """The files written into ``out`` (empty when nothing was written)."""
+    out: Path | None = None
+
+
+def run(study: str | Path | dict | StudySpec, out: str | Path | None = None, storage: str | None = None,
+        progress: Callable[[str], None] | None = None) -> Result:
+    """Solve a study; with ``out``, write summary.json, the CSVs, the plots and report.html there.
+
+    ``storage`` is the Optuna storage URL of a sweep, tornado or overtraining study (default: a
+    SQLite file in ``out``, or in a temporary folder when nothing is written).
+    """
+    return run_study(study, out=out, storage=storage, progress=progress)
+
+
+def run_study(study: str | Path | dict | StudySpec, out: str | Path | None = None, storage: str | None = None,
+              progress: Callable[[str], None] | None = None, where: str | None = None) -> Result:
+    """``run`` with the place the study came from (``where``) for messages; used by `dse run`."""
+    from dse.studies.base import StudySpec
+    from dse.studies.base import load_study as _load_study
+    from dse.studies.registry import kinds_with, study_module
+
+    spec = study if isinstance(study, StudySpec) else _load_study(study)
+    where = where or (str(study) if isinstance(study, (str, Path)) else spec.study)
+    module = study_module(spec.kind)
+    target = Path(out) if out is not None else None
+    if target is not None and target.exists() and not target.is_dir():
+        raise InputError(f"--out {target}: exists and is not a folder")
+    if storage is not None and not module.USES_STORAGE:
+        raise InputError(f"--storage: only {kinds_with('USES_STORAGE')} studies use a storage; {where} "
+                         f"is a {spec.kind} study")
+    with tempfile.TemporaryDirectory(prefix="dse-storage-") as scratch:
+        if module.USES_STORAGE and storage is None:
+            from dse.studies.optuna_sweep import default_storage
+
+            storage = default_storage(target if target is not None else Path(scratch))
+        output = module.run(spec, progress, storage)
+    files: list[str] = []
+    if target is not None:
+        from dse.report.output import write_outputs
+
+        files = write_outputs(output, spec, target)
+    return Result(summary=output.summary, tables=output.tables, files=files, out=target)

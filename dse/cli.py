@@ -16,12 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError, InputError
-from dse.evaluate import Config, evaluate_config
-from dse.hardware import SYSTEM_FIELDS, default_systems
-from dse.models import default_models
-from dse.physics import KV_TIERS, PHASES
-from dse.units import DTYPES
+from dse.physics.codes import KV_TIERS, PHASES
 
 app = typer.Typer(
     add_completion=False,
@@ -31,6 +28,24 @@ app = typer.Typer(
 )
 catalog_app = typer.Typer(no_args_is_help=True, help="List the hardware and model catalogs.")
 app.add_typer(catalog_app, name="catalog")
+
+
+
+def _version(value: bool) -> None:
+    if value:
+        from dse import __version__
+
+        typer.echo(f"dse {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Find the cheapest and fastest ways to serve and train large language models."""
+
 
 Phase = Enum("Phase", {p: p for p in PHASES}, type=str)
 Dtype = Enum("Dtype", {d: d for d in DTYPES}, type=str)
@@ -76,6 +91,8 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Roofline step time, throughput, cost and memory of one serving configuration."""
+    from dse.physics.evaluate import Config, evaluate_config
+
     cfg = Config(
         model=model, system=system, batch=batch, context=context, tp=tp, ep=ep, pp=pp, dp=dp, etp=etp,
         chips=chips, phase=phase.value, weights_dtype=weights_dtype.value, kv_dtype=kv_dtype.value,
@@ -142,59 +159,25 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the table.")] = False,
 ) -> None:
     """Run a study: solve it, then write summary.json, CSVs, PNG plots and report.html."""
-    from dse.runner import run_study, run_sweep_study, write_outputs
-    from dse.study import load_study
+    from dse import run_study
+    from dse.studies.base import load_study
 
     err = Console(stderr=True)
     try:
         spec = load_study(study)
         target = out or Path("results") / spec.study
-        if target.exists() and not target.is_dir():
-            raise InputError(f"--out {target}: exists and is not a folder")
-        sweep = spec.kind in ("sweep", "tornado", "overtraining")
-        if storage is not None and not sweep:
-            raise InputError(f"--storage: only sweep, tornado and overtraining studies use a storage; {study} is a "
-                             f"{spec.kind} study")
         with err.status(f"[bold]{spec.study}[/]: building and solving") as status:
             def progress(what: str) -> None:
                 status.update(f"[bold]{spec.study}[/]: {what}")
 
-            if sweep:
-                from dse.sweep import default_storage
-
-                url = storage or default_storage(target)
-                if spec.kind == "overtraining":
-                    from dse.runner import run_overtraining_study
-
-                    output = run_overtraining_study(spec, url, progress)
-                else:
-                    output = run_sweep_study(spec, url, progress)
-            elif spec.kind == "moe_codesign":
-                from dse.runner import run_codesign_study
-
-                output = run_codesign_study(spec, progress)
-            elif spec.kind == "api_pricing":
-                from dse.runner import run_pricing_study
-
-                output = run_pricing_study(spec, progress)
-            elif spec.kind == "kv_tiers":
-                from dse.runner import run_kv_tiers_study
-
-                output = run_kv_tiers_study(spec, progress)
-            elif spec.kind == "expert_placement":
-                from dse.runner import run_placement_study
-
-                output = run_placement_study(spec, progress)
-            else:
-                output = run_study(spec, progress=progress)
-        files = write_outputs(output, spec, target)
+            result = run_study(spec, out=target, storage=storage, progress=progress, where=str(study))
     except InputError as exc:
         _fail(exc)
-    summary = output.summary
+    summary = result.summary
     if as_json:
         typer.echo((target / "summary.json").read_text())
     else:
-        _print_study(summary, target, files)
+        _print_study(summary, target, result.files)
     if summary["status"] == "infeasible":
         for item in summary["infeasible"]:
             err.print(f"[bold red]infeasible:[/] {item['reason']}", highlight=False, soft_wrap=True)
@@ -207,14 +190,16 @@ def worker(
     storage: Annotated[str, typer.Option(help="Optuna storage URL shared with `dse run`.")],
 ) -> None:
     """Join a distributed sweep: solve its waiting points until none are left."""
-    from dse.study import load_study
-    from dse.sweep import run_sweep
+    from dse.studies.base import load_study
+    from dse.studies.optuna_sweep import run_sweep
+    from dse.studies.registry import kinds_with, study_module
 
     err = Console(stderr=True)
     try:
         spec = load_study(study)
-        if spec.kind not in ("sweep", "tornado"):
-            raise InputError(f"{study}: `dse worker` joins sweep and tornado studies; this is a {spec.kind} study")
+        if not study_module(spec.kind).WORKERS:
+            raise InputError(f"{study}: `dse worker` joins {kinds_with('WORKERS')} studies; this is a "
+                             f"{spec.kind} study")
         _, _, solved = run_sweep(spec, storage, create=False)
     except InputError as exc:
         _fail(exc)
@@ -222,6 +207,8 @@ def worker(
 
 
 def _print_study(summary: dict, target: Path, files: list[str]) -> None:
+    from dse.studies.registry import study_module
+
     console = Console()
     solver = summary["solver"]
     t = Table(
@@ -231,20 +218,9 @@ def _print_study(summary: dict, target: Path, files: list[str]) -> None:
     )
     for col in ("model", "workload", "configuration", "USD/Mtok", "TPOT", "TTFT", "bound"):
         t.add_column(col, justify="right" if col in ("USD/Mtok", "TPOT", "TTFT") else "left")
-    for e in summary.get("optimum", []) if summary["kind"] == "overtraining" else []:
-        console.print(
-            f"demand {e['demand_tokens_per_s']:.3g} tokens/s: {e['params'] / 1e9:.0f}B params trained on "
-            f"{e['pretrain_tokens']:.3g} tokens = {e['overtraining_ratio']:.1f}x Chinchilla; lifetime "
-            f"{e['lifetime_usd']:.3g} USD (pre-training {e['pretrain_usd']:.3g}, RL {e['rl_usd']:.3g}, inference "
-            f"{e['inference_usd']:.3g}); inference tokens {e['inference_tokens']:.3g}", highlight=False)
-    if summary["kind"] == "moe_codesign":
-        for e in summary["optimum"]:
-            if e["status"] == "infeasible":
-                console.print(f"{e['system_domain']}: no sparsity fits one domain", highlight=False)
-                continue
-            console.print(f"{e['system_domain']}: sparsity {e['sparsity']} ({e['params_total'] / 1e12:.2f}T total, "
-                          f"{e['params_active'] / 1e9:.0f}B active) on {e['chips']} chips: "
-                          f"{e['usd_per_mtok']:.4g} USD/Mtok", highlight=False)
+    headline = getattr(study_module(summary["kind"]), "headline", None)
+    for line in headline(summary) if headline else []:
+        console.print(line, highlight=False)
     for e in summary["best"]:
         conf = (f"{e['chips']} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
                 f"{e['weights_dtype']}/{e['kv_dtype']} KV in {e['kv_tier']}")
@@ -265,7 +241,8 @@ def validate(
     import datetime
 
     from dse import validate as v
-    from dse.hardware import default_efficiency, default_efficiency_catalog, hw_dir
+    from dse.catalog.calibration import clear_cache as clear_calibration_cache
+    from dse.catalog.hardware import default_efficiency, default_efficiency_catalog, hw_dir
 
     err = Console(stderr=True)
     try:
@@ -276,7 +253,7 @@ def validate(
                                   progress=lambda i, n: status.update(f"leave-one-out {i + 1}/{n}"))
             v.write_calibration(cal, str(cases or v.cases_path()), hw_dir(), datetime.date.today().isoformat())
             default_efficiency_catalog.cache_clear()
-            v._CACHE.clear()
+            clear_calibration_cache()
         report = v.run_validation(loaded, use_stored_loo=cases is None or fit)
         target = out or Path("results") / "validate"
         v.write_validation_report(report, target)
@@ -311,6 +288,8 @@ def _print_validation(report, target: Path) -> None:
 
 
 def _hardware_rows() -> list[dict]:
+    from dse.catalog.hardware import SYSTEM_FIELDS, default_systems
+
     rows = []
     for s in default_systems().values():
         row: dict = {"id": s.id, "name": s.name, "vendor": s.vendor, "scaleup_topology": s.topology}
@@ -353,6 +332,8 @@ def catalog_hardware(as_json: Annotated[bool, typer.Option("--json", help="Print
 @catalog_app.command("models")
 def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """The model architectures with derived parameter counts and KV bytes per token."""
+    from dse.catalog.models import default_models
+
     try:
         models = default_models()
     except InputError as exc:
@@ -391,7 +372,12 @@ def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print J
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (``dse --version`` answers before anything heavy is imported)."""
+    if sys.argv[1:] == ["--version"]:
+        from dse import __version__
+
+        print(f"dse {__version__}")
+        return
     try:
         app()
     except (InputError, InfeasibleError) as exc:  # pragma: no cover - commands catch their own

@@ -1,10 +1,10 @@
 """The training cluster as a mixed-integer program, and the lifetime cost it feeds.
 
 `build_training` chooses one training configuration (system x TP x PP x DP x micro-batch x
-recomputation, each a row whose step time, memory and cost per token come from `dse.training`)
+recomputation, each a row whose step time, memory and cost per token come from `dse.physics.training`)
 subject to: the configuration fits in HBM, the pre-training finishes by the deadline, and the chips
 stay within the budget; it minimizes the cost of the pre-training tokens. The lifetime cost of a
-model (`dse.equalization`) adds RL and inference to it, as in the lecture:
+model (`dse.optimize.equalization`) adds RL and inference to it, as in the lecture:
 
     pre-training 6 N D_pre,  RL (2 to 6) N D_RL x inefficiency,  inference 2 N D_inf x inefficiency.
 """

@@ -3,7 +3,7 @@
 Exactly one of the blocks (system x layout x formats x KV tier) is active, or one of the exact
 points below expert saturation. An active block chooses its integer batch n per DP rank; its step
 time is bounded below by the six affine pieces of the physics and above by the TPOT target. The
-objective is a ratio (USD per token = a x step / n); `dse.serving` solves it exactly by Dinkelbach
+objective is a ratio (USD per token = a x step / n); `dse.optimize.serving` solves it exactly by Dinkelbach
 iterations, each of which minimizes  sum a T - lambda sum n  over this model.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from ortools.linear_solver.python import model_builder as mb
 
-from dse.space import pieces
+from dse.optimize.space import pieces
 
 
 @dataclass

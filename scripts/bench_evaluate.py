@@ -16,10 +16,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from dse.hardware import default_systems  # noqa: E402
-from dse.layout import layouts_for  # noqa: E402
-from dse.models import default_models  # noqa: E402
-from dse.physics import Candidates, ModelTable, SystemTable, evaluate  # noqa: E402
+from dse.catalog.hardware import default_systems  # noqa: E402
+from dse.catalog.models import default_models  # noqa: E402
+from dse.physics.layout import layouts_for  # noqa: E402
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate  # noqa: E402
 
 
 def candidates(n: int, seed: int = 0) -> tuple[Candidates, ModelTable, SystemTable]:

@@ -15,12 +15,12 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from dse.hardware import default_systems  # noqa: E402
-from dse.models import get_model  # noqa: E402
-from dse.runner import run_study  # noqa: E402
-from dse.serving import solve_serving  # noqa: E402
-from dse.space import SpaceOptions, Workload, build_space, exhaustive  # noqa: E402
-from dse.study import load_study  # noqa: E402
+from dse.catalog.hardware import default_systems  # noqa: E402
+from dse.catalog.models import get_model  # noqa: E402
+from dse.optimize.serving import solve_serving  # noqa: E402
+from dse.optimize.space import SpaceOptions, Workload, build_space, exhaustive  # noqa: E402
+from dse.studies.base import load_study  # noqa: E402
+from dse.studies.registry import study_module  # noqa: E402
 
 SIZES = [
     dict(n_sys=1, tp=(1,), pp=(1,), chips=8, batch=64, wd=("fp8",), kd=("fp8",), tiers=("hbm",)),
@@ -69,7 +69,7 @@ def main() -> None:
               f"  [{mip.result.status}, gap {mip.result.gap:.1g}, MIP blocks {mip.presolve['blocks_in_mip']}{raw}]")
     spec = load_study(os.path.join(os.path.dirname(__file__), "..", "studies", "cheapest_1m_context.yaml"))
     t0 = time.perf_counter()
-    out = run_study(spec)
+    out = study_module(spec.kind).run(spec)
     total = time.perf_counter() - t0
     s = out.summary["solver"]
     print(f"full-catalog 1M-context study: status {out.summary['status']}, {s['solves']} solves, "

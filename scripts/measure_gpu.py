@@ -27,9 +27,9 @@ try:  # PyTorch is optional: the CPU path falls back to NumPy
 except ImportError:  # pragma: no cover - depends on the machine
     torch = None
 
-from dse.hardware import IDEAL, System, get_system
-from dse.models import Architecture, ModelSpec
-from dse.physics import Candidates, ModelTable, SystemTable, evaluate
+from dse.catalog.hardware import IDEAL, System, get_system
+from dse.catalog.models import Architecture, ModelSpec
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
 
 # A small dense GQA transformer (Llama-like proportions), big enough that its matmuls are real work
 SMALL = {

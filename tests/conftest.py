@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from dse.hardware import default_efficiency, default_systems
-from dse.models import default_models
+from dse.catalog.hardware import default_efficiency, default_systems
+from dse.catalog.models import default_models
 
 
 @pytest.fixture(scope="session")

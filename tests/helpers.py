@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dse.hardware import IDEAL, Efficiency, System
-from dse.layout import Layout
-from dse.models import Architecture
-from dse.physics import KV_TIERS, PHASES, Candidates, ModelTable, SystemTable, evaluate
-from dse.units import DTYPES
+from dse.catalog.hardware import IDEAL, Efficiency, System
+from dse.catalog.models import Architecture
+from dse.catalog.units import DTYPES
+from dse.physics.codes import KV_TIERS, PHASES
+from dse.physics.layout import Layout
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
 
 
 def run(

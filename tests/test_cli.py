@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dse.hardware import HW_DIR
+from dse.catalog.hardware import HW_DIR
 
 CONTRACT_KEYS = {
     "chips", "compute_s", "memory_s", "comm_s", "step_s", "bound", "tokens_per_s", "tpot_s", "usd_per_mtok",

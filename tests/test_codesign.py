@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dse.codesign import effective_params, moe_model
-from dse.runner import run_codesign_study, write_outputs
-from dse.study import load_study
+from dse.optimize.codesign import effective_params, moe_model
+from dse.report.output import write_outputs
+from dse.studies.base import load_study
+from dse.studies.registry import study_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +21,7 @@ def test_effective_size_follows_the_lectures_reading_of_clark():
 
 def test_moe_codesign_study(tmp_path):
     spec = load_study(ROOT / "studies" / "moe_codesign.yaml")
-    out = run_codesign_study(spec)
+    out = study_module(spec.kind).run(spec)
     write_outputs(out, spec, tmp_path / "cd")
     best = {b["system_domain"]: b for b in out.summary["optimum"]}
     assert best["h200"]["sparsity"] < best["gb200-nvl72"]["sparsity"]  # the jump

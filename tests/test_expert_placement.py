@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from formulation_contract import FormulationContract
 
-from dse.placement import exhaustive, greedy, solve_placement
+from dse.optimize.placement import exhaustive, greedy, solve_placement
 from formulations import expert_placement as fp
 
 
@@ -72,11 +72,12 @@ def test_skewed_loads_on_two_domains():
 
 
 def test_expert_placement_study(tmp_path):
-    from dse.runner import run_placement_study, write_outputs
-    from dse.study import load_study
+    from dse.report.output import write_outputs
+    from dse.studies.base import load_study
+    from dse.studies.registry import study_module
 
     spec = load_study(__import__("pathlib").Path(__file__).resolve().parent.parent / "studies" / "expert_placement.yaml")
-    out = run_placement_study(spec)
+    out = study_module(spec.kind).run(spec)
     write_outputs(out, spec, tmp_path / "ep")
     t = out.tables["placement"]
     assert out.summary["mip_never_worse"]

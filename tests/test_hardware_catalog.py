@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dse.catalog.hardware import HW_DIR, load_efficiency, load_efficiency_catalog, load_memory_tiers, load_systems
 from dse.errors import InputError
-from dse.hardware import HW_DIR, load_efficiency, load_efficiency_catalog, load_memory_tiers, load_systems
 
 SYSTEM_IDS = {
     "a100", "h100", "h800", "h200", "b200", "b300", "gb200-nvl72", "gb300-nvl72", "vr200-nvl144",

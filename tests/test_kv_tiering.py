@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from formulation_contract import FormulationContract
 
-from dse.solver import solve
+from dse.optimize.solver import solve
 from formulations import kv_tiering as fk
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,11 +56,12 @@ class TestKVTieringContract(FormulationContract):
 
 
 def test_kv_cache_tiers_study_reads_cache_pricing_by_drain_time(tmp_path):
-    from dse.runner import run_kv_tiers_study, write_outputs
-    from dse.study import load_study
+    from dse.report.output import write_outputs
+    from dse.studies.base import load_study
+    from dse.studies.registry import study_module
 
     spec = load_study(ROOT / "studies" / "kv_cache_tiers.yaml")
-    out = run_kv_tiers_study(spec)
+    out = study_module(spec.kind).run(spec)
     write_outputs(out, spec, tmp_path / "kv")
     tiers = out.summary["tiers"]
     assert 180 < tiers["nvme"]["drain_s"] < 600  # flash drains in about 5 minutes

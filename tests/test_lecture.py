@@ -7,8 +7,8 @@ import math
 import pytest
 from helpers import run
 
-from dse.layout import Layout, resolve_layout
-from dse.physics import balance_batch_closed_form, kv_crossover_bytes_per_token
+from dse.physics.layout import Layout, resolve_layout
+from dse.physics.roofline import balance_batch_closed_form, kv_crossover_bytes_per_token
 
 TP8 = Layout(tp=8, dp=1, ep=1, etp=8, pp=1)
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import yaml
 
+from dse.catalog.models import MODEL_DIR, Architecture, ModelSpec, load_models
 from dse.errors import InputError
-from dse.models import MODEL_DIR, Architecture, ModelSpec, load_models
 
 MODEL_IDS = {
     "deepseek-v3", "deepseek-v3.2", "kimi-k2", "qwen3-235b-a22b", "gpt-oss-120b", "llama-3.1-8b",

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dse.equalization import LOSS_FITS, dense_model, loss, tokens_for_loss, training_options
-from dse.study import load_study
+from dse.optimize.equalization import LOSS_FITS, dense_model, loss, tokens_for_loss, training_options
+from dse.studies.base import load_study
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,8 +35,8 @@ def test_dense_family_hits_requested_sizes():
 
 
 def test_training_cluster_mip_equals_the_best_feasible_row():
-    from dse.equalization import Lifetime, train_cluster
-    from dse.space import SpaceOptions, Workload
+    from dse.optimize.equalization import Lifetime, train_cluster
+    from dse.optimize.space import SpaceOptions, Workload
 
     life = Lifetime(1.82, "hoffmann", 5e7, 60, 0.67, 3, 3, 8192, 16e6, 120, 32768, ("h100", "gb200-nvl72"),
                     Workload("chat", 2000, 500, 0.05), SpaceOptions())
@@ -74,9 +74,9 @@ def test_overtraining_study_reproduces_the_lecture(tmp_path):
 
 
 def test_training_memory_options_trade_memory_for_compute():
-    from dse.hardware import get_system
-    from dse.models import get_model
-    from dse.training import TrainLayout, train_step
+    from dse.catalog.hardware import get_system
+    from dse.catalog.models import get_model
+    from dse.physics.training import TrainLayout, train_step
 
     m, h100 = get_model("llama-3.1-70b"), get_system("h100")
     r = {rc: train_step(m, h100, TrainLayout(tp=8, pp=4, dp=16, micro_batch=1, recompute=rc), 512, 8192)
@@ -90,9 +90,9 @@ def test_training_memory_options_trade_memory_for_compute():
 
 
 def test_moe_training_shards_experts_over_ep():
-    from dse.hardware import get_system
-    from dse.models import get_model
-    from dse.training import TrainLayout, train_step
+    from dse.catalog.hardware import get_system
+    from dse.catalog.models import get_model
+    from dse.physics.training import TrainLayout, train_step
 
     m, gb200 = get_model("deepseek-v3"), get_system("gb200-nvl72")
     one = train_step(m, gb200, TrainLayout(tp=1, pp=8, dp=64, ep=1), 1024, 4096)

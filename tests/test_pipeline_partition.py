@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from formulation_contract import FormulationContract
 
-from dse.hardware import IDEAL, get_system
-from dse.layers import layer_times, pipelining_across_racks_pays
-from dse.models import get_model
-from dse.solver import solve
+from dse.catalog.hardware import IDEAL, get_system
+from dse.catalog.models import get_model
+from dse.optimize.solver import solve
+from dse.physics.layers import layer_times, pipelining_across_racks_pays
 from formulations import pipeline_partition as fpp
 
 

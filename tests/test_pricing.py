@@ -6,15 +6,16 @@ from pathlib import Path
 
 import numpy as np
 
-from dse.runner import run_pricing_study, write_outputs
-from dse.study import load_study
+from dse.report.output import write_outputs
+from dse.studies.base import load_study
+from dse.studies.registry import study_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_api_pricing_study(tmp_path):
     spec = load_study(ROOT / "studies" / "api_pricing.yaml")
-    out = run_pricing_study(spec)
+    out = study_module(spec.kind).run(spec)
     write_outputs(out, spec, tmp_path / "ap")
     inv = out.tables["pricing_inverse"]
     at100 = inv[(inv["params_active"] == 1e11)]

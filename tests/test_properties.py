@@ -6,10 +6,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dse.hardware import IDEAL, default_systems, efficiency_for
-from dse.layout import check_layout, divisors, layouts_for, resolve_layout
-from dse.models import default_models
-from dse.physics import Candidates, ModelTable, SystemTable, evaluate
+from dse.catalog.hardware import IDEAL, default_systems, efficiency_for
+from dse.catalog.models import default_models
+from dse.physics.layout import check_layout, divisors, layouts_for, resolve_layout
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
 
 MODELS = list(default_models().values())
 SYSTEMS = list(default_systems().values())

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from formulation_contract import FormulationContract
 
-from dse.evaluate import Config, evaluate_config
-from dse.hardware import default_systems
-from dse.layout import Layout, check_layout
-from dse.models import default_models, get_model
-from dse.serving import presolve, solve_demand, solve_serving
-from dse.space import SpaceOptions, Workload, build_space, describe_choice, exhaustive
+from dse.catalog.hardware import default_systems
+from dse.catalog.models import default_models, get_model
+from dse.optimize.serving import presolve, solve_demand, solve_serving
+from dse.optimize.space import SpaceOptions, Workload, build_space, describe_choice, exhaustive
+from dse.physics.evaluate import Config, evaluate_config
+from dse.physics.layout import Layout, check_layout
 from formulations import serving as formulation
 
 MODELS = sorted(default_models())
@@ -152,7 +152,7 @@ def test_demand_is_met_by_whole_replicas_at_least_cost():
             lo, hi = int(row["n_lo"].iloc[0]), int(row["n_hi"].iloc[0])
             if lo > hi or (space.workload.ttft_max is not None and row["ttft"].iloc[0] > space.workload.ttft_max):
                 continue
-            from dse.space import step_time
+            from dse.optimize.space import step_time
             n = np.arange(lo, hi + 1)
             step = step_time(row.loc[row.index.repeat(len(n))], n)
             ok = step <= (space.workload.tpot_max or np.inf) * (1 + 1e-9)

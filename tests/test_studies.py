@@ -12,9 +12,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from dse.evaluate import Config, evaluate_config
-from dse.runner import run_study, write_outputs
-from dse.study import load_study
+from dse.physics.evaluate import Config, evaluate_config
+from dse.report.output import write_outputs
+from dse.studies.base import load_study
+from dse.studies.registry import study_module
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ROOT / "studies"
@@ -76,7 +77,7 @@ def test_dse_evaluate_reproduces_the_reported_best(cheapest_run):
 
 def test_pareto_front_is_monotone_and_non_dominated(tmp_path):
     spec = load_study(STUDIES / "pareto_latency_cost.yaml")
-    out = run_study(spec)
+    out = study_module(spec.kind).run(spec)
     files = write_outputs(out, spec, tmp_path / "p")
     assert "pareto.csv" in files and "pareto.png" in files
     front = pd.read_csv(tmp_path / "p" / "pareto.csv")
@@ -89,7 +90,7 @@ def test_pareto_front_is_monotone_and_non_dominated(tmp_path):
 
 def test_fast_slow_mode(tmp_path):
     spec = load_study(STUDIES / "fast_slow_mode.yaml")
-    out = run_study(spec)
+    out = study_module(spec.kind).run(spec)
     write_outputs(out, spec, tmp_path / "f")
     table = pd.read_csv(tmp_path / "f" / "fast_slow.csv")
     for _, g in table.groupby("model"):

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from postgres import find_bin, postgres_server
 
-from dse.study import load_study
-from dse.sweep import count_complete, open_storage, points_of
+from dse.studies.base import load_study
+from dse.studies.optuna_sweep import count_complete, open_storage, points_of
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ROOT / "tests" / "fixtures" / "small_sweep.yaml"
@@ -137,7 +137,7 @@ def test_storage_is_refused_for_studies_that_are_not_sweeps(tmp_path):
 
 
 def test_a_trial_killed_before_its_first_heartbeat_is_failed(tmp_path, monkeypatch):
-    import dse.sweep as sw
+    import dse.studies.optuna_sweep as sw
 
     monkeypatch.setattr(sw, "GRACE_S", 1)
     study = optuna.create_study(study_name="t", storage=sw.open_storage(f"sqlite:///{tmp_path / 'x.db'}"))

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from dse.hardware import IDEAL, default_efficiency_catalog
+from dse.catalog.hardware import IDEAL, default_efficiency_catalog
 from dse.validate import (
     FITTED,
     calibrate,
@@ -110,7 +110,7 @@ def test_dse_validate_command(tmp_path):
 
 
 def test_evaluate_reports_an_error_band():
-    from dse.evaluate import Config, evaluate_config
+    from dse.physics.evaluate import Config, evaluate_config
 
     r = evaluate_config(Config("llama-3.1-70b", "h100", 64, 4096, tp=8))
     lo, hi = r["tokens_per_s_band"]

@@ -1,0 +1,1 @@
+"""Catalogs: units, YAML loading with sourced quantities, hardware systems and model architectures."""

@@ -1,0 +1,320 @@
+"""The hardware catalog: accelerator systems, memory tiers and efficiency factors, in SI units."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+
+from dse.catalog.loading import FieldSpec, Quantity, check_keys, parse_quantities, parse_sources, read_yaml
+from dse.catalog.units import DTYPES
+from dse.errors import InputError, unknown_name_message
+
+HW_DIR = Path(__file__).resolve().parents[2] / "hw_catalog"
+
+
+def hw_dir() -> Path:
+    """The hardware catalog folder: ``$DSE_HW_CATALOG`` if set, else the embedded one."""
+    return Path(os.environ.get("DSE_HW_CATALOG") or HW_DIR)
+
+SYSTEM_FIELDS: dict[str, FieldSpec] = {
+    "flops_bf16": FieldSpec("flop_rate", True, "dense BF16 tensor FLOP/s per chip"),
+    "flops_fp8": FieldSpec("flop_rate", False, "dense FP8 tensor FLOP/s per chip"),
+    "flops_fp4": FieldSpec("flop_rate", False, "dense FP4 tensor FLOP/s per chip"),
+    "hbm_capacity": FieldSpec("bytes", True, "HBM capacity per chip"),
+    "hbm_bandwidth": FieldSpec("byte_rate", True, "HBM bandwidth per chip"),
+    "scaleup_domain": FieldSpec("count", True, "chips in one scale-up (NVLink/ICI) domain"),
+    "scaleup_bandwidth": FieldSpec("byte_rate", True, "scale-up bandwidth per chip, one direction"),
+    "scaleout_bandwidth": FieldSpec("byte_rate", False, "scale-out bandwidth per chip, one direction"),
+    "host_memory_capacity": FieldSpec("bytes", False, "host DRAM/LPDDR per chip"),
+    "host_memory_bandwidth": FieldSpec("byte_rate", False, "host DRAM bandwidth per chip"),
+    "host_link_bandwidth": FieldSpec("byte_rate", False, "chip-to-host link bandwidth per chip, one direction"),
+    "nvme_capacity": FieldSpec("bytes", False, "local NVMe flash per chip"),
+    "power": FieldSpec("power", False, "chip power (TDP)"),
+    "price": FieldSpec("usd_rate", True, "rental price per chip-hour"),
+}
+SYSTEM_KEYS = ("id", "name", "vendor", "scaleup_topology", *SYSTEM_FIELDS)
+TOPOLOGIES = ("switch", "torus2d", "torus3d")
+
+TIER_FIELDS: dict[str, FieldSpec] = {
+    "device_capacity": FieldSpec("bytes", False, "capacity of one device"),
+    "device_bandwidth": FieldSpec("byte_rate", False, "read bandwidth of one device"),
+    "price": FieldSpec("usd_per_byte_s", True, "storage price per byte-second", positive=False),
+}
+TIER_IDS = ("hbm", "host_dram", "nvme", "hdd")
+
+EFFICIENCY_FIELDS: dict[str, FieldSpec] = {
+    "compute_prefill": FieldSpec("fraction", True, "achieved fraction of peak FLOP/s in prefill"),
+    "compute_decode": FieldSpec("fraction", True, "achieved fraction of peak FLOP/s in decode"),
+    "compute_train": FieldSpec("fraction", False, "achieved fraction of peak FLOP/s in training matmuls"),
+    "memory": FieldSpec("fraction", True, "achieved fraction of HBM (and host link) bandwidth"),
+    "link": FieldSpec("fraction", True, "achieved fraction of scale-up and scale-out bandwidth"),
+    "overlap": FieldSpec("fraction", True, "share of the shorter of compute/memory and communication hidden", False),
+    "hbm_usable": FieldSpec("fraction", True, "share of HBM the serving engine can fill"),
+    "latency_scaleup": FieldSpec("time", True, "fixed latency of one collective inside a scale-up domain", False),
+    "latency_scaleout": FieldSpec("time", True, "fixed latency of one collective over the scale-out network", False),
+    "layer_overhead": FieldSpec("time", True, "fixed time per layer per forward pass (kernels, syncs)", False),
+}
+FRACTIONS = tuple(k for k, v in EFFICIENCY_FIELDS.items() if v.dimension == "fraction")
+
+
+@dataclass(frozen=True)
+class System:
+    """One accelerator system in SI units; optional figures that are not known are NaN."""
+
+    id: str
+    name: str
+    vendor: str
+    topology: str
+    flops: dict[str, float]
+    hbm_capacity: float
+    hbm_bandwidth: float
+    scaleup_domain: int
+    scaleup_bandwidth: float
+    scaleout_bandwidth: float
+    host_memory_capacity: float
+    host_offload_bandwidth: float
+    nvme_capacity: float
+    power: float
+    price_per_s: float
+    quantities: dict[str, Quantity] = field(repr=False, compare=False)
+
+    def compute_dtype(self, dtype: str) -> str:
+        """The narrowest format the chip computes in that is at least as wide as ``dtype``."""
+        order = DTYPES[DTYPES.index(dtype):: -1]  # e.g. fp4 -> (fp4, fp8, bf16)
+        for d in order:
+            if d in self.flops:
+                return d
+        return "bf16"
+
+    @property
+    def hbm_drain_s(self) -> float:
+        """Time to read the whole HBM once: capacity / bandwidth."""
+        return self.hbm_capacity / self.hbm_bandwidth
+
+    def scaled(self, **factors: float) -> System:
+        """A copy with named SI fields multiplied (for sensitivity sweeps and property tests)."""
+        changes = {}
+        for name, f in factors.items():
+            if name == "flops":
+                changes["flops"] = {d: v * f for d, v in self.flops.items()}
+            elif name == "scaleup_domain":  # a whole number of chips
+                changes[name] = max(1, int(round(self.scaleup_domain * f)))
+            else:
+                changes[name] = getattr(self, name) * f
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class MemoryTier:
+    """A tier where cached KV can live, with per-device figures and price per byte-second."""
+
+    id: str
+    name: str
+    device_capacity: float
+    device_bandwidth: float
+    price_per_byte_s: float
+    quantities: dict[str, Quantity] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of peak and fixed latencies; under ``--ideal`` every fraction is 1 (full
+    overlap, no HBM reserve) and every latency 0: the pure roofline.
+    """
+
+    compute_prefill: float = 1.0
+    compute_decode: float = 1.0
+    compute_train: float = 1.0
+    memory: float = 1.0
+    link: float = 1.0
+    overlap: float = 1.0
+    hbm_usable: float = 1.0
+    latency_scaleup: float = 0.0
+    latency_scaleout: float = 0.0
+    layer_overhead: float = 0.0
+
+
+IDEAL = Efficiency()
+
+
+def _nan(q: dict[str, Quantity], name: str) -> float:
+    return q[name].si if name in q else math.nan
+
+
+def _system_from(entry: dict, sources: dict, where: str) -> System:
+    check_keys(entry, SYSTEM_KEYS, where)
+    for key in ("id", "name", "vendor", "scaleup_topology"):
+        if not entry.get(key):
+            raise InputError(f"{where}: missing required field '{key}'")
+    topo = entry["scaleup_topology"]
+    if topo not in TOPOLOGIES:
+        raise InputError(f"{where}: field 'scaleup_topology': '{topo}' is not one of {', '.join(TOPOLOGIES)}")
+    q = parse_quantities(entry, SYSTEM_FIELDS, sources, where)
+    domain = q["scaleup_domain"].si
+    if domain != int(domain):
+        raise InputError(f"{where}: field 'scaleup_domain': must be a whole number of chips, got {domain}")
+    host_bw = min(_nan(q, "host_link_bandwidth"), _nan(q, "host_memory_bandwidth"), key=lambda v: (math.isnan(v), v))
+    return System(
+        id=str(entry["id"]),
+        name=str(entry["name"]),
+        vendor=str(entry["vendor"]),
+        topology=topo,
+        flops={d: q[f"flops_{d}"].si for d in DTYPES if f"flops_{d}" in q},
+        hbm_capacity=q["hbm_capacity"].si,
+        hbm_bandwidth=q["hbm_bandwidth"].si,
+        scaleup_domain=int(domain),
+        scaleup_bandwidth=q["scaleup_bandwidth"].si,
+        scaleout_bandwidth=_nan(q, "scaleout_bandwidth"),
+        host_memory_capacity=_nan(q, "host_memory_capacity"),
+        host_offload_bandwidth=host_bw,
+        nvme_capacity=_nan(q, "nvme_capacity"),
+        power=_nan(q, "power"),
+        price_per_s=q["price"].si,
+        quantities=q,
+    )
+
+
+def _entries(doc: object, key: str, path: Path) -> list:
+    if not isinstance(doc, dict) or not isinstance(doc.get(key), list):
+        raise InputError(f"{path}: expected a top-level '{key}:' list")
+    return doc[key]
+
+
+def load_systems(path: Path | None = None) -> dict[str, System]:
+    """Load and validate ``systems.yaml``; every error names the file, the row and the field."""
+    path = Path(path) if path else hw_dir() / "systems.yaml"
+    doc = read_yaml(path)
+    entries = _entries(doc, "systems", path)
+    check_keys(doc, ("sources", "systems"), str(path))
+    sources = parse_sources(doc, path)
+    systems: dict[str, System] = {}
+    for i, entry in enumerate(entries):
+        ident = entry.get("id", "?") if isinstance(entry, dict) else "?"
+        where = f"{path}: systems[{i}] (id '{ident}')"
+        if not isinstance(entry, dict):
+            raise InputError(f"{where}: expected a mapping")
+        system = _system_from(entry, sources, where)
+        if system.id in systems:
+            raise InputError(f"{where}: duplicate id '{system.id}'")
+        systems[system.id] = system
+    return systems
+
+
+def load_memory_tiers(path: Path | None = None) -> dict[str, MemoryTier]:
+    """Load ``memory_tiers.yaml``: HBM, host DRAM, NVMe flash and HDD."""
+    path = Path(path) if path else hw_dir() / "memory_tiers.yaml"
+    doc = read_yaml(path)
+    entries = _entries(doc, "tiers", path)
+    sources = parse_sources(doc, path)
+    tiers: dict[str, MemoryTier] = {}
+    for i, entry in enumerate(entries):
+        where = f"{path}: tiers[{i}] (id '{entry.get('id', '?')}')"
+        check_keys(entry, ("id", "name", *TIER_FIELDS), where)
+        if entry.get("id") not in TIER_IDS:
+            raise InputError(f"{where}: field 'id': must be one of {', '.join(TIER_IDS)}")
+        if entry["id"] in tiers:
+            raise InputError(f"{where}: duplicate id '{entry['id']}'")
+        q = parse_quantities(entry, TIER_FIELDS, sources, where)
+        tiers[entry["id"]] = MemoryTier(
+            id=entry["id"],
+            name=str(entry.get("name", "")),
+            device_capacity=_nan(q, "device_capacity"),
+            device_bandwidth=_nan(q, "device_bandwidth"),
+            price_per_byte_s=q["price"].si,
+            quantities=q,
+        )
+    return tiers
+
+
+@dataclass(frozen=True)
+class EfficiencyCatalog:
+    """Global efficiency factors and, per hardware family, the fitted ones that replace them."""
+
+    default: Efficiency
+    families: dict[str, Efficiency]
+    members: dict[str, str]  # system id -> family
+
+    def for_system(self, system_id: str) -> Efficiency:
+        family = self.members.get(system_id)
+        return self.families[family] if family else self.default
+
+
+def _factors(raw: object, sources: dict, where: str, base: dict | None = None) -> dict[str, Quantity]:
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a mapping of factor -> {{value, unit, source, date}}")
+    check_keys(raw, tuple(EFFICIENCY_FIELDS), where)
+    specs = EFFICIENCY_FIELDS if base is None else {
+        k: FieldSpec(v.dimension, False, v.description, v.positive) for k, v in EFFICIENCY_FIELDS.items()
+    }
+    q = parse_quantities(raw, specs, sources, where)
+    for name, quantity in q.items():
+        if name in FRACTIONS and quantity.si > 1:
+            raise InputError(f"{where}: field '{name}': a fraction must lie in (0, 1], got {quantity.value}")
+    return q
+
+
+def load_efficiency_catalog(path: Path | None = None) -> EfficiencyCatalog:
+    """Load the efficiency factors: ``factors`` (every system) and ``families`` (fitted per family)."""
+    path = Path(path) if path else hw_dir() / "efficiency.yaml"
+    doc = read_yaml(path)
+    sources = parse_sources(doc, path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("factors"), dict):
+        raise InputError(f"{path}: expected a top-level 'factors:' mapping")
+    check_keys(doc, ("sources", "factors", "families"), str(path))
+    base = _factors(doc["factors"], sources, f"{path}: factors")
+    default = Efficiency(**{name: quantity.si for name, quantity in base.items()})
+    families: dict[str, Efficiency] = {}
+    members: dict[str, str] = {}
+    for fam, entry in (doc.get("families") or {}).items():
+        where = f"{path}: families.{fam}"
+        if not isinstance(entry, dict):
+            raise InputError(f"{where}: expected a mapping with systems and factors")
+        check_keys(entry, ("systems", "factors"), where)
+        systems = entry.get("systems") or []
+        if not isinstance(systems, list) or not systems:
+            raise InputError(f"{where}: field 'systems': must list at least one system id")
+        for sid in systems:
+            if sid in members:
+                raise InputError(f"{where}: system '{sid}' is already in family '{members[sid]}'")
+            members[sid] = fam
+        q = _factors(entry.get("factors") or {}, sources, f"{where}.factors", base=base)
+        families[fam] = replace(default, **{name: quantity.si for name, quantity in q.items()})
+    return EfficiencyCatalog(default, families, members)
+
+
+def load_efficiency(path: Path | None = None) -> Efficiency:
+    """The global efficiency factors; each fraction must lie in (0, 1]."""
+    return load_efficiency_catalog(path).default
+
+
+@lru_cache(maxsize=1)
+def default_systems() -> dict[str, System]:
+    """The embedded catalog, loaded once."""
+    return load_systems()
+
+
+@lru_cache(maxsize=1)
+def default_efficiency_catalog() -> EfficiencyCatalog:
+    """The embedded efficiency factors, loaded once."""
+    return load_efficiency_catalog()
+
+
+def default_efficiency() -> Efficiency:
+    """The global calibrated factors (systems outside every fitted family use these)."""
+    return default_efficiency_catalog().default
+
+
+def efficiency_for(system_id: str) -> Efficiency:
+    """The calibrated factors of one system: its family's fit, else the global ones."""
+    return default_efficiency_catalog().for_system(system_id)
+
+
+def get_system(system_id: str, systems: dict[str, System] | None = None) -> System:
+    """Look up a system by id; an unknown id names the close ones."""
+    systems = systems if systems is not None else default_systems()
+    if system_id not in systems:
+        raise InputError(unknown_name_message("system", system_id, systems))
+    return systems[system_id]

@@ -1,0 +1,165 @@
+"""Loading of catalog YAML files: quantities with unit, source and date, validated once at load.
+
+Each entity's fields are declared once (name, dimension, required, description); loading,
+validation messages and the catalog tables are driven by that declaration.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from dse.catalog.units import to_si
+from dse.errors import InputError, close_names
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Declaration of one catalog quantity: its dimension, whether required, what it means."""
+
+    dimension: str
+    required: bool
+    description: str
+    positive: bool = True
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A catalog number as written (value, unit) with provenance, and its SI value."""
+
+    value: float
+    unit: str
+    source: str
+    date: str
+    si: float
+    note: str = ""
+    kind: str = ""
+
+
+QUANTITY_KEYS = ("value", "unit", "source", "date", "note", "kind")
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file; a syntax error becomes an InputError naming the file and line."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{path}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+
+
+def check_keys(mapping: dict, allowed: list[str] | tuple[str, ...], where: str) -> None:
+    """Reject unknown keys, naming the close allowed ones."""
+    for key in mapping:
+        if key not in allowed:
+            close = close_names(str(key), allowed)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise InputError(f"{where}: unknown field '{key}'{hint} (allowed: {', '.join(allowed)})")
+
+
+def parse_quantity(raw: Any, spec: FieldSpec, sources: dict, where: str) -> Quantity:
+    """Validate one ``{value, unit, source, date}`` mapping and convert it to SI."""
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a mapping with value, unit, source and date, got {raw!r}")
+    check_keys(raw, QUANTITY_KEYS, where)
+    for key in ("value", "unit", "source", "date"):
+        if raw.get(key) is None:
+            raise InputError(f"{where}: missing '{key}' (every quantity carries value, unit, source and date)")
+    value = raw["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"{where}: value must be a finite number, got {value!r}")
+    if value < 0 or (spec.positive and value == 0):
+        bound = "> 0" if spec.positive else ">= 0"
+        raise InputError(f"{where}: value must be {bound}, got {value!r}")
+    source = str(raw["source"])
+    if source not in sources:
+        close = close_names(source, sources)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise InputError(f"{where}: unknown source '{source}'{hint} (declare it under 'sources:')")
+    date = raw["date"]
+    if isinstance(date, (_dt.date, _dt.datetime)):
+        date = date.isoformat()
+    si = to_si(value, str(raw["unit"]), spec.dimension, where)
+    return Quantity(
+        value=float(value),
+        unit=str(raw["unit"]),
+        source=source,
+        date=str(date),
+        si=si,
+        note=str(raw.get("note") or ""),
+        kind=str(raw.get("kind") or ""),
+    )
+
+
+def parse_sources(doc: dict, path: Path) -> dict[str, dict]:
+    """The ``sources:`` block: key -> {title, url, date}."""
+    sources = doc.get("sources") or {}
+    if not isinstance(sources, dict):
+        raise InputError(f"{path}: 'sources' must be a mapping of key -> {{title, url, date}}")
+    for key, src in sources.items():
+        where = f"{path}: sources.{key}"
+        if not isinstance(src, dict) or not src.get("title") or not src.get("date"):
+            raise InputError(f"{where}: a source needs at least a title and a date")
+        check_keys(src, ("title", "url", "date"), where)
+    return sources
+
+
+def parse_quantities(
+    entry: dict, specs: dict[str, FieldSpec], sources: dict, where: str
+) -> dict[str, Quantity]:
+    """Parse every declared quantity of an entry; missing required ones are an error."""
+    out: dict[str, Quantity] = {}
+    for name, spec in specs.items():
+        raw = entry.get(name)
+        if raw is None:
+            if spec.required:
+                raise InputError(f"{where}: missing required field '{name}' ({spec.description})")
+            continue
+        out[name] = parse_quantity(raw, spec, sources, f"{where}: field '{name}'")
+    return out
+
+
+def _sub_model(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that holds the field at ``loc`` (list indices skipped)."""
+    current: type[BaseModel] | None = root
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return current
+        options = list(getattr(field.annotation, "__args__", (field.annotation,)))
+        for o in list(options):
+            options += list(getattr(o, "__args__", ()))
+        current = next((t for t in options if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    return current
+
+
+def validation_message(exc: ValidationError, root: type[BaseModel], where: str) -> str:
+    """One clear message for a pydantic error: the field, what is wrong, what is allowed."""
+    # a misspelled key also makes its field "missing": name the unknown key first
+    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        parent = _sub_model(root, tuple(err["loc"][:-1]))
+        allowed = list(parent.model_fields) if parent else []
+        close = close_names(str(err["loc"][-1]), allowed)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        return f"{where}: unknown field '{loc}'{hint} (allowed: {', '.join(allowed)})"
+    if err["type"] == "missing":
+        return f"{where}: missing required field '{loc}'"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    shown = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+    return f"{where}: field '{loc}': {msg}{shown}" if loc else f"{where}: {msg}"

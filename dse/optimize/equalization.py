@@ -1,0 +1,192 @@
+"""Compute equalization and overtraining: the lifetime cost of a model at a target loss.
+
+For a model of N parameters, the pre-training tokens that reach the target loss follow from a
+Chinchilla-form loss L(N, D) = E + A / N^alpha + B / D^beta (Hoffmann et al. 2022, or the Epoch AI
+refit of Besiroglu et al. 2024). Lifetime cost = pre-training (6 N D_pre) + RL ((2..6) N D_RL x
+inefficiency) + inference (D_inf output tokens at the serving optimum), with D_inf = demand x days.
+Optuna searches N (and so the overtraining ratio D_pre / 20 N); every trial solves the training
+cluster MIP and the serving MIP for that model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from dse.catalog.hardware import default_systems
+from dse.catalog.models import Architecture, ModelSpec
+from dse.errors import InfeasibleError
+from dse.optimize.serving import solve_serving
+from dse.optimize.solver import solve
+from dse.optimize.space import SpaceOptions, Workload, build_space, describe_choice
+from dse.physics.training import TrainLayout, train_step
+from formulations.compute_equalization import build_training
+
+LOSS_FITS = {  # constants as published (calibration cases scaling_chinchilla_parametric, scaling_epoch_replication)
+    "hoffmann": {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28},
+    "epoch": {"E": 1.8172, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658},
+}
+CHINCHILLA_TOKENS_PER_PARAM = 20.0
+RECOMPUTE = ("none", "selective", "full", "reversible")
+
+
+def loss(n: float, d: float, fit: str = "hoffmann") -> float:
+    c = LOSS_FITS[fit]
+    return c["E"] + c["A"] / n ** c["alpha"] + c["B"] / d ** c["beta"]
+
+
+def tokens_for_loss(n: float, target: float, fit: str = "hoffmann") -> float:
+    """Pre-training tokens a model of n parameters needs to reach the target loss (inf if it cannot)."""
+    c = LOSS_FITS[fit]
+    room = target - c["E"] - c["A"] / n ** c["alpha"]
+    return math.inf if room <= 0 else (c["B"] / room) ** (1.0 / c["beta"])
+
+
+def dense_model(n_params: float) -> Architecture:
+    """A Llama-shaped dense model of about n_params: GQA with 8 KV heads of 128, SwiGLU of 3.5 d,
+    one layer per 128 of width (d in steps of 1,024).
+    """
+    best = None
+    for d in range(1024, 32769, 1024):  # 128-wide heads in multiples of 8, so 8 KV heads divide them
+        layers = max(8, round(d / 128))
+        heads = d // 128
+        m = _llama(d, layers, heads)
+        if best is None or abs(m.params_total - n_params) < abs(best.params_total - n_params):
+            best = m
+    return best
+
+
+def _llama(d: int, layers: int, heads: int) -> Architecture:
+    ff = int(round(3.5 * d / 256) * 256)
+    return Architecture(ModelSpec.model_validate({
+        "id": f"dense-d{d}-l{layers}", "name": f"dense d={d} layers={layers}", "d_model": d, "n_layers": layers,
+        "vocab": 128256, "source": {"title": "Llama-shaped family of dse.optimize.equalization", "date": "2026-11-22"},
+        "published_b": {"total": 1, "active": 1, "precision_total": 1e9, "precision_active": 1e9, "source": "n/a"},
+        "attention": {"kind": "gqa", "n_heads": heads, "n_kv_heads": 8, "head_dim": 128},
+        "ffn": {"kind": "dense", "d_ff": ff},
+    }))
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """What a lifetime-cost evaluation needs besides the model size."""
+
+    target_loss: float
+    fit: str
+    demand_tokens_per_s: float
+    deployment_days: float
+    rl_tokens_per_pretrain_token: float
+    rl_flops_factor: float  # 2 (rollouts only) to 6 (train on rollouts)
+    rl_inefficiency: float
+    seq: int
+    global_batch_tokens: float
+    deadline_days: float
+    chip_budget: int
+    train_systems: tuple[str, ...]
+    workload: Workload
+    serving: SpaceOptions
+
+
+def training_options(model: Architecture, life: Lifetime) -> pd.DataFrame:
+    """The physics of every training configuration offered to the cluster MIP."""
+    systems = default_systems()
+    rows = []
+    batch = 2 ** max(0, round(math.log2(life.global_batch_tokens / life.seq)))  # sequences, a power of two
+    for sid in life.train_systems:
+        system = systems[sid]
+        for tp in (1, 2, 4, 8):
+            if model.spec.attention.n_heads % tp:
+                continue
+            for pp in (1, 2, 4, 8, 16):
+                if pp > model.spec.n_layers:
+                    continue
+                for dp in (2 ** k for k in range(0, 15)):
+                    if tp * pp * dp > life.chip_budget or batch % dp:
+                        continue
+                    eps = [e for e in (1, 8, 32, 64) if model.is_moe and e <= dp * tp] if model.is_moe else [1]
+                    for ep, mb, recompute in itertools.product(eps, (1, 2, 4), RECOMPUTE):
+                        if (batch // dp) % mb:
+                            continue
+                        lay = TrainLayout(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mb, interleave=2 if pp > 1 else 1,
+                                          recompute=recompute)
+                        r = train_step(model, system, lay, batch, life.seq)
+                        if not r["fits"]:
+                            continue
+                        rows.append({"system": sid, "tp": tp, "pp": pp, "dp": dp, "ep": ep, "micro_batch": mb,
+                                     "recompute": recompute, "chips": lay.chips, "tokens_per_s": r["tokens_per_s"],
+                                     "mfu": r["mfu"], "usd_per_token": r["usd_per_mtok"] / 1e6, "step_s": r["step_s"]})
+    return pd.DataFrame(rows)
+
+
+def train_cluster(model: Architecture, life: Lifetime, tokens: float) -> dict:
+    """The cheapest training configuration that meets the deadline and budget (the cluster MIP)."""
+    options = training_options(model, life)
+    if options.empty:
+        raise InfeasibleError(f"{model.id}: no training configuration fits in HBM within {life.chip_budget} chips")
+    deadline = life.deadline_days * 86400
+    fast_enough = tokens / options["tokens_per_s"] <= deadline
+    if not fast_enough.any():
+        best = options.loc[options["tokens_per_s"].idxmax()]
+        need = tokens / best["tokens_per_s"] / 86400
+        raise InfeasibleError(f"{model.id}: pre-training {tokens:.3g} tokens takes {need:.0f} days on the fastest "
+                              f"configuration within {life.chip_budget} chips, over the {life.deadline_days:g}-day "
+                              "deadline")
+    tm = build_training(options.reset_index(drop=True), tokens, deadline, life.chip_budget)
+    engine, res = solve(tm.model, "highs")
+    j = int(engine.values(tm.z).idxmax())
+    row = tm.options.loc[j].to_dict()
+    row["solver_status"] = res.status
+    return row
+
+
+def lifetime_cost(n_params: float, life: Lifetime) -> dict:
+    """Every term of the lifetime cost of a model of about n_params at the target loss."""
+    model = dense_model(n_params)
+    n = model.params_total
+    d_pre = tokens_for_loss(n, life.target_loss, life.fit)
+    if not math.isfinite(d_pre):
+        raise InfeasibleError(f"a {n / 1e9:.0f}B model cannot reach loss {life.target_loss} at any token count")
+    t0 = time.perf_counter()
+    train = train_cluster(model, life, d_pre)
+    pre_usd = d_pre * train["usd_per_token"]
+    d_rl = life.rl_tokens_per_pretrain_token * d_pre
+    rl_usd = d_rl * train["usd_per_token"] * life.rl_flops_factor / 6.0 * life.rl_inefficiency
+    space = build_space(model, life.workload, life.serving)
+    serve = solve_serving(space, life.workload.tpot_max)
+    d_inf = life.demand_tokens_per_s * life.deployment_days * 86400
+    inf_usd = d_inf * serve.choice.cost / 1e6
+    cfg = describe_choice(space, serve.choice)
+    return {
+        "params": n, "d_model": model.spec.d_model, "layers": model.spec.n_layers,
+        "pretrain_tokens": d_pre, "chinchilla_tokens": CHINCHILLA_TOKENS_PER_PARAM * n,
+        "overtraining_ratio": d_pre / (CHINCHILLA_TOKENS_PER_PARAM * n), "rl_tokens": d_rl, "inference_tokens": d_inf,
+        "pretrain_usd": pre_usd, "rl_usd": rl_usd, "inference_usd": inf_usd, "lifetime_usd": pre_usd + rl_usd + inf_usd,
+        "pretrain_flops": 6 * n * d_pre, "train_system": train["system"], "train_chips": int(train["chips"]),
+        "train_layout": f"TP{int(train['tp'])} PP{int(train['pp'])} DP{int(train['dp'])} EP{int(train['ep'])} "
+                        f"micro-batch {int(train['micro_batch'])}, {train['recompute']} recomputation",
+        "train_mfu": train["mfu"], "train_days": d_pre / train["tokens_per_s"] / 86400,
+        "serve_system": cfg["system"], "serve_chips": cfg["chips"], "serve_usd_per_mtok": serve.choice.cost,
+        "solve_wall_s": time.perf_counter() - t0,
+    }
+
+
+def equalization_heuristic(life: Lifetime, n_params: float) -> dict:
+    """The lecture's back-of-envelope: D_pre = D_inf, and how far that is past Chinchilla for n_params."""
+    d_inf = life.demand_tokens_per_s * life.deployment_days * 86400
+    return {"inference_tokens": d_inf, "pretrain_tokens": d_inf,
+            "overtraining_ratio": d_inf / (CHINCHILLA_TOKENS_PER_PARAM * n_params), "params": n_params}
+
+
+def grid(life: Lifetime, sizes: np.ndarray) -> pd.DataFrame:
+    rows = []
+    for n in sizes:
+        try:
+            rows.append(lifetime_cost(float(n), life))
+        except InfeasibleError as exc:
+            rows.append({"params": float(n), "lifetime_usd": math.inf, "reason": str(exc)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,334 @@
+"""The serving design space of one model and workload, in the form the formulations consume.
+
+A *block* fixes every discrete choice but the batch: system, layout (TP/DP/EP/expert-TP/PP and so
+the chips and racks), weight and KV formats and where the KV lives. Within a block the batch is
+the integer number n of sequences per attention (DP) rank, B = DP x n, and the physics of
+`dse.physics` is affine in n once every routed expert receives a token at almost every step
+(n >= n_sat). Below n_sat (MoE only) the block offers a ladder of exact *points*.
+
+The coefficients are read off the vectorized physics (evaluated at n_sat and n_sat + 1), never
+re-derived here, and `exhaustive` evaluates the physics at every batch of the same space.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from dse.catalog.hardware import IDEAL, System, default_systems
+from dse.catalog.models import Architecture
+from dse.catalog.units import DTYPES
+from dse.physics.codes import KV_TIERS
+from dse.physics.layout import Layout, layouts_for
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
+
+SATURATION = 1e-12  # an expert left untouched this rarely counts as always read
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests of one kind: prompt and output lengths and the service targets (seconds)."""
+
+    name: str
+    prompt: int
+    output: int
+    tpot_max: float | None = None
+    ttft_max: float | None = None
+    demand: float | None = None  # output tokens per second the deployment must serve
+
+    @property
+    def context(self) -> int:
+        """KV length at the last output token: the context the decode cost is quoted at."""
+        return self.prompt + self.output
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    """Which discrete choices the space offers."""
+
+    systems: tuple[str, ...] = ()
+    weights_dtypes: tuple[str, ...] = ("bf16", "fp8", "fp4")
+    kv_dtypes: tuple[str, ...] = ("bf16", "fp8")
+    kv_tiers: tuple[str, ...] = ("hbm", "host")
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    pp: tuple[int, ...] = (1, 2, 4)
+    max_racks: int = 4
+    max_chips_per_stage: int = 1024
+    min_chips_per_stage: int = 1
+    max_batch_per_rank: int = 1024
+    ideal: bool = False
+    scale: tuple[tuple[str, float], ...] = ()  # (System field, factor) applied to scaled_systems
+    scaled_systems: tuple[str, ...] = ()  # empty: every system
+
+
+@dataclass
+class Space:
+    """Blocks (one row each) and the exact points below expert saturation."""
+
+    model: Architecture
+    workload: Workload
+    systems: list[System]
+    blocks: pd.DataFrame
+    points: pd.DataFrame
+    ideal: bool
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        """Configurations in the space: every (block, batch) pair and every point."""
+        affine = np.maximum(self.blocks["n_hi"] - self.blocks["n_lo"] + 1, 0).sum()
+        return int(affine + len(self.points))
+
+
+def stage_sizes(system: System, opts: SpaceOptions) -> list[int]:
+    """Chips per pipeline stage to consider: powers of two and whole scale-up domains."""
+    limit = min(opts.max_chips_per_stage, system.scaleup_domain * opts.max_racks)
+    sizes = {2**i for i in range(0, 31) if 2**i <= limit}
+    sizes |= {system.scaleup_domain * r for r in range(1, opts.max_racks + 1) if system.scaleup_domain * r <= limit}
+    return sorted(s for s in sizes if s >= opts.min_chips_per_stage)
+
+
+def _layouts(model: Architecture, system: System, opts: SpaceOptions) -> list[Layout]:
+    out = []
+    for cps in stage_sizes(system, opts):
+        for lay in layouts_for(model, cps, pps=opts.pp):
+            if lay.tp not in opts.tp:
+                continue
+            if model.is_moe and lay.etp not in (1, lay.tp):  # experts fully EP, or TP'd like attention
+                continue
+            if not model.is_moe and lay.etp != cps:
+                continue
+            if lay.chips > system.scaleup_domain and math.isnan(system.scaleout_bandwidth):
+                continue
+            if lay.chips > system.scaleup_domain * opts.max_racks:  # the replica's racks, all its stages
+                continue
+            out.append(lay)
+    return out
+
+
+def _candidates(blocks: pd.DataFrame, n: np.ndarray, context: int, phase: int = 0) -> Candidates:
+    return Candidates(
+        model=np.zeros(len(blocks), dtype=np.int64), system=blocks["system_idx"].to_numpy(),
+        tp=blocks["tp"].to_numpy(), dp=blocks["dp"].to_numpy(), ep=blocks["ep"].to_numpy(),
+        etp=blocks["etp"].to_numpy(), pp=blocks["pp"].to_numpy(), batch=blocks["dp"].to_numpy() * n,
+        context=context, phase=phase, weights_dtype=blocks["wd"].to_numpy(), kv_dtype=blocks["kd"].to_numpy(),
+        kv_tier=blocks["tier"].to_numpy(),
+    )
+
+
+def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> Space:
+    """Enumerate the blocks of the space and read their batch-affine physics off the engine."""
+    catalog = default_systems()
+    ids = opts.systems or tuple(catalog)
+    systems = [catalog[s] for s in ids]
+    if opts.scale:
+        targets = set(opts.scaled_systems or ids)
+        systems = [s.scaled(**dict(opts.scale)) if s.id in targets else s for s in systems]
+    eff = IDEAL if opts.ideal else None  # None: each system's calibrated factors
+    rows = []
+    for si, system in enumerate(systems):
+        for lay in _layouts(model, system, opts):
+            for wd in opts.weights_dtypes:
+                for kd in opts.kv_dtypes:
+                    for tier in opts.kv_tiers:
+                        if tier == "host" and (math.isnan(system.host_memory_capacity)
+                                               or math.isnan(system.host_offload_bandwidth)):
+                            continue
+                        rows.append((si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd),
+                                     DTYPES.index(kd), KV_TIERS.index(tier)))
+    cols = ["system_idx", "tp", "dp", "ep", "etp", "pp", "wd", "kd", "tier"]
+    blocks = pd.DataFrame(rows, columns=cols)
+    mt, st = ModelTable.build([model]), SystemTable.build(systems)
+    if blocks.empty:
+        return Space(model, workload, systems, blocks, pd.DataFrame(columns=[*cols, "n"]), opts.ideal)
+
+    # expert saturation: the smallest n at which every routed expert is read with certainty 1 - 1e-12
+    dp = blocks["dp"].to_numpy().astype(float)
+    if model.is_moe:
+        p = model.spec.ffn.top_k / model.spec.ffn.n_experts
+        n_sat = np.ceil(math.log(SATURATION) / math.log1p(-p) / dp) if p < 1 else np.ones_like(dp)
+    else:
+        n_sat = np.ones_like(dp)
+    blocks["n_sat"] = n_sat.astype(np.int64)
+
+    # affine coefficients of compute, memory, communication and HBM bytes in n, from two evaluations
+    r1 = evaluate(_candidates(blocks, n_sat, workload.context), mt, st, eff, ttft=False)
+    r2 = evaluate(_candidates(blocks, n_sat + 1, workload.context), mt, st, eff, ttft=False)
+    blocks["c"] = r2["compute_s"] - r1["compute_s"]
+    blocks["c0"] = np.maximum(r1["compute_s"] - blocks["c"] * n_sat, 0.0)
+    blocks["m1"] = r2["memory_s"] - r1["memory_s"]
+    blocks["m0"] = r1["memory_s"] - blocks["m1"] * n_sat
+    blocks["q"] = r2["comm_s"] - r1["comm_s"]
+    blocks["q0"] = np.maximum(r1["comm_s"] - blocks["q"] * n_sat, 0.0)
+    blocks["o"] = r1["overhead_s"]
+    hbm_slope = r2["hbm_bytes_per_chip"] - r1["hbm_bytes_per_chip"]
+    hbm_base = r1["hbm_bytes_per_chip"] - hbm_slope * n_sat
+    kv_slope = r2["kv_bytes_per_chip"] - r1["kv_bytes_per_chip"]
+    block_eff = eff or st.efficiency_of(blocks["system_idx"].to_numpy())
+    hbm_cap = st.hbm_capacity[blocks["system_idx"]] * block_eff.hbm_usable
+    n_cap = np.floor((hbm_cap - hbm_base) / hbm_slope * (1 + 1e-12))
+    on_host = blocks["tier"].to_numpy() == 1
+    host_cap = st.host_capacity[blocks["system_idx"]]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n_host = np.where(on_host, np.floor(host_cap / kv_slope * (1 + 1e-12)), np.inf)
+    n_hi = np.minimum(np.minimum(n_cap, n_host), opts.max_batch_per_rank)
+    blocks["n_hi"] = np.maximum(n_hi, 0).astype(np.int64)
+    blocks["n_lo"] = blocks["n_sat"]
+    blocks["hbm_base"] = hbm_base
+    blocks["hbm_per_seq"] = hbm_slope
+    blocks["overlap"] = block_eff.overlap
+    blocks["hbm_usable"] = block_eff.hbm_usable
+
+    # TTFT: prefill of one prompt on the block's layout
+    pre = evaluate(_candidates(blocks, np.ones_like(dp) / dp, workload.prompt, phase=1), mt, st, eff, ttft=False)
+    blocks["ttft"] = pre["step_s"]
+    blocks["chips"] = (blocks["tp"] * blocks["dp"] * blocks["pp"]).astype(np.int64)
+    domain = st.domain[blocks["system_idx"]]
+    blocks["racks"] = np.ceil(blocks["chips"] / domain).astype(np.int64)
+    price = st.price_per_s[blocks["system_idx"]]
+    blocks["a"] = blocks["tp"] * price * 1e6  # USD per Mtok = a x step / n
+    blocks["system"] = [systems[i].id for i in blocks["system_idx"]]
+
+    # exact points below saturation (MoE): powers of two below n_sat that fit
+    top = np.minimum(blocks["n_sat"].to_numpy() - 1, blocks["n_hi"].to_numpy())
+    count = np.where(top >= 1, np.floor(np.log2(np.maximum(top, 1))) + 1, 0).astype(np.int64)
+    block_of = np.repeat(np.arange(len(blocks)), count)
+    power = np.arange(len(block_of)) - np.repeat(np.cumsum(count) - count, count)
+    points = pd.DataFrame({"block": block_of, "n": (2 ** power).astype(np.int64)})
+    if not points.empty:
+        src = blocks.iloc[points["block"].to_numpy()].reset_index(drop=True)
+        res = evaluate(_candidates(src, points["n"].to_numpy(), workload.context), mt, st, eff, ttft=False)
+        points["step"] = res["step_s"]
+        points["fits"] = res["fits"]
+        points["a"] = src["a"].to_numpy()
+        points["cost"] = points["a"] * points["step"] / points["n"]
+    else:
+        points = pd.DataFrame(columns=["block", "n", "step", "fits", "a", "cost"])
+    space = Space(model, workload, systems, blocks, points, opts.ideal)
+    space.stats = {"blocks": len(blocks), "points": len(points), "configurations": space.size}
+    return space
+
+
+# ---- the step time of a block as the max of affine pieces -------------------------------------
+def pieces(blocks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Intercepts and slopes (blocks x 6) of the affine pieces whose max is the step time.
+
+    step = ov x max(comm, work) + (1 - ov) x (comm + work) + overhead, work = max(compute, memory);
+    expanding the maxima gives six affine functions of n, and the step is their maximum.
+    """
+    ov = blocks["overlap"].to_numpy()
+    c0, c, m0, m1, q0, q, o = (blocks[k].to_numpy() for k in ("c0", "c", "m0", "m1", "q0", "q", "o"))
+    terms = {"compute": (c0, c), "memory": (m0, m1), "comm": (q0, q)}
+    alphas, betas = [], []
+    for x in ("compute", "memory", "comm"):
+        for y in ("compute", "memory"):
+            ax, bx = terms[x]
+            ay, by = terms[y]
+            alphas.append(ov * ax + (1 - ov) * (q0 + ay) + o)
+            betas.append(ov * bx + (1 - ov) * (q + by))
+    return np.stack(alphas, axis=1), np.stack(betas, axis=1)
+
+
+def step_time(blocks: pd.DataFrame, n: np.ndarray) -> np.ndarray:
+    """Step time of each block at batch n per rank (affine region)."""
+    alpha, beta = pieces(blocks)
+    return (alpha + beta * np.asarray(n, dtype=float)[:, None]).max(axis=1)
+
+
+# ---- the exhaustive reference ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Choice:
+    """One configuration of the space: a block and a batch per rank."""
+
+    block: int
+    n: int
+    step: float
+    cost: float
+
+
+def exhaustive(
+    space: Space, tpot_max: float | None, objective: str = "cost", chunk: int = 2_000_000,
+    cost_max: float | None = None,
+) -> Choice | None:
+    """Evaluate the physics at every (block, batch) of the space; return the best feasible one.
+
+    ``objective`` is "cost" (USD per million output tokens) or "latency" (step time); ``cost_max``
+    caps the cost per token.
+    """
+    b, w = space.blocks, space.workload
+    if b.empty:
+        return None
+    mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
+    ok_block = np.ones(len(b), dtype=bool)
+    if w.ttft_max is not None:
+        ok_block &= b["ttft"].to_numpy() <= w.ttft_max
+    lo, hi = b["n_lo"].to_numpy(), b["n_hi"].to_numpy()
+    counts = np.where(ok_block, np.maximum(hi - lo + 1, 0), 0)
+    best: Choice | None = None
+
+    def consider(idx: np.ndarray, n: np.ndarray) -> None:
+        nonlocal best
+        if len(idx) == 0:
+            return
+        sub = b.iloc[idx]
+        r = evaluate(_candidates(sub, n, w.context), mt, st, IDEAL if space.ideal else None, ttft=False)
+        feasible = r["fits"].copy()
+        if tpot_max is not None:
+            feasible &= r["step_s"] <= tpot_max
+        cost = sub["a"].to_numpy() * r["step_s"] / n
+        if cost_max is not None:
+            feasible &= cost <= cost_max
+        if not feasible.any():
+            return
+        score = np.where(feasible, cost if objective == "cost" else r["step_s"], np.inf)
+        i = int(np.argmin(score))
+        current = None if best is None else (best.cost if objective == "cost" else best.step)
+        if current is None or score[i] < current:
+            best = Choice(int(b.index[idx[i]]), int(n[i]), float(r["step_s"][i]), float(cost[i]))
+
+    # affine regions: every integer batch, in chunks
+    order = np.repeat(np.arange(len(b)), counts)
+    offsets = np.arange(len(order)) - np.repeat(np.cumsum(counts) - counts, counts)
+    n_all = np.repeat(lo, counts) + offsets
+    for start in range(0, len(order), chunk):
+        consider(order[start:start + chunk], n_all[start:start + chunk])
+    # points below saturation
+    if not space.points.empty:
+        p = space.points
+        pos = b.index.get_indexer(p["block"].to_numpy())
+        keep = ok_block[pos]
+        consider(pos[keep], p["n"].to_numpy()[keep].astype(np.int64))
+    return best
+
+
+def subset(space: Space, mask: np.ndarray) -> Space:
+    """The space restricted to the blocks where ``mask`` holds (block labels are kept)."""
+    blocks = space.blocks[mask]
+    points = space.points[space.points["block"].isin(blocks.index)] if not space.points.empty else space.points
+    sub = Space(space.model, space.workload, space.systems, blocks, points, space.ideal)
+    sub.stats = {"blocks": len(blocks), "points": len(points), "configurations": sub.size}
+    return sub
+
+
+def describe_choice(space: Space, choice: Choice) -> dict:
+    """The configuration of a choice, keyed as in the command-line contract."""
+    row = space.blocks.loc[choice.block]
+    system = space.systems[int(row["system_idx"])]
+    return {
+        "system": system.id,
+        "chips": int(row["chips"]),
+        "racks": int(row["racks"]),
+        "tp": int(row["tp"]),
+        "ep": int(row["ep"]),
+        "pp": int(row["pp"]),
+        "dp": int(row["dp"]),
+        "etp": int(row["etp"]),
+        "batch": int(row["dp"]) * choice.n,
+        "context": space.workload.context,
+        "weights_dtype": DTYPES[int(row["wd"])],
+        "kv_dtype": DTYPES[int(row["kd"])],
+        "kv_tier": KV_TIERS[int(row["tier"])],
+    }

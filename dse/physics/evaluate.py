@@ -1,0 +1,217 @@
+"""Evaluate one serving configuration: resolve names and layout, run the vectorized physics on a
+single candidate, and return plain numbers keyed as in the command-line contract.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from dse.catalog.calibration import error_band
+from dse.catalog.hardware import IDEAL, Efficiency, System, efficiency_for, get_system
+from dse.catalog.models import Architecture, get_model
+from dse.catalog.units import DTYPES
+from dse.errors import InputError
+from dse.physics.codes import BOUNDS, KV_TIERS, PHASES
+from dse.physics.layout import Layout, resolve_layout
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
+
+
+@dataclass(frozen=True)
+class Config:
+    """One serving configuration as a user states it."""
+
+    model: str
+    system: str
+    batch: int
+    context: int
+    tp: int | None = None
+    ep: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    etp: int | None = None
+    chips: int | None = None
+    phase: str = "decode"
+    weights_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    kv_tier: str = "hbm"
+    prompt: int | None = None  # prompt length for TTFT; default: the context
+    moe_imbalance: float = 1.0  # most-loaded GPU's routed tokens over the mean (from expert placement)
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> int:
+    if value not in allowed:
+        raise InputError(f"--{name} '{value}' is not allowed; allowed: {', '.join(allowed)}")
+    return allowed.index(value)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A configuration checked against the catalogs: its model, system, layout and codes."""
+
+    model: Architecture
+    system: System
+    layout: Layout
+    phase: int
+    weights_dtype: int
+    kv_dtype: int
+    kv_tier: int
+
+
+def resolve(cfg: Config) -> Resolved:
+    """Check a configuration against the catalogs; raises InputError on bad names, layouts or values."""
+    model = get_model(cfg.model)
+    system = get_system(cfg.system)
+    phase = _choice("phase", cfg.phase, PHASES)
+    wd = _choice("weights-dtype", cfg.weights_dtype, DTYPES)
+    kd = _choice("kv-dtype", cfg.kv_dtype, DTYPES)
+    tier = _choice("kv-tier", cfg.kv_tier, KV_TIERS)
+    if not cfg.moe_imbalance >= 1.0:
+        raise InputError(f"--moe-imbalance must be >= 1 (most-loaded GPU over the mean), got {cfg.moe_imbalance}")
+    for name, value in (("batch", cfg.batch), ("context", cfg.context), ("prompt", cfg.prompt or 1)):
+        if not isinstance(value, int) or value < 1:
+            raise InputError(f"--{name} must be a whole number >= 1, got {value!r}")
+    layout: Layout = resolve_layout(model, cfg.tp, cfg.ep, cfg.pp, cfg.dp, cfg.etp, cfg.chips)
+    if tier == 1 and (math.isnan(system.host_memory_capacity) or math.isnan(system.host_offload_bandwidth)):
+        raise InputError(
+            f"--kv-tier host: the catalog has no host memory capacity and bandwidth for system '{system.id}'; "
+            "use --kv-tier hbm"
+        )
+    if math.isnan(system.scaleout_bandwidth) and layout.chips > system.scaleup_domain:
+        raise InputError(
+            f"layout {layout.describe()} needs {layout.chips} chips, more than one {system.scaleup_domain}-chip "
+            f"domain of '{system.id}', whose scale-out bandwidth the catalog does not know"
+        )
+    return Resolved(model, system, layout, phase, wd, kd, tier)
+
+
+def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | None = None) -> dict:
+    """All metrics of one configuration; raises InputError on bad names, layouts or values."""
+    r = resolve(cfg)
+    model, system, layout, phase = r.model, r.system, r.layout, r.phase
+    wd, kd, tier = r.weights_dtype, r.kv_dtype, r.kv_tier
+    eff = IDEAL if ideal else (efficiency or efficiency_for(system.id))
+    cand = Candidates(
+        model=0, system=0, tp=layout.tp, dp=layout.dp, ep=layout.ep, etp=layout.etp, pp=layout.pp,
+        batch=cfg.batch, context=cfg.context, phase=phase, weights_dtype=wd, kv_dtype=kd, kv_tier=tier,
+        imbalance=cfg.moe_imbalance,
+    )
+    tables = ModelTable.build([model]), SystemTable.build([system])
+    raw = evaluate(cand, *tables, eff)
+    if cfg.prompt is not None and phase == 0:
+        first = replace(cand, batch=1, context=cfg.prompt, phase=1)
+        raw["ttft_s"] = evaluate(first, *tables, eff, ttft=False)["step_s"]
+    out: dict = {
+        "model": model.id,
+        "system": system.id,
+        "phase": cfg.phase,
+        "ideal": ideal,
+        "tp": layout.tp,
+        "dp": layout.dp,
+        "ep": layout.ep,
+        "etp": layout.etp,
+        "pp": layout.pp,
+        "racks": math.ceil(layout.chips / system.scaleup_domain),
+        "batch": cfg.batch,
+        "context": cfg.context,
+        "prompt": cfg.prompt or cfg.context,
+        "weights_dtype": cfg.weights_dtype,
+        "kv_dtype": cfg.kv_dtype,
+        "kv_tier": cfg.kv_tier,
+        "compute_dtype": system.compute_dtype(cfg.weights_dtype),
+    }
+    for key, value in raw.items():
+        v = value.item()
+        if key == "bound":
+            out[key] = BOUNDS[int(v)]
+        elif key == "fits":
+            out[key] = bool(v)
+        elif key in ("chips", "sequences_in_flight"):
+            out[key] = int(v)
+        else:
+            out[key] = None if (isinstance(v, float) and math.isnan(v)) else (None if v == math.inf else float(v))
+    out["params_total"] = model.params_total
+    out["params_active"] = model.params_active
+    out["params_embedding"] = model.params_embedding
+    out["kv_bytes_per_token"] = model.kv_bytes_per_token(cfg.kv_dtype)
+    out["hbm_capacity_per_chip"] = system.hbm_capacity
+    out["usd_per_chip_hour"] = system.price_per_s * 3600
+    band = None if ideal else error_band(system.id)
+    if band is None:
+        out["tokens_per_s_band"] = out["usd_per_mtok_band"] = out["tpot_s_band"] = None
+    else:  # from the leave-one-out residuals of `dse validate`: 10th-90th percentile of measured / predicted
+        lo, hi = band
+        out["tokens_per_s_band"] = [out["tokens_per_s"] * lo, out["tokens_per_s"] * hi]
+        out["usd_per_mtok_band"] = [out["usd_per_mtok"] / hi, out["usd_per_mtok"] / lo]
+        tpot = out["tpot_s"]
+        out["tpot_s_band"] = None if tpot is None else [tpot / hi, tpot / lo]
+    return out
+
+
+FRAME_COLUMNS = ("model", "system", "batch", "context")
+INT_FIELDS = ("batch", "context", "tp", "ep", "pp", "dp", "etp", "chips", "prompt")
+"""Whole-number fields: a column pandas turned to floats (because of empty cells) is read back as integers."""
+"""Columns `evaluate_frame` needs; the other fields of ``Config`` are optional columns."""
+
+
+def evaluate_frame(frame, ideal: bool = False):
+    """Metrics of every row of a DataFrame of configurations, in one vectorized evaluation.
+
+    Columns are the fields of ``Config`` (``model``, ``system``, ``batch`` and ``context`` required);
+    each row is checked as `dse evaluate` checks its options (an InputError names the row). The
+    result has the input columns, the resolved layout (``tp``, ``dp``, ``ep``, ``etp``, ``pp``) and
+    the physics' arrays (SI units; ``bound`` as a name, ``ttft_s`` from a prefill of ``prompt``).
+    """
+    import pandas as pd
+
+    missing = [c for c in FRAME_COLUMNS if c not in frame.columns]
+    if missing:
+        raise InputError(f"evaluate_frame: missing column(s) {', '.join(missing)}; required: "
+                         f"{', '.join(FRAME_COLUMNS)}, optional: the other fields of Config")
+    fields = set(Config.__dataclass_fields__)
+    extra = [c for c in frame.columns if c not in fields]
+    if extra:
+        raise InputError(f"evaluate_frame: unknown column(s) {', '.join(map(str, extra))}; allowed: "
+                         f"{', '.join(Config.__dataclass_fields__)}")
+    rows = []
+    for i, rec in enumerate(frame.to_dict(orient="records")):
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}
+        clean = {k: (int(v) if k in INT_FIELDS and isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+                     and float(v).is_integer() else v) for k, v in clean.items()}
+        try:
+            rows.append(resolve(Config(**{k: v for k, v in clean.items() if v is not None})))
+        except InputError as exc:
+            raise InputError(f"evaluate_frame: row {i}: {exc}") from None
+    models = list(dict.fromkeys(r.model.id for r in rows))
+    systems = list(dict.fromkeys(r.system.id for r in rows))
+    tables = (ModelTable.build([get_model(m) for m in models]), SystemTable.build([get_system(s) for s in systems]))
+    batch = frame["batch"].to_numpy(dtype=float)
+    cand = Candidates(
+        model=np.array([models.index(r.model.id) for r in rows]),
+        system=np.array([systems.index(r.system.id) for r in rows]),
+        tp=np.array([r.layout.tp for r in rows]), dp=np.array([r.layout.dp for r in rows]),
+        ep=np.array([r.layout.ep for r in rows]), etp=np.array([r.layout.etp for r in rows]),
+        pp=np.array([r.layout.pp for r in rows]), batch=batch, context=frame["context"].to_numpy(dtype=float),
+        phase=np.array([r.phase for r in rows]), weights_dtype=np.array([r.weights_dtype for r in rows]),
+        kv_dtype=np.array([r.kv_dtype for r in rows]), kv_tier=np.array([r.kv_tier for r in rows]),
+        imbalance=(frame["moe_imbalance"].fillna(1.0).to_numpy(dtype=float) if "moe_imbalance" in frame
+                   else 1.0),
+    )
+    eff = IDEAL if ideal else None
+    raw = evaluate(cand, *tables, eff)
+    if "prompt" in frame:
+        prompt = frame["prompt"].to_numpy(dtype=float)
+        has = np.isfinite(prompt) & (cand.phase == 0)
+        if has.any():
+            first = replace(cand, batch=np.ones_like(batch), context=np.where(has, prompt, cand.context),
+                            phase=np.ones_like(cand.phase))
+            ttft = evaluate(first, *tables, eff, ttft=False)["step_s"]
+            raw["ttft_s"] = np.where(has, ttft, raw["ttft_s"])
+    out = frame.reset_index(drop=True).copy()
+    for k in ("tp", "dp", "ep", "etp", "pp"):
+        out[k] = [getattr(r.layout, k) for r in rows]
+    for key, value in raw.items():
+        out[key] = [BOUNDS[int(v)] for v in value] if key == "bound" else value
+    return pd.DataFrame(out)

@@ -1,0 +1,419 @@
+"""Vectorized roofline physics of one serving replica, over arrays of candidate configurations.
+
+Per forward pass of a micro-batch through all pipeline stages (the lecture's decode step):
+
+    compute = FLOPs / (chips per stage x FLOP/s)                 weights 2 x active params per
+                                                                  token, plus attention FLOPs
+    memory  = (weight bytes read + KV bytes read) per chip / HBM bandwidth, x PP
+    comm    = TP all-reduce + EP all-to-all (scale-up, and scale-out for the share that leaves the
+              domain) + PP hand-offs, x PP
+    step    = max(compute, memory, comm) + fixed per-layer overhead
+              (--ideal: communication fully overlapped, no fixed latencies: the lecture's roofline)
+    Calibrated, the step is ov x max(comm, work) + (1 - ov) x (comm + work) + overhead, with
+    work = max(compute, memory), and each collective pays a fixed latency.
+
+Pipeline parallelism as in the lecture: weights per chip fall as 1/PP; the stage holds KV for PP
+micro-batches of its layers, so KV per chip does not fall; latency is unchanged; PP micro-batches
+are in flight, so throughput per replica is batch x PP / step. Everything is SI (s, bytes, FLOP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from dse.catalog.hardware import Efficiency, System, efficiency_for
+from dse.catalog.models import Architecture
+from dse.catalog.units import DTYPE_BYTES, DTYPES
+
+TOPOLOGY_DIMS = {"switch": 0, "torus2d": 2, "torus3d": 3}
+ACT_BYTES = 2.0  # activations travel and live in bf16
+LOGIT_BYTES = 4.0  # logits in fp32
+PREFILL_CHUNK = 8192  # tokens per DP rank resident at once under chunked prefill
+MAX_GROUPS = 2  # layer groups per model (full attention, sliding window)
+
+
+def _f(x: object) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class ModelTable:
+    """Per-model scalars as arrays indexed by model number."""
+
+    ids: tuple[str, ...]
+    p_active: np.ndarray
+    p_dense: np.ndarray
+    p_embedding: np.ndarray
+    p_expert: np.ndarray
+    moe_layers: np.ndarray
+    n_experts: np.ndarray
+    top_k: np.ndarray
+    n_layers: np.ndarray
+    d_model: np.ndarray
+    vocab: np.ndarray
+    kv_elems: np.ndarray
+    kv_heads: np.ndarray
+    g_layers: np.ndarray  # (models, MAX_GROUPS)
+    g_stored: np.ndarray
+    g_window: np.ndarray
+    g_cap: np.ndarray
+    idx_bytes_layer: np.ndarray
+    attn_decode: np.ndarray
+    attn_prefill: np.ndarray
+    idx_flops: np.ndarray
+
+    @classmethod
+    def build(cls, models: list[Architecture]) -> ModelTable:
+        def groups(m: Architecture, k: int) -> list[float]:
+            g = list(m.layer_groups) + [(0, 0, np.inf, np.inf)] * (MAX_GROUPS - len(m.layer_groups))
+            return [float(x[k]) for x in g]
+
+        sparse = [m.spec.attention.sparse for m in models]
+        return cls(
+            ids=tuple(m.id for m in models),
+            p_active=_f([m.params_active for m in models]),
+            p_dense=_f([m.params_dense for m in models]),
+            p_embedding=_f([m.params_embedding for m in models]),
+            p_expert=_f([m.expert_params for m in models]),
+            moe_layers=_f([m.moe_layers for m in models]),
+            n_experts=_f([m.spec.ffn.n_experts if m.is_moe else 0 for m in models]),
+            top_k=_f([m.spec.ffn.top_k if m.is_moe else 0 for m in models]),
+            n_layers=_f([m.spec.n_layers for m in models]),
+            d_model=_f([m.spec.d_model for m in models]),
+            vocab=_f([m.spec.vocab for m in models]),
+            kv_elems=_f([m.kv_elems_per_layer for m in models]),
+            kv_heads=_f([m.kv_heads for m in models]),
+            g_layers=_f([groups(m, 0) for m in models]),
+            g_stored=_f([groups(m, 1) for m in models]),
+            g_window=_f([groups(m, 2) for m in models]),
+            g_cap=_f([groups(m, 3) for m in models]),
+            idx_bytes_layer=_f([0 if s is None else s.indexer_head_dim * DTYPE_BYTES[s.indexer_dtype] for s in sparse]),
+            attn_decode=_f([m.attention_flops_per_attended_token("decode") for m in models]),
+            attn_prefill=_f([m.attention_flops_per_attended_token("prefill") for m in models]),
+            idx_flops=_f([m.indexer_flops_per_scored_token() for m in models]),
+        )
+
+
+@dataclass(frozen=True)
+class SystemTable:
+    """Per-system scalars as arrays indexed by system number; unknown optional figures are 0."""
+
+    ids: tuple[str, ...]
+    flops: np.ndarray  # (systems, len(DTYPES)): FLOP/s when weights are in that dtype
+    hbm_capacity: np.ndarray
+    hbm_bandwidth: np.ndarray
+    domain: np.ndarray
+    scaleup_bw: np.ndarray
+    scaleout_bw: np.ndarray
+    topo_dims: np.ndarray
+    host_capacity: np.ndarray
+    host_bw: np.ndarray
+    price_per_s: np.ndarray
+    efficiency: dict[str, np.ndarray]  # calibrated factor -> value per system
+
+    @classmethod
+    def build(cls, systems: list[System], efficiency: list[Efficiency] | None = None) -> SystemTable:
+        """Columns of the systems; ``efficiency`` (one per system) defaults to each system's calibration."""
+
+        def known(v: float) -> float:
+            return 0.0 if np.isnan(v) else v
+
+        effs = efficiency if efficiency is not None else [efficiency_for(s.id) for s in systems]
+        return cls(
+            ids=tuple(s.id for s in systems),
+            flops=_f([[s.flops[s.compute_dtype(d)] for d in DTYPES] for s in systems]),
+            hbm_capacity=_f([s.hbm_capacity for s in systems]),
+            hbm_bandwidth=_f([s.hbm_bandwidth for s in systems]),
+            domain=_f([s.scaleup_domain for s in systems]),
+            scaleup_bw=_f([s.scaleup_bandwidth for s in systems]),
+            scaleout_bw=_f([known(s.scaleout_bandwidth) for s in systems]),
+            topo_dims=_f([TOPOLOGY_DIMS[s.topology] for s in systems]),
+            host_capacity=_f([known(s.host_memory_capacity) for s in systems]),
+            host_bw=_f([known(s.host_offload_bandwidth) for s in systems]),
+            price_per_s=_f([s.price_per_s for s in systems]),
+            efficiency={f.name: _f([getattr(e, f.name) for e in effs]) for f in fields(Efficiency)},
+        )
+
+    def efficiency_of(self, system: np.ndarray) -> Efficiency:
+        """The calibrated factors of each candidate's system, as arrays."""
+        return Efficiency(**{name: col[system] for name, col in self.efficiency.items()})
+
+
+@dataclass
+class Candidates:
+    """Arrays (or scalars, broadcast) of candidate configurations.
+
+    ``model``/``system`` index the tables; ``batch`` is the micro-batch of sequences one forward
+    pass carries (PP of them are in flight); ``context`` is the KV length in decode and the prompt
+    length in prefill; ``phase``, ``weights_dtype``, ``kv_dtype`` and ``kv_tier`` are codes into
+    PHASES, DTYPES, DTYPES and KV_TIERS.
+    """
+
+    model: np.ndarray
+    system: np.ndarray
+    tp: np.ndarray
+    dp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    pp: np.ndarray
+    batch: np.ndarray
+    context: np.ndarray
+    phase: np.ndarray | int = 0
+    weights_dtype: np.ndarray | int = 0
+    kv_dtype: np.ndarray | int = 0
+    kv_tier: np.ndarray | int = 0
+    imbalance: np.ndarray | float = 1.0  # most-loaded GPU's routed tokens over the mean (expert placement)
+
+    def broadcast(self) -> Candidates:
+        arrays = np.broadcast_arrays(*(np.asarray(getattr(self, f.name)) for f in fields(self)))
+        return Candidates(*arrays)
+
+    def __len__(self) -> int:
+        return int(np.broadcast(*(np.asarray(getattr(self, f.name)) for f in fields(self))).size)
+
+
+def alltoall_factor(group: np.ndarray, dims: np.ndarray) -> np.ndarray:
+    """Share of a chip's injection bandwidth an all-to-all over ``group`` chips achieves.
+
+    A switch gives every pair full bandwidth (1). On an n-D torus of side k = group^(1/n), uniform
+    traffic travels n k / 4 hops on average over 2n links per chip, so the achieved share is
+    min(1, 4 / (n k)).
+    """
+    n = np.maximum(dims, 1.0)
+    side = np.power(np.maximum(group, 1.0), 1.0 / n)
+    torus = np.minimum(1.0, 4.0 / (n * side))
+    return np.where(dims > 0, torus, 1.0)
+
+
+def _causal(context: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """Sum over positions 1..L of min(position, cap)."""
+    c = np.minimum(context, cap)
+    return c * ((c + 1.0) * 0.5 + (context - c))
+
+
+class _Gathered:
+    """Per-candidate copies of the table columns and layout degrees, gathered once."""
+
+    def __init__(self, c: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency) -> None:
+        m, s = c.model, c.system
+        self.eff = eff
+        self.tp, self.dp, self.ep, self.etp, self.pp = (_f(x) for x in (c.tp, c.dp, c.ep, c.etp, c.pp))
+        self.cps = self.tp * self.dp
+        self.chips = self.cps * self.pp
+        self.batch, self.ctx = _f(c.batch), _f(c.context)
+        self.phase = np.asarray(c.phase)
+        dtype_bytes = _f([DTYPE_BYTES[d] for d in DTYPES])
+        self.wbytes = dtype_bytes[c.weights_dtype]
+        self.flops_rate = systems.flops[s, c.weights_dtype]
+        self.on_host = np.asarray(c.kv_tier) == 1
+        self.imbalance = _f(c.imbalance)
+        # model columns
+        self.p_act, self.p_dense, self.p_emb = models.p_active[m], models.p_dense[m], models.p_embedding[m]
+        self.p_exp, self.moe_l = models.p_expert[m], models.moe_layers[m]
+        self.n_exp, self.top_k = models.n_experts[m], models.top_k[m]
+        self.n_layers, self.d, self.vocab = models.n_layers[m], models.d_model[m], models.vocab[m]
+        groups = range(models.g_layers.shape[1])
+        self.g_layers = [np.ascontiguousarray(models.g_layers[:, k])[m] for k in groups]
+        self.g_cap = [np.ascontiguousarray(models.g_cap[:, k])[m] for k in groups]
+        g_stored = [np.ascontiguousarray(models.g_stored[:, k])[m] for k in groups]
+        g_window = [np.ascontiguousarray(models.g_window[:, k])[m] for k in groups]
+        self.idx_flops, self.idx_b = models.idx_flops[m], models.idx_bytes_layer[m]
+        self.attn_decode, self.attn_prefill = models.attn_decode[m], models.attn_prefill[m]
+        shard = np.ceil(models.kv_heads[m] / self.tp) / models.kv_heads[m]
+        self.kv_main = models.kv_elems[m] * dtype_bytes[c.kv_dtype] * shard  # bytes per token per layer per chip
+        self.attended = _gsum(self.g_layers, [np.minimum(self.ctx, cap) for cap in self.g_cap])
+        indexer = self.idx_b * self.n_layers * self.ctx
+        self.read_per_seq = self.kv_main * self.attended + indexer  # decode KV bytes read per sequence per chip
+        self.stored_per_seq = self.kv_main * _gsum(g_stored, [np.minimum(self.ctx, w) for w in g_window]) + indexer
+        # system columns
+        self.hbm_cap = systems.hbm_capacity[s]
+        self.hbm_bw = systems.hbm_bandwidth[s] * eff.memory
+        self.host_bw = systems.host_bw[s] * eff.memory
+        self.host_cap = systems.host_capacity[s]
+        self.domain = systems.domain[s]
+        self.su = systems.scaleup_bw[s] * eff.link
+        self.so = systems.scaleout_bw[s] * eff.link
+        self.topo = systems.topo_dims[s]
+        self.price = systems.price_per_s[s]
+        # layout-only quantities shared by every pass
+        self.experts_per_chip = np.ceil(self.n_exp / self.ep)
+        self.routed_per_chip = self.moe_l / self.pp * self.experts_per_chip * self.p_exp / self.etp
+        self.routed_active = self.moe_l * self.top_k * self.p_exp
+        self.dense_read = self.wbytes * (self.p_dense - self.p_emb) / (self.tp * self.pp)
+        local = np.minimum(self.cps, self.domain)
+        self.intra = np.maximum(local - 1.0, 0.0) / self.cps
+        self.inter = np.maximum(self.cps - self.domain, 0.0) / self.cps
+        self.a2a_bw = self.su * alltoall_factor(local, self.topo)
+        # fixed latencies (0 under --ideal): one per collective, and per layer
+        tp_latency = np.where(self.tp <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
+        self.lat_tp = np.where(self.tp > 1, tp_latency, 0.0)
+        self.lat_ep = np.where(self.inter > 0, eff.latency_scaleout, eff.latency_scaleup)
+        self.lat_pp = np.where(self.chips <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
+        self.overhead = self.n_layers * eff.layer_overhead
+
+
+def _gsum(weights: list[np.ndarray], values: list[np.ndarray]) -> np.ndarray:
+    """Sum over layer groups of weight x value."""
+    total = weights[0] * values[0]
+    for w, v in zip(weights[1:], values[1:], strict=True):
+        total = total + w * v
+    return total
+
+
+def _where(cond: np.ndarray | bool, a: object, b: object) -> np.ndarray:
+    """np.where that skips the work of the branch a uniform condition never takes."""
+    if np.ndim(cond) == 0:
+        return _f(a() if cond else b())
+    return np.where(cond, a(), b())
+
+
+def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[str, np.ndarray]:
+    """Compute, memory and communication time of one forward pass of a micro-batch of ``batch``."""
+    eff, ctx = g.eff, g.ctx
+    per_seq = _where(prefill, lambda: ctx, lambda: 1.0)  # tokens each sequence adds
+    tokens = batch * per_seq
+    seqs_rank = np.ceil(batch / g.dp)  # sequences on the busiest attention (DP) rank
+    tokens_rank = seqs_rank * per_seq
+    eff_c = _where(prefill, lambda: eff.compute_prefill, lambda: eff.compute_decode)
+
+    # compute: attention, dense MLPs and shared experts run per DP rank on its own sequences (TP
+    # splits them); routed experts run over every token of the stage, spread over all its chips.
+    def attn_prefill() -> np.ndarray:
+        attended = _gsum(g.g_layers, [_causal(ctx, cap) for cap in g.g_cap])
+        return g.attn_prefill * attended + g.idx_flops * g.n_layers * _causal(ctx, np.inf)
+
+    def attn_decode() -> np.ndarray:
+        return g.attn_decode * g.attended + g.idx_flops * g.n_layers * ctx
+
+    attn = _where(prefill, attn_prefill, attn_decode)  # attention FLOPs per sequence
+    rate = g.flops_rate * eff_c
+    dense_rank_flops = tokens_rank * 2.0 * (g.p_act - g.routed_active) + seqs_rank * attn
+    # the slowest GPU sets the step: routed work scales with the placement's imbalance
+    compute_s = dense_rank_flops / (g.tp * rate) + g.imbalance * tokens * 2.0 * g.routed_active / (g.cps * rate)
+
+    # memory: weights of the stage (routed experts only where a token landed) and KV of the batch
+    touched = np.where(g.n_exp > 0, -np.expm1(tokens * np.log1p(-g.top_k / np.maximum(g.n_exp, 1.0))), 0.0)
+    weights_read = g.dense_read + g.wbytes * g.routed_per_chip * touched
+    kv_bytes = seqs_rank * g.stored_per_seq  # the stage holds PP micro-batches of 1/PP of the layers
+    kv_read = _where(prefill, lambda: kv_bytes, lambda: seqs_rank * g.read_per_seq) / g.pp
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kv_time = np.where(g.on_host, np.where(kv_read > 0, kv_read / g.host_bw, 0.0), kv_read / g.hbm_bw)
+        memory_s = g.pp * (weights_read / g.hbm_bw + kv_time)
+
+        # communication: TP all-reduce (ring), EP dispatch + combine all-to-all, PP hand-off
+        msg = tokens_rank * g.d * ACT_BYTES
+        tp_bw = np.where(g.tp <= g.domain, g.su, g.so)
+        allreduce = np.where(g.tp > 1, 2.0 * (g.tp - 1) / g.tp * msg / tp_bw + g.lat_tp, 0.0)
+        tp_s = 2.0 * g.n_layers / g.pp * allreduce
+        disp = np.where(g.wbytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
+        a2a_bytes = g.imbalance * tokens_rank / g.tp * g.top_k * g.etp * g.d * (disp + ACT_BYTES)
+        a2a = np.maximum(
+            a2a_bytes * g.intra / g.a2a_bw, np.where(g.inter > 0, a2a_bytes * g.inter / g.so, 0.0)
+        ) + 2.0 * g.lat_ep  # dispatch and combine
+        ep_s = np.where((g.n_exp > 0) & (g.cps > 1), g.moe_l / g.pp * a2a, 0.0)
+        hand_bw = np.where(g.chips <= g.domain, g.su, g.so)
+        pp_s = np.where(g.pp > 1, tokens * g.d * ACT_BYTES / g.cps / hand_bw + g.lat_pp, 0.0)
+    comm_s = g.pp * (tp_s + ep_s + pp_s)
+
+    work = np.maximum(compute_s, memory_s)
+    step_s = np.maximum(work, comm_s) + (1.0 - eff.overlap) * np.minimum(comm_s, work) + g.overhead
+    return {
+        "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s, "work": work,
+        "tp_s": tp_s, "ep_s": ep_s, "pp_s": pp_s, "kv_bytes": kv_bytes, "seqs_rank": seqs_rank,
+        "tokens_rank": tokens_rank, "eff_c": eff_c, "attn": attn, "tokens": tokens,
+    }
+
+
+def evaluate(
+    cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency | None = None, ttft: bool = True
+) -> dict[str, np.ndarray]:
+    """Roofline metrics of every candidate (SI units), as a dict of equal-length arrays.
+
+    ``eff`` applies one set of factors to every candidate (IDEAL for the pure roofline); None
+    applies each system's calibrated factors.
+    """
+    c = cand.broadcast()
+    if eff is None:
+        eff = systems.efficiency_of(np.asarray(c.system))
+    g = _Gathered(c, models, systems, eff)
+    prefill = g.phase == 1
+    if prefill.ndim and (prefill.all() or not prefill.any()):
+        prefill = bool(prefill.all())  # uniform phase: take one branch only
+    r = _pass(g, g.batch, prefill)
+    step_s, compute_s, memory_s, comm_s = r["step_s"], r["compute_s"], r["memory_s"], r["comm_s"]
+    bound = np.where(comm_s > r["work"], 2, np.where(memory_s > compute_s, 1, 0))
+
+    # memory capacity per chip
+    weights_bytes = g.wbytes * (g.p_dense / (g.tp * g.pp) + g.routed_per_chip)
+    kv_bytes = r["kv_bytes"]
+    act_tokens = _where(prefill, lambda: np.minimum(r["tokens_rank"], PREFILL_CHUNK), lambda: r["tokens_rank"])
+    act_bytes = act_tokens * 8.0 * g.d * ACT_BYTES + r["seqs_rank"] * g.vocab / g.tp * LOGIT_BYTES
+    hbm_bytes = weights_bytes + np.where(g.on_host, 0.0, kv_bytes) + act_bytes
+    fits = (hbm_bytes <= g.hbm_cap * eff.hbm_usable) & (~g.on_host | (kv_bytes <= g.host_cap))
+
+    # throughput and cost: PP micro-batches are in flight
+    seqs_in_flight = g.batch * g.pp
+    tokens_per_s = seqs_in_flight * _where(prefill, lambda: g.ctx, lambda: 1.0) / step_s
+    usd_per_mtok = g.chips * g.price / tokens_per_s * 1e6
+
+    # derived figures
+    rate = g.flops_rate * r["eff_c"]
+    weights_read_all = g.dense_read + g.wbytes * g.routed_per_chip
+    balance_batch = weights_read_all / g.hbm_bw * g.cps * rate / (2.0 * g.p_act / g.pp)
+    unbounded_layers = _gsum(g.g_layers, [np.isinf(cap) for cap in g.g_cap])
+    capped = _gsum(g.g_layers, [np.where(np.isinf(cap), 0.0, cap) for cap in g.g_cap])
+    rate_rank = g.tp * rate  # FLOP/s serving one DP rank's sequences
+    slope = (g.kv_main * unbounded_layers + g.idx_b * g.n_layers) / g.hbm_bw
+    slope = slope - (g.attn_decode * unbounded_layers + g.idx_flops * g.n_layers) / rate_rank
+    offset = (2.0 * g.p_act + g.attn_decode * capped) / rate_rank - g.kv_main * capped / g.hbm_bw
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kv_crossover = np.where(slope > 0, np.maximum(offset, 0.0) / slope, np.inf)
+
+    out = {
+        "chips": g.chips,
+        "compute_s": compute_s,
+        "memory_s": memory_s,
+        "comm_s": comm_s,
+        "step_s": step_s,
+        "bound": bound,
+        "tokens_per_s": tokens_per_s,
+        "tpot_s": _where(prefill, lambda: np.full_like(step_s, np.nan), lambda: step_s),
+        "usd_per_mtok": usd_per_mtok,
+        "weights_bytes_per_chip": weights_bytes,
+        "kv_bytes_per_chip": kv_bytes,
+        "activation_bytes_per_chip": act_bytes,
+        "hbm_bytes_per_chip": hbm_bytes,
+        "fits": fits,
+        "flops_per_step": r["tokens"] * 2.0 * g.p_act + g.batch * r["attn"],
+        "attention_flops_per_step": g.batch * r["attn"],
+        "tp_comm_s": g.pp * r["tp_s"],
+        "ep_comm_s": g.pp * r["ep_s"],
+        "pp_comm_s": g.pp * r["pp_s"],
+        "overhead_s": g.overhead * np.ones_like(step_s),
+        "sequences_in_flight": seqs_in_flight,
+        "balance_batch": balance_batch,
+        "hbm_drain_s": g.hbm_cap / (g.hbm_bw / g.eff.memory),
+        "kv_crossover_context": kv_crossover,
+    }
+    if ttft:
+        first = _pass(g, np.ones_like(g.batch), True)["step_s"]
+        out["ttft_s"] = np.where(prefill, step_s, first)
+    return out
+
+
+
+
+def balance_batch_closed_form(
+    flops: float, bandwidth: float, bytes_per_param: float, total: float, active: float
+) -> float:
+    """The lecture's balance batch: (FLOP/s / bytes/s) x (bytes per param / 2) x (total / active)."""
+    return flops / bandwidth * bytes_per_param / 2.0 * total / active
+
+
+def kv_crossover_bytes_per_token(flops: float, bandwidth: float, active: float, context: float) -> float:
+    """KV bytes per token at which KV fetch time equals weight compute time at ``context``:
+    B L bytes / bandwidth = B 2 N_active / FLOP/s, so bytes = (bandwidth / FLOP/s) x 2 N / L.
+    """
+    return bandwidth / flops * 2.0 * active / context

@@ -1,0 +1,107 @@
+"""The self-contained HTML report of a study run, and its plots drawn by the study's kind."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+import pandas as pd
+
+from dse.studies.base import StudySpec
+from dse.studies.common import StudyOutput
+from dse.studies.registry import study_module
+
+
+def write_plots(out: StudyOutput, spec: StudySpec, folder: Path) -> list[str]:
+    """Draw the kind's plots whose tables have rows into ``folder``; return their file names."""
+    files = []
+    for plot in study_module(spec.kind).PLOTS:
+        if plot.table in out.tables and not out.tables[plot.table].empty:
+            plot.draw(out, folder / plot.file)
+            files.append(plot.file)
+    return files
+
+
+def _fmt_bytes(x: float) -> str:
+    return f"{x / 1e9:,.1f} GB"
+
+
+def _band(e: dict) -> str:
+    band = e.get("usd_per_mtok_band")
+    return "" if not band else f" (80% band {band[0]:.3g}-{band[1]:.3g}, from the leave-one-out errors of dse validate)"
+
+
+def explain(e: dict, space) -> str:
+    """Why this configuration: which resource binds, the time and the memory breakdown."""
+    parts = {"compute": e["compute_s"], "memory (HBM bandwidth)": e["memory_s"], "communication": e["comm_s"]}
+    binding = max(parts, key=parts.get)
+    times = ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in parts.items())
+    n = e["batch"] // e["dp"]
+    row = None
+    if space is not None:
+        blocks = space.blocks
+        match = blocks[(blocks["system"] == e["system"]) & (blocks["tp"] == e["tp"]) & (blocks["dp"] == e["dp"])
+                       & (blocks["ep"] == e["ep"]) & (blocks["pp"] == e["pp"])]
+        row = match.iloc[0] if len(match) else None
+    w = space.workload if space is not None else None
+    if row is not None and n >= int(row["n_hi"]):
+        cap = "HBM capacity caps the batch (one more sequence per rank would not fit)"
+    elif w is not None and w.tpot_max is not None and e["tpot_s"] >= 0.98 * w.tpot_max:
+        cap = f"the TPOT target of {w.tpot_max * 1e3:g} ms caps the batch"
+    else:
+        cap = "the batch stops where a larger one no longer lowers the cost per token, or at the study's limit"
+    free = e["hbm_capacity_per_chip"] - e["hbm_bytes_per_chip"]
+    return (
+        f"<p><b>{html.escape(e['model'])} / {html.escape(e['workload'])}</b>: {e['chips']} x {e['system']} "
+        f"({e['racks']} scale-up domain{'s' if e['racks'] > 1 else ''}), TP{e['tp']} DP{e['dp']} EP{e['ep']} "
+        f"PP{e['pp']}, batch {e['batch']}, weights {e['weights_dtype']}, KV {e['kv_dtype']} in {e['kv_tier']}. "
+        f"Binding resource: <b>{binding}</b> ({times} per step). {cap}. "
+        f"Memory per chip: weights {_fmt_bytes(e['weights_bytes_per_chip'])}, KV {_fmt_bytes(e['kv_bytes_per_chip'])}, "
+        f"activations {_fmt_bytes(e['activation_bytes_per_chip'])}, free {_fmt_bytes(free)} of "
+        f"{_fmt_bytes(e['hbm_capacity_per_chip'])}. Cost {e['usd_per_mtok']:.4g} USD per million output tokens"
+        f"{_band(e)}, "
+        f"{e['usd_per_mtok_input']:.4g} per million input tokens (prefill one prompt at a time); "
+        f"TPOT {e['tpot_s'] * 1e3:.3g} ms, TTFT {e['ttft_s']:.3g} s.</p>"
+    )
+
+
+def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[str]) -> None:
+    """A self-contained report.html: text, tables and the PNGs embedded."""
+    s = out.summary
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(s['study'])}</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+        "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
+        "img{max-width:100%}</style></head><body>",
+        f"<h1>{html.escape(s['study'])}</h1>",
+        f"<p><b>Question.</b> {html.escape(s['description'])}</p>",
+        f"<p><b>Expected.</b> {html.escape(s['expect'])}</p>",
+        f"<p><b>Status:</b> {s['status']} &middot; solver {s['solver']['name']}, {s['solver']['solves']} solves, "
+        f"{s['solver']['solve_wall_s']:.3f} s solving, {s['solver']['wall_s']:.3f} s in all, "
+        f"largest gap {s['solver']['gap']:.2g}</p>",
+    ]
+    if s["best"]:
+        parts.append("<h2>Chosen configurations</h2>")
+        for e in s["best"]:
+            parts.append(explain(e, out.spaces.get((e["model"], e["workload"]))))
+    if s["infeasible"]:
+        parts.append("<h2>Infeasible</h2><ul>")
+        parts += [f"<li>{html.escape(i['model'])} / {html.escape(i['workload'])}: {html.escape(i['reason'])}</li>"
+                  for i in s["infeasible"]]
+        parts.append("</ul>")
+    for name in plots:
+        path = folder / name
+        if path.exists():
+            data = base64.b64encode(path.read_bytes()).decode()
+            title = name.removesuffix(".png").replace("_", " ")
+            parts.append(f"<h2>{title}</h2><img src='data:image/png;base64,{data}'>")
+    for name, table in out.tables.items():
+        parts.append(f"<h2>{name}.csv</h2>")
+        parts.append(table.to_html(index=False, float_format=lambda v: f"{v:.4g}", escape=True))
+    if s.get("spaces"):
+        parts.append("<h2>Search spaces</h2>")
+        parts.append(pd.DataFrame(s["spaces"]).to_html(index=False))
+    parts.append("</body></html>")
+    (folder / "report.html").write_text("\n".join(parts))

@@ -1,0 +1,106 @@
+"""``kind: api_pricing``: what price sheets reveal (KV bytes per token from a context price step) and how
+to price context tiers from the serving optimum at each context.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, field_validator
+
+from dse.catalog.models import get_model
+from dse.errors import InfeasibleError, InputError
+from dse.optimize.serving import solve_serving
+from dse.optimize.space import build_space
+from dse.studies.base import StudySpec, _Strict
+from dse.studies.common import Progress, StudyOutput, entry, solved, summary_header
+
+USES_STORAGE = False
+WORKERS = False
+
+
+class SheetSpec(_Strict):
+    name: str
+    step_context: float = Field(gt=0)
+    input: list[float]  # [below the step, above]
+    output: list[float]
+
+    @field_validator("input", "output")
+    @classmethod
+    def _pair(cls, v: list[float]) -> list[float]:
+        if len(v) != 2 or any(x <= 0 for x in v):
+            raise ValueError(f"must be [price below the step, price above], both > 0, got {v}")
+        return v
+
+
+class PricingSpec(_Strict):
+    """Inverse: what price sheets imply; forward: tier prices for a model on the study's space."""
+
+    sheets: list[SheetSpec]
+    system: str = "tpu-v7"
+    actives_b: list[float] = [25, 50, 100, 200, 400]
+    contexts: list[int] = [8000, 32000, 128000, 200000, 400000, 1000000]
+    tier_boundaries: list[int] = [200000, 1000000]
+    margin: float = Field(default=0.5, ge=0)
+
+
+class Spec(StudySpec):
+    pricing: PricingSpec | None = None
+
+    system_fields = ("pricing.system",)
+
+    def check_catalog(self, path: Path, models: dict) -> None:
+        if self.pricing is None:
+            raise InputError(f"{path}: missing required field 'pricing' (price sheets and the forward contexts)")
+
+
+def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+    """Inverse reading of price sheets; forward tier prices from the serving optimum at each context."""
+    from dse.catalog.hardware import get_system
+    from dse.optimize.pricing import PriceSheet, consistent_architectures, inverse, tier_prices
+
+    t0 = time.perf_counter()
+    pr = spec.pricing
+    system = get_system(pr.system)
+    inv, consistent = [], []
+    for sh in pr.sheets:
+        sheet = PriceSheet(sh.name, sh.step_context, sh.input[0], sh.input[1], sh.output[0], sh.output[1])
+        inv += inverse(sheet, system, np.array(pr.actives_b) * 1e9)
+        consistent += consistent_architectures(sheet, system, np.array(pr.actives_b) * 1e9)
+    fwd, tiers, results = [], [], []
+    opts = spec.space.options()
+    base = spec.workloads[0]
+    for model_id in spec.models:
+        model = get_model(model_id)
+        costs = []
+        for ctx in pr.contexts:
+            if progress:
+                progress(f"{model_id}: context {ctx:,}")
+            w = replace(base.workload(), name=f"{ctx}", prompt=ctx - base.output if ctx > base.output else ctx)
+            space = build_space(model, w, opts)
+            try:
+                r = solve_serving(space, w.tpot_max, solver=spec.solver.name)
+            except InfeasibleError as exc:
+                fwd.append({"model": model_id, "context": ctx, "status": "infeasible", "reason": str(exc)})
+                costs.append(np.inf)
+                continue
+            results.append(r.result)
+            e = entry(space, r, opts.ideal)
+            fwd.append({"model": model_id, "context": ctx, "status": r.result.status, "reason": "",
+                        **{k: e[k] for k in ("system", "chips", "batch", "usd_per_mtok", "usd_per_mtok_input",
+                                             "tpot_s", "bound")}})
+            costs.append(e["usd_per_mtok"])
+        for t in tier_prices(np.array(pr.contexts, dtype=float), np.array(costs), pr.tier_boundaries, pr.margin):
+            tiers.append({"model": model_id, **t})
+    out = StudyOutput(summary=summary_header(spec, **solved(spec, results, t0)))
+    out.tables = {"pricing_inverse": pd.DataFrame(inv), "pricing_consistent": pd.DataFrame(consistent),
+                  "pricing_forward": pd.DataFrame(fwd),
+                  "pricing_tiers": pd.DataFrame(tiers)}
+    return out
+
+
+PLOTS = ()

@@ -1,0 +1,177 @@
+"""The fields every study file shares, and loading a study through its kind's own spec.
+
+A study names the models and workloads to serve, the design space to search and the solver; its
+``kind`` picks a module of ``dse.studies`` (see the registry) whose ``Spec`` adds and validates
+the kind's own block, so every mistake gets one message naming the file and the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dse.catalog.hardware import default_systems
+from dse.catalog.loading import read_yaml, validation_message
+from dse.catalog.models import default_models
+from dse.errors import InputError, unknown_name_message
+from dse.optimize.space import SpaceOptions, Workload
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkloadSpec(_Strict):
+    """One kind of request and its service targets."""
+
+    name: str
+    prompt: int = Field(gt=0, description="prompt tokens")
+    output: int = Field(gt=0, description="output tokens")
+    tpot_max_s: float | None = Field(default=None, gt=0)
+    ttft_max_s: float | None = Field(default=None, gt=0)
+    demand_tokens_per_s: float | None = Field(default=None, gt=0)
+
+    def workload(self) -> Workload:
+        return Workload(self.name, self.prompt, self.output, self.tpot_max_s, self.ttft_max_s, self.demand_tokens_per_s)
+
+
+class SpaceSpec(_Strict):
+    """The discrete choices to search."""
+
+    systems: list[str] | Literal["all"] = "all"
+    weights_dtypes: list[Literal["bf16", "fp8", "fp4"]] = ["bf16", "fp8", "fp4"]
+    kv_dtypes: list[Literal["bf16", "fp8", "fp4"]] = ["bf16", "fp8"]
+    kv_tiers: list[Literal["hbm", "host"]] = ["hbm", "host"]
+    tp: list[int] = [1, 2, 4, 8]
+    pp: list[int] = [1, 2, 4]
+    max_racks: int = Field(default=4, ge=1)
+    max_chips_per_stage: int = Field(default=1024, ge=1)
+    min_chips_per_stage: int = Field(default=1, ge=1)
+    max_batch_per_rank: int = Field(default=1024, ge=1)
+    ideal: bool = False
+
+    @field_validator("weights_dtypes", "kv_dtypes", "kv_tiers", "tp", "pp")
+    @classmethod
+    def _non_empty(cls, v: list) -> list:
+        if not v:
+            raise ValueError("must list at least one value")
+        if any(isinstance(x, int) and x < 1 for x in v):
+            raise ValueError(f"degrees must be >= 1, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _range(self) -> SpaceSpec:
+        if self.min_chips_per_stage > self.max_chips_per_stage:
+            raise ValueError(
+                f"min_chips_per_stage ({self.min_chips_per_stage}) must be <= max_chips_per_stage "
+                f"({self.max_chips_per_stage})"
+            )
+        return self
+
+    def options(self) -> SpaceOptions:
+        systems = tuple(default_systems()) if self.systems == "all" else tuple(self.systems)
+        return SpaceOptions(
+            systems=systems, weights_dtypes=tuple(self.weights_dtypes), kv_dtypes=tuple(self.kv_dtypes),
+            kv_tiers=tuple(self.kv_tiers), tp=tuple(self.tp), pp=tuple(self.pp), max_racks=self.max_racks,
+            max_chips_per_stage=self.max_chips_per_stage, min_chips_per_stage=self.min_chips_per_stage,
+            max_batch_per_rank=self.max_batch_per_rank,
+            ideal=self.ideal,
+        )
+
+
+class SolverSpec(_Strict):
+    name: Literal["highs", "scip", "sat"] = "highs"
+    time_limit_s: float = Field(default=60.0, gt=0)
+
+
+class StudySpec(_Strict):
+    """The fields of every study file; a kind's ``Spec`` subclasses it and adds its own block."""
+
+    study: str
+    kind: str
+    description: str
+    expect: str
+    models: list[str] = []
+    workloads: list[WorkloadSpec]
+    space: SpaceSpec = SpaceSpec()
+    solver: SolverSpec = SolverSpec()
+
+    models_required: ClassVar[bool] = True
+    """Whether the study must name catalog models (kinds that build their own models do not)."""
+    system_fields: ClassVar[tuple[str, ...]] = ()
+    """Dotted fields of the kind's block that name catalog systems (``space.systems`` always does)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> StudySpec:
+        if not self.models and self.models_required:
+            raise ValueError("models: must list at least one model")
+        if not self.workloads:
+            raise ValueError("workloads: must list at least one workload")
+        names = [w.name for w in self.workloads]
+        if len(set(names)) != len(names):
+            raise ValueError(f"workloads: names must be unique, got {names}")
+        return self
+
+    def check_catalog(self, path: Path, models: dict) -> None:
+        """Checks against the catalogs that the kind adds; raise InputError naming the file and field."""
+
+
+def _field_value(spec: StudySpec, dotted: str):
+    value = spec
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _system_fields(spec: StudySpec) -> list[tuple[str, list[str]]]:
+    """Every field of the study that names systems, with the ids it names."""
+    out = []
+    for field in ("space.systems", *spec.system_fields):
+        value = _field_value(spec, field)
+        if value == "all":
+            continue
+        out.append((field, [value] if isinstance(value, str) else list(value)))
+    return out
+
+
+def load_study(study: str | Path | dict) -> StudySpec:
+    """Read and validate a study (a file, or the mapping a file would hold); errors are InputErrors.
+
+    Each message names the file (``<study>`` for a mapping) and the field.
+    """
+    from dse.studies.registry import KINDS, study_module
+
+    if isinstance(study, dict):
+        where, doc = "<study>", study
+    else:
+        path = Path(study)
+        if not path.exists():
+            raise InputError(f"{path}: no such study file")
+        where, doc = str(path), read_yaml(path)
+    if not isinstance(doc, dict):
+        raise InputError(f"{where}: a study file is a mapping with study, kind, models, workloads, ...")
+    kind = doc.get("kind")
+    if kind not in KINDS:
+        shown = "missing" if kind is None else repr(kind)
+        raise InputError(f"{where}: field 'kind': {shown}; allowed: {', '.join(KINDS)}")
+    spec_type = study_module(kind).Spec
+    try:
+        spec = spec_type.model_validate(doc)
+    except ValidationError as exc:
+        raise InputError(validation_message(exc, spec_type, where)) from None
+    models = default_models()
+    for i, m in enumerate(spec.models):
+        if m not in models:
+            raise InputError(f"{where}: field 'models.{i}': " + unknown_name_message("model", m, models))
+    spec.check_catalog(Path(where), models)
+    systems = default_systems()
+    for field, ids in _system_fields(spec):
+        if not ids:
+            raise InputError(f"{where}: field '{field}': must list at least one system, or be 'all'")
+        for i, s in enumerate(ids):
+            if s not in systems:
+                at = field if isinstance(_field_value(spec, field), str) else f"{field}.{i}"
+                raise InputError(f"{where}: field '{at}': " + unknown_name_message("system", s, systems))
+    return spec

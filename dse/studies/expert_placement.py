@@ -1,0 +1,116 @@
+"""``kind: expert_placement``: replicas and placement of skewed MoE experts on GPUs in scale-up domains
+(a MIP) against DeepSeek's EPLB greedy, and what the imbalance does to decode.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, field_validator
+
+from dse.catalog.models import get_model
+from dse.errors import InputError
+from dse.physics.evaluate import Config, evaluate_config
+from dse.studies.base import StudySpec, _Strict
+from dse.studies.common import Plot, Progress, StudyOutput, summary_header
+from dse.studies.plotting import plt, save
+
+USES_STORAGE = False
+WORKERS = False
+
+
+class PlacementSpec(_Strict):
+    """Expert placement for one MoE model on one system: load skews and a replica budget."""
+
+    system: str = "gb200-nvl72"
+    gpus: int = Field(default=16, ge=2)
+    domain_gpus: int = Field(default=8, ge=1, description="GPUs per scale-up domain in the placement")
+    tokens_per_step: int = Field(default=4096, ge=1)
+    skews: list[float] = [0.0, 0.6, 1.0, 1.4]
+    redundant: int = Field(default=16, ge=0)
+    extra_slots: int = Field(default=2, ge=0, description="slots per GPU beyond experts / GPUs")
+    experts: int | None = Field(default=None, ge=2, description="experts to place (default: the model's)")
+    time_limit_s: float = Field(default=10.0, gt=0)
+    context: int = Field(default=4096, ge=1)
+
+    @field_validator("skews")
+    @classmethod
+    def _skews(cls, v: list[float]) -> list[float]:
+        if not v or any(x < 0 for x in v):
+            raise ValueError(f"must list Zipf exponents >= 0, got {v}")
+        return v
+
+
+class Spec(StudySpec):
+    placement: PlacementSpec = PlacementSpec()
+
+    system_fields = ("placement.system",)
+
+    def check_catalog(self, path: Path, models: dict) -> None:
+        if not all(models[m].is_moe for m in self.models):
+            raise InputError(f"{path}: field 'models': expert placement needs MoE models")
+
+
+def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+    """Expert placement (MIP) against the EPLB greedy, per load skew, and what it does to decode."""
+    from dse.optimize.placement import greedy, solve_placement
+    from formulations import expert_placement as fp
+
+    t0 = time.perf_counter()
+    pl = spec.placement
+    rows, results = [], []
+    for model_id in spec.models:
+        model = get_model(model_id)
+        f = model.spec.ffn
+        experts = pl.experts or f.n_experts
+        slots = -(-experts // pl.gpus) + pl.extra_slots
+        for skew in pl.skews:
+            if progress:
+                progress(f"{model_id}: skew {skew}")
+            loads = fp.zipf_loads(experts, pl.tokens_per_step * f.top_k, skew, seed=1)
+            data = fp.PlacementData(loads, gpus=pl.gpus, domain=pl.domain_gpus, slots=slots, redundant=pl.redundant)
+            mip, base = solve_placement(data, pl.time_limit_s), greedy(data)
+            results.append(mip.result)
+            row = {"model": model_id, "skew": skew, "experts": experts, "gpus": pl.gpus, "slots": slots,
+                   "redundant": pl.redundant, "status": mip.status, "gap": mip.gap, "wall_s": mip.wall_s,
+                   "peak_tokens_mip": mip.peak, "peak_tokens_greedy": base.peak,
+                   "imbalance_mip": mip.imbalance(data), "imbalance_greedy": base.imbalance(data),
+                   "crossing_tokens_mip": mip.crossing, "crossing_tokens_greedy": base.crossing,
+                   "peak_improvement": 1 - mip.peak / base.peak,
+                   "crossing_improvement": 1 - mip.crossing / base.crossing if base.crossing else 0.0}
+            for name, imb in (("mip", row["imbalance_mip"]), ("greedy", row["imbalance_greedy"])):
+                ev = evaluate_config(Config(model=model_id, system=pl.system, batch=pl.tokens_per_step,
+                                            context=pl.context, ep=pl.gpus, moe_imbalance=imb))
+                row[f"tpot_s_{name}"] = ev["tpot_s"]
+                row[f"usd_per_mtok_{name}"] = ev["usd_per_mtok"]
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    out = StudyOutput(summary=summary_header(
+        spec, status="optimal" if all(r.status == "optimal" for r in results) else "feasible",
+        solver={"name": "scip", "wall_s": time.perf_counter() - t0, "solve_wall_s": float(table["wall_s"].sum()),
+                "solves": 2 * len(table), "gap": float(table["gap"].max())},
+        mip_never_worse=bool((table["peak_tokens_mip"] <= table["peak_tokens_greedy"] * (1 + 1e-9)).all()),
+    ))
+    out.tables = {"placement": table}
+    return out
+
+
+def _placement(out: StudyOutput, path: Path) -> None:
+    table = out.tables['placement']
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    x = np.arange(len(table))
+    labels = [f"{m}\nskew {s:g}" for m, s in zip(table["model"], table["skew"], strict=True)]
+    for ax, key, title in ((axes[0], "imbalance", "most-loaded GPU / mean"),
+                           (axes[1], "crossing_tokens", "tokens crossing scale-out per step")):
+        ax.bar(x - 0.2, table[f"{key}_greedy"], 0.4, label="EPLB greedy", color="#e07b39")
+        ax.bar(x + 0.2, table[f"{key}_mip"], 0.4, label="MIP", color="#3b7dd8")
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    save(fig, path)
+
+
+PLOTS = (Plot("placement", "placement.png", _placement),)

@@ -1,0 +1,97 @@
+"""``kind: kv_tiers``: which memory tier (HBM, host DRAM, NVMe, HDD) or recomputation each class of cached
+prefixes belongs on (a MIP), with drain times and the cost of a cache hit against a cache write.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+from pydantic import Field
+
+from dse.errors import InfeasibleError, InputError
+from dse.studies.base import StudySpec, _Strict
+from dse.studies.common import Progress, StudyOutput, solved, summary_header
+
+USES_STORAGE = False
+WORKERS = False
+
+
+class PrefixClassSpec(_Strict):
+    name: str
+    prefix_tokens: int = Field(gt=0)
+    prefixes_kept: int = Field(gt=0)
+    lifetime_s: float = Field(gt=0)
+    hits_per_s: float = Field(ge=0)
+    ttft_s: float = Field(gt=0)
+
+
+class KVTiersSpec(_Strict):
+    """Cached-prefix classes on one serving node's memory tiers."""
+
+    system: str = "h100"
+    chips: int = Field(default=8, ge=1)
+    tp: int = Field(default=8, ge=1)
+    weights_dtype: Literal["bf16", "fp8", "fp4"] = "fp8"
+    nvme_drives: int = Field(default=8, ge=0)
+    hdd_drives: int = Field(default=12, ge=0)
+    classes: list[PrefixClassSpec]
+
+
+class Spec(StudySpec):
+    kv_tiers: KVTiersSpec | None = None
+
+    system_fields = ("kv_tiers.system",)
+
+    def check_catalog(self, path: Path, models: dict) -> None:
+        if self.kv_tiers is None:
+            raise InputError(f"{path}: missing required field 'kv_tiers' (classes of cached prefixes and the node)")
+
+
+def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+    """Assign each class of cached prefixes a tier (MIP); drain times; cache-hit against cache-write cost."""
+    from dse.optimize.kv_tiers import PrefixClass, tiering_data
+    from dse.optimize.solver import solve
+    from formulations import kv_tiering as fk
+
+    t0 = time.perf_counter()
+    kt = spec.kv_tiers
+    classes = [PrefixClass(c.name, c.prefix_tokens, c.prefixes_kept, c.lifetime_s, c.hits_per_s, c.ttft_s)
+               for c in kt.classes]
+    rows, results = [], []
+    tiers_info = {}
+    for model_id in spec.models:
+        if progress:
+            progress(model_id)
+        serve = {"tp": kt.tp, "chips": kt.chips, "weights_dtype": kt.weights_dtype}
+        data, info = tiering_data(model_id, kt.system, kt.chips, serve, classes, kt.nvme_drives, kt.hdd_drives)
+        tm = fk.build(data)
+        engine, res = solve(tm.model, spec.solver.name)
+        results.append(res)
+        if not res.ok:
+            raise InfeasibleError(f"{model_id}: no tier assignment fits the tiers' capacity, bandwidth and TTFT")
+        z = engine.values(tm.z).to_numpy().reshape(len(classes), len(fk.TIERS))
+        tiers_info = {k: {"capacity": v.capacity, "bandwidth": v.bandwidth, "drain_s": v.drain_s,
+                          "usd_per_gb_hour": v.usd_per_byte_s * 1e9 * 3600} for k, v in info["tiers"].items()}
+        for i, c in enumerate(classes):
+            j = int(z[i].argmax())
+            recompute = fk.TIERS.index("recompute")
+            write = data.cost[i, recompute] / c.hits_per_s if c.hits_per_s else float("nan")  # one prefill
+            hit = data.cost[i, j] / c.hits_per_s if c.hits_per_s and j != recompute else write
+            drains = {t: tiers_info[t]["drain_s"] for t in tiers_info}
+            rows.append({"model": model_id, "class": c.name, "prefix_tokens": c.prefix_tokens,
+                         "lifetime_s": c.lifetime_s, "hits_per_s": c.hits_per_s, "tier": fk.TIERS[j],
+                         "usd_per_hour": data.cost[i, j] * 3600, "load_s": data.load_s[i, j],
+                         "tier_drain_s": drains.get(fk.TIERS[j], float("nan")),
+                         "usd_per_cache_write": write, "usd_per_cache_hit": hit,
+                         "write_over_hit": write / hit if hit else float("nan"),
+                         "gb_kept": data.bytes_kept[i] / 1e9})
+    table = pd.DataFrame(rows)
+    out = StudyOutput(summary=summary_header(spec, tiers=tiers_info, **solved(spec, results, t0)))
+    out.tables = {"kv_tiers": table, "tiers": pd.DataFrame([{"tier": k, **v} for k, v in tiers_info.items()])}
+    return out
+
+
+PLOTS = ()

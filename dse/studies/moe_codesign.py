@@ -1,0 +1,105 @@
+"""``kind: moe_codesign``: the cost-optimal sparsity and model size at fixed quality, served within one
+scale-up domain of each system.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+from pydantic import Field
+
+from dse.studies.base import StudySpec, _Strict
+from dse.studies.common import Plot, Progress, StudyOutput, summary_header
+from dse.studies.plotting import plt, save
+
+USES_STORAGE = False
+WORKERS = False
+
+
+class CodesignSpec(_Strict):
+    """Fixed quality (effective dense size), the sparsities to weigh, the scale-up domains to serve on."""
+
+    effective_params_b: float = Field(default=700, gt=0)
+    gamma: float = Field(default=1 / 3, gt=0, lt=1)
+    sparsities: list[int] = [1, 2, 4, 8, 16, 32, 64]
+    systems: list[str] = ["h200", "gb200-nvl72", "rubin-ultra-nvl576"]
+
+
+class Spec(StudySpec):
+    codesign: CodesignSpec = CodesignSpec()
+
+    models_required = False
+    system_fields = ("codesign.systems",)
+
+
+def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+    """For each scale-up domain, the serving cost of each sparsity at fixed quality; the optimum per domain."""
+    from dse.optimize.codesign import codesign_point
+
+    t0 = time.perf_counter()
+    cd = spec.codesign
+    w = spec.workloads[0].workload()
+    rows = []
+    for system in cd.systems:
+        opts = replace(spec.space.options(), systems=(system,), max_racks=1)  # one scale-up domain
+        for s in cd.sparsities:
+            if progress:
+                progress(f"{system}: sparsity {s}")
+            rows.append({"system_domain": system, **codesign_point(cd.effective_params_b * 1e9, s, cd.gamma, w, opts,
+                                                                   spec.solver.name)})
+    table = pd.DataFrame(rows)
+    best = []
+    for system, g in table.groupby("system_domain", sort=False):
+        ok = g[g["status"] != "infeasible"]
+        if ok.empty:
+            best.append({"system_domain": system, "status": "infeasible"})
+            continue
+        b = ok.loc[ok["usd_per_mtok"].idxmin()]
+        best.append({"system_domain": system, "status": "optimal", "sparsity": int(b["sparsity"]),
+                     "params_total": b["params_total"], "params_active": b["params_active"],
+                     "usd_per_mtok": b["usd_per_mtok"], "chips": int(b["chips"])})
+    solved = table[table["status"] != "infeasible"]
+    out = StudyOutput(summary=summary_header(
+        spec, optimum=best, status="optimal" if (solved["status"] == "optimal").all() else "feasible",
+        solver={"name": spec.solver.name, "wall_s": time.perf_counter() - t0, "solves": len(rows),
+                "solve_wall_s": time.perf_counter() - t0, "gap": 0.0},
+    ))
+    out.tables = {"codesign": table, "codesign_best": pd.DataFrame(best)}
+    return out
+
+
+def _codesign(out: StudyOutput, path: Path) -> None:
+    table = out.tables['codesign']
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for system, g in table.groupby("system_domain", sort=False):
+        ok = g[g["status"] != "infeasible"]
+        ax.plot(ok["sparsity"], ok["usd_per_mtok"], "o-", label=f"one {system} domain")
+        b = ok.loc[ok["usd_per_mtok"].idxmin()] if not ok.empty else None
+        if b is not None:
+            ax.plot([b["sparsity"]], [b["usd_per_mtok"]], "k*", ms=12)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sparsity (total / active expert parameters; fixed quality)")
+    ax.set_ylabel("USD per million output tokens")
+    ax.set_title("Cost-optimal sparsity (star) jumps with the scale-up domain", fontsize=10)
+    ax.legend(fontsize=8)
+    save(fig, path)
+
+
+PLOTS = (Plot("codesign", "codesign.png", _codesign),)
+
+
+def headline(summary: dict) -> list[str]:
+    """One line per scale-up domain: the cost-optimal sparsity and its cost."""
+    lines = []
+    for e in summary["optimum"]:
+        if e["status"] == "infeasible":
+            lines.append(f"{e['system_domain']}: no sparsity fits one domain")
+            continue
+        lines.append(f"{e['system_domain']}: sparsity {e['sparsity']} ({e['params_total'] / 1e12:.2f}T total, "
+                     f"{e['params_active'] / 1e9:.0f}B active) on {e['chips']} chips: "
+                     f"{e['usd_per_mtok']:.4g} USD/Mtok")
+    return lines

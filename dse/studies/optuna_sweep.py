@@ -1,0 +1,348 @@
+"""Sensitivity sweeps on Optuna: every point scales one catalog parameter and solves the serving optimum.
+
+Points (model x workload x parameter x factor) are enqueued as Optuna trials in a shared storage:
+an embedded SQLite file in the output folder by default, or a PostgreSQL URL that several
+`dse worker` processes (on several machines) draw from. A point is done once (a COMPLETE trial);
+trials of a killed process stop sending heartbeats, are failed as stale and their points enqueued
+again, so a sweep killed mid-way resumes with no completed point lost and none recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+
+from dse.catalog.models import get_model
+from dse.errors import InfeasibleError, InputError
+from dse.optimize.serving import solve_serving
+from dse.optimize.space import build_space, describe_choice, subset
+from dse.studies.base import StudySpec
+from dse.studies.common import StudyOutput, config_entry, summary_header
+
+PARAMETERS = {  # study name -> System field
+    "hbm_bandwidth": "hbm_bandwidth", "hbm_capacity": "hbm_capacity", "flops": "flops",
+    "scaleup_bandwidth": "scaleup_bandwidth", "scaleout_bandwidth": "scaleout_bandwidth",
+    "scaleup_domain": "scaleup_domain", "price": "price_per_s",
+}
+HEARTBEAT_S = 2
+GRACE_S = 10  # a trial whose heartbeat is older than this is from a dead process
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+logging.getLogger("optuna").setLevel(logging.WARNING)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One sweep point."""
+
+    model: str
+    workload: str
+    parameter: str
+    factor: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}|{self.workload}|{self.parameter}|{self.factor:g}"
+
+
+class SweepStudy(StudySpec):
+    """A study whose points scale one catalog parameter each (the sweep and tornado kinds)."""
+
+    def pairs(self) -> list[tuple[str, float]]:
+        """(parameter, factor) of every point, in a stable order."""
+        raise NotImplementedError
+
+    def scaled_systems(self) -> tuple[str, ...]:
+        """The systems whose parameter is scaled (empty: every system)."""
+        return ()
+
+    def per_system(self) -> bool:
+        """Whether each point also solves every system on its own."""
+        return False
+
+
+def points_of(spec: SweepStudy) -> list[Point]:
+    """Every point of a sweep or tornado study, in a stable order."""
+    return [Point(m, w.name, p, float(f)) for m in spec.models for w in spec.workloads for p, f in spec.pairs()]
+
+
+WORKER_WAIT_S = 300.0  # how long a worker waits for `dse run` to create the sweep
+
+
+def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WAIT_S) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage with heartbeats; a bad URL or an unreachable server is an InputError.
+
+    Workers pass ``create_tables=False`` and wait for the coordinator to create the tables, so that
+    several processes never race to create them.
+    """
+    if not (url.startswith("sqlite:///") or url.startswith("postgresql://") or url.startswith("postgresql+")):
+        raise InputError(f"--storage '{url}': unsupported URL; allowed: sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
+    engine_url = url
+    if url.startswith("postgresql://"):  # SQLAlchemy 2.1 defaults to psycopg 3; the project ships psycopg2
+        engine_url = "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+    kwargs = {"pool_pre_ping": True} if url.startswith("postgresql") else {"connect_args": {"timeout": 60}}
+    try:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(engine_url, **kwargs)
+        engine.connect().close()
+        engine.dispose()
+    except Exception as exc:  # sqlalchemy raises many kinds; each means the storage cannot be reached
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"--storage '{url}': cannot open the storage: {reason}") from None
+    # Processes that open a fresh database together race to create its tables and version row: the
+    # losers see an integrity error once, then find everything in place.
+    deadline = time.monotonic() + (wait_s if not create_tables else 30.0)
+    while True:
+        try:
+            return optuna.storages.RDBStorage(
+                engine_url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                skip_table_creation=not create_tables,
+            )
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise InputError(f"--storage '{url}': cannot use the storage: {reason}") from None
+            time.sleep(0.5)  # tables being created by another process, or not yet
+
+
+def _load_study(spec: SweepStudy, storage, create: bool, wait_s: float = WORKER_WAIT_S) -> optuna.Study:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if create:
+                return optuna.create_study(study_name=spec.study, storage=storage, direction="minimize",
+                                           load_if_exists=True)
+            return optuna.load_study(study_name=spec.study, storage=storage)
+        except KeyError:
+            if time.monotonic() > deadline:
+                raise InputError(f"no sweep '{spec.study}' in the storage after {wait_s:.0f} s: start `dse run` "
+                                 "with the same study and storage first") from None
+            time.sleep(0.5)
+
+
+def _state_by_point(study: optuna.Study) -> dict[str, set[str]]:
+    states: dict[str, set[str]] = {}
+    for t in study.get_trials(deepcopy=False):
+        key = t.params.get("point") or t.user_attrs.get("point_key")
+        if key:
+            states.setdefault(key, set()).add(t.state.name)
+    return states
+
+
+def fail_dead_trials(study: optuna.Study) -> None:
+    """Fail the RUNNING trials of dead processes: stale heartbeats (Optuna), and trials a process was
+    killed with before its first heartbeat (none recorded, started more than the grace period ago).
+    """
+    import datetime
+
+    import sqlalchemy
+
+    optuna.storages.fail_stale_trials(study)
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)  # Optuna wraps the RDB storage in a cache
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if not running or not hasattr(backend, "engine"):
+        return
+    with backend.engine.connect() as conn:
+        beating = {row[0] for row in conn.execute(sqlalchemy.text("SELECT trial_id FROM trial_heartbeats"))}
+    now = datetime.datetime.now()
+    for t in running:
+        started = t.datetime_start or now
+        if t._trial_id not in beating and (now - started).total_seconds() > GRACE_S:
+            storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+
+
+def enqueue_missing(study: optuna.Study, points: list[Point]) -> int:
+    """Enqueue every point with no COMPLETE, RUNNING or WAITING trial; return how many."""
+    fail_dead_trials(study)
+    states = _state_by_point(study)
+    n = 0
+    for p in points:
+        if not states.get(p.key, set()) & {"COMPLETE", "RUNNING", "WAITING"}:
+            study.enqueue_trial({"point": p.key}, user_attrs={"point_key": p.key, "queued_at": time.time()})
+            n += 1
+    return n
+
+
+def solve_point(spec: SweepStudy, p: Point) -> dict:
+    """The optimum with the parameter scaled, overall and per system."""
+    w = next(ws.workload() for ws in spec.workloads if ws.name == p.workload)
+    opts = replace(spec.space.options(), scale=((PARAMETERS[p.parameter], p.factor),),
+                   scaled_systems=spec.scaled_systems())
+    t0 = time.perf_counter()
+    space = build_space(get_model(p.model), w, opts)
+    out: dict = {"point": p.key, "model": p.model, "workload": p.workload, "parameter": p.parameter,
+                 "factor": p.factor}
+    try:
+        res = solve_serving(space, w.tpot_max, solver=spec.solver.name, time_limit_s=spec.solver.time_limit_s)
+    except InfeasibleError as exc:
+        out.update(status="infeasible", reason=str(exc), usd_per_mtok=math.inf)
+    else:
+        cfg = describe_choice(space, res.choice)
+        row = space.blocks.loc[res.choice.block]
+        n = res.choice.n
+        comps = {"compute": row["c0"] + row["c"] * n, "memory": row["m0"] + row["m1"] * n,
+                 "comm": row["q0"] + row["q"] * n}
+        out.update(cfg)
+        out.update(
+            status=res.result.status, reason="", usd_per_mtok=res.choice.cost, tpot_s=res.choice.step,
+            ttft_s=float(row["ttft"]), tokens_per_s=cfg["batch"] * cfg["pp"] / res.choice.step,
+            hbm_bytes_per_chip=float(row["hbm_base"] + row["hbm_per_seq"] * n), bound=max(comps, key=comps.get),
+            gap=res.result.gap,
+        )
+    per_system = {}
+    if spec.per_system():
+        for si, system in enumerate(space.systems):
+            sub = subset(space, (space.blocks["system_idx"] == si).to_numpy())
+            try:
+                per_system[system.id] = solve_serving(sub, w.tpot_max, solver=spec.solver.name).choice.cost
+            except InfeasibleError:
+                per_system[system.id] = None
+    out["per_system"] = per_system
+    out["solve_wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def work(spec: SweepStudy, study: optuna.Study, points: list[Point], progress: Callable[[str], None] | None = None,
+         max_points: int | None = None) -> int:
+    """Solve enqueued points until none wait; return how many this process solved."""
+    by_key = {p.key: p for p in points}
+    keys = [p.key for p in points]
+    done = 0
+
+    def objective(trial: optuna.Trial) -> float:
+        queued = trial.user_attrs.get("point_key")
+        if queued is None:  # nothing was waiting when this trial was asked: not a point
+            raise optuna.TrialPruned()
+        key = trial.suggest_categorical("point", keys)
+        attrs = solve_point(spec, by_key[key])
+        trial.set_user_attr("result", json.dumps(attrs, default=float))
+        cost = attrs["usd_per_mtok"]
+        return cost if math.isfinite(cost) else 1e300
+
+    while max_points is None or done < max_points:
+        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        if not waiting:
+            break
+        if progress:
+            progress(f"{len(waiting)} points waiting")
+        try:
+            study.optimize(objective, n_trials=1)
+        except RuntimeError as exc:  # the trial was failed as stale meanwhile: its point is enqueued again
+            if progress:
+                progress(f"a point was taken back ({exc}); continuing")
+            continue
+        done += 1
+    return done
+
+
+def run_sweep(spec: SweepStudy, storage_url: str, progress: Callable[[str], None] | None = None,
+              create: bool = True, max_points: int | None = None) -> tuple[optuna.Study, list[Point], int]:
+    """Coordinator (create=True): enqueue, work, wait for stragglers until every point is complete.
+    Worker (create=False): work while points wait.
+    """
+    storage = open_storage(storage_url, create_tables=create)
+    study = _load_study(spec, storage, create)
+    points = points_of(spec)
+    solved = 0
+    while True:
+        if create:
+            enqueue_missing(study, points)
+        else:
+            fail_dead_trials(study)
+        solved += work(spec, study, points, progress, None if max_points is None else max_points - solved)
+        if not create or (max_points is not None and solved >= max_points):
+            return study, points, solved
+        states = _state_by_point(study)
+        missing = [p for p in points if "COMPLETE" not in states.get(p.key, set())]
+        if not missing:
+            return study, points, solved
+        if progress:
+            progress(f"waiting for {len(missing)} points solved elsewhere")
+        time.sleep(HEARTBEAT_S)
+
+
+def results(study: optuna.Study, points: list[Point]) -> pd.DataFrame:
+    """One row per point (the first COMPLETE trial of each), with elasticities."""
+    first: dict[str, dict] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        key = t.params.get("point")
+        if key and key not in first:
+            first[key] = {**json.loads(t.user_attrs["result"]), "trial": t.number}
+    rows = [first[p.key] for p in points if p.key in first]
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    df["elasticity"] = np.nan
+    for _, g in df.groupby(["model", "workload", "parameter"], sort=False):
+        g = g.sort_values("factor")
+        ok = np.isfinite(g["usd_per_mtok"].to_numpy(dtype=float)) & (g["factor"].to_numpy() > 0)
+        if ok.sum() >= 2:
+            x = np.log(g["factor"].to_numpy()[ok])
+            y = np.log(g["usd_per_mtok"].to_numpy(dtype=float)[ok])
+            df.loc[g.index[ok], "elasticity"] = np.gradient(y, x)
+        if "bound" in g:
+            changed = g["bound"].ne(g["bound"].shift()) & g["bound"].shift().notna()
+            df.loc[g.index, "bound_changes_here"] = changed.to_numpy()
+    return df
+
+
+def count_complete(study: optuna.Study) -> dict[str, int]:
+    """Completed trials per point (for tests: exactly one each)."""
+    counts: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        counts[t.params["point"]] = counts.get(t.params["point"], 0) + 1
+    return counts
+
+
+def default_storage(out: Path) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(out / 'optuna.db').resolve()}"
+
+
+def run_sweep_study(spec: SweepStudy, storage_url: str, progress: Callable[[str], None] | None = None,
+                    max_points: int | None = None) -> StudyOutput | None:
+    """A sweep or tornado study on Optuna; None when stopped early (``max_points``)."""
+    t0 = time.perf_counter()
+    study, points, solved = run_sweep(spec, storage_url, progress, create=True, max_points=max_points)
+    df = results(study, points)
+    if len(df) < len(points):
+        return None
+    out = StudyOutput(summary=summary_header(spec, storage=storage_url, points=len(points), points_solved_here=solved))
+    per_system = []
+    for _, r in df.iterrows():
+        for system, cost in (r.get("per_system") or {}).items():
+            per_system.append({"model": r["model"], "workload": r["workload"], "parameter": r["parameter"],
+                               "factor": r["factor"], "system": system, "usd_per_mtok": cost})
+        if r["status"] == "infeasible":
+            out.summary["infeasible"].append({"model": r["model"], "workload": r["workload"],
+                                              "reason": f"{r['parameter']} x {r['factor']:g}: {r['reason']}"})
+        elif r["factor"] == 1.0:  # the catalog itself: metrics as `dse evaluate` gives them
+            prompt = next(w.prompt for w in spec.workloads if w.name == r["workload"])
+            out.summary["best"].append(config_entry(r["model"], r["workload"], prompt, r, spec.space.ideal))
+    table = df.drop(columns=["per_system"])
+    out.tables = {spec.kind: table}
+    if per_system:
+        out.tables["sweep_systems"] = pd.DataFrame(per_system)
+    statuses = set(table["status"])
+    out.summary["status"] = "infeasible" if "infeasible" in statuses and statuses == {"infeasible"} else (
+        "optimal" if statuses <= {"optimal", "infeasible"} else "feasible")
+    out.summary["solver"] = {
+        "name": spec.solver.name, "wall_s": time.perf_counter() - t0,
+        "solve_wall_s": float(table["solve_wall_s"].sum()), "solves": len(table),
+        "per_point_s": float(table["solve_wall_s"].mean()),
+        "gap": float(table["gap"].fillna(0).max()) if "gap" in table else 0.0,
+    }
+    return out

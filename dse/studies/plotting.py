@@ -1,0 +1,40 @@
+"""Figure helpers for the study kinds' plots (matplotlib, drawn off-screen)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from dse.studies.common import Plot, StudyOutput  # noqa: E402
+
+__all__ = ["TIME_BREAKDOWN", "plt", "save"]
+
+
+def save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _breakdown(out: StudyOutput, path: Path) -> None:
+    best: pd.DataFrame = out.tables["best"]
+    labels = [f"{m}\n{w}\n{s}" for m, w, s in zip(best["model"], best["workload"], best["system"], strict=True)]
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(best)), 4))
+    x = range(len(best))
+    width = 0.27
+    for i, (key, color) in enumerate((("compute_s", "#e07b39"), ("memory_s", "#3b7dd8"), ("comm_s", "#59a14f"))):
+        ax.bar([v + (i - 1) * width for v in x], best[key] * 1e3, width, label=key.removesuffix("_s"), color=color)
+    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_ylabel("time per decode step (ms)")
+    ax.legend()
+    ax.set_title("What binds the chosen configurations")
+    save(fig, path)
+
+
+TIME_BREAKDOWN = Plot("best", "time_breakdown.png", _breakdown)
+"""Compute, memory and communication time of each chosen configuration."""

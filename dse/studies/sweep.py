@@ -1,0 +1,88 @@
+"""``kind: sweep``: the optimal cost as one hardware parameter is scaled by each factor, overall and per
+system, with elasticities and the factors where the binding resource changes (Optuna points).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import field_validator
+
+from dse.studies.base import _Strict
+from dse.studies.common import Plot, Progress, StudyOutput
+from dse.studies.optuna_sweep import SweepStudy, run_sweep_study
+from dse.studies.plotting import plt, save
+
+USES_STORAGE = True
+WORKERS = True
+Parameter = Literal["hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "scaleout_bandwidth",
+                    "scaleup_domain", "price"]
+
+
+class SweepSpec(_Strict):
+    """One catalog parameter scaled by each factor (1 = the catalog), for some systems or all."""
+
+    parameter: Parameter = "hbm_bandwidth"
+    factors: list[float] = [0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0]
+    systems: list[str] | Literal["all"] = "all"
+    per_system: bool = True
+
+    @field_validator("factors")
+    @classmethod
+    def _factors(cls, v: list[float]) -> list[float]:
+        if len(v) < 2 or any(x <= 0 for x in v):
+            raise ValueError(f"must list at least two factors > 0, got {v}")
+        return sorted(set(v))
+
+
+class Spec(SweepStudy):
+    sweep: SweepSpec = SweepSpec()
+
+    system_fields = ("sweep.systems",)
+
+    def pairs(self) -> list[tuple[str, float]]:
+        return [(self.sweep.parameter, f) for f in self.sweep.factors]
+
+    def scaled_systems(self) -> tuple[str, ...]:
+        return () if self.sweep.systems == "all" else tuple(self.sweep.systems)
+
+    def per_system(self) -> bool:
+        return self.sweep.per_system
+
+
+def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+    """Every point of the sweep, solved here or by workers sharing the storage."""
+    return run_sweep_study(spec, storage, progress)
+
+
+def _sweep(out: StudyOutput, path: Path) -> None:
+    table, systems = out.tables["sweep"], out.tables.get("sweep_systems")
+    groups = list(table.groupby(["model", "workload", "parameter"], sort=False))
+    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3.6 * len(groups)), squeeze=False)
+    for ax, ((model, workload, parameter), g) in zip(axes[:, 0], groups, strict=True):
+        g = g.sort_values("factor")
+        if systems is not None and not systems.empty:
+            sg = systems[(systems["model"] == model) & (systems["workload"] == workload)]
+            for _, h in sg.groupby("system"):
+                h = h.sort_values("factor")
+                ax.plot(h["factor"], h["usd_per_mtok"], lw=0.7, alpha=0.5, color="grey")
+        ok = np.isfinite(g["usd_per_mtok"].astype(float))
+        ax.plot(g["factor"][ok], g["usd_per_mtok"][ok], "o-", lw=2, color="#3b7dd8", label="optimum over all systems")
+        for _, r in g[ok].iterrows():
+            ax.annotate(f"{r['system']}\n{r['bound']}", (r["factor"], r["usd_per_mtok"]), fontsize=6,
+                        xytext=(3, 4), textcoords="offset points")
+        if "bound_changes_here" in g:
+            ch = g[g["bound_changes_here"].fillna(False).astype(bool) & ok]
+            ax.plot(ch["factor"], ch["usd_per_mtok"], "r*", markersize=12, label="binding resource changes")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"{parameter} (x catalog value)")
+        ax.set_ylabel("USD per million output tokens")
+        ax.set_title(f"{model} / {workload} (grey: best of each system)", fontsize=10)
+        ax.legend(fontsize=8)
+    save(fig, path)
+
+
+PLOTS = (Plot("sweep", "sweep.png", _sweep),)

@@ -1,0 +1,76 @@
+"""``kind: tornado``: which hardware parameter moves the optimal cost most, each at a low and a high
+factor around the catalog value (Optuna points, like a sweep).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from dse.studies.base import _Strict
+from dse.studies.common import Plot, Progress, StudyOutput
+from dse.studies.optuna_sweep import SweepStudy, run_sweep_study
+from dse.studies.plotting import plt, save
+from dse.studies.sweep import Parameter
+
+USES_STORAGE = True
+WORKERS = True
+PARAMETERS = ("hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "scaleout_bandwidth",
+              "scaleup_domain", "price")
+
+
+class TornadoSpec(_Strict):
+    """Each parameter at a low and a high factor around the catalog value."""
+
+    parameters: list[Parameter] = list(PARAMETERS)
+    low: float = Field(default=0.5, gt=0)
+    high: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _range(self) -> TornadoSpec:
+        if not self.parameters:
+            raise ValueError("parameters: must list at least one parameter")
+        if not self.low < 1.0 < self.high:
+            raise ValueError(f"low < 1 < high must hold, got low={self.low}, high={self.high}")
+        return self
+
+
+class Spec(SweepStudy):
+    tornado: TornadoSpec = TornadoSpec()
+
+    def pairs(self) -> list[tuple[str, float]]:
+        t = self.tornado
+        return [(t.parameters[0], 1.0)] + [(p, f) for p in t.parameters for f in (t.low, t.high)]
+
+
+def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+    """The base point and every parameter at its low and high factor."""
+    return run_sweep_study(spec, storage, progress)
+
+
+def _tornado(out: StudyOutput, path: Path) -> None:
+    table = out.tables["tornado"]
+    groups = list(table.groupby(["model", "workload"], sort=False))
+    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3.2 * len(groups)), squeeze=False)
+    for ax, ((model, workload), g) in zip(axes[:, 0], groups, strict=True):
+        base = g[g["factor"] == 1.0]["usd_per_mtok"].iloc[0]
+        rows = []
+        for parameter, h in g[g["factor"] != 1.0].groupby("parameter", sort=False):
+            lo = h[h["factor"] < 1]["usd_per_mtok"].iloc[0] / base - 1
+            hi = h[h["factor"] > 1]["usd_per_mtok"].iloc[0] / base - 1
+            rows.append((parameter, lo, hi))
+        rows.sort(key=lambda r: max(abs(r[1]), abs(r[2])))
+        y = np.arange(len(rows))
+        ax.barh(y, [100 * r[1] for r in rows], color="#e07b39", label="x 0.5 (low)")
+        ax.barh(y, [100 * r[2] for r in rows], color="#3b7dd8", label="x 2 (high)")
+        ax.set_yticks(y, [r[0] for r in rows], fontsize=8)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_xlabel("change of the optimal cost per token (%)")
+        ax.set_title(f"{model} / {workload}: base {base:.3g} USD/Mtok", fontsize=10)
+        ax.legend(fontsize=8)
+    save(fig, path)
+
+
+PLOTS = (Plot("tornado", "tornado.png", _tornado),)

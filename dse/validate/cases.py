@@ -1,0 +1,219 @@
+"""Published measurements turned into points the physics can predict (`dse validate`).
+
+The published cases (hw_catalog/calibration/cases.yaml, each with its source) are turned into
+*points*: one measured figure, the configuration that produced it, and how to predict it with the
+physics. Cases the model cannot represent are listed as skipped with the reason.
+
+Kinds of prediction:
+- ``offline``: maximum output throughput of a replica serving requests of ISL prompt and OSL output
+  tokens (benchmarks at infinite request rate): the batch is as large as HBM allows with every
+  request's KV reserved at ISL + OSL, decode runs at the mean context ISL + OSL / 2, and each
+  request's prefill (in chunks of 8,192 tokens) shares the chips: out = 1 / (ISL / (OSL P) + 1 / D).
+- ``decode`` / ``prefill``: tokens per second at a stated batch and context.
+- ``dispatch``: time of one MoE dispatch (all-to-all) of one layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dse.catalog.hardware import hw_dir
+from dse.catalog.loading import read_yaml
+from dse.catalog.models import Architecture, ModelSpec, default_models
+from dse.physics.training import TrainLayout
+
+CATEGORIES = ("serving_throughput", "latency", "training_mfu")
+PREFILL_CHUNK = 8192
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured figure and the configuration behind it."""
+
+    case: str
+    category: str
+    label: str
+    kind: str  # offline | decode | prefill | dispatch
+    model: str
+    system: str
+    tp: int
+    dp: int
+    ep: int
+    pp: int
+    weights_dtype: str
+    kv_dtype: str
+    measured: float
+    unit: str
+    isl: int = 0
+    osl: int = 0
+    batch: int = 0
+    context: int = 0
+    divide_by: float = 1.0  # e.g. nodes, for per-node figures
+    max_batch: int = 4096
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    case: str
+    category: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TrainPoint:
+    """One published training measurement: the layout, and MFU or TFLOP/s per GPU."""
+
+    case: str
+    label: str
+    model: Architecture
+    system: str
+    layout: TrainLayout
+    global_batch: int
+    seq: int
+    measured: float
+    unit: str  # "MFU" or "TFLOP/s per GPU (Megatron counting)"
+    category: str = "training_mfu"
+    source: str = ""
+
+
+@dataclass
+class Cases:
+    points: list[Point] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    training: list[TrainPoint] = field(default_factory=list)
+
+
+def cases_path() -> Path:
+    return hw_dir() / "calibration" / "cases.yaml"
+
+
+def _source(case: dict) -> str:
+    s = case.get("source", {})
+    return s.get("url") or s.get("citation") or f"{s.get('repo', '')}/{s.get('path', '')}"
+
+
+def _trt_v1(case: dict, model: str, layouts: list[tuple[str, int, str]]) -> list[Point]:
+    pts = []
+    for pair, values in case["measured_total_output_tok_s"].items():
+        isl, osl = (int(x) for x in str(pair).split("/"))
+        for (system, tp, wd), value in zip(layouts, values, strict=True):
+            pts.append(Point(
+                case["id"], "serving_throughput", f"{model} {system} TP{tp} {wd} {pair}", "offline", model, system,
+                tp, 1, 1, 1, wd, "fp8", float(value), "output tokens/s", isl=isl, osl=osl, source=_source(case),
+            ))
+    return pts
+
+
+def load_cases(path: Path | None = None) -> Cases:
+    """Turn the published cases into points, and say why the others are skipped."""
+    doc = read_yaml(Path(path) if path else cases_path())
+    out = Cases()
+    for case in doc["cases"]:
+        cid, cat = case["id"], case.get("category", "")
+        if cid == "trtllm_perf_overview_v1_llama33_70b":
+            out.points += _trt_v1(case, "llama-3.3-70b", [("b200", 1, "fp4"), ("gb200-nvl72", 1, "fp4"),
+                                                           ("h200", 1, "fp8"), ("h100", 2, "fp8")])
+        elif cid == "trtllm_perf_overview_v1_llama31_405b":
+            out.points += _trt_v1(case, "llama-3.1-405b", [("b200", 4, "fp4"), ("gb200-nvl72", 4, "fp4"),
+                                                            ("h200", 8, "fp8"), ("h100", 8, "fp8")])
+        elif cid == "trtllm_perf_overview_v017_llama31_70b_tp_sweep":
+            for tpk, table in case["measured_total_tok_s"].items():
+                tp = int(tpk.removeprefix("tp"))
+                for pair, values in table.items():
+                    isl, osl = (int(x) for x in str(pair).split("/"))
+                    for system, value in zip(("h200", "h100"), values, strict=True):
+                        if value == "unknown":
+                            continue
+                        out.points.append(Point(
+                            cid, "serving_throughput", f"llama-3.1-70b {system} TP{tp} fp8 {pair} (v0.17)", "offline",
+                            "llama-3.1-70b", system, tp, 1, 1, 1, "fp8", "fp8", float(value), "output tokens/s",
+                            isl=isl, osl=osl, source=_source(case),
+                        ))
+            for pair, value in case["also"]["llama31_405b_h200_tp8_fp8"].items():
+                isl, osl = (int(x) for x in str(pair).split("/"))
+                out.points.append(Point(
+                    cid, "serving_throughput", f"llama-3.1-405b h200 TP8 fp8 {pair} (v0.17)", "offline",
+                    "llama-3.1-405b", "h200", 8, 1, 1, 1, "fp8", "fp8", float(value), "output tokens/s",
+                    isl=isl, osl=osl, source=_source(case),
+                ))
+            out.skipped.append(Skipped(cid, "serving_throughput",
+                                       "the Mixtral 8x7B rows: the model is not in the catalog"))
+        elif cid == "sglang_h100_decode_ep72":
+            m = case["measured"]
+            src = _source(case)
+            out.points.append(Point(
+                cid, "serving_throughput", "deepseek-v3 72 x h100 EP72 DP72 decode, 256/GPU, KV 2000", "decode",
+                "deepseek-v3", "h100", 1, 72, 72, 1, "fp8", "bf16", float(m["tok_s_per_node"]["bs256_kv2000"]),
+                "output tokens/s per node", batch=256 * 72, context=2000, divide_by=9, source=src,
+            ))
+            for key, nodes_key in (("deepseek_profile", "deepseek_profile"), ("deepseek_blog", "deepseek_blog")):
+                row = m["comparison_rows"][nodes_key]
+                gpus = 8 * int(row["nodes"])
+                out.points.append(Point(
+                    cid, "serving_throughput",
+                    f"deepseek-v3 {gpus} x h800 EP{gpus} decode, {row['batch']}/GPU, KV {row['kv']} ({key})", "decode",
+                    "deepseek-v3", "h800", 1, gpus, gpus, 1, "fp8", "bf16", float(row["tok_s_node"]),
+                    "output tokens/s per node", batch=int(row["batch"]) * gpus, context=int(row["kv"]),
+                    divide_by=int(row["nodes"]), source=src,
+                ))
+            out.points.append(Point(
+                cid, "latency", "deepseek-v3 72 x h100 EP72: dispatch time of one layer, 256/GPU", "dispatch",
+                "deepseek-v3", "h100", 1, 72, 72, 1, "fp8", "bf16", float(m["dispatch_time_per_layer_ms"]) * 1e-3, "s",
+                batch=256 * 72, context=2000, source=src,
+            ))
+            out.skipped.append(Skipped(cid, "serving_throughput",
+                                       "the simulated-MTP row: speculative decoding is not modelled"))
+        elif cid == "sglang_h100_prefill_ep32":
+            value = case["measured"]["tok_s_per_node_by_prompt_len"][4096]
+            out.points.append(Point(
+                cid, "serving_throughput", "deepseek-v3 32 x h100 EP32 prefill, 4096-token prompts, 16384 tokens/GPU",
+                "prefill", "deepseek-v3", "h100", 1, 32, 32, 1, "fp8", "bf16", float(value), "input tokens/s per node",
+                batch=32 * 4, context=4096, divide_by=4, source=_source(case),
+            ))
+            out.skipped.append(Skipped(cid, "serving_throughput",
+                                       "the 1K and 2K prompt rows: tokens per device not stated"))
+        elif cid == "sglang_h100_96gpu_headline":
+            out.skipped.append(Skipped(cid, "serving_throughput",
+                                       "prefill/decode disaggregated headline: batch and output length not stated"))
+        elif cid == "mlperf_v50_offline_nvidia":
+            out.skipped.append(Skipped(cid, "serving_throughput", "input-length distributions not stated in the case, "
+                                       "and llama2-70b / mixtral-8x7b are not in the model catalog"))
+        elif cid == "train_megatron_2021_table1":
+            seq, vocab = case["config_common"]["seq"], case["config_common"]["vocab"]
+            for params_b, heads, h, layers, tp, pp, gpus, batch, tflops, *_ in case["rows"]:
+                model = gpt_model(params_b, heads, h, layers, vocab)
+                lay = TrainLayout(tp=tp, pp=pp, dp=gpus // (tp * pp), micro_batch=1, interleave=2 if pp > 1 else 1,
+                                  recompute="full")
+                out.training.append(TrainPoint(
+                    cid, f"GPT {params_b}B on {gpus} x a100 TP{tp} PP{pp} DP{lay.dp}, batch {batch} (assumed: "
+                    "micro-batch 1, 2 interleaved stages, full recompute)", model, "a100", lay, batch, seq,
+                    float(tflops), "TFLOP/s per GPU (Megatron counting)", source=_source(case)))
+        elif cid == "train_llama3_405b_table4":
+            model = default_models()["llama-3.1-405b"]
+            for row in case["rows"]:
+                lay = TrainLayout(tp=row["tp"], pp=row["pp"], dp=row["dp"], cp=row["cp"], micro_batch=1,
+                                  interleave=2, recompute="none" if row["cp"] == 1 else "selective")
+                batch = row["batch_per_dp"] * row["dp"]
+                out.training.append(TrainPoint(
+                    cid, f"Llama 3.1 405B on {row['gpus']} x h100 TP{row['tp']} CP{row['cp']} PP{row['pp']} "
+                    f"DP{row['dp']}, seq {row['seq']} (assumed: micro-batch 1, 2 interleaved stages)", model,
+                    "h100", lay, batch, row["seq"], float(row["bf16_mfu"]), "MFU", source=_source(case)))
+        else:
+            out.skipped.append(Skipped(cid, cat, f"a {cat.replace('_', ' ')} reference, not a measurement of "
+                                       "throughput, latency or MFU"))
+    return out
+
+
+def gpt_model(params_b: float, heads: int, hidden: int, layers: int, vocab: int) -> Architecture:
+    """A GPT-3-style dense model (MHA with biases, 4h non-gated MLP) of the Megatron-LM tables."""
+    return Architecture(ModelSpec.model_validate({
+        "id": f"gpt-{params_b:g}b", "name": f"GPT {params_b:g}B", "d_model": hidden, "n_layers": layers,
+        "vocab": vocab, "source": {"title": "Narayanan et al. 2021, Table 1", "date": "2021-04"},
+        "published_b": {"total": params_b, "active": params_b, "precision_total": 0.1, "precision_active": 0.1,
+                        "source": "Megatron-LM 2021 Table 1", "active_includes_embedding": True},
+        "attention": {"kind": "mha", "n_heads": heads, "n_kv_heads": heads, "head_dim": hidden // heads,
+                      "bias": True},
+        "ffn": {"kind": "dense", "d_ff": 4 * hidden, "gated": False, "bias": True},
+    }))
