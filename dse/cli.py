@@ -6,8 +6,12 @@ allowed), 3 infeasible, 1 anything else.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -50,6 +54,26 @@ def _root(
 Phase = Enum("Phase", {p: p for p in PHASES}, type=str)
 Dtype = Enum("Dtype", {d: d for d in DTYPES}, type=str)
 Tier = Enum("Tier", {t: t for t in KV_TIERS}, type=str)
+
+
+@contextmanager
+def _native_stdout_to_stderr() -> Iterator[None]:
+    """Send what native libraries (solver logs) write to file descriptor 1 to stderr while the block runs,
+    so that stdout carries only the command's own output (``--json`` parses).
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        try:  # flush C stdio buffers while they still point at stderr
+            ctypes.CDLL(None).fflush(None)
+        except (OSError, AttributeError):  # pragma: no cover - no C library to ask
+            pass
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _fail(exc: Exception) -> None:
@@ -104,8 +128,17 @@ def evaluate(
         _fail(exc)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
-        return
-    _print_evaluation(result)
+    else:
+        _print_evaluation(result)
+    if not result["fits"]:
+        need, have = result["hbm_bytes_per_chip"], result["hbm_capacity_per_chip"]
+        if result["kv_tier"] == "host" and need <= have:
+            why = "host memory capacity runs out: the KV cache does not fit in the host memory of the chips"
+        else:
+            why = (f"HBM capacity runs out: {_si(need, 'B')} per chip needed (weights, KV, activations) against "
+                   f"{_si(have, 'B')} of HBM less the reserve the calibration keeps free")
+        Console(stderr=True).print(f"[bold red]does not fit:[/] {why}", highlight=False, soft_wrap=True)
+        raise typer.Exit(3)
 
 
 def _print_evaluation(r: dict) -> None:
@@ -166,7 +199,7 @@ def run(
     try:
         spec = load_study(study)
         target = out or Path("results") / spec.study
-        with err.status(f"[bold]{spec.study}[/]: building and solving") as status:
+        with _native_stdout_to_stderr(), err.status(f"[bold]{spec.study}[/]: building and solving") as status:
             def progress(what: str) -> None:
                 status.update(f"[bold]{spec.study}[/]: {what}")
 
@@ -200,7 +233,8 @@ def worker(
         if not study_module(spec.kind).WORKERS:
             raise InputError(f"{study}: `dse worker` joins {kinds_with('WORKERS')} studies; this is a "
                              f"{spec.kind} study")
-        _, _, solved = run_sweep(spec, storage, create=False)
+        with _native_stdout_to_stderr():
+            _, _, solved = run_sweep(spec, storage, create=False)
     except InputError as exc:
         _fail(exc)
     err.print(f"worker solved {solved} points")

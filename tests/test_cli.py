@@ -102,3 +102,29 @@ def test_bad_catalog_exits_2_naming_file_row_and_field(tmp_path: Path):
     assert r.returncode == 2
     text = " ".join(r.stderr.split())
     assert "systems.yaml: systems[3] (id 'h200'): field 'hbm_capacity': unknown unit 'gigabytes'" in text
+
+
+def test_configuration_that_does_not_fit_exits_3_with_its_json():
+    r = dse("evaluate", "--model", "llama-3.1-405b", "--system", "h100", "--batch", "64", "--context", "100000",
+            "--json")
+    assert r.returncode == 3
+    out = json.loads(r.stdout)
+    assert out["fits"] is False and out["hbm_bytes_per_chip"] > out["hbm_capacity_per_chip"]
+    assert "HBM capacity runs out" in " ".join(r.stderr.split())
+
+
+def test_run_json_stdout_parses_while_native_solver_logs_go_to_stderr(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    r = dse("run", str(root / "studies" / "pareto_latency_cost.yaml"), "--out", str(tmp_path / "p"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["kind"] == "pareto"
+
+
+def test_native_writes_to_stdout_are_sent_to_stderr(capfd):
+    from dse.cli import _native_stdout_to_stderr
+
+    with _native_stdout_to_stderr():
+        os.write(1, b"native solver log\n")
+    print("own output")
+    out, err = capfd.readouterr()
+    assert out == "own output\n" and "native solver log" in err
