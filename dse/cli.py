@@ -321,6 +321,72 @@ def _print_validation(report, target: Path) -> None:
     console.print(f"wrote validate.csv, summary.json, scatter.png, report.html to {target}/")
 
 
+@app.command()
+def export(
+    result: Annotated[Path, typer.Argument(help="A study's output folder (or its summary.json).")],
+    model: Annotated[str | None, typer.Option(help="Model of the chosen optimum (when the study has several).")] = None,
+    workload: Annotated[str | None, typer.Option(help="Workload of the chosen optimum.")] = None,
+    framework: Annotated[list[str] | None, typer.Option(help="vllm, sglang or trtllm (repeat; default all).")] = None,
+    model_path: Annotated[str | None, typer.Option(help="Weights to serve (default: the catalog repository).")] = None,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per server node, for multi-node notes.")] = 8,
+    out: Annotated[Path | None, typer.Option(help="Folder for the scripts (default: RESULT/export-MODEL-WORKLOAD).")]
+    = None,
+) -> None:
+    """Launch commands (vLLM, SGLang, TensorRT-LLM) for an optimum of a study result."""
+    from dse.report.export import FRAMEWORKS
+    from dse.report.export import export as write_scripts
+
+    try:
+        summary_path = result / "summary.json" if result.is_dir() else result
+        if not summary_path.is_file():
+            raise InputError(f"{result}: no summary.json of a study run there (run `dse run STUDY --out DIR` first)")
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{summary_path}: not a summary.json written by dse run ({exc})") from None
+        best = summary.get("best") if isinstance(summary, dict) else None
+        if not best:
+            raise InputError(f"{summary_path}: field 'best': the study chose no configuration to export")
+        chosen = [e for e in best if (model is None or e["model"] == model)
+                  and (workload is None or e["workload"] == workload)]
+        if len(chosen) != 1:
+            options = ", ".join(f"--model {e['model']} --workload {e['workload']}" for e in best)
+            raise InputError(f"{summary_path}: {len(chosen)} optima match; choose one of: {options}")
+        entry = chosen[0]
+        frameworks = tuple(framework or FRAMEWORKS)
+        bad = [f for f in frameworks if f not in FRAMEWORKS]
+        if bad:
+            raise InputError(f"--framework {bad[0]}: not allowed; allowed: {', '.join(FRAMEWORKS)}")
+        if gpus_per_node < 1:
+            raise InputError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+        path = model_path or _model_repository(entry["model"])
+        target = out or summary_path.parent / f"export-{entry['model']}-{entry['workload']}"
+        scripts = write_scripts(entry, frameworks, path, gpus_per_node)
+        names = {sc.name for sc in scripts}
+        if target.exists():
+            foreign = sorted(p.name for p in target.iterdir() if p.name not in names)
+            if foreign:
+                raise InputError(f"--out {target}: holds files dse export did not write ({', '.join(foreign[:3])}); "
+                                 "choose an empty or new folder")
+        target.mkdir(parents=True, exist_ok=True)
+        for sc in scripts:
+            (target / sc.name).write_text(sc.text())
+            if sc.name.endswith(".sh"):
+                (target / sc.name).chmod(0o755)
+    except InputError as exc:
+        _fail(exc)
+    Console().print(f"wrote {', '.join(sc.name for sc in scripts)} to {target}/", highlight=False)
+
+
+def _model_repository(model_id: str) -> str:
+    """The Hugging Face repository a catalog model was read from, or its id when none is known."""
+    from dse.catalog.models import get_model
+
+    url = get_model(model_id).spec.source.url or ""
+    prefix = "https://huggingface.co/"
+    return url.removeprefix(prefix).strip("/") if url.startswith(prefix) else model_id
+
+
 def _hardware_rows() -> list[dict]:
     from dse.catalog.hardware import SYSTEM_FIELDS, default_systems
 
