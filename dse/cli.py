@@ -210,7 +210,7 @@ def run(
     if as_json:
         typer.echo((target / "summary.json").read_text())
     else:
-        _print_study(summary, target, result.files)
+        _print_study(summary, result.tables, target, result.files)
     if summary["status"] == "infeasible":
         for item in summary["infeasible"]:
             err.print(f"[bold red]infeasible:[/] {item['reason']}", highlight=False, soft_wrap=True)
@@ -240,28 +240,37 @@ def worker(
     err.print(f"worker solved {solved} points")
 
 
-def _print_study(summary: dict, target: Path, files: list[str]) -> None:
+def _configuration(e: dict) -> str:
+    return (f"{e['chips']} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
+            f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}")
+
+
+def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) -> None:
+    """The answer first: the kind's headline lines, then the chosen configurations; fits the terminal width."""
     from dse.studies.registry import study_module
 
     console = Console()
     solver = summary["solver"]
-    t = Table(
-        title=f"{summary['study']} ({summary['kind']}): {summary['status']}, {solver['solves']} solves in "
-        f"{solver['solve_wall_s']:.3f} s (total {solver['wall_s']:.2f} s), gap {solver['gap']:.2g}",
-        title_justify="left", header_style="bold",
-    )
-    for col in ("model", "workload", "configuration", "USD/Mtok", "TPOT", "TTFT", "bound"):
-        t.add_column(col, justify="right" if col in ("USD/Mtok", "TPOT", "TTFT") else "left")
+    console.print(f"[bold]{summary['study']}[/] ({summary['kind']}): {summary['status']}, {solver['solves']} solves "
+                  f"in {solver['solve_wall_s']:.3f} s (total {solver['wall_s']:.2f} s), gap {solver['gap']:.2g}",
+                  highlight=False)
     headline = getattr(study_module(summary["kind"]), "headline", None)
-    for line in headline(summary) if headline else []:
+    for line in headline(summary, tables) if headline else []:
         console.print(line, highlight=False)
-    for e in summary["best"]:
-        conf = (f"{e['chips']} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
-                f"{e['weights_dtype']}/{e['kv_dtype']} KV in {e['kv_tier']}")
-        t.add_row(e["model"], e["workload"], conf, f"{e['usd_per_mtok']:.4g}", _si(e["tpot_s"], "s"),
-                  _si(e["ttft_s"], "s"), e["bound"])
-    console.print(t)
-    console.print(f"wrote {', '.join(files)} to {target}/")
+    wide = console.width >= 120
+    if summary["best"] and wide:
+        t = Table(header_style="bold")
+        for col in ("model", "workload", "configuration", "USD/Mtok", "TPOT", "TTFT", "bound"):
+            t.add_column(col, justify="right" if col in ("USD/Mtok", "TPOT", "TTFT") else "left")
+        for e in summary["best"]:
+            t.add_row(e["model"], e["workload"], _configuration(e), f"{e['usd_per_mtok']:.4g}", _si(e["tpot_s"], "s"),
+                      _si(e["ttft_s"], "s"), e["bound"])
+        console.print(t)
+    for e in summary["best"] if not wide else []:  # a narrow terminal: one short block per optimum
+        console.print(f"[bold]{e['model']} / {e['workload']}[/]: {_configuration(e)}", highlight=False)
+        console.print(f"  {e['usd_per_mtok']:.4g} USD/Mtok, TPOT {_si(e['tpot_s'], 's')}, "
+                      f"TTFT {_si(e['ttft_s'], 's')}, {e['bound']}-bound", highlight=False)
+    console.print(f"wrote {', '.join(files)} to {target}/", highlight=False)
 
 
 @app.command()

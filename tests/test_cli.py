@@ -128,3 +128,13 @@ def test_native_writes_to_stdout_are_sent_to_stderr(capfd):
     print("own output")
     out, err = capfd.readouterr()
     assert out == "own output\n" and "native solver log" in err
+
+
+def test_every_kind_prints_a_headline_that_fits_80_columns(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    for study in ("kv_cache_tiers", "api_pricing", "moe_codesign"):
+        r = dse("run", str(root / "studies" / f"{study}.yaml"), "--out", str(tmp_path / study), env={"COLUMNS": "80"})
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert len(lines) >= 3 and all(len(ln) <= 80 for ln in lines), r.stdout
+        assert "…" not in r.stdout

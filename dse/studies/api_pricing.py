@@ -104,3 +104,16 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
 
 
 PLOTS = ()
+
+
+def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
+    """KV bytes per token each price sheet implies, and the context tiers priced from the serving optimum."""
+    lines = []
+    for sheet, g in tables["pricing_inverse"].groupby("sheet", sort=False):
+        pairs = ", ".join(f"{b:,.0f} B/token at {a / 1e9:g}B active" for a, b in
+                          zip(g["params_active"], g["kv_bytes_per_token"], strict=True))
+        lines.append(f"{sheet}: the price step implies {pairs}")
+    for _, r in tables["pricing_tiers"].iterrows():
+        lines.append(f"{r['model']}: context {r['tier_from']:,.0f}-{r['tier_to']:,.0f} tokens priced at "
+                     f"{r['price_usd_per_mtok']:.3g} USD/Mtok (worst cost {r['max_cost_usd_per_mtok']:.3g})")
+    return lines

@@ -114,3 +114,14 @@ def _placement(out: StudyOutput, path: Path) -> None:
 
 
 PLOTS = (Plot("placement", "placement.png", _placement),)
+
+
+def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
+    """One line per load skew: the most-loaded GPU over the mean, MIP against the EPLB greedy, and decode's TPOT."""
+    lines = []
+    for _, r in tables["placement"].iterrows():
+        lines.append(f"{r['model']}, Zipf skew {r['skew']:g}: imbalance {r['imbalance_mip']:.4f} (MIP, "
+                     f"{r['status']}) vs {r['imbalance_greedy']:.4f} (EPLB greedy); tokens crossing scale-out "
+                     f"{r['crossing_tokens_mip']:,.0f} vs {r['crossing_tokens_greedy']:,.0f}; decode TPOT "
+                     f"{r['tpot_s_mip'] * 1e3:.2f} ms vs {r['tpot_s_greedy'] * 1e3:.2f} ms")
+    return lines

@@ -95,3 +95,13 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
 
 
 PLOTS = ()
+
+
+def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
+    """One line per class of cached prefixes: its tier, the tier's drain time and the hit against the write cost."""
+    lines = []
+    for _, r in tables["kv_tiers"].iterrows():
+        drain = "" if pd.isna(r["tier_drain_s"]) else f" (drain {r['tier_drain_s']:.3g} s)"
+        lines.append(f"{r['model']} / {r['class']}: {r['tier']}{drain}, {r['gb_kept']:,.1f} GB kept, "
+                     f"{r['usd_per_hour']:.3g} USD/h; a cache write costs {r['write_over_hit']:,.0f}x a hit")
+    return lines

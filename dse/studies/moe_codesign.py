@@ -92,7 +92,7 @@ def _codesign(out: StudyOutput, path: Path) -> None:
 PLOTS = (Plot("codesign", "codesign.png", _codesign),)
 
 
-def headline(summary: dict) -> list[str]:
+def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
     """One line per scale-up domain: the cost-optimal sparsity and its cost."""
     lines = []
     for e in summary["optimum"]:

@@ -137,7 +137,7 @@ def _overtraining(out: StudyOutput, path: Path) -> None:
 PLOTS = (Plot("overtraining", "overtraining.png", _overtraining),)
 
 
-def headline(summary: dict) -> list[str]:
+def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
     """One line per inference demand: the optimal model size and what the lifetime costs."""
     return [f"demand {e['demand_tokens_per_s']:.3g} tokens/s: {e['params'] / 1e9:.0f}B params trained on "
             f"{e['pretrain_tokens']:.3g} tokens = {e['overtraining_ratio']:.1f}x Chinchilla; lifetime "

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import field_validator
 
 from dse.studies.base import _Strict
@@ -86,3 +87,21 @@ def _sweep(out: StudyOutput, path: Path) -> None:
 
 
 PLOTS = (Plot("sweep", "sweep.png", _sweep),)
+
+
+def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
+    """Per (model, workload): the optimal cost at the lowest and highest factor and the elasticity range."""
+    lines = []
+    table = tables.get("sweep", pd.DataFrame())
+    for (model, workload, parameter), g in table.groupby(["model", "workload", "parameter"], sort=False):
+        ok = g[np.isfinite(g["usd_per_mtok"].astype(float))].sort_values("factor")
+        if ok.empty:
+            lines.append(f"{model} / {workload}: no feasible point")
+            continue
+        lo, hi = ok.iloc[0], ok.iloc[-1]
+        el = ok["elasticity"].dropna()
+        span = f"; elasticity {el.min():.2f} to {el.max():.2f}" if not el.empty else ""
+        lines.append(f"{model} / {workload}: {parameter} x{lo['factor']:g} -> {lo['usd_per_mtok']:.4g} USD/Mtok "
+                     f"({lo['system']}, {lo['bound']}), x{hi['factor']:g} -> {hi['usd_per_mtok']:.4g} "
+                     f"({hi['system']}, {hi['bound']}){span}")
+    return lines

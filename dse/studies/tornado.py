@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from pydantic import Field, model_validator
 
 from dse.studies.base import _Strict
@@ -74,3 +75,20 @@ def _tornado(out: StudyOutput, path: Path) -> None:
 
 
 PLOTS = (Plot("tornado", "tornado.png", _tornado),)
+
+
+def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
+    """Per (model, workload): the parameters ranked by how far they move the optimal cost."""
+    lines = []
+    table = tables.get("tornado", pd.DataFrame())
+    for (model, workload), g in table.groupby(["model", "workload"], sort=False):
+        base = g[g["factor"] == 1.0]["usd_per_mtok"].iloc[0]
+        swings = []
+        for parameter, h in g[g["factor"] != 1.0].groupby("parameter", sort=False):
+            lo = h[h["factor"] < 1]["usd_per_mtok"].iloc[0] / base - 1
+            hi = h[h["factor"] > 1]["usd_per_mtok"].iloc[0] / base - 1
+            swings.append((max(abs(lo), abs(hi)), parameter, lo, hi))
+        ranked = ", ".join(f"{p} {lo:+.0%}/{hi:+.0%}" for _, p, lo, hi in sorted(swings, reverse=True))
+        lines.append(f"{model} / {workload} (base {base:.4g} USD/Mtok), cost change at low/high factor, largest "
+                     f"first: {ranked}")
+    return lines
