@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dse.report.present import STYLE, headline_html, interactive_charts, table_html
 from dse.studies.base import StudySpec
 from dse.studies.common import StudyOutput
 from dse.studies.registry import study_module
@@ -72,10 +73,9 @@ def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[st
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(s['study'])}</title>",
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-        "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
-        "img{max-width:100%}</style></head><body>",
+        f"<style>{STYLE}</style></head><body>",
         f"<h1>{html.escape(s['study'])}</h1>",
+        headline_html(out, spec.kind),
         f"<p><b>Question.</b> {html.escape(s['description'])}</p>",
         f"<p><b>Expected.</b> {html.escape(s['expect'])}</p>",
         f"<p><b>Status:</b> {s['status']} &middot; solver {s['solver']['name']}, {s['solver']['solves']} solves, "
@@ -97,11 +97,12 @@ def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[st
             data = base64.b64encode(path.read_bytes()).decode()
             title = name.removesuffix(".png").replace("_", " ")
             parts.append(f"<h2>{title}</h2><img src='data:image/png;base64,{data}'>")
+    parts.append(interactive_charts(out))
     for name, table in out.tables.items():
         parts.append(f"<h2>{name}.csv</h2>")
-        parts.append(table.to_html(index=False, float_format=lambda v: f"{v:.4g}", escape=True))
+        parts.append(table_html(table))
     if s.get("spaces"):
         parts.append("<h2>Search spaces</h2>")
-        parts.append(pd.DataFrame(s["spaces"]).to_html(index=False))
+        parts.append(table_html(pd.DataFrame(s["spaces"])))
     parts.append("</body></html>")
     (folder / "report.html").write_text("\n".join(parts))

@@ -1,0 +1,179 @@
+"""What a report shows first and how its numbers read: the headline block, tables with units and
+sensible rounding, and an interactive (hover) chart drawn as inline SVG, which needs no library
+and no network.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+import pandas as pd
+
+from dse.studies.common import StudyOutput
+from dse.studies.registry import study_module
+
+HEADLINE_KEYS = (  # (key, label, unit kind) of an optimum, shown when the entry has them
+    ("usd_per_request", "USD/request", "usd"),
+    ("usd_per_mtok", "USD/Mtok (output)", "usd"),
+    ("usd_per_mtok_output", "USD/Mtok output", "usd"),
+    ("usd_per_mtok_input", "USD/Mtok input", "usd"),
+    ("ttft_s", "TTFT", "s"),
+    ("tpot_s", "TPOT", "s"),
+    ("tokens_per_s_per_gpu", "tokens/s per GPU", "rate"),
+    ("tokens_per_s_per_user", "tokens/s per user", "rate"),
+    ("tokens_per_s", "tokens/s", "rate"),
+    ("replicas", "replicas for the demand", "count"),
+    ("power_w", "power", "W"),
+    ("price_kind", "price kind", "text"),
+)
+
+
+def si(value: float, unit: str, digits: int = 3) -> str:
+    """``value`` with an SI prefix: 0.0123 s -> '12.3 ms'."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if value == 0:
+        return f"0 {unit}"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, ""), (1e-3, "m"),
+                          (1e-6, "µ"), (1e-9, "n")):
+        if abs(value) >= scale:
+            return f"{value / scale:.{digits}g} {prefix}{unit}"
+    return f"{value:.{digits}g} {unit}"
+
+
+def cell(column: str, value) -> str:
+    """One table cell, formatted by what its column name says about its unit."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return " – ".join(cell(column, v) for v in value)
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        return str(value)
+    v = float(value)
+    if column.startswith("tokens_per_s") or column.endswith("_tokens") or column.startswith("demand"):
+        return si(v, "")
+    if column.endswith("_per_s"):
+        return si(v, "/s")
+    if column.endswith("_s") or column.endswith("_s_band"):
+        return si(v, "s")
+    if "bytes" in column or column.startswith("hbm_capacity") or column == "capacity":
+        return si(v, "B")
+    if column == "bandwidth" or column.endswith("bandwidth"):
+        return si(v, "B/s")
+    if column.startswith("usd") or column.endswith("_usd") or column.startswith("price"):
+        return f"{v:,.4g}"
+    if column.endswith("_w") or column == "power":
+        return si(v, "W")
+    if isinstance(value, (int, np.integer)) or v.is_integer() and abs(v) < 1e15:
+        return f"{int(v):,}"
+    return f"{v:.4g}"
+
+
+def table_html(table: pd.DataFrame, max_rows: int = 200) -> str:
+    """A DataFrame as an HTML table with units and rounding (at most ``max_rows`` rows, said so)."""
+    shown = table.head(max_rows)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
+    rows = []
+    for rec in shown.to_dict(orient="records"):
+        cells = "".join(f"<td>{html.escape(cell(str(c), v))}</td>" for c, v in rec.items())
+        rows.append(f"<tr>{cells}</tr>")
+    more = f"<p>{len(table) - max_rows:,} more rows in the CSV.</p>" if len(table) > max_rows else ""
+    return (f"<div class='tbl'><table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+            f"{more}")
+
+
+def _configuration(e: dict) -> str:
+    return (f"{e['chips']} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
+            f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}")
+
+
+def headline_html(out: StudyOutput, kind: str) -> str:
+    """The answer block: the kind's headline lines, then each optimum with its cost and speed."""
+    parts = ["<section id='headline'><h2>Answer</h2>"]
+    lines = []
+    headline = getattr(study_module(kind), "headline", None)
+    if headline:
+        lines = headline(out.summary, out.tables)
+    if lines:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(ln)}</li>" for ln in lines) + "</ul>")
+    best = out.summary.get("best") or []
+    if best:
+        rows = []
+        for e in best:
+            estimate = " <span class='estimate'>(price is an estimate)</span>" if e.get("price_is_estimate") else ""
+            metrics = [f"{label} <b>{html.escape(cell(key, e[key]) if unit != 's' else si(e[key], 's'))}</b>"
+                       for key, label, unit in HEADLINE_KEYS if key in e and e[key] is not None]
+            rows.append(f"<li><b>{html.escape(e['model'])} / {html.escape(e['workload'])}</b>: "
+                        f"{html.escape(_configuration(e))}{estimate}<br>{' &middot; '.join(metrics)}</li>")
+        parts.append("<ul class='optima'>" + "".join(rows) + "</ul>")
+    if not lines and not best:
+        parts.append("<p>No configuration was chosen: see the infeasible list below.</p>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def scatter_svg(table: pd.DataFrame, x: str, y: str, label: str, title: str, width: int = 720,
+                height: int = 420) -> str:
+    """A log-log scatter as inline SVG; hovering a point shows its row (an SVG <title>), no script needed."""
+    data = table[[x, y, label]].copy()
+    data = data[np.isfinite(data[x].astype(float)) & np.isfinite(data[y].astype(float))]
+    data = data[(data[x] > 0) & (data[y] > 0)]
+    if data.empty:
+        return ""
+    lx, ly = np.log10(data[x].astype(float)), np.log10(data[y].astype(float))
+    pad = 50
+    span_x = max(lx.max() - lx.min(), 1e-9)
+    span_y = max(ly.max() - ly.min(), 1e-9)
+
+    def px(v: float) -> float:
+        return pad + (v - lx.min()) / span_x * (width - 2 * pad)
+
+    def py(v: float) -> float:
+        return height - pad - (v - ly.min()) / span_y * (height - 2 * pad)
+
+    dots = []
+    for (_, r), vx, vy in zip(data.iterrows(), lx, ly, strict=True):
+        tip = f"{r[label]}: {x} {cell(x, r[x])}, {y} {cell(y, r[y])}"
+        dots.append(f"<circle class='pt' cx='{px(vx):.1f}' cy='{py(vy):.1f}' r='4'><title>{html.escape(tip)}</title>"
+                    "</circle>")
+    axes = (f"<line x1='{pad}' y1='{height - pad}' x2='{width - pad}' y2='{height - pad}' stroke='#444'/>"
+            f"<line x1='{pad}' y1='{pad}' x2='{pad}' y2='{height - pad}' stroke='#444'/>"
+            f"<text x='{width / 2}' y='{height - 12}' text-anchor='middle'>{html.escape(x)} (log)</text>"
+            f"<text x='14' y='{height / 2}' transform='rotate(-90 14 {height / 2})' text-anchor='middle'>"
+            f"{html.escape(y)} (log)</text>"
+            f"<text x='{pad}' y='{height - pad + 16}'>{html.escape(cell(x, float(data[x].min())))}</text>"
+            f"<text x='{width - pad}' y='{height - pad + 16}' text-anchor='end'>"
+            f"{html.escape(cell(x, float(data[x].max())))}</text>"
+            f"<text x='{pad - 4}' y='{height - pad}' text-anchor='end'>{html.escape(cell(y, float(data[y].min())))}"
+            f"</text><text x='{pad - 4}' y='{pad + 4}' text-anchor='end'>{html.escape(cell(y, float(data[y].max())))}"
+            "</text>")
+    return (f"<figure class='chart'><figcaption>{html.escape(title)} (hover a point for its configuration)"
+            f"</figcaption><svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+            f"viewBox='0 0 {width} {height}' role='img'>{axes}{''.join(dots)}</svg></figure>")
+
+
+def interactive_charts(out: StudyOutput) -> str:
+    """Hover charts for the tables a person explores point by point (a front, the best of each system)."""
+    charts = []
+    if "pareto" in out.tables and not out.tables["pareto"].empty:
+        charts.append(scatter_svg(out.tables["pareto"], "tpot_s", "usd_per_mtok", "label",
+                                  "Pareto front: TPOT against cost"))
+    if "systems" in out.tables and "usd_per_mtok" in out.tables["systems"]:
+        t = out.tables["systems"].dropna(subset=["usd_per_mtok"]).copy()
+        if not t.empty:
+            t["label"] = t["model"] + " / " + t["workload"] + " on " + t["system"]
+            charts.append(scatter_svg(t, "tpot_s", "usd_per_mtok", "label",
+                                      "Best configuration of each system: TPOT against cost"))
+    return "\n".join(c for c in charts if c)
+
+
+STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+         "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;white-space:nowrap;"
+         "text-align:right}th{background:#f3f3f3}img{max-width:100%}.tbl{overflow-x:auto;max-width:100%}"
+         "#headline{background:#f5f9ff;border:1px solid #b8cff5;padding:0.5em 1em;margin:1em 0}"
+         ".estimate{color:#a15c00}circle.pt{fill:#3b7dd8;opacity:0.8}circle.pt:hover{fill:#e07b39;opacity:1}"
+         "figure.chart svg{border:1px solid #ddd;background:#fff;max-width:100%;height:auto}")

@@ -1,0 +1,97 @@
+"""Every shipped study, run as a user runs it: `--json` parses, and report.html renders in a real browser.
+
+The browser is Debian's Chromium driven by Playwright (CI installs both, as .ci/run says); each report
+must load without console errors, every image and chart must render, and the headline must be
+there. Screenshots are kept in test-artifacts/reports/ for a person to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDIES = sorted((ROOT / "studies").glob("*.yaml"))
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = ROOT / "test-artifacts" / "reports"
+
+
+@pytest.fixture(scope="module")
+def shipped_runs(tmp_path_factory):
+    """Every shipped study run once with `dse run --json` (two at a time: CI has two cores)."""
+    base = tmp_path_factory.mktemp("shipped")
+
+    def run(study: Path) -> tuple[Path, subprocess.CompletedProcess]:
+        out = base / study.stem
+        r = subprocess.run([sys.executable, "-m", "dse.cli", "run", str(study), "--out", str(out), "--json"],
+                           capture_output=True, text=True, timeout=900)
+        return out, r
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip([s.stem for s in STUDIES], pool.map(run, STUDIES), strict=True))
+
+
+@pytest.mark.parametrize("study", [s.stem for s in STUDIES])
+def test_json_output_parses(shipped_runs, study):
+    out, r = shipped_runs[study]
+    assert r.returncode in (0, 3), r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    assert summary["study"] and summary["status"] in ("optimal", "feasible", "infeasible")
+    assert (out / "report.html").exists()
+
+
+def test_every_report_renders_in_chromium(shipped_runs):
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is missing: .ci/run installs Debian's chromium package")
+        pytest.skip("no Chromium on this machine (CI installs it)")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    problems = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        for study, (out, _) in shipped_runs.items():
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("console", lambda m, errors=errors: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+            requests: list[str] = []
+            page.on("request", lambda r, requests=requests: requests.append(r.url))
+            page.goto((out / "report.html").as_uri())
+            page.wait_for_load_state("load")
+            images = page.evaluate("Array.from(document.images).map(i => [i.complete, i.naturalWidth])")
+            charts = page.evaluate("Array.from(document.querySelectorAll('figure.chart svg'))"
+                                   ".map(s => [s.getBoundingClientRect().width, s.querySelectorAll('circle').length])")
+            headline = page.inner_text("#headline") if page.query_selector("#headline") else ""
+            page.screenshot(path=str(ARTIFACTS / f"{study}.png"), full_page=True)
+            page.close()
+            if errors:
+                problems.append(f"{study}: console errors {errors}")
+            if any(not done or width == 0 for done, width in images):
+                problems.append(f"{study}: an image did not render {images}")
+            if any(width == 0 or points == 0 for width, points in charts):
+                problems.append(f"{study}: a chart did not render {charts}")
+            if "Answer" not in headline or len(headline.splitlines()) < 2:
+                problems.append(f"{study}: no headline ({headline!r})")
+            if any(not u.startswith(("file:", "data:")) for u in requests):
+                problems.append(f"{study}: the report asked the network for {requests}")
+        browser.close()
+    assert not problems, "\n".join(problems)
+
+
+def test_report_cells_carry_units():
+    from dse.report.present import cell
+
+    assert cell("tpot_s", 0.0123) == "12.3 ms" and cell("hits_per_s", 20.0) == "20 /s"
+    assert cell("tokens_per_s_per_gpu", 1.5e6) == "1.5 M" and cell("hbm_bytes_per_chip", 6.8e10) == "68 GB"
+    assert cell("usd_per_mtok", 0.123456) == "0.1235" and cell("batch", 4096) == "4,096"
+    assert cell("ttft_s", float("nan")) == "–" and cell("fits", True) == "yes"
