@@ -45,18 +45,87 @@ class Quantity:
 QUANTITY_KEYS = ("value", "unit", "source", "date", "note", "kind")
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse a YAML file; a syntax error becomes an InputError naming the file and line."""
+MAX_FILE_BYTES = 8_000_000
+"""Largest catalog or study file read (bytes): far above any real one, so a wrong file fails fast."""
+MAX_DEPTH = 32
+"""Deepest nesting of mappings and lists accepted in a YAML file."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (not "last wins")."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, f"unhashable key {key!r}",
+                                                        key_node.start_mark) from None
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1, seen[key])
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: object, line: int, first: int) -> None:
+        super().__init__(key, line, first)
+        self.key, self.line, self.first = key, line, first
+
+
+def _depth(doc: Any) -> int:
+    """Nesting depth of a parsed document (iterative: deep documents do not exhaust the stack)."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, dict):
+            deepest = max(deepest, d)
+            stack += [(v, d + 1) for v in node.values()]
+        elif isinstance(node, list):
+            deepest = max(deepest, d)
+            stack += [(v, d + 1) for v in node]
+        if deepest > MAX_DEPTH:
+            break
+    return deepest
+
+
+def read_text(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """A file's text: UTF-8 only, bounded in size; anything else is an InputError naming the file."""
     try:
-        text = path.read_text()
+        if path.stat().st_size > max_bytes:
+            raise InputError(f"{path}: file of {path.stat().st_size:,} bytes; at most {max_bytes:,} are read")
+        data = path.read_bytes()
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    if b"\x00" in data:
+        raise InputError(f"{path}: not a text file (it holds NUL bytes); expected UTF-8 text")
     try:
-        return yaml.safe_load(text)
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from None
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file strictly: UTF-8, no duplicate keys, bounded size and nesting; every problem is an
+    InputError naming the file (and the line where YAML tells it).
+    """
+    text = read_text(path)
+    try:
+        doc = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as dup:
+        raise InputError(f"{path}: line {dup.line}: key '{dup.key}' given twice (first on line {dup.first}); "
+                         "each key may appear once") from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply; at most {MAX_DEPTH} levels are read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise InputError(f"{path}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if _depth(doc) > MAX_DEPTH:
+        raise InputError(f"{path}: nested too deeply; at most {MAX_DEPTH} levels are read")
+    return doc
 
 
 def check_keys(mapping: dict, allowed: list[str] | tuple[str, ...], where: str) -> None:

@@ -129,6 +129,8 @@ def solve_serving(
     ``start`` is a known feasible choice under that cap (the first stage's optimum).
     """
     t0 = time.perf_counter()
+    if space.blocks.empty:
+        raise InfeasibleError(f"{space.model.id} / {space.workload.name}: {space.empty_reason}")
     blocks, points, incumbent, stats = presolve(space, tpot_max, objective, prune and cost_max is None)
     if cost_max is not None:  # the greedy ignores the cap: prune by the cap and by the known start
         cap = cost_max * (1 + 1e-7)

@@ -75,10 +75,14 @@ class Space:
     points: pd.DataFrame
     ideal: bool
     stats: dict = field(default_factory=dict)
+    empty_reason: str = ""
+    """Why no (system, layout, format, KV tier) combination is valid, when there is none."""
 
     @property
     def size(self) -> int:
         """Configurations in the space: every (block, batch) pair and every point."""
+        if self.blocks.empty:
+            return 0
         affine = np.maximum(self.blocks["n_hi"] - self.blocks["n_lo"] + 1, 0).sum()
         return int(affine + len(self.points))
 
@@ -107,6 +111,24 @@ def _layouts(model: Architecture, system: System, opts: SpaceOptions) -> list[La
                 continue
             out.append(lay)
     return out
+
+
+def why_empty(model: Architecture, systems: list[System], opts: SpaceOptions) -> str:
+    """The first rule that leaves no valid (system, layout, KV tier) combination, in the study's terms."""
+    heads, layers = model.spec.attention.n_heads, model.spec.n_layers
+    if not any(heads % tp == 0 for tp in opts.tp):
+        return (f"the design space is empty: no TP degree in space.tp {list(opts.tp)} divides {model.id}'s "
+                f"{heads} attention heads")
+    if all(pp > layers for pp in opts.pp):
+        return (f"the design space is empty: every PP degree in space.pp {list(opts.pp)} exceeds {model.id}'s "
+                f"{layers} layers")
+    if not any(_layouts(model, s, opts) for s in systems):
+        return (f"the design space is empty: no layout of {model.id} with TP in {list(opts.tp)} and PP in "
+                f"{list(opts.pp)} fits within space.max_chips_per_stage ({opts.max_chips_per_stage}), "
+                f"space.min_chips_per_stage ({opts.min_chips_per_stage}) and space.max_racks ({opts.max_racks}) "
+                f"on {', '.join(s.id for s in systems)}")
+    return (f"the design space is empty: space.kv_tiers {list(opts.kv_tiers)} has no tier the catalog describes on "
+            f"{', '.join(s.id for s in systems)} (host memory capacity and bandwidth unknown)")
 
 
 def _candidates(blocks: pd.DataFrame, n: np.ndarray, context: int, phase: int = 0) -> Candidates:
@@ -143,7 +165,10 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     blocks = pd.DataFrame(rows, columns=cols)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
     if blocks.empty:
-        return Space(model, workload, systems, blocks, pd.DataFrame(columns=[*cols, "n"]), opts.ideal)
+        space = Space(model, workload, systems, blocks, pd.DataFrame(columns=[*cols, "n"]), opts.ideal,
+                      empty_reason=why_empty(model, systems, opts))
+        space.stats = {"blocks": 0, "points": 0, "configurations": 0}
+        return space
 
     # expert saturation: the smallest n at which every routed expert is read with certainty 1 - 1e-12
     dp = blocks["dp"].to_numpy().astype(float)

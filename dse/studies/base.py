@@ -7,8 +7,9 @@ the kind's own block, so every mistake gets one message naming the file and the 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -20,18 +21,41 @@ from dse.optimize.space import SpaceOptions, Workload
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Strict fields: no unknown keys, no booleans or strings as numbers, no NaN or infinity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+MAX_LIST = 64
+"""Longest list a study field takes (so that every space stays enumerable)."""
+PLAIN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+"""A study or workload name: it becomes a folder name, so no separators, no leading dot, at most 100 characters."""
+Degree = Annotated[int, Field(ge=1, le=4096)]
+Fraction = Annotated[float, Field(gt=0, le=1000)]
+
+
+def plain_name(v: str) -> str:
+    """A name that can become a folder name: letters, digits, '.', '_' and '-', not starting with '.'."""
+    if not re.match(PLAIN_NAME, v) or v in (".", ".."):
+        raise ValueError(f"must be a plain name (letters, digits, '.', '_', '-'; no '/', no leading '.', at most "
+                         f"100 characters), got {v!r}")
+    return v
 
 
 class WorkloadSpec(_Strict):
     """One kind of request and its service targets."""
 
     name: str
-    prompt: int = Field(gt=0, description="prompt tokens")
-    output: int = Field(gt=0, description="output tokens")
-    tpot_max_s: float | None = Field(default=None, gt=0)
-    ttft_max_s: float | None = Field(default=None, gt=0)
-    demand_tokens_per_s: float | None = Field(default=None, gt=0)
+    prompt: int = Field(gt=0, le=100_000_000, description="prompt tokens")
+    output: int = Field(gt=0, le=10_000_000, description="output tokens")
+    tpot_max_s: float | None = Field(default=None, gt=0, le=3600)
+    ttft_max_s: float | None = Field(default=None, gt=0, le=86400)
+    demand_tokens_per_s: float | None = Field(default=None, gt=0, le=1e13)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return plain_name(v)
 
     def workload(self) -> Workload:
         return Workload(self.name, self.prompt, self.output, self.tpot_max_s, self.ttft_max_s, self.demand_tokens_per_s)
@@ -40,16 +64,17 @@ class WorkloadSpec(_Strict):
 class SpaceSpec(_Strict):
     """The discrete choices to search."""
 
-    systems: list[str] | Literal["all"] = "all"
-    weights_dtypes: list[Literal["bf16", "fp8", "fp4"]] = ["bf16", "fp8", "fp4"]
-    kv_dtypes: list[Literal["bf16", "fp8", "fp4"]] = ["bf16", "fp8"]
-    kv_tiers: list[Literal["hbm", "host"]] = ["hbm", "host"]
-    tp: list[int] = [1, 2, 4, 8]
-    pp: list[int] = [1, 2, 4]
-    max_racks: int = Field(default=4, ge=1)
-    max_chips_per_stage: int = Field(default=1024, ge=1)
-    min_chips_per_stage: int = Field(default=1, ge=1)
-    max_batch_per_rank: int = Field(default=1024, ge=1)
+    systems: list[str] | Literal["all"] = Field(default="all", max_length=MAX_LIST)
+    weights_dtypes: list[Literal["bf16", "fp8", "fp4"]] = Field(default=["bf16", "fp8", "fp4"], max_length=MAX_LIST)
+    kv_dtypes: list[Literal["bf16", "fp8", "fp4"]] = Field(default=["bf16", "fp8"], max_length=MAX_LIST)
+    kv_tiers: list[Literal["hbm", "host"]] = Field(default=["hbm", "host"], max_length=MAX_LIST)
+    tp: list[Degree] = Field(default=[1, 2, 4, 8], max_length=MAX_LIST)
+    pp: list[Annotated[int, Field(ge=1, le=256)]] = Field(default=[1, 2, 4], max_length=MAX_LIST)
+    max_racks: int = Field(default=4, ge=1, le=64, description="scale-up domains per replica (bounded so the "
+                           "layouts stay enumerable)")
+    max_chips_per_stage: int = Field(default=1024, ge=1, le=16384)
+    min_chips_per_stage: int = Field(default=1, ge=1, le=16384)
+    max_batch_per_rank: int = Field(default=1024, ge=1, le=65536)
     ideal: bool = False
 
     @field_validator("weights_dtypes", "kv_dtypes", "kv_tiers", "tp", "pp")
@@ -83,18 +108,18 @@ class SpaceSpec(_Strict):
 
 class SolverSpec(_Strict):
     name: Literal["highs", "scip", "sat"] = "highs"
-    time_limit_s: float = Field(default=60.0, gt=0)
+    time_limit_s: float = Field(default=60.0, gt=0, le=86400)
 
 
 class StudySpec(_Strict):
     """The fields of every study file; a kind's ``Spec`` subclasses it and adds its own block."""
 
-    study: str
+    study: str = Field(description="a plain name: it names the output folder")
     kind: str
     description: str
     expect: str
-    models: list[str] = []
-    workloads: list[WorkloadSpec]
+    models: list[str] = Field(default=[], max_length=MAX_LIST)
+    workloads: list[WorkloadSpec] = Field(max_length=MAX_LIST)
     space: SpaceSpec = SpaceSpec()
     solver: SolverSpec = SolverSpec()
 
@@ -102,6 +127,11 @@ class StudySpec(_Strict):
     """Whether the study must name catalog models (kinds that build their own models do not)."""
     system_fields: ClassVar[tuple[str, ...]] = ()
     """Dotted fields of the kind's block that name catalog systems (``space.systems`` always does)."""
+
+    @field_validator("study")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return plain_name(v)
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
@@ -14,7 +15,7 @@ from pydantic import Field, field_validator
 from dse.catalog.models import get_model
 from dse.errors import InputError
 from dse.physics.evaluate import Config, evaluate_config
-from dse.studies.base import StudySpec, _Strict
+from dse.studies.base import MAX_LIST, StudySpec, _Strict
 from dse.studies.common import Plot, Progress, StudyOutput, summary_header
 from dse.studies.plotting import plt, save
 
@@ -26,15 +27,15 @@ class PlacementSpec(_Strict):
     """Expert placement for one MoE model on one system: load skews and a replica budget."""
 
     system: str = "gb200-nvl72"
-    gpus: int = Field(default=16, ge=2)
-    domain_gpus: int = Field(default=8, ge=1, description="GPUs per scale-up domain in the placement")
-    tokens_per_step: int = Field(default=4096, ge=1)
-    skews: list[float] = [0.0, 0.6, 1.0, 1.4]
-    redundant: int = Field(default=16, ge=0)
-    extra_slots: int = Field(default=2, ge=0, description="slots per GPU beyond experts / GPUs")
-    experts: int | None = Field(default=None, ge=2, description="experts to place (default: the model's)")
-    time_limit_s: float = Field(default=10.0, gt=0)
-    context: int = Field(default=4096, ge=1)
+    gpus: int = Field(default=16, ge=2, le=1024)
+    domain_gpus: int = Field(default=8, ge=1, le=1024, description="GPUs per scale-up domain in the placement")
+    tokens_per_step: int = Field(default=4096, ge=1, le=10_000_000)
+    skews: list[Annotated[float, Field(ge=0, le=10)]] = Field(default=[0.0, 0.6, 1.0, 1.4], max_length=MAX_LIST)
+    redundant: int = Field(default=16, ge=0, le=4096)
+    extra_slots: int = Field(default=2, ge=0, le=64, description="slots per GPU beyond experts / GPUs")
+    experts: int | None = Field(default=None, ge=2, le=4096, description="experts to place (default: the model's)")
+    time_limit_s: float = Field(default=10.0, gt=0, le=3600)
+    context: int = Field(default=4096, ge=1, le=100_000_000)
 
     @field_validator("skews")
     @classmethod

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from dse.errors import InfeasibleError
 from dse.optimize.space import Space, describe_choice, subset
-from dse.studies.base import StudySpec, _Strict
+from dse.studies.base import MAX_LIST, StudySpec, _Strict
 from dse.studies.common import CONFIG_KEYS, METRICS, Plot, Progress, StudyOutput, entry, run_serving, solve_space
 from dse.studies.plotting import TIME_BREAKDOWN, plt, save
 
@@ -22,7 +23,8 @@ WORKERS = False
 class FastSlowSpec(_Strict):
     """Speed multipliers (TPOT of the base point / TPOT) to price; below 1 is a slow mode."""
 
-    speedups: list[float] = [0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0]
+    speedups: list[Annotated[float, Field(gt=0, le=100)]] = Field(default=[0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0],
+                                                                  min_length=1, max_length=MAX_LIST)
 
     @field_validator("speedups")
     @classmethod

@@ -12,7 +12,7 @@ import pandas as pd
 from pydantic import Field
 
 from dse.errors import InfeasibleError, InputError
-from dse.studies.base import StudySpec, _Strict
+from dse.studies.base import MAX_LIST, StudySpec, _Strict
 from dse.studies.common import Progress, StudyOutput, solved, summary_header
 
 USES_STORAGE = False
@@ -21,23 +21,23 @@ WORKERS = False
 
 class PrefixClassSpec(_Strict):
     name: str
-    prefix_tokens: int = Field(gt=0)
-    prefixes_kept: int = Field(gt=0)
-    lifetime_s: float = Field(gt=0)
-    hits_per_s: float = Field(ge=0)
-    ttft_s: float = Field(gt=0)
+    prefix_tokens: int = Field(gt=0, le=100_000_000)
+    prefixes_kept: int = Field(gt=0, le=1_000_000_000)
+    lifetime_s: float = Field(gt=0, le=1e9)
+    hits_per_s: float = Field(ge=0, le=1e9)
+    ttft_s: float = Field(gt=0, le=86400)
 
 
 class KVTiersSpec(_Strict):
     """Cached-prefix classes on one serving node's memory tiers."""
 
     system: str = "h100"
-    chips: int = Field(default=8, ge=1)
-    tp: int = Field(default=8, ge=1)
+    chips: int = Field(default=8, ge=1, le=4096)
+    tp: int = Field(default=8, ge=1, le=4096)
     weights_dtype: Literal["bf16", "fp8", "fp4"] = "fp8"
-    nvme_drives: int = Field(default=8, ge=0)
-    hdd_drives: int = Field(default=12, ge=0)
-    classes: list[PrefixClassSpec]
+    nvme_drives: int = Field(default=8, ge=0, le=10_000)
+    hdd_drives: int = Field(default=12, ge=0, le=100_000)
+    classes: list[PrefixClassSpec] = Field(min_length=1, max_length=MAX_LIST)
 
 
 class Spec(StudySpec):

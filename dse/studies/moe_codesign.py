@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Annotated
 
 import pandas as pd
 from pydantic import Field
 
-from dse.studies.base import StudySpec, _Strict
+from dse.studies.base import MAX_LIST, StudySpec, _Strict
 from dse.studies.common import Plot, Progress, StudyOutput, summary_header
 from dse.studies.plotting import plt, save
 
@@ -22,10 +23,12 @@ WORKERS = False
 class CodesignSpec(_Strict):
     """Fixed quality (effective dense size), the sparsities to weigh, the scale-up domains to serve on."""
 
-    effective_params_b: float = Field(default=700, gt=0)
+    effective_params_b: float = Field(default=700, gt=0, le=1e5)
     gamma: float = Field(default=1 / 3, gt=0, lt=1)
-    sparsities: list[int] = [1, 2, 4, 8, 16, 32, 64]
-    systems: list[str] = ["h200", "gb200-nvl72", "rubin-ultra-nvl576"]
+    sparsities: list[Annotated[int, Field(ge=1, le=1024)]] = Field(default=[1, 2, 4, 8, 16, 32, 64], min_length=1,
+                                                                   max_length=MAX_LIST)
+    systems: list[str] = Field(default=["h200", "gb200-nvl72", "rubin-ultra-nvl576"], min_length=1,
+                               max_length=MAX_LIST)
 
 
 class Spec(StudySpec):

@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
 from dse.errors import InfeasibleError
-from dse.studies.base import StudySpec, _Strict
+from dse.studies.base import MAX_LIST, StudySpec, _Strict
 from dse.studies.common import Plot, Progress, StudyOutput, summary_header
 from dse.studies.plotting import plt, save
 
@@ -27,18 +27,19 @@ class OvertrainingSpec(_Strict):
 
     target_loss: float = Field(default=1.82, gt=0)
     loss_fit: Literal["hoffmann", "epoch"] = "hoffmann"
-    demands_tokens_per_s: list[float] = [5e6, 5e7, 5e8]
-    deployment_days: float = Field(default=60, gt=0)
+    demands_tokens_per_s: list[Annotated[float, Field(gt=0, le=1e13)]] = Field(default=[5e6, 5e7, 5e8], min_length=1,
+                                                                                max_length=MAX_LIST)
+    deployment_days: float = Field(default=60, gt=0, le=36500)
     rl_tokens_per_pretrain_token: float = Field(default=0.67, ge=0)
     rl_flops_factor: float = Field(default=3.0, ge=2.0, le=6.0)
     rl_inefficiency: float = Field(default=3.0, ge=1.0)
-    seq: int = Field(default=8192, gt=0)
-    global_batch_tokens: float = Field(default=16_000_000, gt=0)
-    deadline_days: float = Field(default=120, gt=0)
-    chip_budget: int = Field(default=32768, ge=1)
-    train_systems: list[str] = ["h100", "b200", "gb200-nvl72"]
-    params_b: list[float] = [10, 3000]
-    trials: int = Field(default=40, ge=4)
+    seq: int = Field(default=8192, gt=0, le=10_000_000)
+    global_batch_tokens: float = Field(default=16_000_000, gt=0, le=1e12)
+    deadline_days: float = Field(default=120, gt=0, le=3650)
+    chip_budget: int = Field(default=32768, ge=1, le=10_000_000)
+    train_systems: list[str] = Field(default=["h100", "b200", "gb200-nvl72"], max_length=MAX_LIST)
+    params_b: list[Annotated[float, Field(gt=0, le=1e6)]] = [10, 3000]
+    trials: int = Field(default=40, ge=4, le=2000)
 
     @model_validator(mode="after")
     def _check(self) -> OvertrainingSpec:

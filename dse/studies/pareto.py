@@ -22,7 +22,7 @@ class ParetoSpec(_Strict):
     """Epsilon-constraint sweep of the TPOT target, from the cost optimum down to the fastest point."""
 
     min_step: float = Field(default=0.02, gt=0, lt=1, description="relative TPOT step between front points")
-    max_points: int = Field(default=60, ge=2)
+    max_points: int = Field(default=60, ge=2, le=1000)
 
 
 class Spec(StudySpec):

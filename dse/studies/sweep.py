@@ -5,13 +5,13 @@ system, with elasticities and the factors where the binding resource changes (Op
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
-from dse.studies.base import _Strict
+from dse.studies.base import MAX_LIST, _Strict
 from dse.studies.common import Plot, Progress, StudyOutput
 from dse.studies.optuna_sweep import SweepStudy, run_sweep_study
 from dse.studies.plotting import plt, save
@@ -26,8 +26,9 @@ class SweepSpec(_Strict):
     """One catalog parameter scaled by each factor (1 = the catalog), for some systems or all."""
 
     parameter: Parameter = "hbm_bandwidth"
-    factors: list[float] = [0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0]
-    systems: list[str] | Literal["all"] = "all"
+    factors: list[Annotated[float, Field(gt=0, le=1000)]] = Field(default=[0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0],
+                                                                   max_length=MAX_LIST)
+    systems: list[str] | Literal["all"] = Field(default="all", max_length=MAX_LIST)
     per_system: bool = True
 
     @field_validator("factors")

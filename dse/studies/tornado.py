@@ -25,9 +25,9 @@ PARAMETERS = ("hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "sc
 class TornadoSpec(_Strict):
     """Each parameter at a low and a high factor around the catalog value."""
 
-    parameters: list[Parameter] = list(PARAMETERS)
+    parameters: list[Parameter] = Field(default=list(PARAMETERS), max_length=len(PARAMETERS))
     low: float = Field(default=0.5, gt=0)
-    high: float = Field(default=2.0, gt=0)
+    high: float = Field(default=2.0, gt=0, le=1000)
 
     @model_validator(mode="after")
     def _range(self) -> TornadoSpec:
