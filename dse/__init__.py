@@ -74,17 +74,19 @@ class Result:
 
 
 def run(study: str | Path | dict | StudySpec, out: str | Path | None = None, storage: str | None = None,
-        progress: Callable[[str], None] | None = None) -> Result:
+        progress: Callable[[str], None] | None = None, force: bool = False) -> Result:
     """Solve a study; with ``out``, write summary.json, the CSVs, the plots and report.html there.
 
     ``storage`` is the Optuna storage URL of a sweep, tornado or overtraining study (default: a
-    SQLite file in ``out``, or in a temporary folder when nothing is written).
+    SQLite file in ``out``, or in a temporary folder when nothing is written). ``out`` must be new, or a
+    folder dse wrote; ``force`` lets it hold other files too (dse replaces only its own there).
     """
-    return run_study(study, out=out, storage=storage, progress=progress)
+    return run_study(study, out=out, storage=storage, progress=progress, force=force)
 
 
 def run_study(study: str | Path | dict | StudySpec, out: str | Path | None = None, storage: str | None = None,
-              progress: Callable[[str], None] | None = None, where: str | None = None) -> Result:
+              progress: Callable[[str], None] | None = None, where: str | None = None,
+              force: bool = False) -> Result:
     """``run`` with the place the study came from (``where``) for messages; used by `dse run`."""
     from dse.studies.base import StudySpec
     from dse.studies.base import load_study as _load_study
@@ -94,11 +96,13 @@ def run_study(study: str | Path | dict | StudySpec, out: str | Path | None = Non
     where = where or (str(study) if isinstance(study, (str, Path)) else spec.study)
     module = study_module(spec.kind)
     target = Path(out) if out is not None else None
-    if target is not None and target.exists() and not target.is_dir():
-        raise InputError(f"--out {target}: exists and is not a folder")
     if storage is not None and not module.USES_STORAGE:
         raise InputError(f"--storage: only {kinds_with('USES_STORAGE')} studies use a storage; {where} "
                          f"is a {spec.kind} study")
+    if target is not None:  # refuse a folder of someone else's files before any work
+        from dse.report.output import prepare
+
+        prepare(target, force)
     with tempfile.TemporaryDirectory(prefix="dse-storage-") as scratch:
         if module.USES_STORAGE and storage is None:
             from dse.studies.optuna_sweep import default_storage
@@ -109,5 +113,5 @@ def run_study(study: str | Path | dict | StudySpec, out: str | Path | None = Non
     if target is not None:
         from dse.report.output import write_outputs
 
-        files = write_outputs(output, spec, target)
+        files = write_outputs(output, spec, target, force)
     return Result(summary=output.summary, tables=output.tables, files=files, out=target)

@@ -190,6 +190,8 @@ def run(
     out: Annotated[Path | None, typer.Option(help="Output folder (default: results/<study>/).")] = None,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL of a sweep (default: SQLite in out).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the table.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Write into a folder holding other files (dse replaces "
+                                        "only its own files there).")] = False,
 ) -> None:
     """Run a study: solve it, then write summary.json, CSVs, PNG plots and report.html."""
     from dse import run_study
@@ -203,7 +205,7 @@ def run(
             def progress(what: str) -> None:
                 status.update(f"[bold]{spec.study}[/]: {what}")
 
-            result = run_study(spec, out=target, storage=storage, progress=progress, where=str(study))
+            result = run_study(spec, out=target, storage=storage, progress=progress, where=str(study), force=force)
     except InputError as exc:
         _fail(exc)
     summary = result.summary

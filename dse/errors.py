@@ -38,3 +38,18 @@ def unknown_name_message(kind: str, name: str, allowed: Iterable[str]) -> str:
     if close:
         return f"unknown {kind} '{name}'; did you mean: {', '.join(close)}? (allowed: {', '.join(allowed)})"
     return f"unknown {kind} '{name}'; allowed: {', '.join(allowed)}"
+
+
+def mask_url(url: str) -> str:
+    """A URL fit to show: its password (``scheme://user:password@host``) replaced by ``***``."""
+    import re
+
+    return re.sub(r"(?<=://)([^:/@]*):([^@/]*)@", r"\1:***@", url)
+
+
+def mask_in(text: str, url: str) -> str:
+    """``text`` with the URL's password, wherever it appears, replaced by ``***``."""
+    import re
+
+    m = re.search(r"://[^:/@]*:([^@/]*)@", url)
+    return text.replace(m.group(1), "***") if m and m.group(1) else text

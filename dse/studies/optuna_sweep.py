@@ -23,7 +23,7 @@ import optuna
 import pandas as pd
 
 from dse.catalog.models import get_model
-from dse.errors import InfeasibleError, InputError
+from dse.errors import InfeasibleError, InputError, mask_in, mask_url
 from dse.optimize.serving import solve_serving
 from dse.optimize.space import build_space, describe_choice, subset
 from dse.studies.base import StudySpec
@@ -34,6 +34,9 @@ PARAMETERS = {  # study name -> System field
     "scaleup_bandwidth": "scaleup_bandwidth", "scaleout_bandwidth": "scaleout_bandwidth",
     "scaleup_domain": "scaleup_domain", "price": "price_per_s",
 }
+ALL_PARAMETERS = tuple(PARAMETERS)
+FACTOR_RANGE = (1e-3, 1e3)
+"""Factors a sweep may take: the trials' fixed search space (Optuna refuses one that changes)."""
 HEARTBEAT_S = 2
 GRACE_S = 10  # a trial whose heartbeat is older than this is from a dead process
 
@@ -87,7 +90,8 @@ def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WA
     several processes never race to create them.
     """
     if not (url.startswith("sqlite:///") or url.startswith("postgresql://") or url.startswith("postgresql+")):
-        raise InputError(f"--storage '{url}': unsupported URL; allowed: sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
+        raise InputError(f"--storage '{mask_url(url)}': unsupported URL; allowed: sqlite:///PATH or "
+                         "postgresql://USER@HOST:PORT/DB")
     engine_url = url
     if url.startswith("postgresql://"):  # SQLAlchemy 2.1 defaults to psycopg 3; the project ships psycopg2
         engine_url = "postgresql+psycopg2://" + url.removeprefix("postgresql://")
@@ -100,7 +104,7 @@ def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WA
         engine.dispose()
     except Exception as exc:  # sqlalchemy raises many kinds; each means the storage cannot be reached
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"--storage '{url}': cannot open the storage: {reason}") from None
+        raise InputError(f"--storage '{mask_url(url)}': cannot open the storage: {mask_in(reason, url)}") from None
     # Processes that open a fresh database together race to create its tables and version row: the
     # losers see an integrity error once, then find everything in place.
     deadline = time.monotonic() + (wait_s if not create_tables else 30.0)
@@ -113,7 +117,8 @@ def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WA
         except Exception as exc:
             if time.monotonic() > deadline:
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise InputError(f"--storage '{url}': cannot use the storage: {reason}") from None
+                raise InputError(f"--storage '{mask_url(url)}': cannot use the storage: {mask_in(reason, url)}"
+                                 ) from None
             time.sleep(0.5)  # tables being created by another process, or not yet
 
 
@@ -135,7 +140,7 @@ def _load_study(spec: SweepStudy, storage, create: bool, wait_s: float = WORKER_
 def _state_by_point(study: optuna.Study) -> dict[str, set[str]]:
     states: dict[str, set[str]] = {}
     for t in study.get_trials(deepcopy=False):
-        key = t.params.get("point") or t.user_attrs.get("point_key")
+        key = t.user_attrs.get("point_key")
         if key:
             states.setdefault(key, set()).add(t.state.name)
     return states
@@ -171,7 +176,8 @@ def enqueue_missing(study: optuna.Study, points: list[Point]) -> int:
     n = 0
     for p in points:
         if not states.get(p.key, set()) & {"COMPLETE", "RUNNING", "WAITING"}:
-            study.enqueue_trial({"point": p.key}, user_attrs={"point_key": p.key, "queued_at": time.time()})
+            study.enqueue_trial({"parameter": p.parameter, "factor": p.factor},
+                                user_attrs={"point_key": p.key, "queued_at": time.time()})
             n += 1
     return n
 
@@ -219,14 +225,15 @@ def work(spec: SweepStudy, study: optuna.Study, points: list[Point], progress: C
          max_points: int | None = None) -> int:
     """Solve enqueued points until none wait; return how many this process solved."""
     by_key = {p.key: p for p in points}
-    keys = [p.key for p in points]
     done = 0
 
     def objective(trial: optuna.Trial) -> float:
-        queued = trial.user_attrs.get("point_key")
-        if queued is None:  # nothing was waiting when this trial was asked: not a point
+        key = trial.user_attrs.get("point_key")
+        # the distributions never change, so a sweep whose factors were edited resumes in the same storage
+        trial.suggest_categorical("parameter", ALL_PARAMETERS)
+        trial.suggest_float("factor", FACTOR_RANGE[0], FACTOR_RANGE[1], log=True)
+        if key not in by_key:  # nothing was waiting, or a point an earlier version of the study enqueued
             raise optuna.TrialPruned()
-        key = trial.suggest_categorical("point", keys)
         attrs = solve_point(spec, by_key[key])
         trial.set_user_attr("result", json.dumps(attrs, default=float))
         cost = attrs["usd_per_mtok"]
@@ -278,7 +285,7 @@ def results(study: optuna.Study, points: list[Point]) -> pd.DataFrame:
     """One row per point (the first COMPLETE trial of each), with elasticities."""
     first: dict[str, dict] = {}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        key = t.params.get("point")
+        key = t.user_attrs.get("point_key")
         if key and key not in first:
             first[key] = {**json.loads(t.user_attrs["result"]), "trial": t.number}
     rows = [first[p.key] for p in points if p.key in first]
@@ -303,7 +310,8 @@ def count_complete(study: optuna.Study) -> dict[str, int]:
     """Completed trials per point (for tests: exactly one each)."""
     counts: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        counts[t.params["point"]] = counts.get(t.params["point"], 0) + 1
+        key = t.user_attrs["point_key"]
+        counts[key] = counts.get(key, 0) + 1
     return counts
 
 
@@ -320,7 +328,8 @@ def run_sweep_study(spec: SweepStudy, storage_url: str, progress: Callable[[str]
     df = results(study, points)
     if len(df) < len(points):
         return None
-    out = StudyOutput(summary=summary_header(spec, storage=storage_url, points=len(points), points_solved_here=solved))
+    out = StudyOutput(summary=summary_header(spec, storage=mask_url(storage_url), points=len(points),
+                                             points_solved_here=solved))
     per_system = []
     for _, r in df.iterrows():
         for system, cost in (r.get("per_system") or {}).items():

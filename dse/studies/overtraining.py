@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from dse.errors import InfeasibleError
+from dse.errors import InfeasibleError, mask_url
 from dse.studies.base import MAX_LIST, StudySpec, _Strict
 from dse.studies.common import Plot, Progress, StudyOutput, summary_header
 from dse.studies.plotting import plt, save
@@ -103,7 +103,7 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
                      "demand_tokens_per_s": demand, **b,
                      "heuristic_overtraining_ratio": heuristic["overtraining_ratio"]})
     out = StudyOutput(summary=summary_header(
-        spec, optimum=best, storage=storage, status="feasible",
+        spec, optimum=best, storage=mask_url(storage), status="feasible",
         solver={"name": f"optuna TPE + {spec.solver.name}", "wall_s": time.perf_counter() - t0,
                    "solve_wall_s": float(sum(r.get("solve_wall_s", 0.0) for r in rows)), "solves": len(rows),
                    "gap": 0.0},

@@ -26,7 +26,7 @@ class SweepSpec(_Strict):
     """One catalog parameter scaled by each factor (1 = the catalog), for some systems or all."""
 
     parameter: Parameter = "hbm_bandwidth"
-    factors: list[Annotated[float, Field(gt=0, le=1000)]] = Field(default=[0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0],
+    factors: list[Annotated[float, Field(ge=0.001, le=1000)]] = Field(default=[0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0],
                                                                    max_length=MAX_LIST)
     systems: list[str] | Literal["all"] = Field(default="all", max_length=MAX_LIST)
     per_system: bool = True

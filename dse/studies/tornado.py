@@ -26,7 +26,7 @@ class TornadoSpec(_Strict):
     """Each parameter at a low and a high factor around the catalog value."""
 
     parameters: list[Parameter] = Field(default=list(PARAMETERS), max_length=len(PARAMETERS))
-    low: float = Field(default=0.5, gt=0)
+    low: float = Field(default=0.5, ge=0.001)
     high: float = Field(default=2.0, gt=0, le=1000)
 
     @model_validator(mode="after")
