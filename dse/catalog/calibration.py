@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from dse.catalog.hardware import hw_dir
 from dse.catalog.loading import read_yaml
+from dse.errors import InputError
 
 FAMILIES = {"hopper": ("h100", "h800", "h200"), "blackwell": ("b200", "b300", "gb200-nvl72", "gb300-nvl72")}
 
@@ -15,9 +17,23 @@ def family_of(system: str) -> str | None:
 
 
 def load_fitted(path: Path | None = None) -> dict | None:
-    """The stored fit (errors, bands), or None when there is none."""
+    """The stored fit (errors, bands), or None when there is none; a malformed file is an InputError."""
     path = Path(path) if path else hw_dir() / "calibration" / "fitted.yaml"
-    return read_yaml(path) if path.exists() else None
+    if not path.exists():
+        return None
+    doc = read_yaml(path)
+    band = doc.get("band") if isinstance(doc, dict) else None
+    if not isinstance(band, dict) or "default" not in band:
+        raise InputError(f"{path}: field 'band': expected a mapping of hardware family -> [low, high] with a "
+                         "'default' entry")
+    for family, pair in band.items():
+        ok = (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, (int, float))
+              and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in pair) and pair[0] <= pair[1])
+        if not ok:
+            raise InputError(f"{path}: field 'band.{family}': expected [low, high] with 0 < low <= high, got {pair!r}")
+    if not isinstance(doc.get("table", []), list):
+        raise InputError(f"{path}: field 'table': expected a list of fitted points")
+    return doc
 
 
 def error_band(system_id: str) -> tuple[float, float] | None:

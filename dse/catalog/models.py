@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dse.catalog.loading import read_yaml, validation_message
 from dse.catalog.units import DTYPE_BYTES
@@ -29,7 +29,15 @@ def model_dir() -> Path:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Strict fields: no unknown keys, no booleans or strings as numbers, no NaN or infinity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+Pos = Annotated[int, Field(gt=0, le=10**9)]
+"""A size that must be a positive whole number."""
+Count = Annotated[int, Field(ge=0, le=10**9)]
+"""A count that may be zero."""
 
 
 class SparseAttention(_Strict):
@@ -37,9 +45,9 @@ class SparseAttention(_Strict):
     cached token with its own cached keys, and the main attention reads only the top_k.
     """
 
-    top_k: int
-    indexer_heads: int
-    indexer_head_dim: int
+    top_k: Pos
+    indexer_heads: Pos
+    indexer_head_dim: Pos
     indexer_dtype: Literal["bf16", "fp8", "fp4"] = "fp8"
 
 
@@ -47,20 +55,20 @@ class Attention(_Strict):
     """Attention block of every layer."""
 
     kind: Literal["mha", "gqa", "mqa", "mla"]
-    n_heads: int
-    n_kv_heads: int | None = None
-    head_dim: int | None = None
-    q_lora_rank: int | None = None
-    kv_lora_rank: int | None = None
-    qk_nope_head_dim: int | None = None
-    qk_rope_head_dim: int | None = None
-    v_head_dim: int | None = None
+    n_heads: Pos
+    n_kv_heads: Pos | None = None
+    head_dim: Pos | None = None
+    q_lora_rank: Pos | None = None
+    kv_lora_rank: Pos | None = None
+    qk_nope_head_dim: Pos | None = None
+    qk_rope_head_dim: Pos | None = None
+    v_head_dim: Pos | None = None
     bias: bool = False
     qk_norm: bool = False
     sinks: bool = False
-    sliding_window: int | None = None
-    sliding_layers: int = 0
-    kv_shared_layers: int = 1
+    sliding_window: Pos | None = None
+    sliding_layers: Count = 0
+    kv_shared_layers: Pos = 1
     sparse: SparseAttention | None = None
 
     @model_validator(mode="after")
@@ -89,13 +97,13 @@ class FFN(_Strict):
     """Feed-forward block: a dense gated MLP or a mixture of experts."""
 
     kind: Literal["dense", "moe"]
-    d_ff: int | None = None
-    n_experts: int = 0
-    top_k: int = 0
-    n_shared: int = 0
-    d_ff_expert: int | None = None
-    dense_layers: int = 0
-    d_ff_dense: int | None = None
+    d_ff: Pos | None = None
+    n_experts: Count = 0
+    top_k: Count = 0
+    n_shared: Count = 0
+    d_ff_expert: Pos | None = None
+    dense_layers: Count = 0
+    d_ff_dense: Pos | None = None
     bias: bool = False
     router_bias: bool = False
     gated: bool = True  # SwiGLU-style (3 matrices); False: the GPT-style MLP (2 matrices)
@@ -123,10 +131,10 @@ class Source(_Strict):
 class Published(_Strict):
     """Published parameter counts in billions and the precision they were rounded to."""
 
-    total: float
-    active: float
-    precision_total: float
-    precision_active: float
+    total: Annotated[float, Field(gt=0)]
+    active: Annotated[float, Field(gt=0)]
+    precision_total: Annotated[float, Field(gt=0)]
+    precision_active: Annotated[float, Field(gt=0)]
     source: str
     active_includes_embedding: bool = False
 
@@ -139,9 +147,9 @@ class ModelSpec(_Strict):
     source: Source
     published_b: Published
     hypothetical: bool = False
-    d_model: int
-    n_layers: int
-    vocab: int
+    d_model: Pos
+    n_layers: Pos
+    vocab: Pos
     tie_embeddings: bool = False
     attention: Attention
     ffn: FFN
