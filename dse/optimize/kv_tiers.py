@@ -24,8 +24,10 @@ class Tier:
 
     @property
     def drain_s(self) -> float:
-        """Time to read the whole tier once: capacity / bandwidth (the lecture's match to cache lifetimes)."""
-        return self.capacity / self.bandwidth
+        """Time to read the whole tier once: capacity / bandwidth (the lecture's match to cache lifetimes);
+        NaN for a tier the node does not have (no drives).
+        """
+        return self.capacity / self.bandwidth if self.bandwidth > 0 else math.nan
 
 
 def node_tiers(system: System, chips: int, nvme_drives: int, hdd_drives: int) -> dict[str, Tier]:

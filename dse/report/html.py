@@ -18,7 +18,7 @@ def write_plots(out: StudyOutput, spec: StudySpec, folder: Path) -> list[str]:
     """Draw the kind's plots whose tables have rows into ``folder``; return their file names."""
     files = []
     for plot in study_module(spec.kind).PLOTS:
-        if plot.table in out.tables and not out.tables[plot.table].empty:
+        if plot.has_data(out):
             plot.draw(out, folder / plot.file)
             files.append(plot.file)
     return files

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dse.catalog.models import get_model
@@ -40,11 +41,21 @@ class StudyOutput:
 
 @dataclass(frozen=True)
 class Plot:
-    """One figure of a study's report: drawn from the output into ``file`` when ``table`` has rows."""
+    """One figure of a study's report: drawn from the output into ``file`` when ``table`` has a row whose
+    ``needs`` column holds a finite value above 0 (a figure of infeasible points only is not drawn).
+    """
 
     table: str
     file: str
     draw: Callable[[StudyOutput, Path], None]
+    needs: str = "usd_per_mtok"
+
+    def has_data(self, out: StudyOutput) -> bool:
+        table = out.tables.get(self.table)
+        if table is None or table.empty or self.needs not in table:
+            return False
+        values = pd.to_numeric(table[self.needs], errors="coerce").to_numpy(dtype=float)
+        return bool((np.isfinite(values) & (values > 0)).any())
 
 
 def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: bool) -> dict:

@@ -114,7 +114,7 @@ def _placement(out: StudyOutput, path: Path) -> None:
     save(fig, path)
 
 
-PLOTS = (Plot("placement", "placement.png", _placement),)
+PLOTS = (Plot("placement", "placement.png", _placement, needs="imbalance_mip"),)
 
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:

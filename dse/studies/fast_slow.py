@@ -94,4 +94,4 @@ def _fast_slow(out: StudyOutput, path: Path) -> None:
     save(fig, path)
 
 
-PLOTS = (TIME_BREAKDOWN, Plot("fast_slow", "fast_slow.png", _fast_slow))
+PLOTS = (TIME_BREAKDOWN, Plot("fast_slow", "fast_slow.png", _fast_slow, needs="cost_multiplier"))

@@ -65,8 +65,15 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
                      "params_total": b["params_total"], "params_active": b["params_active"],
                      "usd_per_mtok": b["usd_per_mtok"], "chips": int(b["chips"])})
     solved = table[table["status"] != "infeasible"]
+    if solved.empty:
+        status = "infeasible"
+    else:
+        status = "optimal" if (solved["status"] == "optimal").all() else "feasible"
+    infeasible = [{"model": f"sparsity {int(r['sparsity'])}", "workload": w.name,
+                   "reason": f"one {r['system_domain']} domain: {r['reason']}"}
+                  for _, r in table.iterrows() if r["status"] == "infeasible"] if solved.empty else []
     out = StudyOutput(summary=summary_header(
-        spec, optimum=best, status="optimal" if (solved["status"] == "optimal").all() else "feasible",
+        spec, optimum=best, status=status, infeasible=infeasible,
         solver={"name": spec.solver.name, "wall_s": time.perf_counter() - t0, "solves": len(rows),
                 "solve_wall_s": time.perf_counter() - t0, "gap": 0.0},
     ))

@@ -69,7 +69,7 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     o = spec.overtraining
     rdb = open_storage(storage)
     workload = spec.workloads[0].workload()
-    rows, best = [], []
+    rows, best, infeasible = [], [], []
     t0 = time.perf_counter()
     lo, hi = _math.log10(o.params_b[0] * 1e9), _math.log10(o.params_b[1] * 1e9)
     for demand in o.demands_tokens_per_s:
@@ -98,12 +98,18 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
         for t in trials:
             rows.append({"demand_tokens_per_s": demand, "trial": t.number, **json.loads(t.user_attrs["result"])})
         b = json.loads(study.best_trial.user_attrs["result"])
+        if "lifetime_usd" not in b:  # every trial was infeasible: say why, for the best-known size
+            infeasible.append({"model": "dense", "workload": workload.name,
+                               "reason": f"demand {demand:g} tokens/s: no model size in {o.params_b[0]:g}B-"
+                                         f"{o.params_b[1]:g}B is feasible in {len(trials)} trials: {b['reason']}"})
+            continue
         heuristic = equalization_heuristic(life, b["params"])
         best.append({"model": f"dense {b['params'] / 1e9:.0f}B", "workload": workload.name,
                      "demand_tokens_per_s": demand, **b,
                      "heuristic_overtraining_ratio": heuristic["overtraining_ratio"]})
     out = StudyOutput(summary=summary_header(
-        spec, optimum=best, storage=mask_url(storage), status="feasible",
+        spec, optimum=best, storage=mask_url(storage), status="feasible" if best else "infeasible",
+        infeasible=infeasible,
         solver={"name": f"optuna TPE + {spec.solver.name}", "wall_s": time.perf_counter() - t0,
                    "solve_wall_s": float(sum(r.get("solve_wall_s", 0.0) for r in rows)), "solves": len(rows),
                    "gap": 0.0},
@@ -135,7 +141,7 @@ def _overtraining(out: StudyOutput, path: Path) -> None:
     save(fig, path)
 
 
-PLOTS = (Plot("overtraining", "overtraining.png", _overtraining),)
+PLOTS = (Plot("overtraining", "overtraining.png", _overtraining, needs="lifetime_usd"),)
 
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:

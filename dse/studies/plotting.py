@@ -36,5 +36,5 @@ def _breakdown(out: StudyOutput, path: Path) -> None:
     save(fig, path)
 
 
-TIME_BREAKDOWN = Plot("best", "time_breakdown.png", _breakdown)
+TIME_BREAKDOWN = Plot("best", "time_breakdown.png", _breakdown, needs="step_s")
 """Compute, memory and communication time of each chosen configuration."""
