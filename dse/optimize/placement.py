@@ -23,6 +23,7 @@ class Placement:
     gap: float
     wall_s: float
     result: object = None  # the stage-1 SolveResult (peak load)
+    time_limited: bool = False  # a stage stopped at the time limit: the answer depends on machine speed
 
     def imbalance(self, data: fp.PlacementData) -> float:
         """Most-loaded GPU over the mean: the factor the slowest GPU stretches the expert step by."""
@@ -36,15 +37,20 @@ def _hint(pm: fp.PlacementModel, x: np.ndarray, y: np.ndarray) -> None:
         pm.model.add_hint(var, float(y[e, g]))
 
 
-def solve_placement(data: fp.PlacementData, time_limit_s: float = 60.0, solver: str = "scip") -> Placement:
-    """Two-stage exact placement, warm-started from the EPLB greedy; status and gap say how exact."""
+def solve_placement(data: fp.PlacementData, time_limit_s: float = 600.0, solver: str = "scip",
+                    node_limit: int | None = None) -> Placement:
+    """Two-stage exact placement, warm-started from the EPLB greedy; status and gap say how exact.
+
+    ``node_limit`` (per stage) makes the answer the same on every machine; ``time_limit_s`` is a safety
+    stop, and a stage that reaches it is reported (``time_limited``), since its answer depends on speed.
+    """
     t0 = time.perf_counter()
     pm = fp.build(data)
     try:
         _hint(pm, *fp.greedy_eplb(data))
     except ValueError:  # the greedy packing can fail where the program still has a solution
         pass
-    engine, res1 = solve(pm.model, solver, time_limit_s)
+    engine, res1 = solve(pm.model, solver, time_limit_s, node_limit)
     if not res1.ok:
         raise RuntimeError(f"expert placement: the solver answered {res1.status} within {time_limit_s} s")
     peak = float(engine.value(pm.peak))
@@ -52,14 +58,16 @@ def solve_placement(data: fp.PlacementData, time_limit_s: float = 60.0, solver: 
     y1 = engine.values(pm.y).to_numpy().reshape(data.experts, data.gpus)
     pm2 = fp.build(data, peak_max=peak * (1 + 1e-9) + 1e-9)
     _hint(pm2, x1, y1)
-    engine2, res2 = solve(pm2.model, solver, time_limit_s)
+    engine2, res2 = solve(pm2.model, solver, time_limit_s, node_limit)
     if res2.ok:
         x = engine2.values(pm2.x).to_numpy().reshape(data.experts, data.gpus)
         y = engine2.values(pm2.y).to_numpy().reshape(data.experts, data.gpus)
     else:
         x, y = x1, y1
     status = "optimal" if res1.status == "optimal" and res2.status == "optimal" else "feasible"
-    return Placement(peak, fp.crossing_tokens(data, x), x, y, status, res1.gap, time.perf_counter() - t0, res1)
+    limited = any(r.status != "optimal" and r.wall_s >= 0.98 * time_limit_s for r in (res1, res2))
+    return Placement(peak, fp.crossing_tokens(data, x), x, y, status, res1.gap, time.perf_counter() - t0, res1,
+                     limited)
 
 
 def greedy(data: fp.PlacementData) -> Placement:
