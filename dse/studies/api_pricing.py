@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
@@ -16,7 +17,7 @@ from dse.catalog.models import get_model
 from dse.errors import InfeasibleError, InputError
 from dse.optimize.serving import solve_serving
 from dse.optimize.space import build_space
-from dse.studies.base import StudySpec, _Strict
+from dse.studies.base import MAX_LIST, StudySpec, _Strict
 from dse.studies.common import Progress, StudyOutput, entry, solved, summary_header
 
 USES_STORAGE = False
@@ -25,7 +26,7 @@ WORKERS = False
 
 class SheetSpec(_Strict):
     name: str
-    step_context: float = Field(gt=0)
+    step_context: float = Field(gt=0, le=1e9)
     input: list[float]  # [below the step, above]
     output: list[float]
 
@@ -40,12 +41,22 @@ class SheetSpec(_Strict):
 class PricingSpec(_Strict):
     """Inverse: what price sheets imply; forward: tier prices for a model on the study's space."""
 
-    sheets: list[SheetSpec]
+    sheets: list[SheetSpec] = Field(min_length=1, max_length=MAX_LIST)
     system: str = "tpu-v7"
-    actives_b: list[float] = [25, 50, 100, 200, 400]
-    contexts: list[int] = [8000, 32000, 128000, 200000, 400000, 1000000]
-    tier_boundaries: list[int] = [200000, 1000000]
-    margin: float = Field(default=0.5, ge=0)
+    actives_b: list[Annotated[float, Field(gt=0, le=1e5)]] = Field(default=[25, 50, 100, 200, 400], min_length=1,
+                                                                   max_length=MAX_LIST)
+    contexts: list[Annotated[int, Field(gt=0, le=100_000_000)]] = Field(
+        default=[8000, 32000, 128000, 200000, 400000, 1000000], min_length=1, max_length=MAX_LIST)
+    tier_boundaries: list[Annotated[int, Field(gt=0, le=100_000_000)]] = Field(default=[200000, 1000000],
+                                                                               min_length=1, max_length=MAX_LIST)
+    margin: float = Field(default=0.5, ge=0, le=100)
+
+    @field_validator("tier_boundaries")
+    @classmethod
+    def _ascending(cls, v: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(v, v[1:], strict=False)):
+            raise ValueError(f"must ascend strictly, got {v}")
+        return v
 
 
 class Spec(StudySpec):

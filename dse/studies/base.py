@@ -183,7 +183,7 @@ def load_study(study: str | Path | dict) -> StudySpec:
     if not isinstance(doc, dict):
         raise InputError(f"{where}: a study file is a mapping with study, kind, models, workloads, ...")
     kind = doc.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         shown = "missing" if kind is None else repr(kind)
         raise InputError(f"{where}: field 'kind': {shown}; allowed: {', '.join(KINDS)}")
     spec_type = study_module(kind).Spec
