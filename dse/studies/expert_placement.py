@@ -88,7 +88,8 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
                    "crossing_improvement": 1 - mip.crossing / base.crossing if base.crossing else 0.0}
             for name, imb in (("mip", row["imbalance_mip"]), ("greedy", row["imbalance_greedy"])):
                 ev = evaluate_config(Config(model=model_id, system=pl.system, batch=pl.tokens_per_step,
-                                            context=pl.context, ep=pl.gpus, moe_imbalance=imb))
+                                            context=pl.context, ep=pl.gpus,
+                                            moe_imbalance=max(1.0, imb)))  # round-off below 1
                 row[f"tpot_s_{name}"] = ev["tpot_s"]
                 row[f"usd_per_mtok_{name}"] = ev["usd_per_mtok"]
             rows.append(row)
