@@ -26,7 +26,10 @@ def dse(*args: str, **kw) -> subprocess.CompletedProcess:
                           env=os.environ.copy(), timeout=600, **kw)
 
 
-def load(url: str, name: str) -> optuna.Study:
+SMALL_STUDY = "small_sweep/llama-3.1-70b/chat"  # one Optuna study per (model, workload) of a sweep
+
+
+def load(url: str, name: str = SMALL_STUDY) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=open_storage(url))
 
 
@@ -74,21 +77,21 @@ def test_sweep_killed_midway_resumes_without_losing_or_recomputing(tmp_path):
         if not (out / "optuna.db").exists():
             continue
         try:
-            trials = load(url, "small_sweep").get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+            trials = load(url).get_trials(states=(optuna.trial.TrialState.COMPLETE,))
         except Exception:  # the study may not be created yet
             continue
         if len(trials) >= 3:
             break
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    study = load(url, "small_sweep")
+    study = load(url)
     done_before = {t.number: t.datetime_complete for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
     points = points_of(load_study(SMALL))
     assert 3 <= len(done_before) < len(points), "the kill must land mid-way"
     r = dse("run", str(SMALL), "--out", str(out))
     assert r.returncode == 0, r.stderr
-    study = load(url, "small_sweep")
-    counts = count_complete(study)
+    study = load(url)
+    counts = count_complete({("llama-3.1-70b", "chat"): study})
     assert sorted(counts) == sorted(p.key for p in points)  # none missing
     assert set(counts.values()) == {1}  # none solved twice
     after = {t.number: t.datetime_complete for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
@@ -109,7 +112,7 @@ def test_four_workers_on_postgresql_finish_one_sweep(tmp_path):
         assert coordinator.returncode == 0, coordinator_err
         for w, err in zip(workers, errors, strict=True):
             assert w.returncode == 0, err
-        counts = count_complete(load(url, "small_sweep"))
+        counts = count_complete({("llama-3.1-70b", "chat"): load(url)})
         points = points_of(load_study(SMALL))
         assert sorted(counts) == sorted(p.key for p in points)
         assert set(counts.values()) == {1}
@@ -148,3 +151,22 @@ def test_a_trial_killed_before_its_first_heartbeat_is_failed(tmp_path, monkeypat
     time.sleep(1.2)
     sw.fail_dead_trials(study)
     assert [t.state.name for t in study.get_trials()] == ["FAIL"]
+
+
+def test_a_sweep_storage_reads_in_optuna_as_a_dashboard_shows_it(tmp_path):
+    """One Optuna study per (model, workload), numeric parameters, a named objective, the configuration in
+    user attributes: what optuna-dashboard needs to plot a sweep (read here through Optuna's public API)."""
+    out = tmp_path / "hbm"
+    r = dse("run", str(ROOT / "studies" / "hbm_bandwidth_sensitivity.yaml"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    storage = optuna.storages.RDBStorage(f"sqlite:///{out / 'optuna.db'}")
+    names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage))
+    assert names == ["hbm_bandwidth_sensitivity/deepseek-v3.2/1m-context", "hbm_bandwidth_sensitivity/deepseek-v3.2/chat"]
+    for name in names:
+        study = optuna.load_study(study_name=name, storage=storage)
+        assert study.metric_names == ["usd_per_mtok"]
+        done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        assert sorted(t.params["factor"] for t in done) == [0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0]
+        assert {t.params["parameter"] for t in done} == {"hbm_bandwidth"}
+        assert all(isinstance(t.params["factor"], float) for t in done)
+        assert all({"system", "chips", "batch", "bound"} <= set(t.user_attrs) for t in done)

@@ -37,6 +37,9 @@ PARAMETERS = {  # study name -> System field
 ALL_PARAMETERS = tuple(PARAMETERS)
 FACTOR_RANGE = (1e-3, 1e3)
 """Factors a sweep may take: the trials' fixed search space (Optuna refuses one that changes)."""
+CONFIG_ATTRS = ("system", "chips", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier", "bound",
+                "status", "tpot_s", "ttft_s")
+"""Fields of a point's optimum also stored as trial user attributes (what a dashboard shows)."""
 HEARTBEAT_S = 2
 GRACE_S = 10  # a trial whose heartbeat is older than this is from a dead process
 
@@ -122,27 +125,51 @@ def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WA
             time.sleep(0.5)  # tables being created by another process, or not yet
 
 
-def _load_study(spec: SweepStudy, storage, create: bool, wait_s: float = WORKER_WAIT_S) -> optuna.Study:
+Studies = dict[tuple[str, str], optuna.Study]
+"""A sweep's Optuna studies: one per (model, workload), so a dashboard shows one search space each."""
+OBJECTIVE = "usd_per_mtok"
+
+
+def study_name(spec: StudySpec, model: str, workload: str) -> str:
+    """The Optuna study of one (model, workload) of a sweep: ``<study>/<model>/<workload>``."""
+    return f"{spec.study}/{model}/{workload}"
+
+
+def _pairs(spec: SweepStudy) -> list[tuple[str, str]]:
+    return [(m, w.name) for m in spec.models for w in spec.workloads]
+
+
+def _load_studies(spec: SweepStudy, storage, create: bool, wait_s: float = WORKER_WAIT_S) -> Studies:
     deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            if create:
-                return optuna.create_study(study_name=spec.study, storage=storage, direction="minimize",
-                                           load_if_exists=True)
-            return optuna.load_study(study_name=spec.study, storage=storage)
-        except KeyError:
-            if time.monotonic() > deadline:
-                raise InputError(f"no sweep '{spec.study}' in the storage after {wait_s:.0f} s: start `dse run` "
-                                 "with the same study and storage first") from None
-            time.sleep(0.5)
+    studies: Studies = {}
+    for model, workload in _pairs(spec):
+        name = study_name(spec, model, workload)
+        while (model, workload) not in studies:
+            try:
+                if create:
+                    study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
+                                                load_if_exists=True)
+                    if study.metric_names != [OBJECTIVE]:
+                        study.set_metric_names([OBJECTIVE])
+                        study.set_user_attr("sweep", spec.study)
+                else:
+                    study = optuna.load_study(study_name=name, storage=storage)
+                studies[(model, workload)] = study
+            except KeyError:
+                if time.monotonic() > deadline:
+                    raise InputError(f"no sweep '{name}' in the storage after {wait_s:.0f} s: start `dse run` "
+                                     "with the same study and storage first") from None
+                time.sleep(0.5)
+    return studies
 
 
-def _state_by_point(study: optuna.Study) -> dict[str, set[str]]:
+def _state_by_point(studies: Studies) -> dict[str, set[str]]:
     states: dict[str, set[str]] = {}
-    for t in study.get_trials(deepcopy=False):
-        key = t.user_attrs.get("point_key")
-        if key:
-            states.setdefault(key, set()).add(t.state.name)
+    for study in studies.values():
+        for t in study.get_trials(deepcopy=False):
+            key = t.user_attrs.get("point_key")
+            if key:
+                states.setdefault(key, set()).add(t.state.name)
     return states
 
 
@@ -169,15 +196,17 @@ def fail_dead_trials(study: optuna.Study) -> None:
             storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
 
 
-def enqueue_missing(study: optuna.Study, points: list[Point]) -> int:
-    """Enqueue every point with no COMPLETE, RUNNING or WAITING trial; return how many."""
-    fail_dead_trials(study)
-    states = _state_by_point(study)
+def enqueue_missing(studies: Studies, points: list[Point]) -> int:
+    """Enqueue every point with no COMPLETE, RUNNING or WAITING trial in its study; return how many."""
+    for study in studies.values():
+        fail_dead_trials(study)
+    states = _state_by_point(studies)
     n = 0
     for p in points:
         if not states.get(p.key, set()) & {"COMPLETE", "RUNNING", "WAITING"}:
-            study.enqueue_trial({"parameter": p.parameter, "factor": p.factor},
-                                user_attrs={"point_key": p.key, "queued_at": time.time()})
+            studies[(p.model, p.workload)].enqueue_trial(
+                {"parameter": p.parameter, "factor": p.factor},
+                user_attrs={"point_key": p.key, "queued_at": time.time()})
             n += 1
     return n
 
@@ -221,9 +250,9 @@ def solve_point(spec: SweepStudy, p: Point) -> dict:
     return out
 
 
-def work(spec: SweepStudy, study: optuna.Study, points: list[Point], progress: Callable[[str], None] | None = None,
+def work(spec: SweepStudy, studies: Studies, points: list[Point], progress: Callable[[str], None] | None = None,
          max_points: int | None = None) -> int:
-    """Solve enqueued points until none wait; return how many this process solved."""
+    """Solve enqueued points until none wait in any study; return how many this process solved."""
     by_key = {p.key: p for p in points}
     done = 0
 
@@ -236,15 +265,20 @@ def work(spec: SweepStudy, study: optuna.Study, points: list[Point], progress: C
             raise optuna.TrialPruned()
         attrs = solve_point(spec, by_key[key])
         trial.set_user_attr("result", json.dumps(attrs, default=float))
+        for name in CONFIG_ATTRS:  # the configuration, readable in a dashboard
+            if name in attrs:
+                trial.set_user_attr(name, attrs[name])
         cost = attrs["usd_per_mtok"]
         return cost if math.isfinite(cost) else 1e300
 
     while max_points is None or done < max_points:
-        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        if not waiting:
+        waiting = {pair: len(s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+                   for pair, s in studies.items()}
+        if not any(waiting.values()):
             break
+        study = studies[next(pair for pair, n in waiting.items() if n)]
         if progress:
-            progress(f"{len(waiting)} points waiting")
+            progress(f"{sum(waiting.values())} points waiting")
         try:
             study.optimize(objective, n_trials=1)
         except RuntimeError as exc:  # the trial was failed as stale meanwhile: its point is enqueued again
@@ -256,38 +290,40 @@ def work(spec: SweepStudy, study: optuna.Study, points: list[Point], progress: C
 
 
 def run_sweep(spec: SweepStudy, storage_url: str, progress: Callable[[str], None] | None = None,
-              create: bool = True, max_points: int | None = None) -> tuple[optuna.Study, list[Point], int]:
+              create: bool = True, max_points: int | None = None) -> tuple[Studies, list[Point], int]:
     """Coordinator (create=True): enqueue, work, wait for stragglers until every point is complete.
     Worker (create=False): work while points wait.
     """
     storage = open_storage(storage_url, create_tables=create)
-    study = _load_study(spec, storage, create)
+    studies = _load_studies(spec, storage, create)
     points = points_of(spec)
     solved = 0
     while True:
         if create:
-            enqueue_missing(study, points)
+            enqueue_missing(studies, points)
         else:
-            fail_dead_trials(study)
-        solved += work(spec, study, points, progress, None if max_points is None else max_points - solved)
+            for study in studies.values():
+                fail_dead_trials(study)
+        solved += work(spec, studies, points, progress, None if max_points is None else max_points - solved)
         if not create or (max_points is not None and solved >= max_points):
-            return study, points, solved
-        states = _state_by_point(study)
+            return studies, points, solved
+        states = _state_by_point(studies)
         missing = [p for p in points if "COMPLETE" not in states.get(p.key, set())]
         if not missing:
-            return study, points, solved
+            return studies, points, solved
         if progress:
             progress(f"waiting for {len(missing)} points solved elsewhere")
         time.sleep(HEARTBEAT_S)
 
 
-def results(study: optuna.Study, points: list[Point]) -> pd.DataFrame:
+def results(studies: Studies, points: list[Point]) -> pd.DataFrame:
     """One row per point (the first COMPLETE trial of each), with elasticities."""
     first: dict[str, dict] = {}
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        key = t.user_attrs.get("point_key")
-        if key and key not in first:
-            first[key] = {**json.loads(t.user_attrs["result"]), "trial": t.number}
+    for study in studies.values():
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            key = t.user_attrs.get("point_key")
+            if key and key not in first:
+                first[key] = {**json.loads(t.user_attrs["result"]), "trial": t.number}
     rows = [first[p.key] for p in points if p.key in first]
     df = pd.DataFrame(rows)
     if df.empty:
@@ -306,12 +342,13 @@ def results(study: optuna.Study, points: list[Point]) -> pd.DataFrame:
     return df
 
 
-def count_complete(study: optuna.Study) -> dict[str, int]:
+def count_complete(studies: Studies) -> dict[str, int]:
     """Completed trials per point (for tests: exactly one each)."""
     counts: dict[str, int] = {}
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        key = t.user_attrs["point_key"]
-        counts[key] = counts.get(key, 0) + 1
+    for study in studies.values():
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            key = t.user_attrs["point_key"]
+            counts[key] = counts.get(key, 0) + 1
     return counts
 
 
@@ -324,8 +361,8 @@ def run_sweep_study(spec: SweepStudy, storage_url: str, progress: Callable[[str]
                     max_points: int | None = None) -> StudyOutput | None:
     """A sweep or tornado study on Optuna; None when stopped early (``max_points``)."""
     t0 = time.perf_counter()
-    study, points, solved = run_sweep(spec, storage_url, progress, create=True, max_points=max_points)
-    df = results(study, points)
+    studies, points, solved = run_sweep(spec, storage_url, progress, create=True, max_points=max_points)
+    df = results(studies, points)
     if len(df) < len(points):
         return None
     out = StudyOutput(summary=summary_header(spec, storage=mask_url(storage_url), points=len(points),

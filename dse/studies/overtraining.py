@@ -78,6 +78,8 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
                         o.chip_budget, tuple(o.train_systems), workload, spec.space.options())
         study = optuna.create_study(study_name=f"{spec.study}-{demand:g}", storage=rdb, direction="minimize",
                                     load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=8))
+        if study.metric_names != ["lifetime_usd"]:
+            study.set_metric_names(["lifetime_usd"])
 
         def objective(trial: optuna.Trial, life: Lifetime = life) -> float:
             n = 10 ** trial.suggest_float("log10_params", lo, hi)
