@@ -194,6 +194,16 @@ def run(
                                         "only its own files there).")] = False,
 ) -> None:
     """Run a study: solve it, then write summary.json, CSVs, PNG plots and report.html."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     from dse import run_study
     from dse.studies.base import load_study
 
@@ -201,9 +211,14 @@ def run(
     try:
         spec = load_study(study)
         target = out or Path("results") / spec.study
-        with _native_stdout_to_stderr(), err.status(f"[bold]{spec.study}[/]: building and solving") as status:
-            def progress(what: str) -> None:
-                status.update(f"[bold]{spec.study}[/]: {what}")
+        bar = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err, transient=True)
+        with _native_stdout_to_stderr(), bar:
+            task = bar.add_task(f"{spec.study}: building and solving", total=None)
+
+            def progress(what: str, done: int | None = None, total: int | None = None) -> None:
+                bar.update(task, description=f"{spec.study}: {what}", total=total,
+                           **({"completed": done} if done is not None else {}))
 
             result = run_study(spec, out=target, storage=storage, progress=progress, where=str(study), force=force)
     except InputError as exc:

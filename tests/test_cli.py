@@ -138,3 +138,19 @@ def test_every_kind_prints_a_headline_that_fits_80_columns(tmp_path):
         lines = r.stdout.splitlines()
         assert len(lines) >= 3 and all(len(ln) <= 80 for ln in lines), r.stdout
         assert "…" not in r.stdout
+
+
+def test_progress_counts_move_to_the_total():
+    """Long work reports how many of how many are done, and the count reaches the total (no frozen counter)."""
+    import dse
+
+    root = Path(__file__).resolve().parent.parent
+    doc = yaml.safe_load((root / "studies" / "overtraining.yaml").read_text())
+    doc["overtraining"].update(trials=4, demands_tokens_per_s=[5e7])
+    seen: list[tuple] = []
+    dse.run(doc, progress=lambda what, done=None, total=None: seen.append((done, total)))
+    counts = [d for d, t in seen if t == 4]
+    assert counts[0] == 0 and counts[-1] == 4 and counts == sorted(counts) and len(set(counts)) >= 4
+    seen.clear()
+    dse.run(yaml.safe_load((root / "studies" / "kv_cache_tiers.yaml").read_text()), progress=lambda *a: seen.append(a))
+    assert seen

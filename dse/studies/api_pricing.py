@@ -85,12 +85,12 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     fwd, tiers, results = [], [], []
     opts = spec.space.options()
     base = spec.workloads[0]
-    for model_id in spec.models:
+    for i, model_id in enumerate(spec.models):
         model = get_model(model_id)
         costs = []
-        for ctx in pr.contexts:
+        for j, ctx in enumerate(pr.contexts):
             if progress:
-                progress(f"{model_id}: context {ctx:,}")
+                progress(f"{model_id}: context {ctx:,}", i * len(pr.contexts) + j, len(spec.models) * len(pr.contexts))
             w = replace(base.workload(), name=f"{ctx}", prompt=ctx - base.output if ctx > base.output else ctx)
             space = build_space(model, w, opts)
             try:

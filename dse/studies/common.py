@@ -19,7 +19,8 @@ from dse.optimize.space import Space, build_space
 from dse.physics.evaluate import Config, evaluate_config
 from dse.studies.base import StudySpec
 
-Progress = Callable[[str], None]
+Progress = Callable[..., None]
+"""``progress(what, done=None, total=None)``: what is being solved, and how many of how many are done."""
 
 METRICS = ("tpot_s", "ttft_s", "usd_per_mtok", "tokens_per_s", "hbm_bytes_per_chip")
 EXTRA = (
@@ -118,12 +119,13 @@ def run_serving(spec: StudySpec, solve_one: Callable[[Space, StudySpec, StudyOut
     t0 = time.perf_counter()
     opts = spec.space.options()
     out = StudyOutput(summary=summary_header(spec, _results=[]))
-    for model_id in spec.models:
+    total = len(spec.models) * len(spec.workloads)
+    for i, model_id in enumerate(spec.models):
         model = get_model(model_id)
-        for ws in spec.workloads:
+        for j, ws in enumerate(spec.workloads):
             w = ws.workload()
             if progress:
-                progress(f"{model_id} / {w.name}")
+                progress(f"{model_id} / {w.name}", i * len(spec.workloads) + j, total)
             space = build_space(model, w, opts)
             out.spaces[(model_id, w.name)] = space
             out.summary["spaces"].append({"model": model_id, "workload": w.name, **space.stats})

@@ -66,14 +66,14 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     t0 = time.perf_counter()
     pl = spec.placement
     rows, results = [], []
-    for model_id in spec.models:
+    for i, model_id in enumerate(spec.models):
         model = get_model(model_id)
         f = model.spec.ffn
         experts = pl.experts or f.n_experts
         slots = -(-experts // pl.gpus) + pl.extra_slots
-        for skew in pl.skews:
+        for j, skew in enumerate(pl.skews):
             if progress:
-                progress(f"{model_id}: skew {skew}")
+                progress(f"{model_id}: skew {skew}", i * len(pl.skews) + j, len(spec.models) * len(pl.skews))
             loads = fp.zipf_loads(experts, pl.tokens_per_step * f.top_k, skew, seed=1)
             data = fp.PlacementData(loads, gpus=pl.gpus, domain=pl.domain_gpus, slots=slots, redundant=pl.redundant)
             mip, base = solve_placement(data, pl.time_limit_s, node_limit=pl.node_limit), greedy(data)

@@ -46,11 +46,11 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     cd = spec.codesign
     w = spec.workloads[0].workload()
     rows = []
-    for system in cd.systems:
+    for i, system in enumerate(cd.systems):
         opts = replace(spec.space.options(), systems=(system,), max_racks=1)  # one scale-up domain
-        for s in cd.sparsities:
+        for j, s in enumerate(cd.sparsities):
             if progress:
-                progress(f"{system}: sparsity {s}")
+                progress(f"{system}: sparsity {s}", i * len(cd.sparsities) + j, len(cd.systems) * len(cd.sparsities))
             rows.append({"system_domain": system, **codesign_point(cd.effective_params_b * 1e9, s, cd.gamma, w, opts,
                                                                    spec.solver.name)})
     table = pd.DataFrame(rows)

@@ -278,7 +278,9 @@ def work(spec: SweepStudy, studies: Studies, points: list[Point], progress: Call
             break
         study = studies[next(pair for pair, n in waiting.items() if n)]
         if progress:
-            progress(f"{sum(waiting.values())} points waiting")
+            complete = sum(len(s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+                           for s in studies.values())
+            progress(f"{sum(waiting.values())} points waiting", min(complete, len(points)), len(points))
         try:
             study.optimize(objective, n_trials=1)
         except RuntimeError as exc:  # the trial was failed as stale meanwhile: its point is enqueued again

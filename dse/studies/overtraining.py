@@ -72,7 +72,7 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     rows, best, infeasible = [], [], []
     t0 = time.perf_counter()
     lo, hi = _math.log10(o.params_b[0] * 1e9), _math.log10(o.params_b[1] * 1e9)
-    for demand in o.demands_tokens_per_s:
+    for k, demand in enumerate(o.demands_tokens_per_s):
         life = Lifetime(o.target_loss, o.loss_fit, demand, o.deployment_days, o.rl_tokens_per_pretrain_token,
                         o.rl_flops_factor, o.rl_inefficiency, o.seq, o.global_batch_tokens, o.deadline_days,
                         o.chip_budget, tuple(o.train_systems), workload, spec.space.options())
@@ -92,10 +92,18 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
             return r["lifetime_usd"]
 
         done = len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
+        label = f"demand {demand:g} tokens/s"
+
+        def report(study: optuna.Study, _trial: optuna.trial.FrozenTrial, label: str = label, k: int = k) -> None:
+            n = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+            progress(f"{label}: trial {min(n, o.trials)}/{o.trials}", k * o.trials + min(n, o.trials),
+                     len(o.demands_tokens_per_s) * o.trials)
+
         if progress:
-            progress(f"demand {demand:g} tokens/s: {done}/{o.trials} trials")
+            progress(f"{label}: trial {done}/{o.trials}", k * o.trials + min(done, o.trials),
+                     len(o.demands_tokens_per_s) * o.trials)
         if done < o.trials:
-            study.optimize(objective, n_trials=o.trials - done)
+            study.optimize(objective, n_trials=o.trials - done, callbacks=[report] if progress else None)
         trials = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
         for t in trials:
             rows.append({"demand_tokens_per_s": demand, "trial": t.number, **json.loads(t.user_attrs["result"])})
