@@ -105,6 +105,9 @@ def headline_html(out: StudyOutput, kind: str) -> str:
         rows = []
         for e in best:
             estimate = " <span class='estimate'>(price is an estimate)</span>" if e.get("price_is_estimate") else ""
+            if e.get("calibration") == "uncalibrated family":
+                estimate += (" <span class='estimate'>(uncalibrated family: no published measurement fits its "
+                             "efficiency factors; the default factors apply)</span>")
             metrics = [f"{label} <b>{html.escape(cell(key, e[key]) if unit != 's' else si(e[key], 's'))}</b>"
                        for key, label, unit in HEADLINE_KEYS if key in e and e[key] is not None]
             rows.append(f"<li><b>{html.escape(e['model'])} / {html.escape(e['workload'])}</b>: "

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dse.catalog.calibration import family_of
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError
 from dse.optimize.serving import ServingResult, solve_serving
@@ -75,6 +76,7 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
     out = {"model": model, "workload": workload_name, **{k: cfg[k] for k in keys}}
     out.update({k: ev[k] for k in METRICS})
     out.update({k: ev[k] for k in EXTRA})
+    out["calibration"] = family_of(cfg["system"]) or "uncalibrated family"
     return out
 
 

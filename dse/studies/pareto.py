@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from pydantic import Field
 
 from dse.errors import InfeasibleError
@@ -15,6 +16,8 @@ from dse.studies.common import Plot, Progress, StudyOutput, entry, run_serving, 
 from dse.studies.plotting import TIME_BREAKDOWN, plt, save
 
 USES_STORAGE = False
+LABELS = 6
+"""Points labelled on the Pareto plot."""
 WORKERS = False
 
 
@@ -61,9 +64,14 @@ def _pareto(out: StudyOutput, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 6))
     for (model, workload), g in table.groupby(["model", "workload"], sort=False):
         ax.plot(g["tpot_s"] * 1e3, g["usd_per_mtok"], "o-", drawstyle="steps-post", label=f"{model} / {workload}")
-        for _, r in g.iterrows():
-            ax.annotate(r["label"], (r["tpot_s"] * 1e3, r["usd_per_mtok"]), fontsize=5.5, rotation=20,
-                        xytext=(3, 3), textcoords="offset points")
+        g = g.reset_index(drop=True)
+        shown = sorted({round(i) for i in np.linspace(0, len(g) - 1, min(LABELS, len(g)))})
+        for i in shown:  # a handful of labels, spread along the front; the report's hover chart has them all
+            r = g.iloc[i]
+            right = i > len(g) / 2  # labels of the slow end point leftwards, inside the axes
+            ax.annotate(r["label"], (r["tpot_s"] * 1e3, r["usd_per_mtok"]), fontsize=7, xytext=(-6 if right else 6, 4),
+                        ha="right" if right else "left", textcoords="offset points",
+                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.8})
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("TPOT (ms per output token)")

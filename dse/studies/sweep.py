@@ -67,9 +67,10 @@ def _sweep(out: StudyOutput, path: Path) -> None:
         g = g.sort_values("factor")
         if systems is not None and not systems.empty:
             sg = systems[(systems["model"] == model) & (systems["workload"] == workload)]
-            for _, h in sg.groupby("system"):
+            for k, (_, h) in enumerate(sg.groupby("system")):
                 h = h.sort_values("factor")
-                ax.plot(h["factor"], h["usd_per_mtok"], lw=0.7, alpha=0.5, color="grey")
+                ax.plot(h["factor"], h["usd_per_mtok"], lw=0.7, alpha=0.5, color="grey",
+                        label="best of each system" if k == 0 else None)
         ok = np.isfinite(g["usd_per_mtok"].astype(float))
         ax.plot(g["factor"][ok], g["usd_per_mtok"][ok], "o-", lw=2, color="#3b7dd8", label="optimum over all systems")
         for _, r in g[ok].iterrows():
