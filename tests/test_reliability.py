@@ -309,3 +309,17 @@ def test_zz_write_fuzz_counts():
     folder = ROOT / "test-artifacts"
     folder.mkdir(exist_ok=True)
     (folder / "fuzz_counts.json").write_text(json.dumps(COUNTS, indent=2, sort_keys=True))
+
+
+def test_an_edited_space_does_not_reuse_stale_sweep_answers():
+    from dse.studies.optuna_sweep import points_of
+
+    doc = yaml.safe_load(SMALL.read_text())
+    before = {p.key for p in points_of(dse.load_study(doc))}
+    doc["space"]["max_batch_per_rank"] = 128
+    after = {p.key for p in points_of(dse.load_study(doc))}
+    assert not before & after
+    doc["space"]["max_batch_per_rank"] = 256
+    doc["sweep"]["factors"] = [0.5, 4.0]
+    edited = {p.factor: p.key for p in points_of(dse.load_study(doc))}
+    assert edited[0.5] in before and edited[4.0] not in before  # same space: the old point is reused

@@ -9,6 +9,7 @@ again, so a sweep killed mid-way resumes with no completed point lost and none r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -56,10 +57,14 @@ class Point:
     workload: str
     parameter: str
     factor: float
+    context: str = ""
+    """A digest of everything else the point's answer depends on (space, solver, workload, scaled systems):
+    an edited study reuses the points whose digest still matches and solves the others afresh."""
 
     @property
     def key(self) -> str:
-        return f"{self.model}|{self.workload}|{self.parameter}|{self.factor:g}"
+        tail = f"|{self.context}" if self.context else ""
+        return f"{self.model}|{self.workload}|{self.parameter}|{self.factor:g}{tail}"
 
 
 class SweepStudy(StudySpec):
@@ -78,9 +83,18 @@ class SweepStudy(StudySpec):
         return False
 
 
+def _digest(spec: SweepStudy, workload) -> str:
+    """A short digest of what a point's answer depends on besides its model, parameter and factor."""
+    doc = {"space": spec.space.model_dump(mode="json"), "solver": spec.solver.model_dump(mode="json"),
+           "workload": workload.model_dump(mode="json"), "scaled": list(spec.scaled_systems()),
+           "per_system": spec.per_system()}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def points_of(spec: SweepStudy) -> list[Point]:
     """Every point of a sweep or tornado study, in a stable order."""
-    return [Point(m, w.name, p, float(f)) for m in spec.models for w in spec.workloads for p, f in spec.pairs()]
+    return [Point(m, w.name, p, float(f), _digest(spec, w))
+            for m in spec.models for w in spec.workloads for p, f in spec.pairs()]
 
 
 WORKER_WAIT_S = 300.0  # how long a worker waits for `dse run` to create the sweep
