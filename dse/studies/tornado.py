@@ -51,18 +51,24 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     return run_sweep_study(spec, storage, progress)
 
 
+def swings(g: pd.DataFrame) -> tuple[float, list[tuple[str, float, float]]]:
+    """The base cost of one (model, workload) and each parameter's relative cost change at its low and high
+    factor, smallest swing first."""
+    base = g[g["factor"] == 1.0]["usd_per_mtok"].iloc[0]
+    rows = []
+    for parameter, h in g[g["factor"] != 1.0].groupby("parameter", sort=False):
+        lo = h[h["factor"] < 1]["usd_per_mtok"].iloc[0] / base - 1
+        hi = h[h["factor"] > 1]["usd_per_mtok"].iloc[0] / base - 1
+        rows.append((parameter, lo, hi))
+    return base, sorted(rows, key=lambda r: max(abs(r[1]), abs(r[2])))
+
+
 def _tornado(out: StudyOutput, path: Path) -> None:
     table = out.tables["tornado"]
     groups = list(table.groupby(["model", "workload"], sort=False))
     fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3.2 * len(groups)), squeeze=False)
     for ax, ((model, workload), g) in zip(axes[:, 0], groups, strict=True):
-        base = g[g["factor"] == 1.0]["usd_per_mtok"].iloc[0]
-        rows = []
-        for parameter, h in g[g["factor"] != 1.0].groupby("parameter", sort=False):
-            lo = h[h["factor"] < 1]["usd_per_mtok"].iloc[0] / base - 1
-            hi = h[h["factor"] > 1]["usd_per_mtok"].iloc[0] / base - 1
-            rows.append((parameter, lo, hi))
-        rows.sort(key=lambda r: max(abs(r[1]), abs(r[2])))
+        base, rows = swings(g)
         y = np.arange(len(rows))
         ax.barh(y, [100 * r[1] for r in rows], color="#e07b39", label="x 0.5 (low)")
         ax.barh(y, [100 * r[2] for r in rows], color="#3b7dd8", label="x 2 (high)")
@@ -82,13 +88,8 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
     lines = []
     table = tables.get("tornado", pd.DataFrame())
     for (model, workload), g in table.groupby(["model", "workload"], sort=False):
-        base = g[g["factor"] == 1.0]["usd_per_mtok"].iloc[0]
-        swings = []
-        for parameter, h in g[g["factor"] != 1.0].groupby("parameter", sort=False):
-            lo = h[h["factor"] < 1]["usd_per_mtok"].iloc[0] / base - 1
-            hi = h[h["factor"] > 1]["usd_per_mtok"].iloc[0] / base - 1
-            swings.append((max(abs(lo), abs(hi)), parameter, lo, hi))
-        ranked = ", ".join(f"{p} {lo:+.0%}/{hi:+.0%}" for _, p, lo, hi in sorted(swings, reverse=True))
+        base, rows = swings(g)
+        ranked = ", ".join(f"{p} {lo:+.0%}/{hi:+.0%}" for p, lo, hi in reversed(rows))
         lines.append(f"{model} / {workload} (base {base:.4g} USD/Mtok), cost change at low/high factor, largest "
                      f"first: {ranked}")
     return lines
