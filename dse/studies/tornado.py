@@ -53,7 +53,8 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
 
 def swings(g: pd.DataFrame) -> tuple[float, list[tuple[str, float, float]]]:
     """The base cost of one (model, workload) and each parameter's relative cost change at its low and high
-    factor, smallest swing first."""
+    factor, smallest swing first.
+    """
     base = g[g["factor"] == 1.0]["usd_per_mtok"].iloc[0]
     rows = []
     for parameter, h in g[g["factor"] != 1.0].groupby("parameter", sort=False):
