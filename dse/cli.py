@@ -258,8 +258,10 @@ def worker(
 
 
 def _configuration(e: dict) -> str:
+    marks = (" [price is an estimate]" if e.get("price_is_estimate") else "") + (
+        " [uncalibrated family]" if e.get("calibration") == "uncalibrated family" else "")
     return (f"{e['chips']} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
-            f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}")
+            f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}{marks}")
 
 
 def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) -> None:

@@ -90,6 +90,12 @@ class System:
         return "bf16"
 
     @property
+    def price_is_estimate(self) -> bool:
+        """Whether the catalog's price of this system is an estimate rather than a sourced figure."""
+        q = self.quantities.get("price")
+        return q is not None and q.source == "estimate"
+
+    @property
     def hbm_drain_s(self) -> float:
         """Time to read the whole HBM once: capacity / bandwidth."""
         return self.hbm_capacity / self.hbm_bandwidth

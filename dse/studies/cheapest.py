@@ -49,7 +49,8 @@ def solve_one(space: Space, spec: StudySpec, out: StudyOutput, ideal: bool) -> N
             out.summary["_results"].append(r.result)
             se = entry(sub, r, ideal)
             row.update(status=r.result.status, reason="")
-            row.update({k: se[k] for k in ("chips", "racks", *CONFIG_KEYS[2:], *METRICS, "bound")})
+            row.update({k: se[k] for k in ("chips", "racks", *CONFIG_KEYS[2:], *METRICS, "bound", "calibration",
+                                             "price_is_estimate")})
         rows.append(row)
     out.tables.setdefault("systems", []).extend(rows)
 

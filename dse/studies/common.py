@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.calibration import family_of
+from dse.catalog.hardware import get_system
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError
 from dse.optimize.serving import ServingResult, solve_serving
@@ -77,6 +78,7 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
     out.update({k: ev[k] for k in METRICS})
     out.update({k: ev[k] for k in EXTRA})
     out["calibration"] = family_of(cfg["system"]) or "uncalibrated family"
+    out["price_is_estimate"] = get_system(cfg["system"]).price_is_estimate
     return out
 
 
