@@ -106,6 +106,13 @@ def evaluate(
     etp: Annotated[int | None, typer.Option(help="Expert tensor parallelism (default: fills the stage).")] = None,
     chips: Annotated[int | None, typer.Option(help="Total chips of the replica.")] = None,
     prompt: Annotated[int | None, typer.Option(help="Prompt length for TTFT (default: the context).")] = None,
+    output: Annotated[int | None, typer.Option(
+        help="Output tokens per request: adds the request-level metrics of an aggregated replica at "
+             "concurrency --batch (needs --prompt).")] = None,
+    chunk: Annotated[int, typer.Option(help="Chunked-prefill budget, tokens per DP rank per pass.")] = 8192,
+    cached: Annotated[float, typer.Option(help="Share of the prompt served from a prefix cache.")] = 0.0,
+    draft: Annotated[int, typer.Option(help="Speculative draft tokens verified per decode pass.")] = 0,
+    accept: Annotated[float, typer.Option(help="Mean tokens emitted per decode pass (speculation).")] = 1.0,
     moe_imbalance: Annotated[float, typer.Option(help="Most-loaded GPU's expert tokens over the mean.")] = 1.0,
     phase: Annotated[Phase, typer.Option(help="decode or prefill.")] = Phase.decode,
     weights_dtype: Annotated[Dtype, typer.Option("--weights-dtype", help="Weight format.")] = Dtype.bf16,
@@ -120,7 +127,8 @@ def evaluate(
     cfg = Config(
         model=model, system=system, batch=batch, context=context, tp=tp, ep=ep, pp=pp, dp=dp, etp=etp,
         chips=chips, phase=phase.value, weights_dtype=weights_dtype.value, kv_dtype=kv_dtype.value,
-        kv_tier=kv_tier.value, prompt=prompt, moe_imbalance=moe_imbalance,
+        kv_tier=kv_tier.value, prompt=prompt, moe_imbalance=moe_imbalance, output=output, chunk=chunk,
+        cached=cached, draft=draft, accept=accept,
     )
     try:
         result = evaluate_config(cfg, ideal=ideal)
@@ -179,6 +187,19 @@ def _print_evaluation(r: dict) -> None:
         ("KV crossover context", crossover, "KV fetch time = compute time"),
         ("params", f"{r['params_total'] / 1e9:.1f}B total, {r['params_active'] / 1e9:.1f}B active", ""),
     ]
+    if r.get("serving"):
+        rows[3] = ("step (decode)", _si(r["step_s"], "s"), f"bound: {r['bound']}; decode step alone")
+        rows[4] = ("TTFT", _si(r["ttft_s"], "s"), f"wait {_si(r['queue_wait_s'], 's')} (M/D/1) + "
+                   f"{_si(r['prefill_service_s'], 's')} chunked prefill of {r['prompt']} tokens")
+        rows[5:5] = [
+            ("TPOT", _si(r["tpot_s"], "s"), f"with prefill interference ({_si(r['chunk_extra_s'], 's')} per chunk)"),
+            ("request throughput", _si(r["requests_per_s"], "req/s"),
+             f"{r['tokens_per_s_per_gpu']:.4g} output tok/s per GPU, {r['tokens_per_s_per_user']:.4g} per user"),
+            ("cost per request", f"{r['usd_per_request']:.4g} USD",
+             f"input {r['usd_per_mtok_input']:.4g}, output {r['usd_per_mtok_output']:.4g}, blended "
+             f"{r['usd_per_mtok_blended']:.4g} USD/Mtok; prefill {r['prefill_share']:.0%} of cost"),
+            ("power", _si(r["power_w"], "W"), f"{r['chips']} chips, price kind {r['price_kind']}"),
+        ]
     for row in rows:
         t.add_row(*row)
     console.print(t)

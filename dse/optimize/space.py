@@ -1,13 +1,16 @@
-"""The serving design space of one model and workload, in the form the formulations consume.
+"""The serving design space of one model and workload: blocks, and every integer batch of each.
 
 A *block* fixes every discrete choice but the batch: system, layout (TP/DP/EP/expert-TP/PP and so
 the chips and racks), weight and KV formats and where the KV lives. Within a block the batch is
-the integer number n of sequences per attention (DP) rank, B = DP x n, and the physics of
-`dse.physics` is affine in n once every routed expert receives a token at almost every step
-(n >= n_sat). Below n_sat (MoE only) the block offers a ladder of exact *points*.
+the integer number n of sequences per attention (DP) rank, B = DP x n, for every n from 1 to the
+largest that fits (``n_hi``). A batch that is not a multiple of DP is dominated: the busiest rank
+carries ceil(B / DP) sequences, so the step is that of DP x ceil(B / DP) with fewer tokens.
 
-The coefficients are read off the vectorized physics (evaluated at n_sat and n_sat + 1), never
-re-derived here, and `exhaustive` evaluates the physics at every batch of the same space.
+HBM bytes are affine in n (weights fixed, KV and activations per sequence), so ``n_hi`` is read
+off two evaluations of the physics. Above expert saturation (n >= n_sat: every routed expert is
+read at almost every step) the step is also affine in n, and `pieces` gives those coefficients
+(used for diagnostics only); the optimizers evaluate the physics itself at every batch they
+consider, and `exhaustive` evaluates it at every batch of the space.
 """
 
 from __future__ import annotations
@@ -66,13 +69,12 @@ class SpaceOptions:
 
 @dataclass
 class Space:
-    """Blocks (one row each) and the exact points below expert saturation."""
+    """Blocks (one row each); every integer batch per rank from 1 to ``n_hi`` belongs to each."""
 
     model: Architecture
     workload: Workload
     systems: list[System]
     blocks: pd.DataFrame
-    points: pd.DataFrame
     ideal: bool
     stats: dict = field(default_factory=dict)
     empty_reason: str = ""
@@ -80,11 +82,10 @@ class Space:
 
     @property
     def size(self) -> int:
-        """Configurations in the space: every (block, batch) pair and every point."""
+        """Configurations in the space: every (block, batch) pair."""
         if self.blocks.empty:
             return 0
-        affine = np.maximum(self.blocks["n_hi"] - self.blocks["n_lo"] + 1, 0).sum()
-        return int(affine + len(self.points))
+        return int(np.maximum(self.blocks["n_hi"] - self.blocks["n_lo"] + 1, 0).sum())
 
 
 def stage_sizes(system: System, opts: SpaceOptions) -> list[int]:
@@ -165,9 +166,8 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     blocks = pd.DataFrame(rows, columns=cols)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
     if blocks.empty:
-        space = Space(model, workload, systems, blocks, pd.DataFrame(columns=[*cols, "n"]), opts.ideal,
-                      empty_reason=why_empty(model, systems, opts))
-        space.stats = {"blocks": 0, "points": 0, "configurations": 0}
+        space = Space(model, workload, systems, blocks, opts.ideal, empty_reason=why_empty(model, systems, opts))
+        space.stats = {"blocks": 0, "configurations": 0}
         return space
 
     # expert saturation: the smallest n at which every routed expert is read with certainty 1 - 1e-12
@@ -201,7 +201,7 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
         n_host = np.where(on_host, np.floor(host_cap / kv_slope * (1 + 1e-12)), np.inf)
     n_hi = np.minimum(np.minimum(n_cap, n_host), opts.max_batch_per_rank)
     blocks["n_hi"] = np.maximum(n_hi, 0).astype(np.int64)
-    blocks["n_lo"] = blocks["n_sat"]
+    blocks["n_lo"] = 1
     blocks["hbm_base"] = hbm_base
     blocks["hbm_per_seq"] = hbm_slope
     blocks["overlap"] = block_eff.overlap
@@ -217,23 +217,8 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     blocks["a"] = blocks["tp"] * price * 1e6  # USD per Mtok = a x step / n
     blocks["system"] = [systems[i].id for i in blocks["system_idx"]]
 
-    # exact points below saturation (MoE): powers of two below n_sat that fit
-    top = np.minimum(blocks["n_sat"].to_numpy() - 1, blocks["n_hi"].to_numpy())
-    count = np.where(top >= 1, np.floor(np.log2(np.maximum(top, 1))) + 1, 0).astype(np.int64)
-    block_of = np.repeat(np.arange(len(blocks)), count)
-    power = np.arange(len(block_of)) - np.repeat(np.cumsum(count) - count, count)
-    points = pd.DataFrame({"block": block_of, "n": (2 ** power).astype(np.int64)})
-    if not points.empty:
-        src = blocks.iloc[points["block"].to_numpy()].reset_index(drop=True)
-        res = evaluate(_candidates(src, points["n"].to_numpy(), workload.context), mt, st, eff, ttft=False)
-        points["step"] = res["step_s"]
-        points["fits"] = res["fits"]
-        points["a"] = src["a"].to_numpy()
-        points["cost"] = points["a"] * points["step"] / points["n"]
-    else:
-        points = pd.DataFrame(columns=["block", "n", "step", "fits", "a", "cost"])
-    space = Space(model, workload, systems, blocks, points, opts.ideal)
-    space.stats = {"blocks": len(blocks), "points": len(points), "configurations": space.size}
+    space = Space(model, workload, systems, blocks, opts.ideal)
+    space.stats = {"blocks": len(blocks), "configurations": space.size}
     return space
 
 
@@ -320,21 +305,14 @@ def exhaustive(
     n_all = np.repeat(lo, counts) + offsets
     for start in range(0, len(order), chunk):
         consider(order[start:start + chunk], n_all[start:start + chunk])
-    # points below saturation
-    if not space.points.empty:
-        p = space.points
-        pos = b.index.get_indexer(p["block"].to_numpy())
-        keep = ok_block[pos]
-        consider(pos[keep], p["n"].to_numpy()[keep].astype(np.int64))
     return best
 
 
 def subset(space: Space, mask: np.ndarray) -> Space:
     """The space restricted to the blocks where ``mask`` holds (block labels are kept)."""
     blocks = space.blocks[mask]
-    points = space.points[space.points["block"].isin(blocks.index)] if not space.points.empty else space.points
-    sub = Space(space.model, space.workload, space.systems, blocks, points, space.ideal)
-    sub.stats = {"blocks": len(blocks), "points": len(points), "configurations": sub.size}
+    sub = Space(space.model, space.workload, space.systems, blocks, space.ideal)
+    sub.stats = {"blocks": len(blocks), "configurations": sub.size}
     return sub
 
 

@@ -17,6 +17,7 @@ from dse.errors import InputError
 from dse.physics.codes import BOUNDS, KV_TIERS, PHASES
 from dse.physics.layout import Layout, resolve_layout
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
+from dse.physics.serving import DEFAULT_CHUNK, PRICE_KIND, Request, aggregated
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,11 @@ class Config:
     kv_tier: str = "hbm"
     prompt: int | None = None  # prompt length for TTFT; default: the context
     moe_imbalance: float = 1.0  # most-loaded GPU's routed tokens over the mean (from expert placement)
+    output: int | None = None  # output tokens per request: adds the request-level metrics (aggregated)
+    chunk: int = DEFAULT_CHUNK  # chunked-prefill budget, tokens per DP rank per forward pass
+    cached: float = 0.0  # share of the prompt served from a prefix cache
+    draft: int = 0  # speculative draft tokens per decode pass
+    accept: float = 1.0  # mean tokens emitted per decode pass
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> int:
@@ -70,9 +76,16 @@ def resolve(cfg: Config) -> Resolved:
     tier = _choice("kv-tier", cfg.kv_tier, KV_TIERS)
     if not cfg.moe_imbalance >= 1.0:
         raise InputError(f"--moe-imbalance must be >= 1 (most-loaded GPU over the mean), got {cfg.moe_imbalance}")
-    for name, value in (("batch", cfg.batch), ("context", cfg.context), ("prompt", cfg.prompt or 1)):
+    for name, value in (("batch", cfg.batch), ("context", cfg.context), ("prompt", cfg.prompt or 1),
+                        ("output", cfg.output or 1), ("chunk", cfg.chunk), ("draft", cfg.draft + 1)):
         if not isinstance(value, int) or value < 1:
             raise InputError(f"--{name} must be a whole number >= 1, got {value!r}")
+    if not 0.0 <= cfg.cached < 1.0:
+        raise InputError(f"--cached must be a share in [0, 1), got {cfg.cached}")
+    if not 1.0 <= cfg.accept <= cfg.draft + 1:
+        raise InputError(f"--accept must be in [1, draft + 1 = {cfg.draft + 1}], got {cfg.accept}")
+    if cfg.output is not None and cfg.prompt is None:
+        raise InputError("--output needs --prompt (the request's prompt tokens)")
     layout: Layout = resolve_layout(model, cfg.tp, cfg.ep, cfg.pp, cfg.dp, cfg.etp, cfg.chips)
     if tier == 1 and (math.isnan(system.host_memory_capacity) or math.isnan(system.host_offload_bandwidth)):
         raise InputError(
@@ -132,6 +145,8 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
             out[key] = int(v)
         else:
             out[key] = None if (isinstance(v, float) and math.isnan(v)) else (None if v == math.inf else float(v))
+    if cfg.output is not None and cfg.prompt is not None:
+        out.update(request_metrics(cand, tables, eff, cfg))
     out["params_total"] = model.params_total
     out["params_active"] = model.params_active
     out["params_embedding"] = model.params_embedding
@@ -147,6 +162,30 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
         out["usd_per_mtok_band"] = [out["usd_per_mtok"] / hi, out["usd_per_mtok"] / lo]
         tpot = out["tpot_s"]
         out["tpot_s_band"] = None if tpot is None else [tpot / hi, tpot / lo]
+    return out
+
+
+REQUEST_KEYS = (
+    "serving", "ttft_s", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "usd_per_request",
+    "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended", "chips", "power_w", "price_kind",
+)
+
+
+def request_metrics(cand: Candidates, tables: tuple[ModelTable, SystemTable], eff: Efficiency, cfg: Config) -> dict:
+    """The request-level keys of an aggregated replica at concurrency ``cfg.batch`` (per micro-batch).
+
+    They replace the step-level ``tpot_s`` and ``ttft_s`` (the decode step alone stays in ``step_s``).
+    """
+    assert cfg.prompt is not None and cfg.output is not None
+    req = Request(cfg.prompt, cfg.output, cfg.cached, cfg.chunk, cfg.draft, cfg.accept)
+    r = aggregated(replace(cand, phase=0), *tables, req, eff)
+    out: dict = {"serving": "aggregated", "price_kind": PRICE_KIND, "output": cfg.output, "chunk": cfg.chunk}
+    for key in (*REQUEST_KEYS[1:-1], "requests_per_s", "prefill_share", "decode_step_s", "chunk_extra_s",
+                "prefill_service_s", "queue_wait_s"):
+        out[key] = float(np.asarray(r[key]))
+    out["chips"] = int(out["chips"])
+    out["fits"] = bool(np.asarray(r["fits"]))  # memory at the peak context P + O
+    out["prefill_keeps_up"] = bool(np.asarray(r["stable"]))
     return out
 
 

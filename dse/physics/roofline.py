@@ -112,6 +112,7 @@ class SystemTable:
     host_bw: np.ndarray
     price_per_s: np.ndarray
     efficiency: dict[str, np.ndarray]  # calibrated factor -> value per system
+    power: np.ndarray | None = None  # W per chip from the catalog's `power` (0 where unknown)
 
     @classmethod
     def build(cls, systems: list[System], efficiency: list[Efficiency] | None = None) -> SystemTable:
@@ -134,6 +135,7 @@ class SystemTable:
             host_bw=_f([known(s.host_offload_bandwidth) for s in systems]),
             price_per_s=_f([s.price_per_s for s in systems]),
             efficiency={f.name: _f([getattr(e, f.name) for e in effs]) for f in fields(Efficiency)},
+            power=_f([known(s.power) for s in systems]),
         )
 
     def efficiency_of(self, system: np.ndarray) -> Efficiency:

@@ -30,6 +30,10 @@ EXTRA = (
     "pp_comm_s", "weights_bytes_per_chip", "kv_bytes_per_chip", "activation_bytes_per_chip", "hbm_capacity_per_chip",
     "sequences_in_flight", "usd_per_chip_hour", "prompt", "usd_per_mtok_band", "tokens_per_s_band",
 )
+REQUEST_EXTRA = (
+    "serving", "usd_per_request", "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended",
+    "tokens_per_s_per_gpu", "tokens_per_s_per_user", "power_w", "price_kind", "prefill_share",
+)
 CONFIG_KEYS = ("system", "chips", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier")
 
 
@@ -61,8 +65,17 @@ class Plot:
         return bool((np.isfinite(values) & (values > 0)).any())
 
 
-def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: bool) -> dict:
-    """A configuration with its metrics computed by `dse evaluate` on the catalog hardware."""
+def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: bool,
+                 output: int | None = None) -> dict:
+    """A configuration with its metrics computed by `dse evaluate` on the catalog hardware.
+
+    With ``output``, the request-level keys of the same replica serving requests aggregated at its
+    batch are added (`dse evaluate --prompt --output`): `serving`, `usd_per_request`,
+    `usd_per_mtok_input|output|blended`, `tokens_per_s_per_gpu|user`, `power_w`, `price_kind`,
+    `prefill_share`, and the request-level TTFT and TPOT (with prefill interference) as
+    `request_ttft_s` and `request_tpot_s`; `ttft_s` and `tpot_s` stay the step-level figures the
+    search constrains.
+    """
     ev = evaluate_config(
         Config(
             model=model, system=cfg["system"], batch=cfg["batch"], context=cfg["context"], tp=cfg["tp"],
@@ -72,11 +85,22 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
         ideal=ideal,
     )
     ev["usd_per_mtok_input"] = ev["chips"] * ev["usd_per_chip_hour"] / 3600 * ev["ttft_s"] / prompt * 1e6
+    req: dict = {}
+    if output is not None:
+        rq = evaluate_config(
+            Config(model=model, system=cfg["system"], batch=cfg["batch"], context=cfg["context"], tp=cfg["tp"],
+                   ep=cfg["ep"], pp=cfg["pp"], dp=cfg["dp"], etp=cfg["etp"], weights_dtype=cfg["weights_dtype"],
+                   kv_dtype=cfg["kv_dtype"], kv_tier=cfg["kv_tier"], prompt=prompt, output=output),
+            ideal=ideal,
+        )
+        req = {k: rq[k] for k in REQUEST_EXTRA}
+        req["request_ttft_s"], req["request_tpot_s"] = rq["ttft_s"], rq["tpot_s"]
     keys = ("system", "chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context", "weights_dtype",
             "kv_dtype", "kv_tier")
     out = {"model": model, "workload": workload_name, **{k: cfg[k] for k in keys}}
     out.update({k: ev[k] for k in METRICS})
     out.update({k: ev[k] for k in EXTRA})
+    out.update(req)
     out["calibration"] = family_of(cfg["system"]) or "uncalibrated family"
     out["price_is_estimate"] = get_system(cfg["system"]).price_is_estimate
     return out
@@ -90,7 +114,8 @@ def summary_header(spec: StudySpec, **extra) -> dict:
 
 def solver_summary(spec: StudySpec, results: list, t0: float, name: str | None = None) -> dict:
     """The ``solver`` block of a summary from the SolveResults of a study."""
-    return {"name": name or spec.solver.name, "wall_s": time.perf_counter() - t0,
+    names = sorted({r.solver for r in results})
+    return {"name": name or (", ".join(names) if names else spec.solver.name), "wall_s": time.perf_counter() - t0,
             "solve_wall_s": float(sum(r.wall_s for r in results)), "solves": len(results),
             "gap": float(max((r.gap for r in results), default=0.0))}
 
@@ -103,7 +128,8 @@ def solved(spec: StudySpec, results: list, t0: float) -> dict:
 
 def entry(space: Space, res: ServingResult, ideal: bool) -> dict:
     """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`)."""
-    out = config_entry(space.model.id, space.workload.name, space.workload.prompt, res.config, ideal)
+    out = config_entry(space.model.id, space.workload.name, space.workload.prompt, res.config, ideal,
+                       output=space.workload.output)
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out

@@ -1,0 +1,310 @@
+"""Request-level serving physics: what a user's request costs and how fast it is served, vectorized
+over arrays of candidate configurations on top of the step physics of `dse.physics.roofline`.
+
+A request has P prompt tokens (a share ``cached`` of them served from a prefix cache, so
+P' = P (1 - cached) are computed) and O output tokens. Two deployments:
+
+**Aggregated** (one pool; in-flight batching with chunked prefill, as vLLM and SGLang schedule it):
+a replica runs C = batch x PP sequences in flight; every forward pass decodes the running
+sequences and may carry one prefill chunk of up to K tokens per DP rank (K = ``chunk``, default
+`DEFAULT_CHUNK` = 8192, vLLM's and SGLang's usual budget).
+
+- t_d: the decode pass of C sequences with the KV read averaged over the output, context P + O/2
+  (the mean of P + 1 .. P + O); memory is checked at the peak, context P + O.
+- t_c: the extra time of a pass that also carries a full chunk: its compute and communication are
+  those of the decode pass plus K/P' of a whole-prompt prefill pass (the prompt's attention
+  averaged over its causal triangle); its memory traffic is the decode pass's (the chunk reuses
+  the weights the pass streams anyway; its KV writes are neglected). Compute, memory and
+  communication are then combined as the step physics does (max, overlap, fixed overhead).
+- Steady state with request rate x per chunk server (DP x PP of them: each DP rank prefills its
+  own prompts, in each of the PP micro-batches in flight): prefill work takes the share
+  u = x P' t_c / K of the time, so the mean pass is t_bar = t_d / (1 - u) and TPOT = t_bar / a
+  (every decode step carries its share of prefill work: the interference).
+- TTFT = W + S: a prompt occupies a chunk server for S = ceil(P'/K) (t_d + t_c) (its chunks in
+  consecutive passes); the wait W is the M/D/1 mean, W = rho S / (2 (1 - rho)), rho = x S
+  (Pollaczek-Khinchine with deterministic service; Kleinrock, *Queueing Systems* vol. 1, 5.8).
+  A TTFT target applies to this mean.
+- Little's law closes the loop: C = k x (TTFT + m t_bar), k = DP x PP servers and m = (O - 1)/a
+  decode passes per request (the first token comes from the last prefill chunk). The left side
+  is convex and increasing in x on [0, 1/S), so Newton's method from the right converges
+  monotonically (`_solve_rate`). Throughput = C x O / (TTFT + (O - 1) TPOT).
+
+**Disaggregated** (a prefill pool and a decode pool, each with its own layout): the decode pool
+is the same decode pass without prefill interference (TPOT = t_d / a; C = lambda m t_d by Little's
+law); a prefill replica prefills one prompt per DP rank and micro-batch (service S = the prefill
+pass, DP x PP servers), or, with context parallelism, splits each prompt over its DP ranks (ring
+attention: the prompt's KV passes once around the ring, overlapped with compute as the step
+physics overlaps communication; service S = its pass / DP, PP servers). The KV cache then crosses
+to the decode pool over the scale-out network (pools in separate racks; over scale-up where the
+system has no scale-out figure), sent in parallel by the prefill replica's chips, and that time
+counts in TTFT. The prefill pool runs at utilisation rho (M/D/1 wait per server as above): the
+pool ratio is prefill replicas per decode replica = lambda S / (servers rho).
+
+**Speculative decoding / MTP**: ``draft`` tokens k and mean accepted length a (tokens emitted per
+decode pass, 1 <= a <= k + 1); a pass verifies k + 1 tokens per sequence (its compute and
+communication x (k + 1), its weight and KV reads unchanged); draft-model cost is neglected (MTP
+heads are one layer).
+
+**Cost split**: a request's cost is the deployment's USD per second over its request rate. The
+input (prompt) part is the prefill's share: aggregated, the share u of the replica's time spent
+on prefill chunks; disaggregated, the prefill pool's cost. The output part is the rest. So
+usd_per_mtok_input = input cost / P x 1e6, usd_per_mtok_output = output cost / O x 1e6 and
+usd_per_mtok_blended = usd_per_request / (P + O) x 1e6.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from dse.catalog.hardware import Efficiency
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
+
+DEFAULT_CHUNK = 8192  # prefill tokens per DP rank per forward pass (vLLM / SGLang chunked-prefill budget)
+RHO_MAX = 0.9  # highest utilisation a prefill pool is planned at (M/D/1 waits grow as 1 / (1 - rho))
+NEWTON_STEPS = 30
+PRICE_KIND = "catalog"  # the catalog's single price per chip-hour (price kinds come with issue 11)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One kind of request: prompt and output tokens, prefix-cache share, chunk budget, speculation."""
+
+    prompt: int
+    output: int
+    cached: float = 0.0  # share of the prompt served from a prefix cache (not recomputed)
+    chunk: int = DEFAULT_CHUNK
+    draft: int = 0  # speculative draft tokens verified per decode pass
+    accept: float = 1.0  # mean tokens emitted per decode pass (1 <= accept <= draft + 1)
+
+    @property
+    def computed_prompt(self) -> float:
+        """Prompt tokens the prefill computes: P (1 - cached), at least one."""
+        return max(self.prompt * (1.0 - self.cached), 1.0)
+
+    @property
+    def decode_passes(self) -> float:
+        """Decode passes per request, m = (O - 1) / a (the first token comes from the prefill)."""
+        return max(self.output - 1, 0) / self.accept
+
+
+def power_w(chips: np.ndarray | float, power_per_chip: np.ndarray | float) -> np.ndarray:
+    """Power of a deployment: chips x the catalog's per-chip power figure.
+
+    The one place power is computed, so an all-in figure (host, network, cooling) can replace it.
+    """
+    return np.asarray(chips, dtype=np.float64) * np.asarray(power_per_chip, dtype=np.float64)
+
+
+def combine(compute: np.ndarray, memory: np.ndarray, comm: np.ndarray, overhead: np.ndarray,
+            overlap: np.ndarray | float) -> np.ndarray:
+    """Step time from its parts, as `roofline._pass` combines them (max, partial overlap, overhead)."""
+    work = np.maximum(compute, memory)
+    return np.maximum(work, comm) + (1.0 - overlap) * np.minimum(comm, work) + overhead
+
+
+def _eff(c: Candidates, systems: SystemTable, eff: Efficiency | None) -> Efficiency:
+    return eff if eff is not None else systems.efficiency_of(np.asarray(c.system))
+
+
+def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The per-server request rate x solving C = k x R(x), R = S + x S^2 / (2 (1 - x S)) + m t_d / (1 - v x).
+
+    f(x) = k x R(x) - C is increasing and convex on [0, 1/S) (and v <= 1/S), so Newton from any
+    point right of the root decreases monotonically to it. The start x0 = C / (k (S + m t_d)) has
+    f(x0) >= 0; it is clipped just below the pole 1/S.
+    """
+    x_max = 1.0 / s
+    x = np.minimum(c / (k * (s + m_td)), x_max * (1.0 - 1e-9))
+    for _ in range(NEWTON_STEPS):
+        q = 1.0 - x * s
+        w = 1.0 - v * x
+        r = s + x * s * s / (2.0 * q) + m_td / w
+        dr = s * s / (2.0 * q * q) + m_td * v / (w * w)
+        f = k * x * r - c
+        step = f / (k * (r + x * dr))
+        x = np.maximum(x - step, 0.5 * x)  # never jumps past half-way to 0 (guards rounding)
+    return x
+
+
+def _decode_parts(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency,
+                  req: Request) -> tuple[dict, dict, np.ndarray]:
+    """The decode pass at the mean context P + O/2 (times) and at the peak P + O (memory)."""
+    mean = evaluate(replace(cand, context=req.prompt + req.output / 2.0, phase=0), models, systems, eff, ttft=False)
+    peak = evaluate(replace(cand, context=req.prompt + req.output, phase=0), models, systems, eff, ttft=False)
+    verify = float(req.draft + 1)
+    t_d = combine(mean["compute_s"] * verify, mean["memory_s"], mean["comm_s"] * verify, mean["overhead_s"],
+                  eff.overlap)
+    return mean, peak, t_d
+
+
+def _prefill_pass(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency,
+                  req: Request) -> dict:
+    """One prompt per DP rank (batch = DP) prefilled in one pass, its work scaled to the computed share."""
+    dp = np.asarray(cand.dp, dtype=np.float64)
+    pre = evaluate(replace(cand, batch=dp, context=req.prompt, phase=1, kv_tier=0), models, systems, eff, ttft=False)
+    share = req.computed_prompt / req.prompt
+    for k in ("compute_s", "comm_s", "step_s"):
+        pre[k] = pre[k] * share
+    return pre
+
+
+def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
+               eff: Efficiency | None = None) -> dict[str, np.ndarray]:
+    """Request-level metrics of aggregated replicas: ``cand.batch`` sequences per micro-batch in flight.
+
+    Returns arrays keyed as the request-level contract (`ttft_s`, `tpot_s`, `tokens_per_s_per_gpu`,
+    `tokens_per_s_per_user`, `usd_per_request`, `usd_per_mtok_input|output|blended`, `chips`,
+    `power_w`), plus `fits` (memory at the peak context), `stable` (the prefill keeps up:
+    rho < 1), `prefill_share` (u, the input share of cost) and the pieces (`decode_step_s`,
+    `chunk_extra_s`, `prefill_service_s`, `queue_wait_s`, `requests_per_s`).
+    """
+    c = cand.broadcast()
+    e = _eff(c, systems, eff)
+    mean, peak, t_d = _decode_parts(c, models, systems, e, req)
+    pre = _prefill_pass(c, models, systems, e, req)
+    p_c = req.computed_prompt
+    frac = min(req.chunk, p_c) / p_c  # a full chunk's share of one prompt's prefill
+    mixed = combine(mean["compute_s"] * (req.draft + 1) + frac * pre["compute_s"], mean["memory_s"],
+                    mean["comm_s"] * (req.draft + 1) + frac * pre["comm_s"], mean["overhead_s"], e.overlap)
+    t_c = mixed - t_d
+    chunks = np.ceil(p_c / req.chunk)
+    s = chunks * mixed
+    pp = np.asarray(c.pp, dtype=np.float64)
+    k = np.asarray(c.dp, dtype=np.float64) * pp
+    conc = np.asarray(c.batch, dtype=np.float64) * pp  # sequences in flight
+    v = t_c * p_c / min(req.chunk, p_c)  # prefill seconds a request adds to its server: P' t_c / K
+    m = req.decode_passes
+    x = _solve_rate(k, conc, s, m * t_d, v)
+    u = v * x
+    rho = x * s
+    t_bar = t_d / (1.0 - u)
+    wait = rho * s / (2.0 * (1.0 - rho))
+    ttft = s + wait
+    tpot = t_bar / req.accept
+    lam = k * x
+    chips = mean["chips"]
+    usd_per_s = chips * systems.price_per_s[np.asarray(c.system)]
+    return _metrics(
+        "aggregated", req, lam, ttft, tpot, chips, usd_per_s, u, systems.power[np.asarray(c.system)],
+        fits=peak["fits"], stable=rho < 1.0, decode_step_s=t_d, chunk_extra_s=t_c, prefill_service_s=s,
+        queue_wait_s=wait, hbm_bytes_per_chip=peak["hbm_bytes_per_chip"], step_s=t_bar,
+        bound=mean["bound"],
+    )
+
+
+def _metrics(serving: str, req: Request, lam: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, chips: np.ndarray,
+             usd_per_s: np.ndarray, input_share: np.ndarray, power_per_chip: np.ndarray, **extra) -> dict:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        usd_req = usd_per_s / lam
+        out = {
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "tokens_per_s_per_gpu": lam * req.output / chips,
+            "tokens_per_s_per_user": 1.0 / tpot,
+            "usd_per_request": usd_req,
+            "usd_per_mtok_input": usd_req * input_share / req.prompt * 1e6,
+            "usd_per_mtok_output": usd_req * (1.0 - input_share) / req.output * 1e6,
+            "usd_per_mtok_blended": usd_req / (req.prompt + req.output) * 1e6,
+            "chips": chips,
+            "power_w": power_w(chips, power_per_chip),
+            "requests_per_s": lam,
+            "prefill_share": input_share,
+        }
+    out.update(extra)
+    return out
+
+
+def decode_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
+                eff: Efficiency | None = None) -> dict[str, np.ndarray]:
+    """A decode replica of a disaggregated deployment: TPOT, request rate, USD per request, memory."""
+    c = cand.broadcast()
+    e = _eff(c, systems, eff)
+    mean, peak, t_d = _decode_parts(c, models, systems, e, req)
+    pp = np.asarray(c.pp, dtype=np.float64)
+    conc = np.asarray(c.batch, dtype=np.float64) * pp
+    lam = conc / (max(req.decode_passes, 1.0 / req.accept) * t_d)  # Little's law over the decode passes
+    chips = mean["chips"]
+    usd_per_s = chips * systems.price_per_s[np.asarray(c.system)]
+    return {"tpot_s": t_d / req.accept, "requests_per_s": lam, "usd_per_request": usd_per_s / lam,
+            "chips": chips, "usd_per_s": usd_per_s, "fits": peak["fits"], "decode_step_s": t_d,
+            "hbm_bytes_per_chip": peak["hbm_bytes_per_chip"], "bound": mean["bound"],
+            "power_per_chip": systems.power[np.asarray(c.system)]}
+
+
+def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
+                 context_parallel: np.ndarray | bool = False, eff: Efficiency | None = None) -> dict[str, np.ndarray]:
+    """A prefill replica of a disaggregated deployment: its service time per prompt, its servers,
+    the KV hand-off time, and its USD per prompt at full utilisation (divide by rho for a pool).
+
+    ``cand.batch`` is ignored (one prompt per DP rank, or one per replica with context parallelism).
+    Memory is checked for one prompt's KV and the chunk's activations per DP rank.
+    """
+    c = cand.broadcast()
+    e = _eff(c, systems, eff)
+    pre = _prefill_pass(c, models, systems, e, req)
+    sys_idx = np.asarray(c.system)
+    dp = np.asarray(c.dp, dtype=np.float64)
+    pp = np.asarray(c.pp, dtype=np.float64)
+    tp = np.asarray(c.tp, dtype=np.float64)
+    cp = np.where(np.asarray(context_parallel, dtype=bool), dp, 1.0)
+    kv_chip = pre["kv_bytes_per_chip"]  # one prompt's KV share held by each chip of its DP rank
+    domain = systems.domain[sys_idx]
+    su = systems.scaleup_bw[sys_idx] * e.link
+    so = systems.scaleout_bw[sys_idx] * e.link
+    ring_bw = np.where(cp * tp <= domain, su, np.where(so > 0, so, su))
+    ring = np.where(cp > 1, kv_chip * (cp - 1.0) / cp / ring_bw, 0.0)
+    work = pre["step_s"] / cp
+    service = np.maximum(work, ring) + (1.0 - e.overlap) * np.minimum(work, ring)
+    servers = np.where(cp > 1, pp, dp * pp)
+    xfer_bw = np.where(so > 0, so, su)
+    transfer = kv_chip / cp / xfer_bw  # every chip sends its share of the prompt's KV in parallel
+    chips = pre["chips"]
+    usd_per_s = chips * systems.price_per_s[sys_idx]
+    return {"prefill_service_s": service, "servers": servers, "kv_transfer_s": transfer,
+            "usd_per_prompt": usd_per_s * service / servers, "chips": chips, "usd_per_s": usd_per_s,
+            "fits": pre["fits"], "ring_s": ring, "context_parallel": cp > 1,
+            "power_per_chip": systems.power[sys_idx]}
+
+
+def mdl_wait(rho: np.ndarray, service: np.ndarray) -> np.ndarray:
+    """Mean M/D/1 wait (Pollaczek-Khinchine, deterministic service): rho S / (2 (1 - rho))."""
+    return rho * service / (2.0 * (1.0 - rho))
+
+
+def rho_for_ttft(service: np.ndarray, transfer: np.ndarray, ttft_max: float | None,
+                 rho_max: float = RHO_MAX) -> np.ndarray:
+    """The highest prefill-pool utilisation whose mean TTFT = S + W(rho) + transfer meets the target.
+
+    W / S = rho / (2 (1 - rho)) <= D with D = (T - S - transfer) / S gives rho <= 2D / (1 + 2D);
+    capped at ``rho_max``; NaN where even an empty queue misses the target.
+    """
+    if ttft_max is None:
+        return np.full(np.shape(service), rho_max)
+    d = (ttft_max - service - transfer) / service
+    with np.errstate(invalid="ignore"):
+        rho = np.where(d >= 0, np.minimum(2.0 * d / (1.0 + 2.0 * d), rho_max), np.nan)
+    return rho
+
+
+def disaggregated(dec: dict, pre: dict, req: Request, rho: np.ndarray) -> dict[str, np.ndarray]:
+    """Combine a decode replica and prefill replicas (at utilisation rho) into request-level metrics.
+
+    ``dec`` and ``pre`` are (broadcastable) outputs of `decode_pool` and `prefill_pool`. The
+    deployment unit is one decode replica with ``prefill_replicas`` = lambda S / (servers rho)
+    prefill replicas (a fluid ratio; a fleet rounds whole replicas).
+    """
+    lam = dec["requests_per_s"]
+    ratio = lam * pre["prefill_service_s"] / (pre["servers"] * rho)
+    ttft = pre["prefill_service_s"] + mdl_wait(rho, pre["prefill_service_s"]) + pre["kv_transfer_s"]
+    usd_pre = pre["usd_per_prompt"] / rho
+    usd_req = dec["usd_per_request"] + usd_pre
+    chips = dec["chips"] + ratio * pre["chips"]
+    power = power_w(dec["chips"], dec["power_per_chip"]) + power_w(ratio * pre["chips"], pre["power_per_chip"])
+    out = _metrics("disaggregated", req, lam, ttft, dec["tpot_s"], chips, usd_req * lam, usd_pre / usd_req,
+                   np.ones_like(chips), prefill_replicas=ratio, prefill_rho=rho,
+                   kv_transfer_s=pre["kv_transfer_s"] * np.ones_like(ttft),
+                   prefill_service_s=pre["prefill_service_s"] * np.ones_like(ttft))
+    out["power_w"] = power
+    return out
