@@ -18,6 +18,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dse.catalog.units import DTYPES
@@ -77,7 +78,7 @@ def _native_stdout_to_stderr() -> Iterator[None]:
 
 
 def _fail(exc: Exception) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     raise typer.Exit(getattr(exc, "exit_code", 1))
 
 
@@ -145,7 +146,7 @@ def evaluate(
         else:
             why = (f"HBM capacity runs out: {_si(need, 'B')} per chip needed (weights, KV, activations) against "
                    f"{_si(have, 'B')} of HBM less the reserve the calibration keeps free")
-        Console(stderr=True).print(f"[bold red]does not fit:[/] {why}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[bold red]does not fit:[/] {escape(why)}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)
 
 
@@ -251,7 +252,7 @@ def run(
         _print_study(summary, result.tables, target, result.files)
     if summary["status"] == "infeasible":
         for item in summary["infeasible"]:
-            err.print(f"[bold red]infeasible:[/] {item['reason']}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]infeasible:[/] {escape(item['reason'])}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)
 
 

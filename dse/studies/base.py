@@ -37,8 +37,8 @@ Fraction = Annotated[float, Field(gt=0, le=1000)]
 def plain_name(v: str) -> str:
     """A name that can become a folder name: letters, digits, '.', '_' and '-', not starting with '.'."""
     if not re.match(PLAIN_NAME, v) or v in (".", ".."):
-        raise ValueError(f"must be a plain name (letters, digits, '.', '_', '-'; no '/', no leading '.', at most "
-                         f"100 characters), got {v!r}")
+        raise ValueError("must be a plain name (letters, digits, '.', '_', '-'; no '/', no leading '.', at most "
+                         "100 characters)")
     return v
 
 
