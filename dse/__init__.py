@@ -103,12 +103,18 @@ def run_study(study: str | Path | dict | StudySpec, out: str | Path | None = Non
         from dse.report.output import prepare
 
         prepare(target, force)
-    with tempfile.TemporaryDirectory(prefix="dse-storage-") as scratch:
-        if module.USES_STORAGE and storage is None:
-            from dse.studies.optuna_sweep import default_storage
+    scratch = None
+    if module.USES_STORAGE and storage is None:  # an embedded SQLite file in the output (or a scratch) folder
+        from dse.studies.optuna_sweep import default_storage
 
-            storage = default_storage(target if target is not None else Path(scratch))
+        if target is None:
+            scratch = tempfile.TemporaryDirectory(prefix="dse-storage-")
+        storage = default_storage(target if target is not None else Path(scratch.name))
+    try:
         output = module.run(spec, progress, storage)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
     files: list[str] = []
     if target is not None:
         from dse.report.output import write_outputs
