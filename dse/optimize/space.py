@@ -218,7 +218,7 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     blocks["system"] = [systems[i].id for i in blocks["system_idx"]]
 
     space = Space(model, workload, systems, blocks, opts.ideal)
-    space.stats = {"blocks": len(blocks), "configurations": space.size}
+    space.stats = {"blocks": len(blocks), "configurations": space.size, "max_batch_per_rank": opts.max_batch_per_rank}
     return space
 
 

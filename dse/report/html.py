@@ -46,7 +46,9 @@ def explain(e: dict, space) -> str:
                        & (blocks["ep"] == e["ep"]) & (blocks["pp"] == e["pp"])]
         row = match.iloc[0] if len(match) else None
     w = space.workload if space is not None else None
-    if row is not None and n >= int(row["n_hi"]):
+    if e.get("binding"):
+        cap = f"What stops the batch at {n} per rank: {e['binding']}"
+    elif row is not None and n >= int(row["n_hi"]):
         cap = "HBM capacity caps the batch (one more sequence per rank would not fit)"
     elif w is not None and w.tpot_max is not None and e["tpot_s"] >= 0.98 * w.tpot_max:
         cap = f"the TPOT target of {w.tpot_max * 1e3:g} ms caps the batch"
@@ -61,10 +63,18 @@ def explain(e: dict, space) -> str:
         f"Memory per chip: weights {_fmt_bytes(e['weights_bytes_per_chip'])}, KV {_fmt_bytes(e['kv_bytes_per_chip'])}, "
         f"activations {_fmt_bytes(e['activation_bytes_per_chip'])}, free {_fmt_bytes(free)} of "
         f"{_fmt_bytes(e['hbm_capacity_per_chip'])}. Cost {e['usd_per_mtok']:.4g} USD per million output tokens"
-        f"{_band(e)}, "
-        f"{e['usd_per_mtok_input']:.4g} per million input tokens (prefill one prompt at a time); "
-        f"TPOT {e['tpot_s'] * 1e3:.3g} ms, TTFT {e['ttft_s']:.3g} s.</p>"
+        f"{'' if 'step_tpot_s' in e else _band(e)}, "
+        f"{e['usd_per_mtok_input']:.4g} per million input tokens "
+        f"({'its share of the request by time on prefill' if 'step_tpot_s' in e else 'prefill one prompt at a time'}); "
+        f"TPOT {e['tpot_s'] * 1e3:.3g} ms, TTFT {e['ttft_s']:.3g} s.{_request(e)}</p>"
     )
+
+
+def _request(e: dict) -> str:
+    if "usd_per_request" not in e or "step_tpot_s" not in e:
+        return ""
+    return (f" Request level ({e['serving']}, prefill counted): {e['usd_per_request']:.4g} USD per request, "
+            f"prefill {e['prefill_share']:.0%} of it; the decode step alone takes {e['step_tpot_s'] * 1e3:.3g} ms.")
 
 
 def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[str]) -> None:

@@ -16,6 +16,7 @@ from dse.catalog.calibration import family_of
 from dse.catalog.hardware import get_system
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError
+from dse.optimize.requests import RequestResult
 from dse.optimize.serving import ServingResult, solve_serving
 from dse.optimize.space import Space, build_space
 from dse.physics.evaluate import Config, evaluate_config
@@ -66,7 +67,7 @@ class Plot:
 
 
 def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: bool,
-                 output: int | None = None) -> dict:
+                 output: int | None = None, request_level: bool = False) -> dict:
     """A configuration with its metrics computed by `dse evaluate` on the catalog hardware.
 
     With ``output``, the request-level keys of the same replica serving requests aggregated at its
@@ -75,6 +76,12 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
     `prefill_share`, and the request-level TTFT and TPOT (with prefill interference) as
     `request_ttft_s` and `request_tpot_s`; `ttft_s` and `tpot_s` stay the step-level figures the
     search constrains.
+
+    With ``request_level`` (the configuration was chosen on the request-level objective), `ttft_s`,
+    `tpot_s`, `usd_per_mtok` (USD per request / O: the whole request, prefill included, per million
+    output tokens) and `tokens_per_s` (the replica's output tokens/s at its request rate) are the
+    request-level figures, the step-level ones move to `step_ttft_s`, `step_tpot_s`,
+    `step_usd_per_mtok` and `step_tokens_per_s`, and `pools` lists the one aggregated pool.
     """
     ev = evaluate_config(
         Config(
@@ -101,6 +108,16 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
     out.update({k: ev[k] for k in METRICS})
     out.update({k: ev[k] for k in EXTRA})
     out.update(req)
+    if request_level and output is not None:
+        for key in ("ttft_s", "tpot_s", "usd_per_mtok", "tokens_per_s"):
+            out["step_" + key] = out[key]
+        out["ttft_s"], out["tpot_s"] = out.pop("request_ttft_s"), out.pop("request_tpot_s")
+        out["usd_per_mtok"] = out["usd_per_request"] / output * 1e6
+        out["tokens_per_s"] = out["tokens_per_s_per_gpu"] * out["chips"]
+        out["output"] = output
+        out["pools"] = [{"role": "both", "replicas": 1,
+                         **{k: cfg[k] for k in ("system", "chips", "racks", "tp", "ep", "pp", "dp", "batch",
+                                                "weights_dtype", "kv_dtype", "kv_tier")}}]
     out["calibration"] = family_of(cfg["system"]) or "uncalibrated family"
     out["price_is_estimate"] = get_system(cfg["system"]).price_is_estimate
     return out
@@ -126,10 +143,17 @@ def solved(spec: StudySpec, results: list, t0: float) -> dict:
             "solver": solver_summary(spec, results, t0)}
 
 
-def entry(space: Space, res: ServingResult, ideal: bool) -> dict:
-    """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`)."""
+def entry(space: Space, res: ServingResult | RequestResult, ideal: bool) -> dict:
+    """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`).
+
+    A `RequestResult` (the request-level search) gives the request-level keys under the contract's
+    names and the limit that binds its batch as `binding`.
+    """
+    request_level = isinstance(res, RequestResult)
     out = config_entry(space.model.id, space.workload.name, space.workload.prompt, res.config, ideal,
-                       output=space.workload.output)
+                       output=space.workload.output, request_level=request_level)
+    if request_level:
+        out["binding"] = res.binding
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out

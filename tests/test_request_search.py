@@ -1,0 +1,146 @@
+"""The request-level search (`dse.optimize.requests`) against an independent brute force.
+
+The brute force shares no code with the space builder or the search: it enumerates the layouts
+itself (from the physics' `layouts_for`), every batch per DP rank from 1 to the study's cap, and
+calls the request-level physics (`dse.physics.serving.aggregated`) directly, keeping the cheapest
+USD per request that fits, keeps up with its prefill and meets the request-level targets.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dse.catalog.hardware import IDEAL, default_systems
+from dse.catalog.models import default_models, get_model
+from dse.catalog.units import DTYPES
+from dse.errors import InfeasibleError
+from dse.optimize.requests import SOLVER_NAME, evaluate_pairs, pairs, request_of, solve_requests
+from dse.optimize.space import SpaceOptions, Workload, build_space
+from dse.physics.layout import layouts_for
+from dse.physics.roofline import Candidates, ModelTable, SystemTable
+from dse.physics.serving import Request, aggregated
+
+MODELS = sorted(default_models())
+SYSTEMS = sorted(default_systems())
+
+
+def random_case(rng: np.random.Generator, moe: bool | None = None):
+    names = MODELS if moe is None else [m for m in MODELS if get_model(m).is_moe == moe]
+    model = get_model(names[rng.integers(len(names))])
+    opts = SpaceOptions(
+        systems=tuple(rng.choice(SYSTEMS, size=rng.integers(1, 3), replace=False)),
+        weights_dtypes=tuple(rng.choice(["bf16", "fp8", "fp4"], size=rng.integers(1, 3), replace=False)),
+        kv_dtypes=tuple(rng.choice(["bf16", "fp8"], size=1)),
+        kv_tiers=("hbm",) if rng.random() < 0.7 else ("hbm", "host"),
+        tp=tuple(sorted(int(t) for t in rng.choice([1, 2, 4, 8], size=rng.integers(1, 3), replace=False))),
+        pp=(1,) if rng.random() < 0.6 else (1, 2),
+        max_racks=int(rng.integers(1, 3)),
+        max_chips_per_stage=int(rng.choice([8, 16, 72])),
+        max_batch_per_rank=int(rng.choice([8, 32, 96])),
+        ideal=bool(rng.random() < 0.4),
+    )
+    cap = rng.random()
+    tpot = float(rng.choice([0.01, 0.03, 0.1, 0.3])) if cap < 0.7 else None
+    ttft = float(rng.choice([0.5, 5.0, 60.0, 600.0])) if cap > 0.4 else None
+    w = Workload("random", int(rng.choice([128, 2000, 32_000, 200_000])), int(rng.choice([16, 500])), tpot, ttft)
+    return model, w, opts
+
+
+def brute_force(model, w: Workload, opts: SpaceOptions):
+    """(usd_per_request, system, tp, dp, ep, pp, batch, wd, kd, tier) of the cheapest feasible pair; None if none."""
+    catalog = default_systems()
+    systems = [catalog[s] for s in opts.systems]
+    rows = []
+    for si, system in enumerate(systems):
+        limit = min(opts.max_chips_per_stage, system.scaleup_domain * opts.max_racks)
+        sizes = {2**i for i in range(31) if 2**i <= limit}
+        sizes |= {system.scaleup_domain * r for r in range(1, opts.max_racks + 1)
+                  if system.scaleup_domain * r <= limit}
+        for cps in sorted(sizes):
+            for lay in layouts_for(model, cps, pps=opts.pp):
+                if lay.tp not in opts.tp or lay.chips > system.scaleup_domain * opts.max_racks:
+                    continue
+                if (model.is_moe and lay.etp not in (1, lay.tp)) or (not model.is_moe and lay.etp != cps):
+                    continue
+                if lay.chips > system.scaleup_domain and math.isnan(system.scaleout_bandwidth):
+                    continue
+                for wd in opts.weights_dtypes:
+                    for kd in opts.kv_dtypes:
+                        for tier in opts.kv_tiers:
+                            if tier == "host" and (math.isnan(system.host_memory_capacity)
+                                                   or math.isnan(system.host_offload_bandwidth)):
+                                continue
+                            rows.extend((si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd),
+                                         DTYPES.index(kd), int(tier == "host"), n)
+                                        for n in range(1, opts.max_batch_per_rank + 1))
+    if not rows:
+        return None
+    a = np.array(rows, dtype=np.int64).T
+    cand = Candidates(model=0, system=a[0], tp=a[1], dp=a[2], ep=a[3], etp=a[4], pp=a[5], batch=a[2] * a[9],
+                      context=w.prompt + w.output, weights_dtype=a[6], kv_dtype=a[7], kv_tier=a[8])
+    mt, st = ModelTable.build([model]), SystemTable.build(systems)
+    r = aggregated(cand, mt, st, Request(w.prompt, w.output), IDEAL if opts.ideal else None)
+    cost = r["usd_per_request"]
+    ok = r["fits"] & r["stable"] & np.isfinite(cost) & (cost > 0)
+    if w.tpot_max is not None:
+        ok &= r["tpot_s"] <= w.tpot_max * (1 + 1e-9)
+    if w.ttft_max is not None:
+        ok &= r["ttft_s"] <= w.ttft_max * (1 + 1e-9)
+    if not ok.any():
+        return None
+    i = int(np.argmin(np.where(ok, cost, np.inf)))
+    s = a[:, i]
+    return (float(cost[i]), systems[s[0]].id, int(s[1]), int(s[2]), int(s[3]), int(s[5]), int(s[2] * s[9]),
+            DTYPES[s[6]], DTYPES[s[7]], ("hbm", "host")[s[8]])
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_request_optimum_equals_brute_force(chunk):
+    """100 random spaces (dense and MoE, TPOT and TTFT caps, ideal and calibrated): same optimum."""
+    rng = np.random.default_rng(1200 + chunk)
+    cases = [random_case(rng, moe=True) for _ in range(12)] + [random_case(rng, moe=False) for _ in range(8)]
+    cases += [random_case(rng) for _ in range(5)]
+    agree = feasible = 0
+    for model, w, opts in cases:
+        ref = brute_force(model, w, opts)
+        space = build_space(model, w, opts)
+        if ref is None:
+            with pytest.raises(InfeasibleError, match="no feasible configuration|design space is empty"):
+                solve_requests(space)
+            continue
+        feasible += 1
+        r = solve_requests(space)
+        assert r.metrics["usd_per_request"] == pytest.approx(ref[0], rel=1e-9), (model.id, w, opts, ref, r.config)
+        c = r.config
+        got = (c["system"], c["tp"], c["dp"], c["ep"], c["pp"], c["batch"], c["weights_dtype"], c["kv_dtype"],
+               c["kv_tier"])
+        assert got == ref[1:] or r.metrics["usd_per_request"] <= ref[0] * (1 + 1e-9)
+        assert r.result.solver == SOLVER_NAME and r.result.gap == 0 and r.result.status == "optimal"
+        agree += 1
+    print(f"request-level brute force: {agree} of {feasible} feasible spaces agree ({len(cases)} spaces)")
+    assert feasible >= 8 and agree == feasible
+
+
+def test_request_cost_is_not_monotone_in_the_batch_but_latencies_are():
+    """Why the search enumerates every n: USD per request rises again with n in some blocks (prefill load
+    and queueing grow with the concurrency), while request TTFT and TPOT never fall as n grows."""
+    rng = np.random.default_rng(11)
+    rises = blocks = 0
+    for _ in range(30):
+        model, w, opts = random_case(rng)
+        space = build_space(model, w, opts)
+        if space.blocks.empty:
+            continue
+        pos, n = pairs(space.blocks)
+        m = evaluate_pairs(space, space.blocks, pos, n, request_of(space))
+        same = (pos[1:] == pos[:-1]) & m["stable"][1:] & m["stable"][:-1]
+        for key in ("tpot_s", "ttft_s"):
+            v = m[key]
+            assert not (same & (np.diff(v) < -1e-9 * v[1:])).any(), key
+        c = m["usd_per_request"]
+        rises += len(set(pos[1:][same & (np.diff(c) > 1e-9 * c[1:])]))
+        blocks += len(space.blocks)
+    assert blocks > 100 and rises > 0
