@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from dse.catalog.hardware import IDEAL, System, default_systems
+from dse.catalog.hardware import DEFAULT_PRICE_KIND, IDEAL, System, default_systems, priced
 from dse.catalog.models import Architecture
 from dse.catalog.units import DTYPES
 from dse.physics.codes import KV_TIERS
@@ -62,6 +62,9 @@ class SpaceOptions:
     ideal: bool = False
     scale: tuple[tuple[str, float], ...] = ()  # (System field, factor) applied to scaled_systems
     scaled_systems: tuple[str, ...] = ()  # empty: every system
+    price_kind: str = DEFAULT_PRICE_KIND
+    prices: tuple[tuple[str, float], ...] = ()  # (system, USD per chip-hour) the study supplies
+    weight_only: bool = False  # offer weight formats the chip has no tensor units for (dequantized)
 
 
 @dataclass
@@ -121,9 +124,13 @@ def _candidates(blocks: pd.DataFrame, n: np.ndarray, context: int, phase: int = 
 
 def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> Space:
     """Enumerate the blocks of the space and read their batch-affine physics off the engine."""
-    catalog = default_systems()
+    catalog = default_systems(opts.price_kind)
     ids = opts.systems or tuple(catalog)
-    systems = [catalog[s] for s in ids]
+    supplied = dict(opts.prices)
+    systems = [priced(catalog[s], opts.price_kind, supplied[s]) if s in supplied else catalog[s] for s in ids]
+    # a system without a price of the study's kind is left out of the cost comparison, never proxied
+    no_price = [s.id for s in systems if math.isnan(s.price_per_s)]
+    systems = [s for s in systems if not math.isnan(s.price_per_s)]
     if opts.scale:
         targets = set(opts.scaled_systems or ids)
         systems = [s.scaled(**dict(opts.scale)) if s.id in targets else s for s in systems]
@@ -132,7 +139,11 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     for si, system in enumerate(systems):
         for lay in _layouts(model, system, opts):
             for wd in opts.weights_dtypes:
+                if not (system.is_native(wd) or opts.weight_only):  # computes only in native formats
+                    continue
                 for kd in opts.kv_dtypes:
+                    if kd not in system.kv_dtypes:
+                        continue
                     for tier in opts.kv_tiers:
                         if tier == "host" and (math.isnan(system.host_memory_capacity)
                                                or math.isnan(system.host_offload_bandwidth)):
@@ -143,7 +154,9 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     blocks = pd.DataFrame(rows, columns=cols)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
     if blocks.empty:
-        return Space(model, workload, systems, blocks, pd.DataFrame(columns=[*cols, "n"]), opts.ideal)
+        space = Space(model, workload, systems, blocks, pd.DataFrame(columns=[*cols, "n"]), opts.ideal)
+        space.stats = {"blocks": 0, "points": 0, "configurations": 0, "no_price": no_price}
+        return space
 
     # expert saturation: the smallest n at which every routed expert is read with certainty 1 - 1e-12
     dp = blocks["dp"].to_numpy().astype(float)
@@ -208,7 +221,7 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     else:
         points = pd.DataFrame(columns=["block", "n", "step", "fits", "a", "cost"])
     space = Space(model, workload, systems, blocks, points, opts.ideal)
-    space.stats = {"blocks": len(blocks), "points": len(points), "configurations": space.size}
+    space.stats = {"blocks": len(blocks), "points": len(points), "configurations": space.size, "no_price": no_price}
     return space
 
 

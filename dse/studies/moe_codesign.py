@@ -44,7 +44,7 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     w = spec.workloads[0].workload()
     rows = []
     for system in cd.systems:
-        opts = replace(spec.space.options(), systems=(system,), max_racks=1)  # one scale-up domain
+        opts = replace(spec.options(), systems=(system,), max_racks=1)  # one scale-up domain
         for s in cd.sparsities:
             if progress:
                 progress(f"{system}: sparsity {s}")
