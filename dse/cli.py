@@ -415,6 +415,25 @@ def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print J
     Console().print("* hypothetical model")
 
 
+@catalog_app.command("import-model")
+def catalog_import_model(
+    config: Annotated[Path, typer.Argument(help="A Hugging Face config.json.")],
+    model_id: Annotated[str | None, typer.Option("--id", help="Catalog id (default: the config's folder name).")] = None,
+) -> None:
+    """Read a config.json into a model-catalog entry (YAML), validate it and print its derived totals."""
+    import yaml
+
+    from dse.catalog.hf_import import import_config
+
+    try:
+        entry, arch = import_config(config, model_id)
+    except InputError as exc:
+        _fail(exc)
+    typer.echo(yaml.safe_dump({"models": [entry]}, sort_keys=False, width=120).rstrip())
+    typer.echo(f"# derived: {arch.params_total / 1e9:.3f}B total, {arch.params_active / 1e9:.3f}B active "
+               f"(without the input embedding), {arch.kv_bytes_per_token('bf16'):,.0f} KV bytes per token in bf16")
+
+
 def main() -> None:
     """Console-script entry point (``dse --version`` answers before anything heavy is imported)."""
     if sys.argv[1:] == ["--version"]:
