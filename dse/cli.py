@@ -418,7 +418,7 @@ def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print J
 @catalog_app.command("import-model")
 def catalog_import_model(
     config: Annotated[Path, typer.Argument(help="A Hugging Face config.json.")],
-    model_id: Annotated[str | None, typer.Option("--id", help="Catalog id (default: the config's folder name).")] = None,
+    model_id: Annotated[str | None, typer.Option("--id", help="Catalog id (default: the folder name).")] = None,
 ) -> None:
     """Read a config.json into a model-catalog entry (YAML), validate it and print its derived totals."""
     import yaml

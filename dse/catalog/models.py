@@ -349,7 +349,8 @@ class Architecture:
     @property
     def active_as_published(self) -> int:
         """Active parameters counted as the publisher counts them (with the input embedding, or
-        without the output head, where ``published_b`` says so)."""
+        without the output head, where ``published_b`` says so).
+        """
         pub = self.spec.published_b
         return (self.params_active + (self.params_embedding if pub.active_includes_embedding else 0)
                 - (self.params_lm_head if pub.active_excludes_lm_head else 0))
@@ -409,7 +410,8 @@ class Architecture:
     def kv_bytes_per_sequence(self, context: float, kv_dtype: str = "bf16") -> float:
         """KV bytes one sequence of ``context`` tokens holds (sliding windows cap their layers)."""
         elems = sum(st * min(context, w) for _, st, w, _ in self.layer_groups) * self.kv_elems_per_layer
-        return elems * DTYPE_BYTES[kv_dtype] + context * self.indexer_bytes_per_token() + self.state_bytes_per_sequence()
+        state = self.state_bytes_per_sequence()
+        return elems * DTYPE_BYTES[kv_dtype] + context * self.indexer_bytes_per_token() + state
 
     # -- attention FLOPs ------------------------------------------------------------------
     def attention_flops_per_attended_token(self, phase: str) -> float:
