@@ -113,3 +113,8 @@ def test_layer_groups_cover_every_layer(models):
     for m in models.values():
         assert sum(g[0] for g in m.layer_groups) == m.spec.n_layers
         assert all(math.isinf(g[2]) or g[2] > 0 for g in m.layer_groups)
+
+
+def test_every_published_model_states_its_maximum_context(models):
+    for m in models.values():
+        assert m.spec.hypothetical or (m.max_context and m.spec.max_context.source), m.id

@@ -185,8 +185,6 @@ class ModelSpec(_Strict):
             raise ValueError(f"sliding_layers ({self.attention.sliding_layers}) exceeds n_layers ({self.n_layers})")
         if self.ffn.dense_layers >= self.n_layers:
             raise ValueError(f"dense_layers ({self.ffn.dense_layers}) must be below n_layers ({self.n_layers})")
-        if self.max_context is None and not self.hypothetical:
-            raise ValueError("max_context: every published model states its maximum context {tokens, source, date}")
         return self
 
 

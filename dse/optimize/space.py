@@ -153,7 +153,10 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     cols = ["system_idx", "tp", "dp", "ep", "etp", "pp", "wd", "kd", "tier"]
     blocks = pd.DataFrame(rows, columns=cols)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
-    if blocks.empty:
+    if blocks.empty:  # e.g. no system with a price of the study's kind: every column, no rows
+        blocks = pd.DataFrame(columns=[*cols, "n_sat", "c", "c0", "m1", "m0", "q", "q0", "o", "n_hi", "n_lo",
+                                       "hbm_base", "hbm_per_seq", "overlap", "hbm_usable", "ttft", "chips", "racks",
+                                       "a", "system"])
         space = Space(model, workload, systems, blocks, pd.DataFrame(columns=[*cols, "n"]), opts.ideal)
         space.stats = {"blocks": 0, "points": 0, "configurations": 0, "no_price": no_price}
         return space
