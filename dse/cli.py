@@ -117,9 +117,21 @@ def evaluate(
     moe_imbalance: Annotated[float, typer.Option(help="Most-loaded GPU's expert tokens over the mean.")] = 1.0,
     phase: Annotated[Phase, typer.Option(help="decode or prefill.")] = Phase.decode,
     weights_dtype: Annotated[Dtype, typer.Option("--weights-dtype", help="Weight format.")] = Dtype.bf16,
+    experts_dtype: Annotated[Dtype | None, typer.Option("--experts-dtype",
+                                                        help="Routed-expert format (default: the weights').")] = None,
+    weight_only: Annotated[bool, typer.Option("--weight-only", help="Allow weight formats without tensor units "
+                                              "(stored narrow, dequantized; costs group scales and the wider rate).")
+                           ] = False,
     kv_dtype: Annotated[Dtype, typer.Option("--kv-dtype", help="KV-cache format.")] = Dtype.bf16,
     kv_tier: Annotated[Tier, typer.Option("--kv-tier", help="Where live KV is read from.")] = Tier.hbm,
     ideal: Annotated[bool, typer.Option("--ideal", help="Every efficiency 1, communication overlapped.")] = False,
+    price_kind: Annotated[str, typer.Option("--price-kind", help="Price kind: tco_hyperscaler, tco_neocloud, "
+                                            "rental_3yr or on_demand (default).")] = "on_demand",
+    usd_per_chip_hour: Annotated[float | None, typer.Option("--usd-per-chip-hour",
+                                                            help="Your own price (replaces the catalog's).")] = None,
+    allow_beyond_trained_context: Annotated[bool, typer.Option(
+        "--allow-beyond-trained-context", help="Accept a context beyond the model's published window (flagged).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Roofline step time, throughput, cost and memory of one serving configuration."""
@@ -130,6 +142,9 @@ def evaluate(
         chips=chips, phase=phase.value, weights_dtype=weights_dtype.value, kv_dtype=kv_dtype.value,
         kv_tier=kv_tier.value, prompt=prompt, moe_imbalance=moe_imbalance, output=output, chunk=chunk,
         cached=cached, draft=draft, accept=accept,
+        experts_dtype=experts_dtype.value if experts_dtype else None, weight_only=weight_only,
+        price_kind=price_kind, usd_per_chip_hour=usd_per_chip_hour,
+        allow_beyond_trained_context=allow_beyond_trained_context,
     )
     try:
         result = evaluate_config(cfg, ideal=ideal)
@@ -155,8 +170,10 @@ def _print_evaluation(r: dict) -> None:
     title = (
         f"{r['model']} on {r['chips']} x {r['system']} ({r['racks']} domain{'s' if r['racks'] > 1 else ''}), "
         f"TP{r['tp']} DP{r['dp']} EP{r['ep']} ETP{r['etp']} PP{r['pp']}, {r['phase']}, batch {r['batch']}, "
-        f"context {r['context']}, weights {r['weights_dtype']} (compute {r['compute_dtype']}), KV {r['kv_dtype']} "
-        f"in {r['kv_tier']}{', ideal' if r['ideal'] else ''}"
+        f"context {r['context']}, weights {r['weights_dtype']} (compute {r['compute_dtype']}), experts "
+        f"{r['experts_dtype']} (compute {r['experts_compute_dtype']}), attention {r['attention_dtype']}, "
+        f"KV {r['kv_dtype']} in {r['kv_tier']}{', ideal' if r['ideal'] else ''}"
+        f"{', BEYOND THE TRAINED CONTEXT' if r['beyond_trained_context'] else ''}"
     )
     t = Table(title=title, title_justify="left", show_header=True, header_style="bold")
     t.add_column("quantity")
@@ -178,8 +195,13 @@ def _print_evaluation(r: dict) -> None:
         ("step (TPOT)" if r["phase"] == "decode" else "step (TTFT)", _si(r["step_s"], "s"), f"bound: {r['bound']}"),
         ("TTFT", _si(r["ttft_s"], "s"), f"prefill of one {r['prompt']}-token prompt"),
         ("throughput", _si(r["tokens_per_s"], "tok/s"), f"{r['sequences_in_flight']} sequences in flight{band_t}"),
-        ("cost", f"{r['usd_per_mtok']:.4g} USD/Mtok",
-         f"{r['chips']} chips at {r['usd_per_chip_hour']:.2f} USD/chip-h{band_c}"),
+        ("cost", "no price" if r["usd_per_mtok"] is None else f"{r['usd_per_mtok']:.4g} USD/Mtok",
+         (f"no {r['price_kind']} price for {r['system']}" if r["usd_per_chip_hour"] is None else
+          f"{r['chips']} chips at {r['usd_per_chip_hour']:.2f} USD/chip-h ({r['price_kind']}"
+          f"{', ESTIMATE' if r['price_is_estimate'] else ''}){band_c}")),
+        ("power", _si(r["power_w"], "W"), "chips x all-in power per chip" if r["power_w"] is not None
+         else "no all-in power figure in the catalog"),
+        ("energy", "-" if r["joules_per_token"] is None else f"{r['joules_per_token']:.3g} J/token", ""),
         ("weights per chip", _si(r["weights_bytes_per_chip"], "B"), ""),
         ("KV per chip", _si(r["kv_bytes_per_chip"], "B"), f"{_si(r['kv_bytes_per_token'], 'B')} per token of context"),
         ("HBM used per chip", _si(r["hbm_bytes_per_chip"], "B"), f"of {_si(r['hbm_capacity_per_chip'], 'B')}: {fits}"),
@@ -311,6 +333,12 @@ def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) ->
         console.print(f"[bold]{e['model']} / {e['workload']}[/]: {_configuration(e)}", highlight=False)
         console.print(f"  {e['usd_per_mtok']:.4g} USD/Mtok, TPOT {_si(e['tpot_s'], 's')}, "
                       f"TTFT {_si(e['ttft_s'], 's')}, {e['bound']}-bound", highlight=False)
+    if "price_kind" in summary:
+        estimates = sorted({e["system"] for e in summary["best"] if e.get("price_is_estimate")})
+        console.print(f"prices: {summary['price_kind']}"
+                      + (f"; ESTIMATED price for {', '.join(estimates)}" if estimates else "")
+                      + f"; no price (left out): {', '.join(summary.get('no_price') or []) or 'none'}",
+                      highlight=False)
     console.print(f"wrote {', '.join(files)} to {target}/", highlight=False)
 
 
@@ -438,11 +466,17 @@ def _model_repository(model_id: str) -> str:
 
 
 def _hardware_rows() -> list[dict]:
-    from dse.catalog.hardware import SYSTEM_FIELDS, default_systems
+    from dse.catalog.hardware import PRICE_KINDS, SYSTEM_FIELDS, default_systems
 
     rows = []
     for s in default_systems().values():
-        row: dict = {"id": s.id, "name": s.name, "vendor": s.vendor, "scaleup_topology": s.topology}
+        row: dict = {"id": s.id, "name": s.name, "vendor": s.vendor, "scaleup_topology": s.topology,
+                     "status": s.status, "native_dtypes": list(s.native_dtypes), "kv_dtypes": list(s.kv_dtypes),
+                     "power_all_in_w": None if s.power_all_in_w != s.power_all_in_w else s.power_all_in_w,
+                     "power_all_in_is_estimate": bool(s.quantities.get("power_all_in") and
+                                                      s.quantities["power_all_in"].estimate)}
+        row["prices"] = {k: {"usd_per_hour": q.value, "source": q.source, "date": q.date, "estimate": q.estimate,
+                             "note": q.note} for k, q in s.prices.items() if k in PRICE_KINDS}
         for name in SYSTEM_FIELDS:
             q = s.quantities.get(name)
             row[name] = None if q is None else q.si
@@ -463,18 +497,29 @@ def catalog_hardware(as_json: Annotated[bool, typer.Option("--json", help="Print
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    t = Table(title="Hardware catalog (dense FLOP/s; one-direction link bandwidth per chip)", header_style="bold")
-    for col in ("id", "BF16", "FP8", "FP4", "HBM", "HBM BW", "domain", "scale-up", "scale-out", "USD/chip-h"):
-        t.add_column(col, justify="left" if col == "id" else "right")
+    t = Table(title="Hardware catalog (dense FLOP/s; one-direction link bandwidth per chip; USD per chip-hour by "
+              "kind: TCO hyperscaler / TCO neocloud / 3-year rental / on-demand, * = estimate, - = none)",
+              header_style="bold")
+    for col in ("id", "status", "BF16", "FP8", "FP4", "INT8", "KV formats", "HBM", "HBM BW", "domain", "scale-up",
+                "topology", "scale-out", "power all-in", "USD/chip-h"):
+        t.add_column(col, justify="left" if col in ("id", "status", "KV formats", "topology") else "right")
+    from dse.catalog.hardware import PRICE_KINDS
+
+    def price(r: dict, kind: str) -> str:
+        p = r["prices"].get(kind)
+        return "-" if p is None else f"{p['usd_per_hour']:.2f}{'*' if p['estimate'] else ''}"
 
     def fmt(v: float | None, unit: str) -> str:
         return "-" if v is None else _si(v, unit)
 
     for r in rows:
         t.add_row(
-            r["id"], fmt(r["flops_bf16"], "FLOP/s"), fmt(r["flops_fp8"], "FLOP/s"), fmt(r["flops_fp4"], "FLOP/s"),
+            r["id"], r["status"], fmt(r["flops_bf16"], "FLOP/s"), fmt(r["flops_fp8"], "FLOP/s"),
+            fmt(r["flops_fp4"], "FLOP/s"), fmt(r["flops_int8"], "OP/s"), ",".join(r["kv_dtypes"]),
             fmt(r["hbm_capacity"], "B"), fmt(r["hbm_bandwidth"], "B/s"), f"{r['scaleup_domain']:.0f}",
-            fmt(r["scaleup_bandwidth"], "B/s"), fmt(r["scaleout_bandwidth"], "B/s"), f"{r['price'] * 3600:.2f}",
+            fmt(r["scaleup_bandwidth"], "B/s"), r["scaleup_topology"], fmt(r["scaleout_bandwidth"], "B/s"),
+            fmt(r["power_all_in_w"], "W") + ("*" if r["power_all_in_is_estimate"] else ""),
+            " / ".join(price(r, k) for k in PRICE_KINDS),
         )
     Console().print(t)
 
@@ -519,6 +564,25 @@ def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print J
         )
     Console().print(t)
     Console().print("* hypothetical model")
+
+
+@catalog_app.command("import-model")
+def catalog_import_model(
+    config: Annotated[Path, typer.Argument(help="A Hugging Face config.json.")],
+    model_id: Annotated[str | None, typer.Option("--id", help="Catalog id (default: the folder name).")] = None,
+) -> None:
+    """Read a config.json into a model-catalog entry (YAML), validate it and print its derived totals."""
+    import yaml
+
+    from dse.catalog.hf_import import import_config
+
+    try:
+        entry, arch = import_config(config, model_id)
+    except InputError as exc:
+        _fail(exc)
+    typer.echo(yaml.safe_dump({"models": [entry]}, sort_keys=False, width=120).rstrip())
+    typer.echo(f"# derived: {arch.params_total / 1e9:.3f}B total, {arch.params_active / 1e9:.3f}B active "
+               f"(without the input embedding), {arch.kv_bytes_per_token('bf16'):,.0f} KV bytes per token in bf16")
 
 
 def main() -> None:

@@ -82,11 +82,14 @@ def doc():
         (lambda s: s["hbm_bandwidth"].update(unit="TB/sec"), "systems[1] (id 'h100'): field 'hbm_bandwidth': unknown unit 'TB/sec'"),
         (lambda s: s["hbm_bandwidth"].update(unit="GB"), "unit 'GB' measures bytes, but this field is a byte_rate"),
         (lambda s: s["hbm_capacity"].update(value=-80), "field 'hbm_capacity': value must be > 0, got -80"),
-        (lambda s: s.pop("price"), "missing required field 'price'"),
-        (lambda s: s["price"].pop("date"), "field 'price': missing 'date'"),
-        (lambda s: s["price"].update(source="nowhere"), "unknown source 'nowhere'"),
+        (lambda s: s["prices"]["on_demand"].pop("date"), "field 'prices.on_demand': missing 'date'"),
+        (lambda s: s["prices"]["on_demand"].update(source="nowhere"), "unknown source 'nowhere'"),
+        (lambda s: s["prices"].update(spot=s["prices"]["on_demand"]),
+         "field 'prices.spot': unknown price kind; allowed: tco_hyperscaler, tco_neocloud, rental_3yr, on_demand"),
+        (lambda s: s.update(status="rumoured"), "field 'status': 'rumoured' is not one of shipping, announced"),
+        (lambda s: s["kv_dtypes"].update(values=["fp8", "int4"]), "field 'kv_dtypes': ['int4']; allowed: bf16"),
         (lambda s: s.update(hbm_bandwith=s["hbm_bandwidth"]), "unknown field 'hbm_bandwith'; did you mean hbm_bandwidth"),
-        (lambda s: s.update(scaleup_topology="ring"), "field 'scaleup_topology': 'ring' is not one of switch, torus2d, torus3d"),
+        (lambda s: s.update(scaleup_topology="ring"), "field 'scaleup_topology': 'ring' is not one of switch, mesh, torus2d, torus3d"),
     ],
 )
 def test_bad_catalog_data_names_file_row_and_field(tmp_path, doc, mutate, expected):

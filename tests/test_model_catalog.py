@@ -13,6 +13,7 @@ from dse.errors import InputError
 MODEL_IDS = {
     "deepseek-v3", "deepseek-v3.2", "kimi-k2", "qwen3-235b-a22b", "gpt-oss-120b", "llama-3.1-8b",
     "llama-3.1-70b", "llama-3.1-405b", "llama-3.3-70b", "mixtral-8x22b", "frontier-5t",
+    "qwen3-32b", "qwen3.5-397b-a17b", "minimax-m2.5", "kimi-k2.5", "glm-5", "llama-4-maverick",
 }
 
 
@@ -30,7 +31,7 @@ def test_derived_counts_match_published(models, model_id):
     m = models[model_id]
     pub = m.spec.published_b
     assert m.params_total / 1e9 == pytest.approx(pub.total, rel=_tolerance(pub.total, pub.precision_total))
-    active = m.params_active + (m.params_embedding if pub.active_includes_embedding else 0)
+    active = m.active_as_published
     assert active / 1e9 == pytest.approx(pub.active, rel=_tolerance(pub.active, pub.precision_active))
 
 
@@ -112,3 +113,8 @@ def test_layer_groups_cover_every_layer(models):
     for m in models.values():
         assert sum(g[0] for g in m.layer_groups) == m.spec.n_layers
         assert all(math.isinf(g[2]) or g[2] > 0 for g in m.layer_groups)
+
+
+def test_every_published_model_states_its_maximum_context(models):
+    for m in models.values():
+        assert m.spec.hypothetical or (m.max_context and m.spec.max_context.source), m.id

@@ -12,7 +12,7 @@ from dse.physics.layout import check_layout, divisors, layouts_for, resolve_layo
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
 
 MODELS = list(default_models().values())
-SYSTEMS = list(default_systems().values())
+SYSTEMS = [s for s in default_systems().values() if s.price_per_s == s.price_per_s]  # priced at the default kind
 MT = ModelTable.build(MODELS)
 STAGES = (1, 2, 4, 8, 16, 32, 64, 72, 128, 144)
 

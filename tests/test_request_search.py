@@ -24,7 +24,7 @@ from dse.physics.roofline import Candidates, ModelTable, SystemTable
 from dse.physics.serving import Request, aggregated
 
 MODELS = sorted(default_models())
-SYSTEMS = sorted(default_systems())
+SYSTEMS = sorted(s for s, v in default_systems().items() if not math.isnan(v.price_per_s))  # priced ones
 
 
 def random_case(rng: np.random.Generator, moe: bool | None = None):
@@ -51,8 +51,8 @@ def random_case(rng: np.random.Generator, moe: bool | None = None):
 
 def brute_force(model, w: Workload, opts: SpaceOptions):
     """(usd_per_request, system, tp, dp, ep, pp, batch, wd, kd, tier) of the cheapest feasible pair; None if none."""
-    catalog = default_systems()
-    systems = [catalog[s] for s in opts.systems]
+    catalog = default_systems()  # priced at the default kind; a system without such a price is left out
+    systems = [catalog[s] for s in opts.systems if not math.isnan(catalog[s].price_per_s)]
     rows = []
     for si, system in enumerate(systems):
         limit = min(opts.max_chips_per_stage, system.scaleup_domain * opts.max_racks)
@@ -68,7 +68,11 @@ def brute_force(model, w: Workload, opts: SpaceOptions):
                 if lay.chips > system.scaleup_domain and math.isnan(system.scaleout_bandwidth):
                     continue
                 for wd in opts.weights_dtypes:
+                    if not system.is_native(wd):  # the chip computes only in formats it has tensor units for
+                        continue
                     for kd in opts.kv_dtypes:
+                        if kd not in system.kv_dtypes:  # KV formats its kernels support
+                            continue
                         for tier in opts.kv_tiers:
                             if tier == "host" and (math.isnan(system.host_memory_capacity)
                                                    or math.isnan(system.host_offload_bandwidth)):

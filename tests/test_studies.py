@@ -51,8 +51,10 @@ def test_cheapest_1m_context_is_optimal_and_writes_every_output(cheapest_run):
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "Binding resource" in html and "src='http" not in html
     best = {e["model"]: e for e in summary["best"]}
-    assert set(best) == {"deepseek-v3.2", "deepseek-v3", "llama-3.1-70b"}
+    assert set(best) == {"llama-4-maverick"}  # the catalog model with a published window of 1M tokens
     assert summary["solver"]["name"] == "argmin (vectorized enumeration)"
+    assert summary["price_kind"] == "on_demand" and "on_demand" in html and "No price" in html
+    assert "mi355x" in summary["no_price"]  # no sourced on-demand price: left out, never proxied
     for e in best.values():
         assert BEST_KEYS <= set(e) and REQUEST_KEYS <= set(e)
         assert e["serving"] == "aggregated"
@@ -63,21 +65,19 @@ def test_cheapest_1m_context_is_optimal_and_writes_every_output(cheapest_run):
         assert e["context"] == 1_001_000 and e["tpot_s"] <= 0.1 * (1 + 1e-9) and e["ttft_s"] <= 300 * (1 + 1e-9)
         assert e["tpot_s"] > 1.5 * e["step_tpot_s"]  # prefill chunks slow the decode steps they share
         assert e["bound"] == "memory" and e["kv_dtype"] == "fp8"  # KV reads dominate the decode step
-        assert 0.6 < e["prefill_share"] < 0.8  # prefill is most of a 1M-token request's cost
+        assert e["prefill_share"] > 0.6  # prefill is most of a 1M-token request's cost
         assert e["usd_per_request"] == pytest.approx(
             e["usd_per_mtok_input"] * 1.0 + e["usd_per_mtok_output"] * 1e-3, rel=1e-9)
         assert e["usd_per_mtok_blended"] == pytest.approx(e["usd_per_request"] / 1.001, rel=1e-9)
         assert e["binding"]
-    # sparse attention is several times cheaper per request; at request level DeepSeek-V3 costs most
-    assert best["deepseek-v3.2"]["usd_per_request"] * 2 < best["llama-3.1-70b"]["usd_per_request"]
-    assert best["llama-3.1-70b"]["usd_per_request"] < best["deepseek-v3"]["usd_per_request"]
-    assert {e["system"] for e in best.values()} == {"mi355x"}
+        assert e["price_kind"] == "on_demand" and e["price_is_estimate"] is False and e["power_w"] > 0
     for e in best.values():  # the demand is met by whole replicas
         assert e["replicas"] * e["demand_config"]["batch"] >= 1
         assert e["usd_per_mtok_at_demand"] >= e["usd_per_mtok"] * (1 - 1e-9)
     systems = pd.read_csv(out / "systems.csv")
-    assert len(systems) == 3 * 19
-    assert (systems["status"] == "infeasible").sum() > 0 and systems["reason"].fillna("").str.contains("runs out").any()
+    # shipping systems with an on-demand price only: no announced part, no proxy price
+    assert set(systems["system"]) == {"a100", "h100", "h200", "b200", "b300", "gb200-nvl72", "tpu-v4", "tpu-v5e",
+                                      "tpu-v5p", "tpu-v6e", "mi300x", "mi325x"}
 
 
 def test_dse_evaluate_reproduces_the_reported_best(cheapest_run):
@@ -117,10 +117,11 @@ def test_fast_slow_mode(tmp_path):
     for _, g in table.groupby("model"):
         g = g.sort_values("speed_multiplier")
         assert (g["cost_multiplier"].diff().dropna() >= -1e-9).all()
-        assert (g["cost_multiplier_same_layout"] >= g["cost_multiplier"] - 1e-9).all()
+        same = g["cost_multiplier_same_layout"].fillna(float("inf"))  # NaN: the layout cannot reach that speed
+        assert (same >= g["cost_multiplier"] - 1e-9).all()
         assert (g.loc[g["speed_multiplier"] < 1, "cost_multiplier"] <= 1 + 1e-9).all()
         at = g.loc[g["speed_multiplier"] == 2.5, "cost_multiplier"].iloc[0]
-        assert 1.2 < at < 2.0
+        assert 1.05 < at < 3.0  # on-demand prices: ~1.1x (Llama 3.1 70B) and ~2.3x (DeepSeek-V3), far below 6x
 
 
 @pytest.mark.parametrize(
@@ -156,6 +157,7 @@ def test_bad_study_exits_2_and_writes_nothing(tmp_path, mutate, message):
 def test_infeasible_study_exits_3_naming_the_resource(tmp_path):
     doc = yaml.safe_load((STUDIES / "cheapest_1m_context.yaml").read_text())
     doc.update(models=["llama-3.1-405b"])
+    doc["workloads"][0].update(prompt=100_000)
     doc["space"].update(systems=["tpu-v5e"], max_chips_per_stage=8, max_racks=1, kv_tiers=["hbm"])
     path = tmp_path / "infeasible.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

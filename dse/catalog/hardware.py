@@ -8,7 +8,15 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from dse.catalog.loading import FieldSpec, Quantity, check_keys, parse_quantities, parse_sources, read_yaml
+from dse.catalog.loading import (
+    FieldSpec,
+    Quantity,
+    check_keys,
+    parse_quantities,
+    parse_quantity,
+    parse_sources,
+    read_yaml,
+)
 from dse.catalog.units import DTYPES
 from dse.errors import InputError, unknown_name_message
 
@@ -23,6 +31,7 @@ SYSTEM_FIELDS: dict[str, FieldSpec] = {
     "flops_bf16": FieldSpec("flop_rate", True, "dense BF16 tensor FLOP/s per chip"),
     "flops_fp8": FieldSpec("flop_rate", False, "dense FP8 tensor FLOP/s per chip"),
     "flops_fp4": FieldSpec("flop_rate", False, "dense FP4 tensor FLOP/s per chip"),
+    "flops_int8": FieldSpec("flop_rate", False, "dense INT8 tensor operations per second per chip"),
     "hbm_capacity": FieldSpec("bytes", True, "HBM capacity per chip"),
     "hbm_bandwidth": FieldSpec("byte_rate", True, "HBM bandwidth per chip"),
     "scaleup_domain": FieldSpec("count", True, "chips in one scale-up (NVLink/ICI) domain"),
@@ -33,10 +42,17 @@ SYSTEM_FIELDS: dict[str, FieldSpec] = {
     "host_link_bandwidth": FieldSpec("byte_rate", False, "chip-to-host link bandwidth per chip, one direction"),
     "nvme_capacity": FieldSpec("bytes", False, "local NVMe flash per chip"),
     "power": FieldSpec("power", False, "chip power (TDP)"),
-    "price": FieldSpec("usd_rate", True, "rental price per chip-hour"),
+    "power_all_in": FieldSpec("power", False, "facility power per chip incl. its share of host, network, cooling"),
 }
-SYSTEM_KEYS = ("id", "name", "vendor", "scaleup_topology", *SYSTEM_FIELDS)
-TOPOLOGIES = ("switch", "torus2d", "torus3d")
+PRICE_KINDS = ("tco_hyperscaler", "tco_neocloud", "rental_3yr", "on_demand")
+"""Kinds of price per chip-hour a system may carry; a comparison uses one kind only."""
+DEFAULT_PRICE_KIND = "on_demand"
+"""The kind studies compare at unless they say otherwise: it has the broadest sourced coverage of the
+catalog (12 systems, the TPUs and the A100 among them; the TCO kinds cover 9-10, none of the TPUs)."""
+PRICE_SPEC = FieldSpec("usd_rate", True, "price per chip-hour")
+STATUSES = ("shipping", "announced")
+SYSTEM_KEYS = ("id", "name", "vendor", "scaleup_topology", "status", "kv_dtypes", "prices", *SYSTEM_FIELDS)
+TOPOLOGIES = ("switch", "mesh", "torus2d", "torus3d")
 
 TIER_FIELDS: dict[str, FieldSpec] = {
     "device_capacity": FieldSpec("bytes", False, "capacity of one device"),
@@ -80,9 +96,26 @@ class System:
     power: float
     price_per_s: float
     quantities: dict[str, Quantity] = field(repr=False, compare=False)
+    prices: dict[str, Quantity] = field(default_factory=dict, repr=False, compare=False)
+    price_kind: str = ""
+    price_is_estimate: bool = False
+    power_all_in_w: float = math.nan
+    status: str = "shipping"
+    kv_dtypes: tuple[str, ...] = ("bf16",)
+
+    @property
+    def native_dtypes(self) -> tuple[str, ...]:
+        """Formats the chip has tensor units for (those with a FLOP/s figure), narrowest last."""
+        return tuple(d for d in DTYPES if d in self.flops)
+
+    def is_native(self, dtype: str) -> bool:
+        """Whether the chip computes in ``dtype`` (has tensor units for it)."""
+        return dtype in self.flops
 
     def compute_dtype(self, dtype: str) -> str:
-        """The narrowest format the chip computes in that is at least as wide as ``dtype``."""
+        """The narrowest format the chip computes in that is at least as wide as ``dtype``: ``dtype``
+        itself when native, else the format weight-only quantization dequantizes to.
+        """
         order = DTYPES[DTYPES.index(dtype):: -1]  # e.g. fp4 -> (fp4, fp8, bf16)
         for d in order:
             if d in self.flops:
@@ -90,10 +123,8 @@ class System:
         return "bf16"
 
     @property
-    def price_is_estimate(self) -> bool:
-        """Whether the catalog's price of this system is an estimate rather than a sourced figure."""
-        q = self.quantities.get("price")
-        return q is not None and q.source == "estimate"
+    def announced(self) -> bool:
+        return self.status == "announced"
 
     @property
     def hbm_drain_s(self) -> float:
@@ -150,8 +181,38 @@ def _nan(q: dict[str, Quantity], name: str) -> float:
     return q[name].si if name in q else math.nan
 
 
+def _prices(raw: object, sources: dict, where: str) -> dict[str, Quantity]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: field 'prices': expected a mapping of kind -> {{value, unit, source, date}}; "
+                         f"kinds: {', '.join(PRICE_KINDS)}")
+    out = {}
+    for kind, q in raw.items():
+        if kind not in PRICE_KINDS:
+            raise InputError(f"{where}: field 'prices.{kind}': unknown price kind; allowed: {', '.join(PRICE_KINDS)}")
+        out[kind] = parse_quantity(q, PRICE_SPEC, sources, f"{where}: field 'prices.{kind}'")
+    return out
+
+
+def _kv_dtypes(raw: object, sources: dict, where: str) -> tuple[str, ...]:
+    at = f"{where}: field 'kv_dtypes'"
+    if not isinstance(raw, dict) or not isinstance(raw.get("values"), list):
+        raise InputError(f"{at}: expected {{values: [{', '.join(DTYPES)}...], source, date}}")
+    check_keys(raw, ("values", "source", "date", "note", "estimate"), at)
+    if raw.get("source") not in sources or not raw.get("date"):
+        raise InputError(f"{at}: needs a declared source and a date")
+    bad = [v for v in raw["values"] if v not in DTYPES]
+    if bad or not raw["values"]:
+        raise InputError(f"{at}: {bad or 'empty'}; allowed: {', '.join(DTYPES)}")
+    return tuple(d for d in DTYPES if d in raw["values"])
+
+
 def _system_from(entry: dict, sources: dict, where: str) -> System:
     check_keys(entry, SYSTEM_KEYS, where)
+    status = entry.get("status", "shipping")
+    if status not in STATUSES:
+        raise InputError(f"{where}: field 'status': '{status}' is not one of {', '.join(STATUSES)}")
     for key in ("id", "name", "vendor", "scaleup_topology"):
         if not entry.get(key):
             raise InputError(f"{where}: missing required field '{key}'")
@@ -178,8 +239,12 @@ def _system_from(entry: dict, sources: dict, where: str) -> System:
         host_offload_bandwidth=host_bw,
         nvme_capacity=_nan(q, "nvme_capacity"),
         power=_nan(q, "power"),
-        price_per_s=q["price"].si,
+        price_per_s=math.nan,
         quantities=q,
+        prices=_prices(entry.get("prices"), sources, where),
+        power_all_in_w=_nan(q, "power_all_in"),
+        status=status,
+        kv_dtypes=_kv_dtypes(entry.get("kv_dtypes"), sources, where),
     )
 
 
@@ -296,10 +361,43 @@ def load_efficiency(path: Path | None = None) -> Efficiency:
     return load_efficiency_catalog(path).default
 
 
+def check_price_kind(kind: str, where: str = "price kind") -> str:
+    """``kind`` if it is a known price kind; else an InputError naming the allowed ones."""
+    if kind not in PRICE_KINDS:
+        raise InputError(f"{where}: '{kind}' is not a price kind; allowed: {', '.join(PRICE_KINDS)}")
+    return kind
+
+
+def priced(system: System, kind: str = DEFAULT_PRICE_KIND, usd_per_hour: float | None = None) -> System:
+    """The system with ``price_per_s`` set to its price of ``kind`` (NaN when it has none), or to
+    ``usd_per_hour`` when a study supplies its own price (then not an estimate).
+    """
+    check_price_kind(kind)
+    if usd_per_hour is not None:
+        return replace(system, price_per_s=usd_per_hour / 3600.0, price_kind=kind, price_is_estimate=False)
+    q = system.prices.get(kind)
+    if q is None:
+        return replace(system, price_per_s=math.nan, price_kind=kind, price_is_estimate=False)
+    return replace(system, price_per_s=q.si, price_kind=kind, price_is_estimate=q.estimate)
+
+
 @lru_cache(maxsize=1)
-def default_systems() -> dict[str, System]:
-    """The embedded catalog, loaded once."""
+def _catalog() -> dict[str, System]:
     return load_systems()
+
+
+@lru_cache(maxsize=len(PRICE_KINDS))
+def default_systems(price_kind: str = DEFAULT_PRICE_KIND) -> dict[str, System]:
+    """The embedded catalog, loaded once, each system priced at ``price_kind`` (NaN where it has no
+    price of that kind).
+    """
+    return {sid: priced(s, price_kind) for sid, s in _catalog().items()}
+
+
+
+def shipping_ids(include_announced: bool = False) -> tuple[str, ...]:
+    """The ids ``systems: all`` means: every shipping system, and the announced ones on request."""
+    return tuple(sid for sid, s in _catalog().items() if include_announced or not s.announced)
 
 
 @lru_cache(maxsize=1)

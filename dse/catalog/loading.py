@@ -40,9 +40,10 @@ class Quantity:
     si: float
     note: str = ""
     kind: str = ""
+    estimate: bool = False
 
 
-QUANTITY_KEYS = ("value", "unit", "source", "date", "note", "kind")
+QUANTITY_KEYS = ("value", "unit", "source", "date", "note", "kind", "estimate")
 
 
 MAX_FILE_BYTES = 8_000_000
@@ -168,6 +169,7 @@ def parse_quantity(raw: Any, spec: FieldSpec, sources: dict, where: str) -> Quan
         si=si,
         note=str(raw.get("note") or ""),
         kind=str(raw.get("kind") or ""),
+        estimate=bool(raw.get("estimate", False)) or source == "estimate",
     )
 
 

@@ -51,8 +51,24 @@ class SparseAttention(_Strict):
     indexer_dtype: Literal["bf16", "fp8", "fp4"] = "fp8"
 
 
+class LinearAttention(_Strict):
+    """Linear-attention layers in place of softmax attention on ``layers`` of the model (Gated
+    DeltaNet, as Qwen3-Next/Qwen3.5): no KV cache, a fixed per-sequence state of v_heads x v_head_dim x
+    k_head_dim (recurrent) plus (2 k_dim + v_dim) x (conv_kernel - 1) (convolution).
+    """
+
+    kind: Literal["gated_deltanet"]
+    layers: int = Field(gt=0)
+    k_heads: int
+    v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int = 4
+    state_dtype_bytes: float = 4.0
+
+
 class Attention(_Strict):
-    """Attention block of every layer."""
+    """Attention block of every layer (the softmax layers; ``linear`` replaces it on some layers)."""
 
     kind: Literal["mha", "gqa", "mqa", "mla"]
     n_heads: Pos
@@ -70,6 +86,8 @@ class Attention(_Strict):
     sliding_layers: Count = 0
     kv_shared_layers: Pos = 1
     sparse: SparseAttention | None = None
+    output_gate: bool = False  # q_proj also emits a sigmoid gate on the attention output (Qwen3-Next/3.5)
+    linear: LinearAttention | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Attention:
@@ -88,6 +106,8 @@ class Attention(_Strict):
                 raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.sliding_layers and not self.sliding_window:
             raise ValueError("sliding_layers needs sliding_window")
+        if self.linear and (self.sliding_layers or self.kind == "mla"):
+            raise ValueError("attention.linear cannot be combined with sliding_layers or mla")
         if self.kv_shared_layers < 1:
             raise ValueError(f"kv_shared_layers must be >= 1, got {self.kv_shared_layers}")
         return self
@@ -128,6 +148,14 @@ class Source(_Strict):
     date: str
 
 
+class MaxContext(_Strict):
+    """The published maximum context window in tokens, with its source."""
+
+    tokens: int = Field(gt=0)
+    source: str
+    date: str
+
+
 class Published(_Strict):
     """Published parameter counts in billions and the precision they were rounded to."""
 
@@ -137,6 +165,7 @@ class Published(_Strict):
     precision_active: Annotated[float, Field(gt=0)]
     source: str
     active_includes_embedding: bool = False
+    active_excludes_lm_head: bool = False
 
 
 class ModelSpec(_Strict):
@@ -147,6 +176,8 @@ class ModelSpec(_Strict):
     source: Source
     published_b: Published
     hypothetical: bool = False
+    max_context: MaxContext | None = None
+    note: str = ""
     d_model: Pos
     n_layers: Pos
     vocab: Pos
@@ -156,6 +187,8 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
+        if self.attention.linear and self.attention.linear.layers >= self.n_layers:
+            raise ValueError(f"attention.linear.layers ({self.attention.linear.layers}) must be below n_layers")
         if self.attention.sliding_layers > self.n_layers:
             raise ValueError(f"sliding_layers ({self.attention.sliding_layers}) exceeds n_layers ({self.n_layers})")
         if self.ffn.dense_layers >= self.n_layers:
@@ -190,7 +223,7 @@ class Architecture:
             n = q + kv + o
         else:
             q_dim, kv_dim = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
-            n = d * q_dim + 2 * d * kv_dim + q_dim * d
+            n = d * q_dim * (2 if a.output_gate else 1) + 2 * d * kv_dim + q_dim * d
             if a.bias:
                 n += q_dim + 2 * kv_dim + d
             if a.qk_norm:
@@ -203,6 +236,33 @@ class Architecture:
             n += q_in * s.indexer_heads * s.indexer_head_dim + d * s.indexer_head_dim
             n += 2 * s.indexer_head_dim + d * s.indexer_heads
         return n + 2 * d  # pre-attention and pre-FFN norms
+
+    @cached_property
+    def linear_params_per_layer(self) -> int:
+        """Weights of one Gated DeltaNet layer with its norms (HF Qwen3-Next layout): in_proj_qkvz,
+        in_proj_ba, the depthwise conv, A_log and dt_bias, the gated RMSNorm, out_proj.
+        """
+        g, d = self.spec.attention.linear, self.spec.d_model
+        if g is None:
+            return 0
+        k_dim, v_dim = g.k_heads * g.k_head_dim, g.v_heads * g.v_head_dim
+        n = d * (2 * k_dim + 2 * v_dim) + d * 2 * g.v_heads + (2 * k_dim + v_dim) * g.conv_kernel
+        n += 2 * g.v_heads + g.v_head_dim + v_dim * d
+        return n + 2 * d  # pre-mixer and pre-FFN norms
+
+    @property
+    def linear_layers(self) -> int:
+        g = self.spec.attention.linear
+        return g.layers if g else 0
+
+    def state_bytes_per_sequence(self) -> float:
+        """Fixed per-sequence state of the linear-attention layers (recurrent + convolution), bytes."""
+        g = self.spec.attention.linear
+        if g is None:
+            return 0.0
+        recurrent = g.v_heads * g.v_head_dim * g.k_head_dim * g.state_dtype_bytes
+        conv = (2 * g.k_heads * g.k_head_dim + g.v_heads * g.v_head_dim) * (g.conv_kernel - 1) * 2.0
+        return g.layers * (recurrent + conv)
 
     def _mlp(self, d_ff: int, bias: bool) -> int:
         d, gated = self.spec.d_model, self.spec.ffn.gated
@@ -252,8 +312,10 @@ class Architecture:
             per_layer_ffn += f.dense_layers * self._mlp(f.d_ff_dense, f.bias)
         else:
             per_layer_ffn = s.n_layers * self.dense_ffn_params_per_layer
+        softmax_layers = s.n_layers - self.linear_layers
         return (
-            s.n_layers * self.attention_params_per_layer
+            softmax_layers * self.attention_params_per_layer
+            + self.linear_layers * self.linear_params_per_layer
             + per_layer_ffn
             + self.params_embedding
             + self.params_lm_head
@@ -272,6 +334,32 @@ class Architecture:
         f = self.spec.ffn
         routed_active = self.moe_layers * f.top_k * self.expert_params
         return self.params_dense - self.params_embedding + routed_active
+
+    @property
+    def max_context(self) -> int | None:
+        """The published maximum context in tokens (None for a hypothetical model without one)."""
+        return self.spec.max_context.tokens if self.spec.max_context else None
+
+    def check_context(self, tokens: int, allow_beyond: bool = False, where: str = "--context") -> bool:
+        """Whether ``tokens`` lies beyond the trained window; raises InputError unless ``allow_beyond``."""
+        limit = self.max_context
+        beyond = limit is not None and tokens > limit
+        if beyond and not allow_beyond:
+            raise InputError(
+                f"{where}: {tokens:,} tokens is beyond the published maximum context of '{self.id}' "
+                f"({limit:,} tokens, {self.spec.max_context.source}); allowed: at most {limit:,}, or opt in "
+                "with allow_beyond_trained_context: true (--allow-beyond-trained-context)"
+            )
+        return beyond
+
+    @property
+    def active_as_published(self) -> int:
+        """Active parameters counted as the publisher counts them (with the input embedding, or
+        without the output head, where ``published_b`` says so).
+        """
+        pub = self.spec.published_b
+        return (self.params_active + (self.params_embedding if pub.active_includes_embedding else 0)
+                - (self.params_lm_head if pub.active_excludes_lm_head else 0))
 
     @property
     def is_moe(self) -> bool:
@@ -303,10 +391,12 @@ class Architecture:
         a, n = self.spec.attention, self.spec.n_layers
         share = a.kv_shared_layers
         groups = []
-        full = n - a.sliding_layers
+        full = n - a.sliding_layers - self.linear_layers
         cap = float(a.sparse.top_k) if a.sparse else math.inf
         if full:
             groups.append((full, math.ceil(full / share), math.inf, cap))
+        if self.linear_layers:  # no KV and no attended tokens: their state is state_bytes_per_sequence
+            groups.append((self.linear_layers, 0, 0.0, 0.0))
         if a.sliding_layers:
             w = float(a.sliding_window)
             groups.append((a.sliding_layers, math.ceil(a.sliding_layers / share), w, w))
@@ -321,11 +411,13 @@ class Architecture:
         """KV bytes stored per token of context, over all layers, at full windows."""
         stored = sum(g[1] for g in self.layer_groups)
         return stored * self.kv_elems_per_layer * DTYPE_BYTES[kv_dtype] + self.indexer_bytes_per_token()
+        # (linear-attention layers hold a fixed state per sequence instead: state_bytes_per_sequence)
 
     def kv_bytes_per_sequence(self, context: float, kv_dtype: str = "bf16") -> float:
         """KV bytes one sequence of ``context`` tokens holds (sliding windows cap their layers)."""
         elems = sum(st * min(context, w) for _, st, w, _ in self.layer_groups) * self.kv_elems_per_layer
-        return elems * DTYPE_BYTES[kv_dtype] + context * self.indexer_bytes_per_token()
+        state = self.state_bytes_per_sequence()
+        return elems * DTYPE_BYTES[kv_dtype] + context * self.indexer_bytes_per_token() + state
 
     # -- attention FLOPs ------------------------------------------------------------------
     def attention_flops_per_attended_token(self, phase: str) -> float:

@@ -15,6 +15,7 @@ UNITS: dict[str, tuple[str, float]] = {
     "FLOP/s": ("flop_rate", 1.0),
     "TFLOP/s": ("flop_rate", 1e12),
     "PFLOP/s": ("flop_rate", 1e15),
+    "TOP/s": ("flop_rate", 1e12),  # integer tensor operations
     # capacity
     "B": ("bytes", 1.0),
     "KB": ("bytes", 1e3),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from dse.catalog.hardware import IDEAL, System, default_systems
+from dse.catalog.hardware import DEFAULT_PRICE_KIND, IDEAL, System, default_systems, priced
 from dse.catalog.models import Architecture
 from dse.catalog.units import DTYPES
 from dse.physics.codes import KV_TIERS
@@ -65,6 +65,9 @@ class SpaceOptions:
     ideal: bool = False
     scale: tuple[tuple[str, float], ...] = ()  # (System field, factor) applied to scaled_systems
     scaled_systems: tuple[str, ...] = ()  # empty: every system
+    price_kind: str = DEFAULT_PRICE_KIND
+    prices: tuple[tuple[str, float], ...] = ()  # (system, USD per chip-hour) the study supplies
+    weight_only: bool = False  # offer weight formats the chip has no tensor units for (dequantized)
 
 
 @dataclass
@@ -114,9 +117,18 @@ def _layouts(model: Architecture, system: System, opts: SpaceOptions) -> list[La
     return out
 
 
-def why_empty(model: Architecture, systems: list[System], opts: SpaceOptions) -> str:
-    """The first rule that leaves no valid (system, layout, KV tier) combination, in the study's terms."""
+def why_empty(model: Architecture, systems: list[System], opts: SpaceOptions, no_price: list[str] = ()) -> str:
+    """The first rule that leaves no valid (system, layout, format, KV tier) combination, in the study's terms."""
     heads, layers = model.spec.attention.n_heads, model.spec.n_layers
+    if not systems:
+        return (f"the design space is empty: no system of the space has a price of kind '{opts.price_kind}' "
+                f"(no price: {', '.join(no_price)}); choose another price kind or supply prices in the study")
+    if not opts.weight_only and not any(s.is_native(wd) for s in systems for wd in opts.weights_dtypes):
+        return (f"the design space is empty: no system of the space computes natively in space.weights_dtypes "
+                f"{list(opts.weights_dtypes)} (weight-only quantization is off)")
+    if not any(kd in s.kv_dtypes for s in systems for kd in opts.kv_dtypes):
+        return (f"the design space is empty: no system of the space has kernels for space.kv_dtypes "
+                f"{list(opts.kv_dtypes)}")
     if not any(heads % tp == 0 for tp in opts.tp):
         return (f"the design space is empty: no TP degree in space.tp {list(opts.tp)} divides {model.id}'s "
                 f"{heads} attention heads")
@@ -144,9 +156,13 @@ def _candidates(blocks: pd.DataFrame, n: np.ndarray, context: int, phase: int = 
 
 def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> Space:
     """Enumerate the blocks of the space and read their batch-affine physics off the engine."""
-    catalog = default_systems()
+    catalog = default_systems(opts.price_kind)
     ids = opts.systems or tuple(catalog)
-    systems = [catalog[s] for s in ids]
+    supplied = dict(opts.prices)
+    systems = [priced(catalog[s], opts.price_kind, supplied[s]) if s in supplied else catalog[s] for s in ids]
+    # a system without a price of the study's kind is left out of the cost comparison, never proxied
+    no_price = [s.id for s in systems if math.isnan(s.price_per_s)]
+    systems = [s for s in systems if not math.isnan(s.price_per_s)]
     if opts.scale:
         targets = set(opts.scaled_systems or ids)
         systems = [s.scaled(**dict(opts.scale)) if s.id in targets else s for s in systems]
@@ -155,7 +171,11 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     for si, system in enumerate(systems):
         for lay in _layouts(model, system, opts):
             for wd in opts.weights_dtypes:
+                if not (system.is_native(wd) or opts.weight_only):  # computes only in native formats
+                    continue
                 for kd in opts.kv_dtypes:
+                    if kd not in system.kv_dtypes:
+                        continue
                     for tier in opts.kv_tiers:
                         if tier == "host" and (math.isnan(system.host_memory_capacity)
                                                or math.isnan(system.host_offload_bandwidth)):
@@ -165,9 +185,13 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     cols = ["system_idx", "tp", "dp", "ep", "etp", "pp", "wd", "kd", "tier"]
     blocks = pd.DataFrame(rows, columns=cols)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
-    if blocks.empty:
-        space = Space(model, workload, systems, blocks, opts.ideal, empty_reason=why_empty(model, systems, opts))
-        space.stats = {"blocks": 0, "configurations": 0}
+    if blocks.empty:  # no valid combination (or no system with a price of the study's kind): no rows
+        blocks = pd.DataFrame(columns=[*cols, "n_sat", "c", "c0", "m1", "m0", "q", "q0", "o", "n_hi", "n_lo",
+                                       "hbm_base", "hbm_per_seq", "overlap", "hbm_usable", "ttft", "chips", "racks",
+                                       "a", "system"])
+        space = Space(model, workload, systems, blocks, opts.ideal,
+                      empty_reason=why_empty(model, systems, opts, no_price))
+        space.stats = {"blocks": 0, "configurations": 0, "no_price": no_price}
         return space
 
     # expert saturation: the smallest n at which every routed expert is read with certainty 1 - 1e-12
@@ -218,7 +242,8 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     blocks["system"] = [systems[i].id for i in blocks["system_idx"]]
 
     space = Space(model, workload, systems, blocks, opts.ideal)
-    space.stats = {"blocks": len(blocks), "configurations": space.size, "max_batch_per_rank": opts.max_batch_per_rank}
+    space.stats = {"blocks": len(blocks), "configurations": space.size, "max_batch_per_rank": opts.max_batch_per_rank,
+                   "no_price": no_price}
     return space
 
 

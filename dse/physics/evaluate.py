@@ -10,7 +10,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dse.catalog.calibration import error_band
-from dse.catalog.hardware import IDEAL, Efficiency, System, efficiency_for, get_system
+from dse.catalog.hardware import (
+    DEFAULT_PRICE_KIND,
+    IDEAL,
+    Efficiency,
+    System,
+    check_price_kind,
+    efficiency_for,
+    get_system,
+    priced,
+)
 from dse.catalog.models import Architecture, get_model
 from dse.catalog.units import DTYPES
 from dse.errors import InputError
@@ -45,6 +54,11 @@ class Config:
     cached: float = 0.0  # share of the prompt served from a prefix cache
     draft: int = 0  # speculative draft tokens per decode pass
     accept: float = 1.0  # mean tokens emitted per decode pass
+    experts_dtype: str | None = None  # routed-expert format; None: as weights_dtype
+    weight_only: bool = False  # allow formats the chip has no tensor units for (stored narrow, dequantized)
+    price_kind: str = DEFAULT_PRICE_KIND
+    usd_per_chip_hour: float | None = None  # a price the caller supplies (replaces the catalog's)
+    allow_beyond_trained_context: bool = False
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> int:
@@ -64,15 +78,37 @@ class Resolved:
     weights_dtype: int
     kv_dtype: int
     kv_tier: int
+    experts_dtype: int
+    beyond_trained_context: bool = False
+
+
+def check_formats(system: System, weights: str, experts: str, kv: str, weight_only: bool) -> None:
+    """A configuration computes only in formats the chip has tensor units for, unless weight-only
+    quantization is chosen; its KV format must be one the chip's mainstream kernels support.
+    """
+    native = ", ".join(system.native_dtypes)
+    for option, dtype in (("weights-dtype", weights), ("experts-dtype", experts)):
+        if not system.is_native(dtype) and not weight_only:
+            raise InputError(
+                f"--{option} '{dtype}': '{system.id}' has no {dtype} tensor units; allowed: {native} "
+                f"(or --weight-only to store {dtype} and compute in {system.compute_dtype(dtype)} with a "
+                "dequantization cost)"
+            )
+    if kv not in system.kv_dtypes:
+        raise InputError(f"--kv-dtype '{kv}': not a KV-cache format of '{system.id}' in mainstream kernels; "
+                         f"allowed: {', '.join(system.kv_dtypes)}")
 
 
 def resolve(cfg: Config) -> Resolved:
     """Check a configuration against the catalogs; raises InputError on bad names, layouts or values."""
     model = get_model(cfg.model)
-    system = get_system(cfg.system)
+    system = priced(get_system(cfg.system), check_price_kind(cfg.price_kind, "--price-kind"), cfg.usd_per_chip_hour)
     phase = _choice("phase", cfg.phase, PHASES)
     wd = _choice("weights-dtype", cfg.weights_dtype, DTYPES)
+    experts = cfg.experts_dtype or cfg.weights_dtype
+    ed = _choice("experts-dtype", experts, DTYPES)
     kd = _choice("kv-dtype", cfg.kv_dtype, DTYPES)
+    check_formats(system, cfg.weights_dtype, experts, cfg.kv_dtype, cfg.weight_only)
     tier = _choice("kv-tier", cfg.kv_tier, KV_TIERS)
     if not cfg.moe_imbalance >= 1.0:
         raise InputError(f"--moe-imbalance must be >= 1 (most-loaded GPU over the mean), got {cfg.moe_imbalance}")
@@ -86,6 +122,9 @@ def resolve(cfg: Config) -> Resolved:
         raise InputError(f"--accept must be in [1, draft + 1 = {cfg.draft + 1}], got {cfg.accept}")
     if cfg.output is not None and cfg.prompt is None:
         raise InputError("--output needs --prompt (the request's prompt tokens)")
+    beyond = model.check_context(cfg.context, cfg.allow_beyond_trained_context, "--context")
+    if cfg.prompt is not None:
+        beyond |= model.check_context(cfg.prompt, cfg.allow_beyond_trained_context, "--prompt")
     layout: Layout = resolve_layout(model, cfg.tp, cfg.ep, cfg.pp, cfg.dp, cfg.etp, cfg.chips)
     if tier == 1 and (math.isnan(system.host_memory_capacity) or math.isnan(system.host_offload_bandwidth)):
         raise InputError(
@@ -97,7 +136,7 @@ def resolve(cfg: Config) -> Resolved:
             f"layout {layout.describe()} needs {layout.chips} chips, more than one {system.scaleup_domain}-chip "
             f"domain of '{system.id}', whose scale-out bandwidth the catalog does not know"
         )
-    return Resolved(model, system, layout, phase, wd, kd, tier)
+    return Resolved(model, system, layout, phase, wd, kd, tier, ed, beyond)
 
 
 def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | None = None) -> dict:
@@ -109,7 +148,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     cand = Candidates(
         model=0, system=0, tp=layout.tp, dp=layout.dp, ep=layout.ep, etp=layout.etp, pp=layout.pp,
         batch=cfg.batch, context=cfg.context, phase=phase, weights_dtype=wd, kv_dtype=kd, kv_tier=tier,
-        imbalance=cfg.moe_imbalance,
+        imbalance=cfg.moe_imbalance, experts_dtype=r.experts_dtype,
     )
     tables = ModelTable.build([model]), SystemTable.build([system])
     raw = evaluate(cand, *tables, eff)
@@ -134,6 +173,12 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
         "kv_dtype": cfg.kv_dtype,
         "kv_tier": cfg.kv_tier,
         "compute_dtype": system.compute_dtype(cfg.weights_dtype),
+        "experts_dtype": DTYPES[r.experts_dtype],
+        "experts_compute_dtype": system.compute_dtype(DTYPES[r.experts_dtype]),
+        "weight_only": cfg.weight_only,
+        "attention_dtype": "fp8" if cfg.kv_dtype != "bf16" and system.is_native("fp8") else "bf16",
+        "max_context": model.max_context,
+        "beyond_trained_context": r.beyond_trained_context,
     }
     for key, value in raw.items():
         v = value.item()
@@ -152,7 +197,10 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     out["params_embedding"] = model.params_embedding
     out["kv_bytes_per_token"] = model.kv_bytes_per_token(cfg.kv_dtype)
     out["hbm_capacity_per_chip"] = system.hbm_capacity
-    out["usd_per_chip_hour"] = system.price_per_s * 3600
+    out["usd_per_chip_hour"] = None if math.isnan(system.price_per_s) else system.price_per_s * 3600
+    out["price_kind"] = system.price_kind
+    out["price_is_estimate"] = system.price_is_estimate
+    out["power_all_in_w_per_chip"] = None if math.isnan(system.power_all_in_w) else system.power_all_in_w
     band = None if ideal else error_band(system.id)
     if band is None:
         out["tokens_per_s_band"] = out["usd_per_mtok_band"] = out["tpot_s_band"] = None
@@ -225,7 +273,8 @@ def evaluate_frame(frame, ideal: bool = False):
             raise InputError(f"evaluate_frame: row {i}: {exc}") from None
     models = list(dict.fromkeys(r.model.id for r in rows))
     systems = list(dict.fromkeys(r.system.id for r in rows))
-    tables = (ModelTable.build([get_model(m) for m in models]), SystemTable.build([get_system(s) for s in systems]))
+    by_id = {r.system.id: r.system for r in rows}  # priced as each row asked
+    tables = (ModelTable.build([get_model(m) for m in models]), SystemTable.build([by_id[s] for s in systems]))
     batch = frame["batch"].to_numpy(dtype=float)
     cand = Candidates(
         model=np.array([models.index(r.model.id) for r in rows]),
@@ -235,6 +284,7 @@ def evaluate_frame(frame, ideal: bool = False):
         pp=np.array([r.layout.pp for r in rows]), batch=batch, context=frame["context"].to_numpy(dtype=float),
         phase=np.array([r.phase for r in rows]), weights_dtype=np.array([r.weights_dtype for r in rows]),
         kv_dtype=np.array([r.kv_dtype for r in rows]), kv_tier=np.array([r.kv_tier for r in rows]),
+        experts_dtype=np.array([r.experts_dtype for r in rows]),
         imbalance=(frame["moe_imbalance"].fillna(1.0).to_numpy(dtype=float) if "moe_imbalance" in frame
                    else 1.0),
     )
@@ -251,6 +301,9 @@ def evaluate_frame(frame, ideal: bool = False):
     out = frame.reset_index(drop=True).copy()
     for k in ("tp", "dp", "ep", "etp", "pp"):
         out[k] = [getattr(r.layout, k) for r in rows]
+    out["price_kind"] = [r.system.price_kind for r in rows]
+    out["price_is_estimate"] = [r.system.price_is_estimate for r in rows]
+    out["beyond_trained_context"] = [r.beyond_trained_context for r in rows]
     for key, value in raw.items():
         out[key] = [BOUNDS[int(v)] for v in value] if key == "bound" else value
     return pd.DataFrame(out)

@@ -12,6 +12,14 @@ Per forward pass of a micro-batch through all pipeline stages (the lecture's dec
     Calibrated, the step is ov x max(comm, work) + (1 - ov) x (comm + work) + overhead, with
     work = max(compute, memory), and each collective pays a fixed latency.
 
+Number formats: dense and attention-block weights compute at the rate of ``weights_dtype``, routed
+experts at that of ``experts_dtype``; a format the chip has no tensor units for is weight-only
+quantization: stored narrow, dequantized to the narrowest native wider format, computed at that rate
+and read with one FP16 scale per group of 128 weights (Marlin's W4A16 layout: 4.125 bits per 4-bit
+weight, the 3.87x rather than 4x ideal of its README). Attention math runs at FP8 where the KV cache is
+FP8 or narrower and the chip has FP8 tensor units (FlashAttention-3 / FlashMLA FP8), else at BF16,
+never at the weights' FP4 rate.
+
 Pipeline parallelism as in the lecture: weights per chip fall as 1/PP; the stage holds KV for PP
 micro-batches of its layers, so KV per chip does not fall; latency is unchanged; PP micro-batches
 are in flight, so throughput per replica is batch x PP / step. Everything is SI (s, bytes, FLOP).
@@ -27,7 +35,8 @@ from dse.catalog.hardware import Efficiency, System, efficiency_for
 from dse.catalog.models import Architecture
 from dse.catalog.units import DTYPE_BYTES, DTYPES
 
-TOPOLOGY_DIMS = {"switch": 0, "torus2d": 2, "torus3d": 3}
+TOPOLOGY_DIMS = {"switch": 0, "mesh": -1, "torus2d": 2, "torus3d": 3}
+GROUP_SCALE_BYTES = 2.0 / 128  # weight-only quantization: one FP16 scale per 128 weights (Marlin, group 128)
 ACT_BYTES = 2.0  # activations travel and live in bf16
 LOGIT_BYTES = 4.0  # logits in fp32
 PREFILL_CHUNK = 8192  # tokens per DP rank resident at once under chunked prefill
@@ -36,6 +45,9 @@ MAX_GROUPS = 2  # layer groups per model (full attention, sliding window)
 
 def _f(x: object) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
+
+
+DTYPE_BYTES_ARR = _f([DTYPE_BYTES[d] for d in DTYPES])
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ class ModelTable:
     attn_decode: np.ndarray
     attn_prefill: np.ndarray
     idx_flops: np.ndarray
+    state_bytes: np.ndarray  # fixed per-sequence state of linear-attention layers (bytes)
 
     @classmethod
     def build(cls, models: list[Architecture]) -> ModelTable:
@@ -93,6 +106,7 @@ class ModelTable:
             attn_decode=_f([m.attention_flops_per_attended_token("decode") for m in models]),
             attn_prefill=_f([m.attention_flops_per_attended_token("prefill") for m in models]),
             idx_flops=_f([m.indexer_flops_per_scored_token() for m in models]),
+            state_bytes=_f([m.state_bytes_per_sequence() for m in models]),
         )
 
 
@@ -102,6 +116,7 @@ class SystemTable:
 
     ids: tuple[str, ...]
     flops: np.ndarray  # (systems, len(DTYPES)): FLOP/s when weights are in that dtype
+    native: np.ndarray  # (systems, len(DTYPES)): whether the chip has tensor units for the dtype
     hbm_capacity: np.ndarray
     hbm_bandwidth: np.ndarray
     domain: np.ndarray
@@ -111,8 +126,8 @@ class SystemTable:
     host_capacity: np.ndarray
     host_bw: np.ndarray
     price_per_s: np.ndarray
+    power_all_in: np.ndarray  # W per chip, NaN where the catalog has no all-in figure
     efficiency: dict[str, np.ndarray]  # calibrated factor -> value per system
-    power: np.ndarray | None = None  # W per chip from the catalog's `power` (0 where unknown)
 
     @classmethod
     def build(cls, systems: list[System], efficiency: list[Efficiency] | None = None) -> SystemTable:
@@ -125,6 +140,7 @@ class SystemTable:
         return cls(
             ids=tuple(s.id for s in systems),
             flops=_f([[s.flops[s.compute_dtype(d)] for d in DTYPES] for s in systems]),
+            native=np.array([[s.is_native(d) for d in DTYPES] for s in systems], dtype=bool).reshape(-1, len(DTYPES)),
             hbm_capacity=_f([s.hbm_capacity for s in systems]),
             hbm_bandwidth=_f([s.hbm_bandwidth for s in systems]),
             domain=_f([s.scaleup_domain for s in systems]),
@@ -134,8 +150,8 @@ class SystemTable:
             host_capacity=_f([known(s.host_memory_capacity) for s in systems]),
             host_bw=_f([known(s.host_offload_bandwidth) for s in systems]),
             price_per_s=_f([s.price_per_s for s in systems]),
+            power_all_in=_f([s.power_all_in_w for s in systems]),
             efficiency={f.name: _f([getattr(e, f.name) for e in effs]) for f in fields(Efficiency)},
-            power=_f([known(s.power) for s in systems]),
         )
 
     def efficiency_of(self, system: np.ndarray) -> Efficiency:
@@ -150,7 +166,8 @@ class Candidates:
     ``model``/``system`` index the tables; ``batch`` is the micro-batch of sequences one forward
     pass carries (PP of them are in flight); ``context`` is the KV length in decode and the prompt
     length in prefill; ``phase``, ``weights_dtype``, ``kv_dtype`` and ``kv_tier`` are codes into
-    PHASES, DTYPES, DTYPES and KV_TIERS.
+    PHASES, DTYPES, DTYPES and KV_TIERS; ``experts_dtype`` (a DTYPES code, -1: as the weights) is the
+    format of the routed experts.
     """
 
     model: np.ndarray
@@ -167,6 +184,7 @@ class Candidates:
     kv_dtype: np.ndarray | int = 0
     kv_tier: np.ndarray | int = 0
     imbalance: np.ndarray | float = 1.0  # most-loaded GPU's routed tokens over the mean (expert placement)
+    experts_dtype: np.ndarray | int = -1
 
     def broadcast(self) -> Candidates:
         arrays = np.broadcast_arrays(*(np.asarray(getattr(self, f.name)) for f in fields(self)))
@@ -176,17 +194,20 @@ class Candidates:
         return int(np.broadcast(*(np.asarray(getattr(self, f.name)) for f in fields(self))).size)
 
 
-def alltoall_factor(group: np.ndarray, dims: np.ndarray) -> np.ndarray:
+def alltoall_factor(group: np.ndarray, dims: np.ndarray, domain: np.ndarray | float = 1.0) -> np.ndarray:
     """Share of a chip's injection bandwidth an all-to-all over ``group`` chips achieves.
 
-    A switch gives every pair full bandwidth (1). On an n-D torus of side k = group^(1/n), uniform
-    traffic travels n k / 4 hops on average over 2n links per chip, so the achieved share is
-    min(1, 4 / (n k)).
+    A switch gives every pair full bandwidth (1). A full mesh of direct links (dims -1: AMD Infinity
+    Fabric, 7 links per GPU in an 8-GPU domain) gives each peer one link, 1/(domain - 1) of the total,
+    so an all-to-all over ``group`` chips uses (group - 1)/(domain - 1) of it. On an n-D torus of side
+    k = group^(1/n), uniform traffic travels n k / 4 hops on average over 2n links per chip, so the
+    achieved share is min(1, 4 / (n k)).
     """
     n = np.maximum(dims, 1.0)
     side = np.power(np.maximum(group, 1.0), 1.0 / n)
     torus = np.minimum(1.0, 4.0 / (n * side))
-    return np.where(dims > 0, torus, 1.0)
+    mesh = np.minimum(1.0, np.maximum(group - 1.0, 1.0) / np.maximum(_f(domain) - 1.0, 1.0))
+    return np.where(dims > 0, torus, np.where(dims < 0, mesh, 1.0))
 
 
 def _causal(context: np.ndarray, cap: np.ndarray) -> np.ndarray:
@@ -207,8 +228,16 @@ class _Gathered:
         self.batch, self.ctx = _f(c.batch), _f(c.context)
         self.phase = np.asarray(c.phase)
         dtype_bytes = _f([DTYPE_BYTES[d] for d in DTYPES])
-        self.wbytes = dtype_bytes[c.weights_dtype]
-        self.flops_rate = systems.flops[s, c.weights_dtype]
+        wd = np.asarray(c.weights_dtype)
+        ed = np.where(np.asarray(c.experts_dtype) < 0, wd, c.experts_dtype)
+        # weight-only quantization (a format without tensor units) reads its group scales too
+        self.wbytes = dtype_bytes[wd] + np.where(systems.native[s, wd], 0.0, GROUP_SCALE_BYTES)
+        self.ebytes = dtype_bytes[ed] + np.where(systems.native[s, ed], 0.0, GROUP_SCALE_BYTES)
+        self.flops_rate = systems.flops[s, wd]
+        self.experts_rate = systems.flops[s, ed]
+        fp8 = DTYPES.index("fp8")
+        attn_fp8 = (DTYPE_BYTES_ARR[np.asarray(c.kv_dtype)] <= 1.0) & systems.native[s, fp8]
+        self.attn_rate = np.where(attn_fp8, systems.flops[s, fp8], systems.flops[s, DTYPES.index("bf16")])
         self.on_host = np.asarray(c.kv_tier) == 1
         self.imbalance = _f(c.imbalance)
         # model columns
@@ -227,8 +256,11 @@ class _Gathered:
         self.kv_main = models.kv_elems[m] * dtype_bytes[c.kv_dtype] * shard  # bytes per token per layer per chip
         self.attended = _gsum(self.g_layers, [np.minimum(self.ctx, cap) for cap in self.g_cap])
         indexer = self.idx_b * self.n_layers * self.ctx
-        self.read_per_seq = self.kv_main * self.attended + indexer  # decode KV bytes read per sequence per chip
-        self.stored_per_seq = self.kv_main * _gsum(g_stored, [np.minimum(self.ctx, w) for w in g_window]) + indexer
+        # linear-attention state: split over TP with its heads, read and written once per decode step
+        state = models.state_bytes[m] / self.tp
+        self.read_per_seq = self.kv_main * self.attended + indexer + 2.0 * state  # decode bytes per sequence per chip
+        self.stored_per_seq = (self.kv_main * _gsum(g_stored, [np.minimum(self.ctx, w) for w in g_window]) + indexer
+                               + state)
         # system columns
         self.hbm_cap = systems.hbm_capacity[s]
         self.hbm_bw = systems.hbm_bandwidth[s] * eff.memory
@@ -239,15 +271,21 @@ class _Gathered:
         self.so = systems.scaleout_bw[s] * eff.link
         self.topo = systems.topo_dims[s]
         self.price = systems.price_per_s[s]
+        self.power = systems.power_all_in[s]
         # layout-only quantities shared by every pass
         self.experts_per_chip = np.ceil(self.n_exp / self.ep)
         self.routed_per_chip = self.moe_l / self.pp * self.experts_per_chip * self.p_exp / self.etp
+        self.routed_bytes_per_chip = self.ebytes * self.routed_per_chip
         self.routed_active = self.moe_l * self.top_k * self.p_exp
         self.dense_read = self.wbytes * (self.p_dense - self.p_emb) / (self.tp * self.pp)
         local = np.minimum(self.cps, self.domain)
         self.intra = np.maximum(local - 1.0, 0.0) / self.cps
         self.inter = np.maximum(self.cps - self.domain, 0.0) / self.cps
-        self.a2a_bw = self.su * alltoall_factor(local, self.topo)
+        self.a2a_bw = self.su * alltoall_factor(local, self.topo, self.domain)
+        # on a full mesh a ring all-reduce over TP chips and a PP hand-off use only their peers' links
+        mesh = self.topo < 0
+        self.tp_link = np.where(mesh, alltoall_factor(np.minimum(self.tp, self.domain), self.topo, self.domain), 1.0)
+        self.p2p_link = np.where(mesh, alltoall_factor(2.0, self.topo, self.domain), 1.0)
         # fixed latencies (0 under --ideal): one per collective, and per layer
         tp_latency = np.where(self.tp <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
         self.lat_tp = np.where(self.tp > 1, tp_latency, 0.0)
@@ -290,14 +328,14 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
         return g.attn_decode * g.attended + g.idx_flops * g.n_layers * ctx
 
     attn = _where(prefill, attn_prefill, attn_decode)  # attention FLOPs per sequence
-    rate = g.flops_rate * eff_c
-    dense_rank_flops = tokens_rank * 2.0 * (g.p_act - g.routed_active) + seqs_rank * attn
+    rate, rate_e, rate_a = g.flops_rate * eff_c, g.experts_rate * eff_c, g.attn_rate * eff_c
+    dense_rank_s = tokens_rank * 2.0 * (g.p_act - g.routed_active) / rate + seqs_rank * attn / rate_a
     # the slowest GPU sets the step: routed work scales with the placement's imbalance
-    compute_s = dense_rank_flops / (g.tp * rate) + g.imbalance * tokens * 2.0 * g.routed_active / (g.cps * rate)
+    compute_s = dense_rank_s / g.tp + g.imbalance * tokens * 2.0 * g.routed_active / (g.cps * rate_e)
 
     # memory: weights of the stage (routed experts only where a token landed) and KV of the batch
     touched = np.where(g.n_exp > 0, -np.expm1(tokens * np.log1p(-g.top_k / np.maximum(g.n_exp, 1.0))), 0.0)
-    weights_read = g.dense_read + g.wbytes * g.routed_per_chip * touched
+    weights_read = g.dense_read + g.routed_bytes_per_chip * touched
     kv_bytes = seqs_rank * g.stored_per_seq  # the stage holds PP micro-batches of 1/PP of the layers
     kv_read = _where(prefill, lambda: kv_bytes, lambda: seqs_rank * g.read_per_seq) / g.pp
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -306,16 +344,16 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
 
         # communication: TP all-reduce (ring), EP dispatch + combine all-to-all, PP hand-off
         msg = tokens_rank * g.d * ACT_BYTES
-        tp_bw = np.where(g.tp <= g.domain, g.su, g.so)
+        tp_bw = np.where(g.tp <= g.domain, g.su * g.tp_link, g.so)
         allreduce = np.where(g.tp > 1, 2.0 * (g.tp - 1) / g.tp * msg / tp_bw + g.lat_tp, 0.0)
         tp_s = 2.0 * g.n_layers / g.pp * allreduce
-        disp = np.where(g.wbytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
+        disp = np.where(g.ebytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
         a2a_bytes = g.imbalance * tokens_rank / g.tp * g.top_k * g.etp * g.d * (disp + ACT_BYTES)
         a2a = np.maximum(
             a2a_bytes * g.intra / g.a2a_bw, np.where(g.inter > 0, a2a_bytes * g.inter / g.so, 0.0)
         ) + 2.0 * g.lat_ep  # dispatch and combine
         ep_s = np.where((g.n_exp > 0) & (g.cps > 1), g.moe_l / g.pp * a2a, 0.0)
-        hand_bw = np.where(g.chips <= g.domain, g.su, g.so)
+        hand_bw = np.where(g.chips <= g.domain, g.su * g.p2p_link, g.so)
         pp_s = np.where(g.pp > 1, tokens * g.d * ACT_BYTES / g.cps / hand_bw + g.lat_pp, 0.0)
     comm_s = g.pp * (tp_s + ep_s + pp_s)
 
@@ -348,7 +386,7 @@ def evaluate(
     bound = np.where(comm_s > r["work"], 2, np.where(memory_s > compute_s, 1, 0))
 
     # memory capacity per chip
-    weights_bytes = g.wbytes * (g.p_dense / (g.tp * g.pp) + g.routed_per_chip)
+    weights_bytes = g.wbytes * g.p_dense / (g.tp * g.pp) + g.routed_bytes_per_chip
     kv_bytes = r["kv_bytes"]
     act_tokens = _where(prefill, lambda: np.minimum(r["tokens_rank"], PREFILL_CHUNK), lambda: r["tokens_rank"])
     act_bytes = act_tokens * 8.0 * g.d * ACT_BYTES + r["seqs_rank"] * g.vocab / g.tp * LOGIT_BYTES
@@ -359,17 +397,18 @@ def evaluate(
     seqs_in_flight = g.batch * g.pp
     tokens_per_s = seqs_in_flight * _where(prefill, lambda: g.ctx, lambda: 1.0) / step_s
     usd_per_mtok = g.chips * g.price / tokens_per_s * 1e6
+    power_w = g.chips * g.power  # all-in facility power of the replica
 
     # derived figures
-    rate = g.flops_rate * r["eff_c"]
-    weights_read_all = g.dense_read + g.wbytes * g.routed_per_chip
+    rate, rate_a = g.flops_rate * r["eff_c"], g.attn_rate * r["eff_c"]
+    weights_read_all = g.dense_read + g.routed_bytes_per_chip
     balance_batch = weights_read_all / g.hbm_bw * g.cps * rate / (2.0 * g.p_act / g.pp)
     unbounded_layers = _gsum(g.g_layers, [np.isinf(cap) for cap in g.g_cap])
     capped = _gsum(g.g_layers, [np.where(np.isinf(cap), 0.0, cap) for cap in g.g_cap])
-    rate_rank = g.tp * rate  # FLOP/s serving one DP rank's sequences
+    rate_rank, attn_rank = g.tp * rate, g.tp * rate_a  # FLOP/s serving one DP rank's sequences
     slope = (g.kv_main * unbounded_layers + g.idx_b * g.n_layers) / g.hbm_bw
-    slope = slope - (g.attn_decode * unbounded_layers + g.idx_flops * g.n_layers) / rate_rank
-    offset = (2.0 * g.p_act + g.attn_decode * capped) / rate_rank - g.kv_main * capped / g.hbm_bw
+    slope = slope - (g.attn_decode * unbounded_layers + g.idx_flops * g.n_layers) / attn_rank
+    offset = 2.0 * g.p_act / rate_rank + g.attn_decode * capped / attn_rank - g.kv_main * capped / g.hbm_bw
     with np.errstate(divide="ignore", invalid="ignore"):
         kv_crossover = np.where(slope > 0, np.maximum(offset, 0.0) / slope, np.inf)
 
@@ -383,6 +422,8 @@ def evaluate(
         "tokens_per_s": tokens_per_s,
         "tpot_s": _where(prefill, lambda: np.full_like(step_s, np.nan), lambda: step_s),
         "usd_per_mtok": usd_per_mtok,
+        "power_w": power_w,
+        "joules_per_token": power_w / tokens_per_s,
         "weights_bytes_per_chip": weights_bytes,
         "kv_bytes_per_chip": kv_bytes,
         "activation_bytes_per_chip": act_bytes,

@@ -90,9 +90,8 @@ class Request:
 
 
 def power_w(chips: np.ndarray | float, power_per_chip: np.ndarray | float) -> np.ndarray:
-    """Power of a deployment: chips x the catalog's per-chip power figure.
-
-    The one place power is computed, so an all-in figure (host, network, cooling) can replace it.
+    """Power of a deployment: chips x the catalog's all-in power per chip (its share of host, network and
+    cooling included; NaN where the catalog has no all-in figure).
     """
     return np.asarray(chips, dtype=np.float64) * np.asarray(power_per_chip, dtype=np.float64)
 
@@ -187,7 +186,7 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     chips = mean["chips"]
     usd_per_s = chips * systems.price_per_s[np.asarray(c.system)]
     return _metrics(
-        "aggregated", req, lam, ttft, tpot, chips, usd_per_s, u, systems.power[np.asarray(c.system)],
+        "aggregated", req, lam, ttft, tpot, chips, usd_per_s, u, systems.power_all_in[np.asarray(c.system)],
         fits=peak["fits"], stable=rho < 1.0, decode_step_s=t_d, chunk_extra_s=t_c, prefill_service_s=s,
         queue_wait_s=wait, hbm_bytes_per_chip=peak["hbm_bytes_per_chip"], step_s=t_bar,
         bound=mean["bound"],
@@ -230,7 +229,7 @@ def decode_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req:
     return {"tpot_s": t_d / req.accept, "requests_per_s": lam, "usd_per_request": usd_per_s / lam,
             "chips": chips, "usd_per_s": usd_per_s, "fits": peak["fits"], "decode_step_s": t_d,
             "hbm_bytes_per_chip": peak["hbm_bytes_per_chip"], "bound": mean["bound"],
-            "power_per_chip": systems.power[np.asarray(c.system)]}
+            "power_per_chip": systems.power_all_in[np.asarray(c.system)]}
 
 
 def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
@@ -265,7 +264,7 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
     return {"prefill_service_s": service, "servers": servers, "kv_transfer_s": transfer,
             "usd_per_prompt": usd_per_s * service / servers, "chips": chips, "usd_per_s": usd_per_s,
             "fits": pre["fits"], "ring_s": ring, "context_parallel": cp > 1,
-            "power_per_chip": systems.power[sys_idx]}
+            "power_per_chip": systems.power_all_in[sys_idx]}
 
 
 def mdl_wait(rho: np.ndarray, service: np.ndarray) -> np.ndarray:

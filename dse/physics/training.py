@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from dse.catalog.hardware import IDEAL, Efficiency, System, efficiency_for
 from dse.catalog.models import Architecture
+from dse.errors import InputError
 
 ACT = 2.0  # bf16 activations and gradients
 
@@ -67,8 +68,14 @@ def train_step(model: Architecture, system: System, lay: TrainLayout, global_bat
     compute_s = hw_flops / (lay.chips * peak * eff.compute_train)
     bubble = (lay.pp - 1) / (lay.interleave * m + lay.pp - 1) if lay.pp > 1 else 0.0
 
-    su, so = system.scaleup_bandwidth * eff.link, (system.scaleout_bandwidth or system.scaleup_bandwidth) * eff.link
     domain = system.scaleup_domain
+    if lay.chips > domain and math.isnan(system.scaleout_bandwidth):
+        raise InputError(
+            f"training layout of {lay.chips} chips spans more than one {domain}-chip domain of '{system.id}', "
+            "whose scale-out (DCN) bandwidth the catalog does not know; use at most "
+            f"{domain} chips or a system with a scale-out figure"
+        )
+    su, so = system.scaleup_bandwidth * eff.link, system.scaleout_bandwidth * eff.link
     s_local = seq / lay.cp
     # TP: with sequence parallelism, 4 all-gather/reduce-scatter pairs per layer forward and backward
     # (+2 with full recompute), each moving (TP-1)/TP of the micro-batch activations

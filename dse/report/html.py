@@ -63,10 +63,14 @@ def explain(e: dict, space) -> str:
         f"Memory per chip: weights {_fmt_bytes(e['weights_bytes_per_chip'])}, KV {_fmt_bytes(e['kv_bytes_per_chip'])}, "
         f"activations {_fmt_bytes(e['activation_bytes_per_chip'])}, free {_fmt_bytes(free)} of "
         f"{_fmt_bytes(e['hbm_capacity_per_chip'])}. Cost {e['usd_per_mtok']:.4g} USD per million output tokens"
-        f"{'' if 'step_tpot_s' in e else _band(e)}, "
+        f"{'' if 'step_tpot_s' in e else _band(e)} at {e.get('usd_per_chip_hour') or float('nan'):.3g} USD per "
+        f"chip-hour ({e.get('price_kind', '')}{', <b>ESTIMATE</b>' if e.get('price_is_estimate') else ''}), "
         f"{e['usd_per_mtok_input']:.4g} per million input tokens "
         f"({'its share of the request by time on prefill' if 'step_tpot_s' in e else 'prefill one prompt at a time'}); "
-        f"TPOT {e['tpot_s'] * 1e3:.3g} ms, TTFT {e['ttft_s']:.3g} s.{_request(e)}</p>"
+        f"TPOT {e['tpot_s'] * 1e3:.3g} ms, TTFT {e['ttft_s']:.3g} s.{_request(e)}{_power(e)}"
+        + (f" <b>Context {e['context']:,} is beyond the model's published maximum of {e['max_context']:,} tokens "
+           "(allow_beyond_trained_context).</b>" if e.get("beyond_trained_context") else "")
+        + "</p>"
     )
 
 
@@ -75,6 +79,12 @@ def _request(e: dict) -> str:
         return ""
     return (f" Request level ({e['serving']}, prefill counted): {e['usd_per_request']:.4g} USD per request, "
             f"prefill {e['prefill_share']:.0%} of it; the decode step alone takes {e['step_tpot_s'] * 1e3:.3g} ms.")
+
+
+def _power(e: dict) -> str:
+    if e.get("power_w") is None or e["power_w"] != e["power_w"]:
+        return " Power: no all-in figure in the catalog."
+    return f" Power {e['power_w'] / 1e3:.3g} kW all-in, {e['joules_per_token']:.3g} J per output token."
 
 
 def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[str]) -> None:
@@ -91,6 +101,9 @@ def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[st
         f"<p><b>Status:</b> {s['status']} &middot; solver {s['solver']['name']}, {s['solver']['solves']} solves, "
         f"{s['solver']['solve_wall_s']:.3f} s solving, {s['solver']['wall_s']:.3f} s in all, "
         f"largest gap {s['solver']['gap']:.2g}</p>",
+        f"<p><b>Prices:</b> {html.escape(str(s.get('price_kind', '')))} (USD per chip-hour of that kind; estimates "
+        "are marked). <b>No price</b> of this kind, left out of cost comparisons: "
+        f"{html.escape(', '.join(s.get('no_price') or []) or 'none')}.</p>",
     ]
     if s["best"]:
         parts.append("<h2>Chosen configurations</h2>")

@@ -83,7 +83,7 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
         inv += inverse(sheet, system, np.array(pr.actives_b) * 1e9)
         consistent += consistent_architectures(sheet, system, np.array(pr.actives_b) * 1e9)
     fwd, tiers, results = [], [], []
-    opts = spec.space.options()
+    opts = spec.options()
     base = spec.workloads[0]
     for i, model_id in enumerate(spec.models):
         model = get_model(model_id)

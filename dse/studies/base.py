@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dse.catalog.hardware import default_systems
+from dse.catalog.hardware import DEFAULT_PRICE_KIND, PRICE_KINDS, default_systems, shipping_ids
 from dse.catalog.loading import read_yaml, validation_message
 from dse.catalog.models import default_models
 from dse.errors import InputError, unknown_name_message
@@ -76,6 +76,8 @@ class SpaceSpec(_Strict):
     min_chips_per_stage: int = Field(default=1, ge=1, le=16384)
     max_batch_per_rank: int = Field(default=1024, ge=1, le=65536)
     ideal: bool = False
+    weight_only: bool = False
+    """Offer weight formats a chip has no tensor units for (weight-only quantization, dequantized)."""
 
     @field_validator("weights_dtypes", "kv_dtypes", "kv_tiers", "tp", "pp")
     @classmethod
@@ -95,9 +97,12 @@ class SpaceSpec(_Strict):
             )
         return self
 
-    def options(self) -> SpaceOptions:
-        systems = tuple(default_systems()) if self.systems == "all" else tuple(self.systems)
+    def options(self, price_kind: str = DEFAULT_PRICE_KIND, prices: tuple[tuple[str, float], ...] = (),
+                include_announced: bool = False) -> SpaceOptions:
+        """The space's options; ``systems: all`` means every shipping system (and announced ones on request)."""
+        systems = shipping_ids(include_announced) if self.systems == "all" else tuple(self.systems)
         return SpaceOptions(
+            price_kind=price_kind, prices=prices, weight_only=self.weight_only,
             systems=systems, weights_dtypes=tuple(self.weights_dtypes), kv_dtypes=tuple(self.kv_dtypes),
             kv_tiers=tuple(self.kv_tiers), tp=tuple(self.tp), pp=tuple(self.pp), max_racks=self.max_racks,
             max_chips_per_stage=self.max_chips_per_stage, min_chips_per_stage=self.min_chips_per_stage,
@@ -122,6 +127,14 @@ class StudySpec(_Strict):
     workloads: list[WorkloadSpec] = Field(max_length=MAX_LIST)
     space: SpaceSpec = SpaceSpec()
     solver: SolverSpec = SolverSpec()
+    price: Literal[PRICE_KINDS] = DEFAULT_PRICE_KIND  # type: ignore[valid-type]
+    """The price kind the study compares at (on_demand: the broadest sourced coverage of the catalog)."""
+    prices: dict[str, float] = {}
+    """USD per chip-hour the study supplies per system (replaces the catalog's price of the kind)."""
+    include_announced: bool = False
+    """Whether ``systems: all`` includes announced, unshipped systems."""
+    allow_beyond_trained_context: bool = False
+    """Whether a workload may exceed a model's published maximum context (then every table flags it)."""
 
     models_required: ClassVar[bool] = True
     """Whether the study must name catalog models (kinds that build their own models do not)."""
@@ -142,7 +155,14 @@ class StudySpec(_Strict):
         names = [w.name for w in self.workloads]
         if len(set(names)) != len(names):
             raise ValueError(f"workloads: names must be unique, got {names}")
+        for sid, usd in self.prices.items():
+            if not usd > 0:
+                raise ValueError(f"prices.{sid}: USD per chip-hour must be > 0, got {usd}")
         return self
+
+    def options(self) -> SpaceOptions:
+        """The space options with the study's price kind, its own prices and announced systems."""
+        return self.space.options(self.price, tuple(self.prices.items()), self.include_announced)
 
     def check_catalog(self, path: Path, models: dict) -> None:
         """Checks against the catalogs that the kind adds; raise InputError naming the file and field."""
@@ -196,7 +216,14 @@ def load_study(study: str | Path | dict) -> StudySpec:
         if m not in models:
             raise InputError(f"{where}: field 'models.{i}': " + unknown_name_message("model", m, models))
     spec.check_catalog(Path(where), models)
+    for m in spec.models:
+        for j, w in enumerate(spec.workloads):
+            models[m].check_context(w.prompt + w.output, spec.allow_beyond_trained_context,
+                                    f"{where}: field 'workloads.{j}' (prompt + output) for model '{m}'")
     systems = default_systems()
+    for s in spec.prices:
+        if s not in systems:
+            raise InputError(f"{where}: field 'prices.{s}': " + unknown_name_message("system", s, systems))
     for field, ids in _system_fields(spec):
         if not ids:
             raise InputError(f"{where}: field '{field}': must list at least one system, or be 'all'")

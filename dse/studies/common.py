@@ -4,6 +4,7 @@ header, solver statistics, and the loop over (model, workload) of the serving ki
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.calibration import family_of
-from dse.catalog.hardware import get_system
+from dse.catalog.hardware import System, default_systems
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError
 from dse.optimize.requests import RequestResult
@@ -30,6 +31,8 @@ EXTRA = (
     "usd_per_mtok_input", "compute_s", "memory_s", "comm_s", "step_s", "bound", "tp_comm_s", "ep_comm_s",
     "pp_comm_s", "weights_bytes_per_chip", "kv_bytes_per_chip", "activation_bytes_per_chip", "hbm_capacity_per_chip",
     "sequences_in_flight", "usd_per_chip_hour", "prompt", "usd_per_mtok_band", "tokens_per_s_band",
+    "price_kind", "price_is_estimate", "power_w", "joules_per_token", "experts_dtype", "attention_dtype",
+    "beyond_trained_context", "max_context",
 )
 REQUEST_EXTRA = (
     "serving", "usd_per_request", "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended",
@@ -67,8 +70,11 @@ class Plot:
 
 
 def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: bool,
-                 output: int | None = None, request_level: bool = False) -> dict:
-    """A configuration with its metrics computed by `dse evaluate` on the catalog hardware.
+                 output: int | None = None, request_level: bool = False, system: System | None = None,
+                 weight_only: bool = True) -> dict:
+    """A configuration with its metrics computed by `dse evaluate` on the catalog hardware, at the price
+    of ``system`` (the priced system of the study's space) when given. The space already decided which
+    formats and contexts are allowed, so they are not checked again.
 
     With ``output``, the request-level keys of the same replica serving requests aggregated at its
     batch are added (`dse evaluate --prompt --output`): `serving`, `usd_per_request`,
@@ -87,17 +93,25 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
         Config(
             model=model, system=cfg["system"], batch=cfg["batch"], context=cfg["context"], tp=cfg["tp"],
             ep=cfg["ep"], pp=cfg["pp"], dp=cfg["dp"], etp=cfg["etp"], weights_dtype=cfg["weights_dtype"],
-            kv_dtype=cfg["kv_dtype"], kv_tier=cfg["kv_tier"], prompt=prompt,
+            kv_dtype=cfg["kv_dtype"], kv_tier=cfg["kv_tier"], prompt=prompt, weight_only=weight_only,
+            allow_beyond_trained_context=True,
+            **({} if system is None else {"price_kind": system.price_kind,
+                                          "usd_per_chip_hour": system.price_per_s * 3600}),
         ),
         ideal=ideal,
     )
+    if system is not None:
+        ev["price_is_estimate"] = system.price_is_estimate
     ev["usd_per_mtok_input"] = ev["chips"] * ev["usd_per_chip_hour"] / 3600 * ev["ttft_s"] / prompt * 1e6
     req: dict = {}
     if output is not None:
         rq = evaluate_config(
             Config(model=model, system=cfg["system"], batch=cfg["batch"], context=cfg["context"], tp=cfg["tp"],
                    ep=cfg["ep"], pp=cfg["pp"], dp=cfg["dp"], etp=cfg["etp"], weights_dtype=cfg["weights_dtype"],
-                   kv_dtype=cfg["kv_dtype"], kv_tier=cfg["kv_tier"], prompt=prompt, output=output),
+                   kv_dtype=cfg["kv_dtype"], kv_tier=cfg["kv_tier"], prompt=prompt, output=output,
+                   weight_only=weight_only, allow_beyond_trained_context=True,
+                   **({} if system is None else {"price_kind": system.price_kind,
+                                                 "usd_per_chip_hour": system.price_per_s * 3600})),
             ideal=ideal,
         )
         req = {k: rq[k] for k in REQUEST_EXTRA}
@@ -119,14 +133,22 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
                          **{k: cfg[k] for k in ("system", "chips", "racks", "tp", "ep", "pp", "dp", "batch",
                                                 "weights_dtype", "kv_dtype", "kv_tier")}}]
     out["calibration"] = family_of(cfg["system"]) or "uncalibrated family"
-    out["price_is_estimate"] = get_system(cfg["system"]).price_is_estimate
+    out["price_is_estimate"] = bool(ev.get("price_is_estimate", False))
     return out
+
+
+def no_price(spec: StudySpec) -> list[str]:
+    """Systems of the study's space without a price of its kind (and none supplied): left out of costs."""
+    opts = spec.options()
+    catalog = default_systems(spec.price)
+    return [s for s in opts.systems if s in catalog and math.isnan(catalog[s].price_per_s) and s not in spec.prices]
 
 
 def summary_header(spec: StudySpec, **extra) -> dict:
     """The keys every summary.json starts with; ``extra`` adds or replaces keys."""
     return {"study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
-            "expect": spec.expect.strip(), "best": [], "infeasible": [], "spaces": [], **extra}
+            "expect": spec.expect.strip(), "price_kind": spec.price, "no_price": no_price(spec),
+            "best": [], "infeasible": [], "spaces": [], **extra}
 
 
 def solver_summary(spec: StudySpec, results: list, t0: float, name: str | None = None) -> dict:
@@ -150,8 +172,9 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool) -> dict
     names and the limit that binds its batch as `binding`.
     """
     request_level = isinstance(res, RequestResult)
+    system = next(s for s in space.systems if s.id == res.config["system"])
     out = config_entry(space.model.id, space.workload.name, space.workload.prompt, res.config, ideal,
-                       output=space.workload.output, request_level=request_level)
+                       output=space.workload.output, request_level=request_level, system=system)
     if request_level:
         out["binding"] = res.binding
     out["solver_status"] = res.result.status
@@ -171,7 +194,7 @@ def run_serving(spec: StudySpec, solve_one: Callable[[Space, StudySpec, StudyOut
     ``summary['_results']`` and its rows to ``tables`` (lists of dicts, framed here).
     """
     t0 = time.perf_counter()
-    opts = spec.space.options()
+    opts = spec.options()
     out = StudyOutput(summary=summary_header(spec, _results=[]))
     total = len(spec.models) * len(spec.workloads)
     for i, model_id in enumerate(spec.models):

@@ -47,7 +47,7 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     w = spec.workloads[0].workload()
     rows = []
     for i, system in enumerate(cd.systems):
-        opts = replace(spec.space.options(), systems=(system,), max_racks=1)  # one scale-up domain
+        opts = replace(spec.options(), systems=(system,), max_racks=1)  # one scale-up domain
         for j, s in enumerate(cd.sparsities):
             if progress:
                 progress(f"{system}: sparsity {s}", i * len(cd.sparsities) + j, len(cd.systems) * len(cd.sparsities))

@@ -23,6 +23,7 @@ import numpy as np
 import optuna
 import pandas as pd
 
+from dse.catalog.hardware import get_system, priced
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError, InputError, mask_in, mask_url
 from dse.optimize.serving import solve_serving
@@ -228,7 +229,7 @@ def enqueue_missing(studies: Studies, points: list[Point]) -> int:
 def solve_point(spec: SweepStudy, p: Point) -> dict:
     """The optimum with the parameter scaled, overall and per system."""
     w = next(ws.workload() for ws in spec.workloads if ws.name == p.workload)
-    opts = replace(spec.space.options(), scale=((PARAMETERS[p.parameter], p.factor),),
+    opts = replace(spec.options(), scale=((PARAMETERS[p.parameter], p.factor),),
                    scaled_systems=spec.scaled_systems())
     t0 = time.perf_counter()
     space = build_space(get_model(p.model), w, opts)
@@ -393,7 +394,8 @@ def run_sweep_study(spec: SweepStudy, storage_url: str, progress: Callable[[str]
                                               "reason": f"{r['parameter']} x {r['factor']:g}: {r['reason']}"})
         elif r["factor"] == 1.0:  # the catalog itself: metrics as `dse evaluate` gives them
             prompt = next(w.prompt for w in spec.workloads if w.name == r["workload"])
-            out.summary["best"].append(config_entry(r["model"], r["workload"], prompt, r, spec.space.ideal))
+            priced_sys = priced(get_system(r["system"]), spec.price, spec.prices.get(r["system"]))
+            out.summary["best"].append(config_entry(r["model"], r["workload"], prompt, r, spec.space.ideal, priced_sys))
     table = df.drop(columns=["per_system"])
     out.tables = {spec.kind: table}
     if per_system:

@@ -75,7 +75,7 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     for k, demand in enumerate(o.demands_tokens_per_s):
         life = Lifetime(o.target_loss, o.loss_fit, demand, o.deployment_days, o.rl_tokens_per_pretrain_token,
                         o.rl_flops_factor, o.rl_inefficiency, o.seq, o.global_batch_tokens, o.deadline_days,
-                        o.chip_budget, tuple(o.train_systems), workload, spec.space.options())
+                        o.chip_budget, tuple(o.train_systems), workload, spec.options())
         study = optuna.create_study(study_name=f"{spec.study}-{demand:g}", storage=rdb, direction="minimize",
                                     load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=8))
         if study.metric_names != ["lifetime_usd"]:
