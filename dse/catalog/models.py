@@ -58,13 +58,13 @@ class LinearAttention(_Strict):
     """
 
     kind: Literal["gated_deltanet"]
-    layers: int = Field(gt=0)
-    k_heads: int
-    v_heads: int
-    k_head_dim: int
-    v_head_dim: int
-    conv_kernel: int = 4
-    state_dtype_bytes: float = 4.0
+    layers: Pos
+    k_heads: Pos
+    v_heads: Pos
+    k_head_dim: Pos
+    v_head_dim: Pos
+    conv_kernel: Pos = 4
+    state_dtype_bytes: Annotated[float, Field(gt=0, le=16)] = 4.0
 
 
 class Attention(_Strict):

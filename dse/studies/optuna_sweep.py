@@ -395,7 +395,8 @@ def run_sweep_study(spec: SweepStudy, storage_url: str, progress: Callable[[str]
         elif r["factor"] == 1.0:  # the catalog itself: metrics as `dse evaluate` gives them
             prompt = next(w.prompt for w in spec.workloads if w.name == r["workload"])
             priced_sys = priced(get_system(r["system"]), spec.price, spec.prices.get(r["system"]))
-            out.summary["best"].append(config_entry(r["model"], r["workload"], prompt, r, spec.space.ideal, priced_sys))
+            out.summary["best"].append(config_entry(r["model"], r["workload"], prompt, r, spec.space.ideal,
+                                                    system=priced_sys))
     table = df.drop(columns=["per_system"])
     out.tables = {spec.kind: table}
     if per_system:
