@@ -29,3 +29,41 @@ def run(
     )
     out = evaluate(cand, ModelTable.build([model]), SystemTable.build([system]), eff)
     return {k: v.item() for k, v in out.items()}
+
+
+def brute_force_choices(model: Architecture, opts) -> tuple[list, list]:
+    """The priced systems of ``opts`` and every (system index, layout, weights, KV, tier) of its space, listed
+    here independently of the space builder: the brute-force references enumerate from this."""
+    import math
+
+    from dse.catalog.hardware import default_systems
+    from dse.physics.layout import layouts_for
+
+    catalog = default_systems()  # priced at the default kind; a system without such a price is left out
+    systems = [catalog[s] for s in opts.systems if not math.isnan(catalog[s].price_per_s)]
+    choices = []
+    for si, system in enumerate(systems):
+        limit = min(opts.max_chips_per_stage, system.scaleup_domain * opts.max_racks)
+        sizes = {2**i for i in range(31) if 2**i <= limit}
+        sizes |= {system.scaleup_domain * r for r in range(1, opts.max_racks + 1)
+                  if system.scaleup_domain * r <= limit}
+        for cps in sorted(sizes):
+            for lay in layouts_for(model, cps, pps=opts.pp):
+                if lay.tp not in opts.tp or lay.chips > system.scaleup_domain * opts.max_racks:
+                    continue
+                if (model.is_moe and lay.etp not in (1, lay.tp)) or (not model.is_moe and lay.etp != cps):
+                    continue
+                if lay.chips > system.scaleup_domain and math.isnan(system.scaleout_bandwidth):
+                    continue
+                for wd in opts.weights_dtypes:
+                    if not system.is_native(wd):  # the chip computes only in formats it has tensor units for
+                        continue
+                    for kd in opts.kv_dtypes:
+                        if kd not in system.kv_dtypes:  # KV formats its kernels support
+                            continue
+                        for tier in opts.kv_tiers:
+                            if tier == "host" and (math.isnan(system.host_memory_capacity)
+                                                   or math.isnan(system.host_offload_bandwidth)):
+                                continue
+                            choices.append((si, lay, wd, kd, tier))
+    return systems, choices

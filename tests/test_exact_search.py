@@ -11,13 +11,13 @@ import math
 
 import numpy as np
 import pytest
+from helpers import brute_force_choices
 
 from dse.catalog.hardware import IDEAL, default_systems
 from dse.catalog.models import default_models, get_model
 from dse.catalog.units import DTYPES
 from dse.optimize.serving import SOLVER_NAME, solve_demand, solve_serving
 from dse.optimize.space import SpaceOptions, Workload, build_space
-from dse.physics.layout import layouts_for
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
 
 MODELS = sorted(default_models())
@@ -47,59 +47,37 @@ def random_case(rng: np.random.Generator, moe_only: bool = False):
 
 def brute_force(model, w: Workload, opts: SpaceOptions, objective: str = "cost", demand: float | None = None):
     """Best (value, system, tp, dp, ep, pp, batch) over every integer batch of every layout; None if none."""
-    catalog = default_systems()  # priced at the default kind; a system without such a price is left out
-    systems = [catalog[s] for s in opts.systems if not math.isnan(catalog[s].price_per_s)]
+    systems, choices = brute_force_choices(model, opts)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
     best = None
-    for si, system in enumerate(systems):
-        limit = min(opts.max_chips_per_stage, system.scaleup_domain * opts.max_racks)
-        sizes = {2**i for i in range(31) if 2**i <= limit}
-        sizes |= {system.scaleup_domain * r for r in range(1, opts.max_racks + 1)
-                  if system.scaleup_domain * r <= limit}
-        for cps in sorted(sizes):
-            for lay in layouts_for(model, cps, pps=opts.pp):
-                if lay.tp not in opts.tp or lay.chips > system.scaleup_domain * opts.max_racks:
-                    continue
-                if (model.is_moe and lay.etp not in (1, lay.tp)) or (not model.is_moe and lay.etp != cps):
-                    continue
-                if lay.chips > system.scaleup_domain and math.isnan(system.scaleout_bandwidth):
-                    continue
-                for wd in opts.weights_dtypes:
-                    if not system.is_native(wd):  # the chip computes only in formats it has tensor units for
-                        continue
-                    for kd in opts.kv_dtypes:
-                        if kd not in system.kv_dtypes:  # KV formats its kernels support
-                            continue
-                        for tier in opts.kv_tiers:
-                            if tier == "host" and (math.isnan(system.host_memory_capacity)
-                                                   or math.isnan(system.host_offload_bandwidth)):
-                                continue
-                            n = np.arange(1, opts.max_batch_per_rank + 1, dtype=float)
-                            common = dict(model=0, system=si, tp=lay.tp, dp=lay.dp, ep=lay.ep, etp=lay.etp,
-                                          pp=lay.pp, weights_dtype=DTYPES.index(wd), kv_dtype=DTYPES.index(kd))
-                            eff = IDEAL if opts.ideal else None
-                            if w.ttft_max is not None:
-                                pre = evaluate(Candidates(**common, batch=1, context=w.prompt, phase=1), mt, st,
-                                               eff, ttft=False)
-                                if pre["step_s"][()] > w.ttft_max:
-                                    continue
-                            r = evaluate(Candidates(**common, batch=lay.dp * n, context=w.context,
-                                                    kv_tier=int(tier == "host")), mt, st, eff, ttft=False)
-                            ok = r["fits"] & (r["step_s"] <= (w.tpot_max or np.inf) * (1 + 1e-9))
-                            if not ok.any():
-                                continue
-                            usd_s = lay.chips * system.price_per_s
-                            tps = lay.dp * n * lay.pp / r["step_s"]
-                            if demand is not None:
-                                value = np.ceil(demand / tps * (1 - 1e-12)) * usd_s
-                            elif objective == "cost":
-                                value = usd_s / tps * 1e6
-                            else:
-                                value = r["step_s"]
-                            value = np.where(ok, value, np.inf)
-                            i = int(np.argmin(value))
-                            if best is None or value[i] < best[0]:
-                                best = (float(value[i]), system.id, lay.tp, lay.dp, lay.ep, lay.pp, int(lay.dp * n[i]))
+    for si, lay, wd, kd, tier in choices:
+        system = systems[si]
+        n = np.arange(1, opts.max_batch_per_rank + 1, dtype=float)
+        common = dict(model=0, system=si, tp=lay.tp, dp=lay.dp, ep=lay.ep, etp=lay.etp,
+                      pp=lay.pp, weights_dtype=DTYPES.index(wd), kv_dtype=DTYPES.index(kd))
+        eff = IDEAL if opts.ideal else None
+        if w.ttft_max is not None:
+            pre = evaluate(Candidates(**common, batch=1, context=w.prompt, phase=1), mt, st,
+                           eff, ttft=False)
+            if pre["step_s"][()] > w.ttft_max:
+                continue
+        r = evaluate(Candidates(**common, batch=lay.dp * n, context=w.context,
+                                kv_tier=int(tier == "host")), mt, st, eff, ttft=False)
+        ok = r["fits"] & (r["step_s"] <= (w.tpot_max or np.inf) * (1 + 1e-9))
+        if not ok.any():
+            continue
+        usd_s = lay.chips * system.price_per_s
+        tps = lay.dp * n * lay.pp / r["step_s"]
+        if demand is not None:
+            value = np.ceil(demand / tps * (1 - 1e-12)) * usd_s
+        elif objective == "cost":
+            value = usd_s / tps * 1e6
+        else:
+            value = r["step_s"]
+        value = np.where(ok, value, np.inf)
+        i = int(np.argmin(value))
+        if best is None or value[i] < best[0]:
+            best = (float(value[i]), system.id, lay.tp, lay.dp, lay.ep, lay.pp, int(lay.dp * n[i]))
     return best
 
 

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import brute_force_choices
 
 from dse.catalog.hardware import IDEAL, default_systems
 from dse.catalog.models import default_models, get_model
@@ -19,7 +20,6 @@ from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
 from dse.optimize.requests import SOLVER_NAME, evaluate_pairs, pairs, request_of, solve_requests
 from dse.optimize.space import SpaceOptions, Workload, build_space
-from dse.physics.layout import layouts_for
 from dse.physics.roofline import Candidates, ModelTable, SystemTable
 from dse.physics.serving import Request, aggregated
 
@@ -51,35 +51,9 @@ def random_case(rng: np.random.Generator, moe: bool | None = None):
 
 def brute_force(model, w: Workload, opts: SpaceOptions):
     """(usd_per_request, system, tp, dp, ep, pp, batch, wd, kd, tier) of the cheapest feasible pair; None if none."""
-    catalog = default_systems()  # priced at the default kind; a system without such a price is left out
-    systems = [catalog[s] for s in opts.systems if not math.isnan(catalog[s].price_per_s)]
-    rows = []
-    for si, system in enumerate(systems):
-        limit = min(opts.max_chips_per_stage, system.scaleup_domain * opts.max_racks)
-        sizes = {2**i for i in range(31) if 2**i <= limit}
-        sizes |= {system.scaleup_domain * r for r in range(1, opts.max_racks + 1)
-                  if system.scaleup_domain * r <= limit}
-        for cps in sorted(sizes):
-            for lay in layouts_for(model, cps, pps=opts.pp):
-                if lay.tp not in opts.tp or lay.chips > system.scaleup_domain * opts.max_racks:
-                    continue
-                if (model.is_moe and lay.etp not in (1, lay.tp)) or (not model.is_moe and lay.etp != cps):
-                    continue
-                if lay.chips > system.scaleup_domain and math.isnan(system.scaleout_bandwidth):
-                    continue
-                for wd in opts.weights_dtypes:
-                    if not system.is_native(wd):  # the chip computes only in formats it has tensor units for
-                        continue
-                    for kd in opts.kv_dtypes:
-                        if kd not in system.kv_dtypes:  # KV formats its kernels support
-                            continue
-                        for tier in opts.kv_tiers:
-                            if tier == "host" and (math.isnan(system.host_memory_capacity)
-                                                   or math.isnan(system.host_offload_bandwidth)):
-                                continue
-                            rows.extend((si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd),
-                                         DTYPES.index(kd), int(tier == "host"), n)
-                                        for n in range(1, opts.max_batch_per_rank + 1))
+    systems, choices = brute_force_choices(model, opts)
+    rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), int(tier == "host"), n)
+            for si, lay, wd, kd, tier in choices for n in range(1, opts.max_batch_per_rank + 1)]
     if not rows:
         return None
     a = np.array(rows, dtype=np.int64).T
