@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -151,7 +152,7 @@ def evaluate(
     except (InputError, InfeasibleError) as exc:
         _fail(exc)
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(json.dumps(_finite(result), indent=2))
     else:
         _print_evaluation(result)
     if not result["fits"]:
@@ -163,6 +164,17 @@ def evaluate(
                    f"{_si(have, 'B')} of HBM less the reserve the calibration keeps free")
         Console(stderr=True).print(f"[bold red]does not fit:[/] {escape(why)}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)
+
+
+def _finite(obj):
+    """NaN and infinity as null, so that `--json` output is standard JSON."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def _print_evaluation(r: dict) -> None:
@@ -186,8 +198,9 @@ def _print_evaluation(r: dict) -> None:
     if r.get("tokens_per_s_band"):
         lo, hi = r["tokens_per_s_band"]
         band_t = f"; 80% band {_si(lo, 'tok/s')} - {_si(hi, 'tok/s')}"
-        lo, hi = r["usd_per_mtok_band"]
-        band_c = f"; 80% band {lo:.3g} - {hi:.3g}"
+        if r.get("usd_per_mtok_band"):
+            lo, hi = r["usd_per_mtok_band"]
+            band_c = f"; 80% band {lo:.3g} - {hi:.3g}"
     rows = [
         ("compute", _si(r["compute_s"], "s"), "weights 2 x active params + attention FLOPs"),
         ("memory", _si(r["memory_s"], "s"), "weight + KV bytes over HBM bandwidth"),

@@ -154,3 +154,15 @@ def test_progress_counts_move_to_the_total():
     seen.clear()
     dse.run(yaml.safe_load((root / "studies" / "kv_cache_tiers.yaml").read_text()), progress=lambda *a: seen.append(a))
     assert seen
+
+
+def test_a_system_without_a_price_of_the_kind_evaluates_with_no_cost():
+    for extra in ([], ["--prompt", "2000", "--output", "500"]):
+        r = dse("evaluate", "--model", "deepseek-v3", "--system", "mi355x", "--ep", "8", "--batch", "8", "--context",
+                "4096", "--price-kind", "on_demand", "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+        assert out["usd_per_mtok"] is None and out["usd_per_chip_hour"] is None and out["step_s"] > 0
+    r = dse("evaluate", "--model", "deepseek-v3", "--system", "mi355x", "--ep", "8", "--batch", "8", "--context",
+            "4096", "--price-kind", "on_demand")
+    assert r.returncode == 0 and "no on_demand price" in " ".join(r.stdout.split())

@@ -207,7 +207,8 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     else:  # from the leave-one-out residuals of `dse validate`: 10th-90th percentile of measured / predicted
         lo, hi = band
         out["tokens_per_s_band"] = [out["tokens_per_s"] * lo, out["tokens_per_s"] * hi]
-        out["usd_per_mtok_band"] = [out["usd_per_mtok"] / hi, out["usd_per_mtok"] / lo]
+        cost = out["usd_per_mtok"]  # None where the system has no price of the chosen kind
+        out["usd_per_mtok_band"] = None if cost is None else [cost / hi, cost / lo]
         tpot = out["tpot_s"]
         out["tpot_s_band"] = None if tpot is None else [tpot / hi, tpot / lo]
     return out
