@@ -111,6 +111,24 @@ def _result(value: float, wall: float) -> SolveResult:
     return SolveResult("optimal", "argmin", value, value, 0.0, wall, SOLVER_NAME)
 
 
+def _at_largest_batch(space: Space, tpot_max: float | None) -> tuple[pd.DataFrame, np.ndarray, dict]:
+    """The blocks that can serve under the TPOT target, each at its largest feasible batch per rank (where, by
+    the monotonicity above, its cost per token is least); InfeasibleError names what runs out.
+    """
+    if space.blocks.empty:
+        raise InfeasibleError(f"{space.model.id} / {space.workload.name}: {space.empty_reason}")
+    blocks = _feasible_blocks(space)
+    stats = {"blocks_feasible": len(blocks)}
+    if blocks.empty:
+        raise InfeasibleError(diagnose(space, tpot_max))
+    n = largest_batch(space, blocks, tpot_max)
+    ok = n >= blocks["n_lo"].to_numpy()
+    blocks, n = blocks[ok], n[ok]
+    if blocks.empty:
+        raise InfeasibleError(diagnose(space, tpot_max))
+    return blocks, n, stats
+
+
 def solve_serving(
     space: Space,
     tpot_max: float | None = None,
@@ -129,17 +147,7 @@ def solve_serving(
     are accepted for compatibility and unused: the argmin needs none of them.
     """
     t0 = time.perf_counter()
-    if space.blocks.empty:
-        raise InfeasibleError(f"{space.model.id} / {space.workload.name}: {space.empty_reason}")
-    blocks = _feasible_blocks(space)
-    stats = {"blocks_feasible": len(blocks)}
-    if blocks.empty:
-        raise InfeasibleError(diagnose(space, tpot_max))
-    hi = largest_batch(space, blocks, tpot_max)
-    ok = hi >= blocks["n_lo"].to_numpy()
-    blocks, hi = blocks[ok], hi[ok]
-    if blocks.empty:
-        raise InfeasibleError(diagnose(space, tpot_max))
+    blocks, hi, stats = _at_largest_batch(space, tpot_max)
     if objective == "cost":
         n = hi
     else:
@@ -180,14 +188,7 @@ def solve_demand(space: Space, demand: float, tpot_max: float | None, solver: st
     of ceil(demand / throughput) x USD/s per replica.
     """
     t0 = time.perf_counter()
-    blocks = _feasible_blocks(space)
-    if blocks.empty:
-        raise InfeasibleError(diagnose(space, tpot_max))
-    n = largest_batch(space, blocks, tpot_max)
-    ok = n >= blocks["n_lo"].to_numpy()
-    blocks, n = blocks[ok], n[ok]
-    if blocks.empty:
-        raise InfeasibleError(diagnose(space, tpot_max))
+    blocks, n, _ = _at_largest_batch(space, tpot_max)
     step, cost, _ = block_physics(space, blocks, n)
     tps = blocks["dp"].to_numpy() * n * blocks["pp"].to_numpy() / step
     price = np.array([space.systems[i].price_per_s for i in blocks["system_idx"]])
