@@ -67,3 +67,30 @@ def brute_force_choices(model: Architecture, opts) -> tuple[list, list]:
                                 continue
                             choices.append((si, lay, wd, kd, tier))
     return systems, choices
+
+
+def random_space(rng, moe: bool | None = None):
+    """A random model (MoE, dense or either) and small space options over the priced systems: the spaces the
+    brute-force references are run on (each test adds its own workload and targets)."""
+    import math
+
+    from dse.catalog.hardware import default_systems
+    from dse.catalog.models import default_models, get_model
+    from dse.optimize.space import SpaceOptions
+
+    names = sorted(m for m in default_models() if moe is None or get_model(m).is_moe == moe)
+    systems = sorted(s for s, v in default_systems().items() if not math.isnan(v.price_per_s))
+    model = get_model(names[rng.integers(len(names))])
+    opts = SpaceOptions(
+        systems=tuple(rng.choice(systems, size=rng.integers(1, 3), replace=False)),
+        weights_dtypes=tuple(rng.choice(["bf16", "fp8", "fp4"], size=rng.integers(1, 3), replace=False)),
+        kv_dtypes=tuple(rng.choice(["bf16", "fp8"], size=1)),
+        kv_tiers=("hbm",) if rng.random() < 0.7 else ("hbm", "host"),
+        tp=tuple(sorted(int(t) for t in rng.choice([1, 2, 4, 8], size=rng.integers(1, 3), replace=False))),
+        pp=(1,) if rng.random() < 0.6 else (1, 2),
+        max_racks=int(rng.integers(1, 3)),
+        max_chips_per_stage=int(rng.choice([8, 16, 72])),
+        max_batch_per_rank=int(rng.choice([8, 32, 96])),
+        ideal=bool(rng.random() < 0.4),
+    )
+    return model, opts

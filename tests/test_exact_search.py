@@ -7,38 +7,19 @@ physics' `layouts_for`), walks every batch per DP rank from 1 up, and calls the 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from helpers import brute_force_choices
+from helpers import brute_force_choices, random_space
 
-from dse.catalog.hardware import IDEAL, default_systems
-from dse.catalog.models import default_models, get_model
+from dse.catalog.hardware import IDEAL
 from dse.catalog.units import DTYPES
 from dse.optimize.serving import SOLVER_NAME, solve_demand, solve_serving
 from dse.optimize.space import SpaceOptions, Workload, build_space
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
 
-MODELS = sorted(default_models())
-SYSTEMS = sorted(s for s, v in default_systems().items() if not math.isnan(v.price_per_s))  # priced ones
-
 
 def random_case(rng: np.random.Generator, moe_only: bool = False):
-    names = [m for m in MODELS if get_model(m).is_moe] if moe_only else MODELS
-    model = get_model(names[rng.integers(len(names))])
-    opts = SpaceOptions(
-        systems=tuple(rng.choice(SYSTEMS, size=rng.integers(1, 3), replace=False)),
-        weights_dtypes=tuple(rng.choice(["bf16", "fp8", "fp4"], size=rng.integers(1, 3), replace=False)),
-        kv_dtypes=tuple(rng.choice(["bf16", "fp8"], size=1)),
-        kv_tiers=("hbm",) if rng.random() < 0.7 else ("hbm", "host"),
-        tp=tuple(sorted(int(t) for t in rng.choice([1, 2, 4, 8], size=rng.integers(1, 3), replace=False))),
-        pp=(1,) if rng.random() < 0.6 else (1, 2),
-        max_racks=int(rng.integers(1, 3)),
-        max_chips_per_stage=int(rng.choice([8, 16, 72])),
-        max_batch_per_rank=int(rng.choice([8, 32, 96])),
-        ideal=bool(rng.random() < 0.4),
-    )
+    model, opts = random_space(rng, moe=True if moe_only else None)
     tpot = None if rng.random() < 0.2 else float(rng.choice([0.005, 0.02, 0.05, 0.2]))
     ttft = None if rng.random() < 0.6 else float(rng.choice([0.5, 5.0, 60.0]))
     w = Workload("random", int(rng.choice([128, 2000, 32_000, 200_000])), int(rng.choice([16, 500])), tpot, ttft)

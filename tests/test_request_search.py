@@ -8,14 +8,11 @@ USD per request that fits, keeps up with its prefill and meets the request-level
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from helpers import brute_force_choices
+from helpers import brute_force_choices, random_space
 
-from dse.catalog.hardware import IDEAL, default_systems
-from dse.catalog.models import default_models, get_model
+from dse.catalog.hardware import IDEAL
 from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
 from dse.optimize.requests import SOLVER_NAME, evaluate_pairs, pairs, request_of, solve_requests
@@ -23,25 +20,9 @@ from dse.optimize.space import SpaceOptions, Workload, build_space
 from dse.physics.roofline import Candidates, ModelTable, SystemTable
 from dse.physics.serving import Request, aggregated
 
-MODELS = sorted(default_models())
-SYSTEMS = sorted(s for s, v in default_systems().items() if not math.isnan(v.price_per_s))  # priced ones
-
 
 def random_case(rng: np.random.Generator, moe: bool | None = None):
-    names = MODELS if moe is None else [m for m in MODELS if get_model(m).is_moe == moe]
-    model = get_model(names[rng.integers(len(names))])
-    opts = SpaceOptions(
-        systems=tuple(rng.choice(SYSTEMS, size=rng.integers(1, 3), replace=False)),
-        weights_dtypes=tuple(rng.choice(["bf16", "fp8", "fp4"], size=rng.integers(1, 3), replace=False)),
-        kv_dtypes=tuple(rng.choice(["bf16", "fp8"], size=1)),
-        kv_tiers=("hbm",) if rng.random() < 0.7 else ("hbm", "host"),
-        tp=tuple(sorted(int(t) for t in rng.choice([1, 2, 4, 8], size=rng.integers(1, 3), replace=False))),
-        pp=(1,) if rng.random() < 0.6 else (1, 2),
-        max_racks=int(rng.integers(1, 3)),
-        max_chips_per_stage=int(rng.choice([8, 16, 72])),
-        max_batch_per_rank=int(rng.choice([8, 32, 96])),
-        ideal=bool(rng.random() < 0.4),
-    )
+    model, opts = random_space(rng, moe)
     cap = rng.random()
     tpot = float(rng.choice([0.01, 0.03, 0.1, 0.3])) if cap < 0.7 else None
     ttft = float(rng.choice([0.5, 5.0, 60.0, 600.0])) if cap > 0.4 else None

@@ -51,19 +51,15 @@ def test_cheapest_1m_context_is_optimal_and_writes_every_output(cheapest_run):
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "Binding resource" in html and "src='http" not in html
     best = {e["model"]: e for e in summary["best"]}
-    assert set(best) == {"llama-4-maverick"}  # the catalog model with a published window of 1M tokens
+    assert set(best) == {"llama-4-maverick", "llama-3-8b-1048k"}  # the catalog's models with a 1M trained window
     assert summary["solver"]["name"] == "argmin (vectorized enumeration)"
     assert summary["price_kind"] == "on_demand" and "on_demand" in html and "No price" in html
     assert "mi355x" in summary["no_price"]  # no sourced on-demand price: left out, never proxied
+    modes = pd.read_csv(out / "serving.csv")
     for e in best.values():
         assert BEST_KEYS <= set(e) and REQUEST_KEYS <= set(e)
-        assert e["serving"] == "aggregated"
-        (pool,) = e["pools"]
-        assert pool["role"] == "both" and pool["replicas"] == 1
-        assert {k: pool[k] for k in POOL_KEYS} == {k: e[k] for k in POOL_KEYS}
-        # the targets hold on the request-level figures, which include queueing and prefill interference
+        # the targets hold on the request-level figures, which include queueing, KV transfer and interference
         assert e["context"] == 1_001_000 and e["tpot_s"] <= 0.1 * (1 + 1e-9) and e["ttft_s"] <= 300 * (1 + 1e-9)
-        assert e["tpot_s"] > 1.5 * e["step_tpot_s"]  # prefill chunks slow the decode steps they share
         assert e["bound"] == "memory" and e["kv_dtype"] == "fp8"  # KV reads dominate the decode step
         assert e["prefill_share"] > 0.6  # prefill is most of a 1M-token request's cost
         assert e["usd_per_request"] == pytest.approx(
@@ -71,8 +67,31 @@ def test_cheapest_1m_context_is_optimal_and_writes_every_output(cheapest_run):
         assert e["usd_per_mtok_blended"] == pytest.approx(e["usd_per_request"] / 1.001, rel=1e-9)
         assert e["binding"]
         assert e["price_kind"] == "on_demand" and e["price_is_estimate"] is False and e["power_w"] > 0
+        # both modes were searched; the chosen one is the cheaper
+        mine = modes[modes["model"] == e["model"]].set_index("serving")
+        assert set(mine.index) == {"aggregated", "disaggregated"}
+        assert e["usd_per_request"] == pytest.approx(mine["usd_per_request"].min(), rel=1e-12)
+        assert e["other_serving_usd_per_request"] >= e["usd_per_request"]
+        agg = mine.loc["aggregated"]
+        assert agg["tpot_s"] > 1.2 * agg["step_tpot_s"]  # prefill chunks slow the decode steps they share
+        if e["serving"] == "aggregated":
+            (pool,) = e["pools"]
+            assert pool["role"] == "both" and pool["replicas"] == 1
+            assert {k: pool[k] for k in POOL_KEYS} == {k: e[k] for k in POOL_KEYS}
+        else:
+            pre, dec = e["pools"]
+            assert (pre["role"], dec["role"]) == ("prefill", "decode")
+            layout = [k for k in POOL_KEYS if k not in ("chips", "racks")]  # chips: the deployment's, per decode replica
+            assert {k: dec[k] for k in layout} == {k: e[k] for k in layout}  # top level: the decode pool's layout
+            assert e["chips"] == pytest.approx(dec["chips"] + e["pool_ratio"] * pre["chips"])
+            assert pre["weights_dtype"] == dec["weights_dtype"] and pre["kv_dtype"] == dec["kv_dtype"]
+            assert pre["replicas"] / dec["replicas"] >= e["pool_ratio"] * (1 - 1e-9)  # whole pools cover the rate
+            # no prefill in the decode pool: its TPOT is the decode step at the mean context P + O/2 (the step
+            # figure is quoted at the last token's context P + O)
+            assert 0.99 * e["step_tpot_s"] <= e["tpot_s"] <= e["step_tpot_s"]
+            assert e["ttft_s"] >= e["prefill_service_s"] + e["kv_transfer_s"]
     for e in best.values():  # the demand is met by whole replicas
-        assert e["replicas"] * e["demand_config"]["batch"] >= 1
+        assert e["replicas"] >= 1
         assert e["usd_per_mtok_at_demand"] >= e["usd_per_mtok"] * (1 - 1e-9)
     systems = pd.read_csv(out / "systems.csv")
     # shipping systems with an on-demand price only: no announced part, no proxy price
@@ -81,19 +100,26 @@ def test_cheapest_1m_context_is_optimal_and_writes_every_output(cheapest_run):
 
 
 def test_dse_evaluate_reproduces_the_reported_best(cheapest_run):
-    """`dse evaluate --prompt --output` of each optimum gives its request-level figures and step figures."""
+    """`dse evaluate --prompt --output` of each aggregated optimum gives its request-level figures and step
+    figures; of a disaggregated optimum's decode pool, its decode step."""
     _, out = cheapest_run
     summary = json.loads((out / "summary.json").read_text())
-    for e in summary["best"]:
+    modes = pd.read_csv(out / "serving.csv")
+    rows = [dict(r, prompt=1_000_000, output=1000, context=1_001_000) for _, r in modes[modes["serving"] == "aggregated"].iterrows()]
+    assert rows
+    for e in [*rows, *summary["best"]]:
         ev = evaluate_config(Config(
-            model=e["model"], system=e["system"], batch=e["batch"], context=e["context"], tp=e["tp"], ep=e["ep"],
-            pp=e["pp"], dp=e["dp"], etp=e["etp"], weights_dtype=e["weights_dtype"], kv_dtype=e["kv_dtype"],
-            kv_tier=e["kv_tier"], prompt=e["prompt"], output=e["output"]))
+            model=e["model"], system=e["system"], batch=int(e["batch"]), context=int(e["context"]), tp=int(e["tp"]),
+            ep=int(e["ep"]), pp=int(e["pp"]), dp=int(e["dp"]), etp=int(e["etp"]), weights_dtype=e["weights_dtype"],
+            kv_dtype=e["kv_dtype"], kv_tier=e["kv_tier"], prompt=int(e["prompt"]), output=int(e["output"])))
+        assert ev["step_s"] == pytest.approx(e["step_tpot_s"], rel=1e-9)
+        assert ev["fits"]
+        if e["serving"] != "aggregated":
+            continue
         for key in ("usd_per_request", "ttft_s", "tpot_s", "usd_per_mtok_input", "usd_per_mtok_output",
                     "usd_per_mtok_blended", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "power_w"):
             assert ev[key] == pytest.approx(e[key], rel=1e-9), key
-        assert ev["step_s"] == pytest.approx(e["step_tpot_s"], rel=1e-9)
-        assert ev["fits"] and ev["prefill_keeps_up"]
+        assert ev["prefill_keeps_up"]
 
 
 def test_pareto_front_is_monotone_and_non_dominated(tmp_path):

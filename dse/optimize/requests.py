@@ -18,6 +18,7 @@ reports the solver as ``argmin (vectorized enumeration)`` with gap 0.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -30,7 +31,7 @@ from dse.optimize.serving import SOLVER_NAME, diagnose
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Choice, Space, _candidates, describe_choice, subset
 from dse.physics.roofline import ModelTable, SystemTable
-from dse.physics.serving import Request, aggregated
+from dse.physics.serving import Request, aggregated, decode_pool, disaggregated, prefill_pool, rho_for_ttft
 
 TOL = 1e-9
 CHUNK_PAIRS = 100_000
@@ -38,8 +39,9 @@ KEYS = ("usd_per_request", "ttft_s", "tpot_s", "requests_per_s", "usd_per_s", "p
 
 
 def request_of(space: Space) -> Request:
-    """The request of a space's workload (default chunk, no prefix cache, no speculation)."""
-    return Request(space.workload.prompt, space.workload.output)
+    """The request of a space's workload: lengths, prefix-cache share, prefill chunk and speculation."""
+    w = space.workload
+    return Request(w.prompt, w.output, w.cached, w.chunk, w.draft, w.accept)
 
 
 def pairs(blocks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -217,3 +219,282 @@ def solve_requests(space: Space, req: Request | None = None) -> RequestResult:
     if space.blocks.empty:
         raise InfeasibleError(f"{space.model.id} / {space.workload.name}: {space.empty_reason}")
     return pick(space, block_optima(space, req), t0=t0, req=req)
+
+
+# ---- disaggregated serving: a prefill pool and a decode pool -------------------------------------
+DECODE_KEYS = ("usd_per_request", "tpot_s", "requests_per_s", "usd_per_s", "chips", "decode_step_s",
+               "hbm_bytes_per_chip")
+PREFILL_KEYS = ("prefill_service_s", "servers", "kv_transfer_s", "usd_per_prompt", "usd_per_s", "chips",
+                "chip_s_per_prompt", "hbm_bytes_per_chip", "ring_s")
+
+
+def decode_pairs(space: Space, req: Request, chunk: int = CHUNK_PAIRS) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Every (block, n) of the space as a decode replica (`dse.physics.serving.decode_pool`): positions into
+    ``space.blocks``, n, and the metrics (``DECODE_KEYS`` plus ``fits``).
+    """
+    mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
+    eff = IDEAL if space.ideal else None
+    b = space.blocks
+    pos, n = pairs(b)
+    out = {k: np.empty(len(pos)) for k in DECODE_KEYS}
+    out["fits"] = np.zeros(len(pos), dtype=bool)
+    for s in range(0, len(pos), chunk):
+        sl = slice(s, s + chunk)
+        r = decode_pool(_candidates(b.iloc[pos[sl]], n[sl], space.workload.context), mt, st, req, eff)
+        for k in (*DECODE_KEYS, "fits"):
+            out[k][sl] = r[k]
+    return pos, n, out
+
+
+@dataclass
+class PrefillOptions:
+    """Every prefill configuration of a space: each distinct (system, layout, formats) block, without and with
+    context parallelism, at the highest utilisation its TTFT target allows (`rho_for_ttft`).
+
+    ``pos`` indexes ``space.blocks`` (KV-tier variants of a layout are one prefill configuration: the prefill
+    holds its prompt's KV in HBM), ``cp`` says whether the prompt is split over the DP ranks.
+    """
+
+    pos: np.ndarray
+    cp: np.ndarray
+    metrics: dict[str, np.ndarray]
+    rho: np.ndarray
+    ok: np.ndarray  # fits and meets the TTFT target (rho is a number)
+    fits: np.ndarray
+
+    @property
+    def usd_per_request(self) -> np.ndarray:
+        """Prefill cost per request: USD per prompt at full utilisation over the planned utilisation."""
+        return self.metrics["usd_per_prompt"] / self.rho
+
+    @property
+    def chip_s_per_request(self) -> np.ndarray:
+        return self.metrics["chip_s_per_prompt"] / self.rho
+
+
+def prefill_options(space: Space, req: Request, context_parallel: tuple[bool, ...] = (False, True)) -> PrefillOptions:
+    """Evaluate every prefill configuration of the space (`dse.physics.serving.prefill_pool`)."""
+    b = space.blocks
+    layout = ["system_idx", "tp", "dp", "ep", "etp", "pp", "wd", "kd"]
+    first = np.flatnonzero(~b.duplicated(subset=layout).to_numpy())
+    cps = [cp for cp in dict.fromkeys(context_parallel)]
+    pos = np.concatenate([first] * len(cps)) if len(first) else np.zeros(0, dtype=np.int64)
+    cp = np.repeat(np.array(cps, dtype=bool), len(first))
+    if not len(pos):
+        empty = {k: np.zeros(0) for k in PREFILL_KEYS}
+        return PrefillOptions(pos, cp, empty, np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool))
+    mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
+    sub = b.iloc[pos]
+    r = prefill_pool(_candidates(sub, np.ones(len(pos)), req.prompt), mt, st, req, cp,
+                     IDEAL if space.ideal else None)
+    metrics = {k: np.asarray(r[k], dtype=np.float64) for k in PREFILL_KEYS}
+    rho = rho_for_ttft(metrics["prefill_service_s"], metrics["kv_transfer_s"], space.workload.ttft_max)
+    ok = r["fits"] & np.isfinite(rho) & (rho > 0)
+    return PrefillOptions(pos, cp, metrics, rho, ok, np.asarray(r["fits"], dtype=bool))
+
+
+def _group_of(space: Space, pos: np.ndarray) -> np.ndarray:
+    """The numerics group (weights format, KV format) of blocks: both pools of a deployment must share it (the
+    same checkpoint computes both phases, and the KV crosses without conversion).
+    """
+    b = space.blocks
+    return b["wd"].to_numpy()[pos] * 16 + b["kd"].to_numpy()[pos]
+
+
+def best_prefill(space: Space, pre: PrefillOptions, score: np.ndarray) -> dict[int, int]:
+    """Per numerics group, the prefill option with the least ``score`` among those that are ``ok``."""
+    g = _group_of(space, pre.pos)
+    out: dict[int, int] = {}
+    s = np.where(pre.ok, score, np.inf)
+    for key in np.unique(g):
+        idx = np.flatnonzero(g == key)
+        i = idx[int(np.argmin(s[idx]))]
+        if np.isfinite(s[i]):
+            out[int(key)] = int(i)
+    return out
+
+
+@dataclass
+class DisaggregatedResult:
+    """The cheapest disaggregated deployment of one workload: a decode configuration and a prefill one."""
+
+    result: SolveResult
+    decode: Choice
+    prefill_block: int
+    context_parallel: bool
+    metrics: dict
+    pools: list[dict]
+    binding: str
+    stats: dict = field(default_factory=dict)
+
+
+def unit_replicas(ratio: float, within: float = 0.05, largest: int = 1000) -> tuple[int, int]:
+    """The smallest whole deployment (prefill replicas, decode replicas) whose prefill share is within
+    ``within`` of the fluid ratio (prefill replicas per decode replica) while covering it.
+    """
+    best = (max(1, math.ceil(ratio)), 1)
+    for d in range(1, largest + 1):
+        p = max(1, math.ceil(ratio * d * (1 - 1e-12)))
+        if p / (ratio * d) <= 1 + within:
+            return p, d
+        if p / d < best[0] / best[1]:
+            best = (p, d)
+    return best
+
+
+def disaggregated_metrics(space: Space, req: Request, dec_i: int, dpos: np.ndarray, dn: np.ndarray,
+                          pre: PrefillOptions, pre_i: int) -> dict:
+    """Request-level metrics of one (decode pair, prefill option) through `dse.physics.serving.disaggregated`."""
+    mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
+    eff = IDEAL if space.ideal else None
+    b = space.blocks
+    dec = decode_pool(_candidates(b.iloc[[dpos[dec_i]]], np.array([dn[dec_i]]), space.workload.context), mt, st,
+                      req, eff)
+    pr = prefill_pool(_candidates(b.iloc[[pre.pos[pre_i]]], np.ones(1), req.prompt), mt, st, req,
+                      np.array([pre.cp[pre_i]]), eff)
+    m = disaggregated(dec, pr, req, np.array([pre.rho[pre_i]]))
+    return {k: (float(np.asarray(v).ravel()[0]) if np.ndim(v) or isinstance(v, (float, int, np.number)) else v)
+            for k, v in m.items() if k != "serving"}
+
+
+@dataclass
+class DisaggregatedTables:
+    """Every decode pair and every prefill option of a space, evaluated once (masks pick among them)."""
+
+    req: Request
+    dpos: np.ndarray
+    dn: np.ndarray
+    dm: dict[str, np.ndarray]
+    dok: np.ndarray  # fits and meets the TPOT target
+    pre: PrefillOptions
+
+
+def disaggregated_tables(space: Space, req: Request | None = None,
+                         context_parallel: tuple[bool, ...] = (False, True)) -> DisaggregatedTables:
+    req = req or request_of(space)
+    dpos, dn, dm = decode_pairs(space, req)
+    dok = dm["fits"] & np.isfinite(dm["usd_per_request"]) & (dm["usd_per_request"] > 0)
+    if space.workload.tpot_max is not None:
+        dok &= dm["tpot_s"] <= space.workload.tpot_max * (1 + TOL)
+    return DisaggregatedTables(req, dpos, dn, dm, dok, prefill_options(space, req, context_parallel))
+
+
+def solve_disaggregated(space: Space, req: Request | None = None,
+                        context_parallel: tuple[bool, ...] = (False, True)) -> DisaggregatedResult:
+    """The disaggregated deployment with the least USD per request meeting the targets, exactly.
+
+    Why the argmin of each pool is exact. At the fluid pool ratio, USD per request = decode USD per request
+    (a decode replica's USD/s over its request rate) + prefill USD per request (a prefill replica's USD/s
+    x its service time / servers / rho). The decode term and the TPOT depend on the decode configuration
+    alone; the prefill term and the TTFT (service + M/D/1 wait at rho + KV transfer) on the prefill
+    configuration alone; memory is checked per pool. The only coupling is the numerics: both pools use
+    the same weights and KV formats. So, per (weights, KV) format group, the optimum is the cheapest
+    feasible decode pair (every integer batch of every block) plus the cheapest feasible prefill option
+    (every block, with and without context parallelism, at the highest utilisation the TTFT target
+    allows: the prefill cost falls as 1/rho), and the answer is the best group. `tests/test_disaggregated.py`
+    checks it against a brute force over every (prefill option, decode pair) combination.
+    """
+    t0 = time.perf_counter()
+    if space.blocks.empty:
+        raise InfeasibleError(f"{space.model.id} / {space.workload.name}: {space.empty_reason}")
+    return pick_disaggregated(space, disaggregated_tables(space, req, context_parallel), t0=t0)
+
+
+def pick_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarray | None = None,
+                       t0: float | None = None) -> DisaggregatedResult:
+    """The cheapest (decode pair, prefill option) whose blocks lie where ``mask`` (over ``space.blocks``) holds."""
+    t0 = time.perf_counter() if t0 is None else t0
+    w, pre = space.workload, t.pre
+    dok, pok = t.dok, pre.ok
+    if mask is not None:
+        dok = dok & mask[t.dpos]
+        pok = pok & mask[pre.pos]
+    bestp = best_prefill(space, pre, np.where(pok, pre.usd_per_request, np.inf))
+    dgroup = _group_of(space, t.dpos)
+    pre_cost = np.array([pre.usd_per_request[bestp[int(g)]] if int(g) in bestp else np.inf for g in dgroup])
+    total = np.where(dok, t.dm["usd_per_request"] + pre_cost, np.inf)
+    if not np.isfinite(total).any():
+        raise InfeasibleError(diagnose_disaggregated(space, t, mask))
+    i = int(np.argmin(total))
+    j = bestp[int(dgroup[i])]
+    metrics = disaggregated_metrics(space, t.req, i, t.dpos, t.dn, pre, j)
+    block = int(space.blocks.index[t.dpos[i]])
+    choice = Choice(block, int(t.dn[i]), metrics["tpot_s"], metrics["usd_per_request"])
+    pools = deployment_pools(space, choice, int(space.blocks.index[pre.pos[j]]), bool(pre.cp[j]), metrics, t.req)
+    n_hi = int(space.blocks["n_hi"].iloc[t.dpos[i]])
+    nxt = None
+    if t.dn[i] < n_hi:
+        nxt = {"stable": True, "tpot_s": t.dm["tpot_s"][i + 1], "ttft_s": 0.0}
+    binding = _binding(int(t.dn[i]), n_hi, int(space.stats.get("max_batch_per_rank", 0)) or None, nxt, w.tpot_max,
+                       None)
+    res = SolveResult("optimal", "argmin", float(total[i]), float(total[i]), 0.0, time.perf_counter() - t0,
+                      SOLVER_NAME)
+    return DisaggregatedResult(res, choice, int(space.blocks.index[pre.pos[j]]), bool(pre.cp[j]), metrics, pools,
+                               binding, {"decode_pairs_evaluated": len(t.dpos), "prefill_options": len(pre.pos)})
+
+
+def deployment_pools(space: Space, decode: Choice, prefill_block: int, cp: bool, metrics: dict,
+                     req: Request) -> list[dict]:
+    """The two pools of a disaggregated deployment as the output contract lists them, with the smallest whole
+    deployment (prefill and decode replicas) within 5% of the fluid pool ratio.
+    """
+    ratio = metrics["prefill_replicas"]
+    p, d = unit_replicas(ratio)
+    dec = describe_choice(space, decode)
+    pre = describe_choice(space, Choice(prefill_block, 1, math.nan, math.nan))
+    pre.update(batch=pre["dp"] if not cp else 1, context=req.prompt, kv_tier="hbm")
+    keys = ("system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier")
+    return [{"role": "prefill", "replicas": p, "context_parallel": cp, "utilisation": metrics["prefill_rho"],
+             **{k: pre[k] for k in keys}},
+            {"role": "decode", "replicas": d, **{k: dec[k] for k in keys}}]
+
+
+def diagnose_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarray | None = None) -> str:
+    """Which pool runs out, and of what, when no disaggregated deployment is feasible."""
+    w, pre = space.workload, t.pre
+    dfit = t.dm["fits"] if mask is None else t.dm["fits"] & mask[t.dpos]
+    dok = t.dok if mask is None else t.dok & mask[t.dpos]
+    pin = np.ones(len(pre.pos), dtype=bool) if mask is None else mask[pre.pos]
+    head = (f"no feasible disaggregated deployment for {space.model.id} / {w.name} (prompt {w.prompt:,}, output "
+            f"{w.output:,} tokens)")
+    if not dfit.any():
+        return diagnose(space if mask is None else subset(space, mask), w.tpot_max)
+    if not dok.any():
+        tp = float(np.min(np.where(dfit, t.dm["tpot_s"], np.inf)))
+        return (f"{head}: the TPOT target runs out in the decode pool. The fastest decode TPOT is {tp * 1e3:.3g} ms, "
+                f"{(tp - (w.tpot_max or 0)) * 1e3:.3g} ms over the {(w.tpot_max or 0) * 1e3:g} ms target")
+    if not (pre.ok & pin).any() and w.ttft_max is not None:
+        tt = np.where(pin & pre.fits, pre.metrics["prefill_service_s"] + pre.metrics["kv_transfer_s"], np.inf)
+        k = int(np.argmin(tt))
+        if np.isfinite(tt[k]):
+            return (f"{head}: the TTFT target runs out in the prefill pool. The fastest prefill plus KV transfer "
+                    f"({space.blocks.iloc[pre.pos[k]]['system']}, {int(pre.metrics['chips'][k])} chips"
+                    f"{', context parallel' if pre.cp[k] else ''}) takes {tt[k]:.3g} s with no queue, "
+                    f"{tt[k] - w.ttft_max:.3g} s over the {w.ttft_max:g} s target")
+    return (f"{head}: HBM capacity runs out in the prefill pool (no layout holds one {w.prompt:,}-token prompt's KV "
+            "and activations) or no prefill layout shares a (weights, KV) format with a feasible decode layout")
+
+
+def disaggregated_demand(space: Space, t: DisaggregatedTables, demand: float) -> dict | None:
+    """The cheapest whole disaggregated deployment for ``demand`` output tokens/s, exactly: with the request rate
+    Lambda = demand / O, the decode pool needs ceil(Lambda / lambda) replicas of its configuration and the
+    prefill pool ceil(Lambda S / (servers rho)) of its own; each count and cost depends on its pool's
+    configuration alone, so per format group the optimum is the cheapest decode pair plus the cheapest
+    prefill option (None if no pair is feasible).
+    """
+    pre = t.pre
+    lam = demand / t.req.output
+    d_n = np.ceil(lam / t.dm["requests_per_s"] * (1 - 1e-12))
+    d_cost = np.where(t.dok, d_n * t.dm["usd_per_s"], np.inf)
+    p_n = np.ceil(lam * pre.metrics["prefill_service_s"] / (pre.metrics["servers"] * pre.rho) * (1 - 1e-12))
+    p_cost = np.where(pre.ok, p_n * pre.metrics["usd_per_s"], np.inf)
+    bestp = best_prefill(space, pre, p_cost)
+    dgroup = _group_of(space, t.dpos)
+    total = d_cost + np.array([p_cost[bestp[int(g)]] if int(g) in bestp else np.inf for g in dgroup])
+    if not np.isfinite(total).any():
+        return None
+    i = int(np.argmin(total))
+    j = bestp[int(dgroup[i])]
+    return {"decode_pos": int(t.dpos[i]), "n": int(t.dn[i]), "decode_replicas": int(d_n[i]),
+            "prefill_pos": int(pre.pos[j]), "context_parallel": bool(pre.cp[j]), "prefill_replicas": int(p_n[j]),
+            "usd_per_s": float(total[i])}

@@ -27,6 +27,7 @@ from dse.catalog.units import DTYPES
 from dse.physics.codes import KV_TIERS
 from dse.physics.layout import Layout, layouts_for
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
+from dse.physics.serving import DEFAULT_CHUNK
 
 SATURATION = 1e-12  # an expert left untouched this rarely counts as always read
 
@@ -41,6 +42,10 @@ class Workload:
     tpot_max: float | None = None
     ttft_max: float | None = None
     demand: float | None = None  # output tokens per second the deployment must serve
+    cached: float = 0.0  # share of the prompt served from a prefix cache (not recomputed by the prefill)
+    chunk: int = DEFAULT_CHUNK  # chunked-prefill budget per DP rank per forward pass (aggregated serving)
+    draft: int = 0  # speculative / MTP draft tokens verified per decode pass
+    accept: float = 1.0  # mean tokens emitted per decode pass (1 <= accept <= draft + 1)
 
     @property
     def context(self) -> int:

@@ -238,7 +238,8 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
     the KV hand-off time, and its USD per prompt at full utilisation (divide by rho for a pool).
 
     ``cand.batch`` is ignored (one prompt per DP rank, or one per replica with context parallelism).
-    Memory is checked for one prompt's KV and the chunk's activations per DP rank.
+    Memory is checked for one prompt's KV (1/DP of it per chip with context parallelism) and the
+    chunk's activations per DP rank.
     """
     c = cand.broadcast()
     e = _eff(c, systems, eff)
@@ -261,10 +262,13 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
     transfer = kv_chip / cp / xfer_bw  # every chip sends its share of the prompt's KV in parallel
     chips = pre["chips"]
     usd_per_s = chips * systems.price_per_s[sys_idx]
+    # memory: with context parallelism each chip holds 1/cp of its prompt's KV
+    hbm = pre["hbm_bytes_per_chip"] - kv_chip * (1.0 - 1.0 / cp)
+    fits = hbm <= systems.hbm_capacity[sys_idx] * e.hbm_usable
     return {"prefill_service_s": service, "servers": servers, "kv_transfer_s": transfer,
             "usd_per_prompt": usd_per_s * service / servers, "chips": chips, "usd_per_s": usd_per_s,
-            "fits": pre["fits"], "ring_s": ring, "context_parallel": cp > 1,
-            "power_per_chip": systems.power_all_in[sys_idx]}
+            "chip_s_per_prompt": chips * service / servers, "fits": fits, "hbm_bytes_per_chip": hbm,
+            "ring_s": ring, "context_parallel": cp > 1, "power_per_chip": systems.power_all_in[sys_idx]}
 
 
 def mdl_wait(rho: np.ndarray, service: np.ndarray) -> np.ndarray:

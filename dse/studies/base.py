@@ -18,6 +18,7 @@ from dse.catalog.loading import read_yaml, validation_message
 from dse.catalog.models import default_models
 from dse.errors import InputError, unknown_name_message
 from dse.optimize.space import SpaceOptions, Workload
+from dse.physics.serving import DEFAULT_CHUNK
 
 
 class _Strict(BaseModel):
@@ -51,14 +52,28 @@ class WorkloadSpec(_Strict):
     tpot_max_s: float | None = Field(default=None, gt=0, le=3600)
     ttft_max_s: float | None = Field(default=None, gt=0, le=86400)
     demand_tokens_per_s: float | None = Field(default=None, gt=0, le=1e13)
+    cached_prompt_share: float = Field(default=0.0, ge=0, lt=1, description="share of the prompt served from a "
+                                       "prefix cache (not recomputed)")
+    chunk_tokens: int = Field(default=DEFAULT_CHUNK, ge=16, le=1_048_576,
+                              description="chunked-prefill budget per DP rank per forward pass")
+    draft_tokens: int = Field(default=0, ge=0, le=16, description="speculative / MTP draft tokens per decode pass")
+    accept_length: float = Field(default=1.0, ge=1, le=17, description="mean tokens emitted per decode pass")
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         return plain_name(v)
 
+    @model_validator(mode="after")
+    def _speculation(self) -> WorkloadSpec:
+        if self.accept_length > self.draft_tokens + 1:
+            raise ValueError(f"accept_length ({self.accept_length:g}) must be at most draft_tokens + 1 "
+                             f"({self.draft_tokens + 1})")
+        return self
+
     def workload(self) -> Workload:
-        return Workload(self.name, self.prompt, self.output, self.tpot_max_s, self.ttft_max_s, self.demand_tokens_per_s)
+        return Workload(self.name, self.prompt, self.output, self.tpot_max_s, self.ttft_max_s, self.demand_tokens_per_s,
+                        self.cached_prompt_share, self.chunk_tokens, self.draft_tokens, self.accept_length)
 
 
 class SpaceSpec(_Strict):
@@ -78,6 +93,11 @@ class SpaceSpec(_Strict):
     ideal: bool = False
     weight_only: bool = False
     """Offer weight formats a chip has no tensor units for (weight-only quantization, dequantized)."""
+    serving: list[Literal["aggregated", "disaggregated"]] = Field(default=["aggregated", "disaggregated"],
+                                                                   min_length=1, max_length=2)
+    """Deployments searched: aggregated replicas, and a prefill pool with a decode pool."""
+    context_parallel: bool = True
+    """Whether a prefill pool may split a prompt over its DP ranks (ring attention)."""
 
     @field_validator("weights_dtypes", "kv_dtypes", "kv_tiers", "tp", "pp")
     @classmethod

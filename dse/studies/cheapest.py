@@ -1,7 +1,8 @@
-"""``kind: cheapest``: the cost optimum of every (model, workload), the fleet for its demand, and the
-best configuration of every system, on the request-level objective: USD per request of an
-aggregated replica (prefill counted, TTFT and TPOT targets on the request-level figures), found by
-`dse.optimize.requests` over every (block, batch) pair of the space.
+"""``kind: cheapest``: the cost optimum of every (model, workload), the deployment for its demand, and
+the best deployment of every system, on the request-level objective: USD per request (prefill
+counted, TTFT and TPOT targets on the request-level figures) of aggregated replicas and of
+disaggregated prefill and decode pools (``space.serving``), found by `dse.optimize.requests` over
+every (block, batch) pair of the space. Table ``serving`` gives each mode's optimum side by side.
 """
 
 from __future__ import annotations
@@ -12,10 +13,19 @@ import numpy as np
 import pandas as pd
 
 from dse.errors import InfeasibleError
-from dse.optimize.requests import block_optima, pick
+from dse.optimize.requests import disaggregated_demand
 from dse.optimize.space import Choice, Space, describe_choice
 from dse.studies.base import StudySpec
-from dse.studies.common import CONFIG_KEYS, METRICS, Plot, Progress, StudyOutput, entry, run_serving
+from dse.studies.common import (
+    CONFIG_KEYS,
+    METRICS,
+    Plot,
+    Progress,
+    StudyOutput,
+    mode_tables,
+    pick_modes,
+    run_serving,
+)
 from dse.studies.plotting import TIME_BREAKDOWN, plt, save
 
 USES_STORAGE = False
@@ -26,40 +36,86 @@ class Spec(StudySpec):
     """A cheapest-configuration study: the common fields only."""
 
 
+ROW_KEYS = ("serving", "chips", "racks", *CONFIG_KEYS[2:], *METRICS, "usd_per_request", "usd_per_mtok_input",
+            "usd_per_mtok_output", "usd_per_mtok_blended", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
+            "prefill_share", "bound", "binding", "calibration", "price_is_estimate")
+MODE_KEYS = ("etp", "step_tpot_s", "step_ttft_s", "power_w", "price_kind", "pool_ratio", "prefill_utilisation",
+             "context_parallel", "kv_transfer_s")
+"""Besides ROW_KEYS, what the ``serving`` table gives of each mode's optimum (the decode pool's layout for a
+disaggregated one, with its pools spelled out in ``pools``)."""
+
+
+def _demand(space: Space, tables, e: dict, demand: float) -> None:
+    """The cheapest whole deployment for the workload's demand in the chosen mode, added to its entry."""
+    e["demand_tokens_per_s"] = demand
+    if e["serving"] == "aggregated" and tables.aggregated is not None and tables.aggregated.demand is not None:
+        d = tables.aggregated.demand
+        opt = tables.aggregated
+        choice = Choice(int(opt.blocks.index[d["pos"]]), d["n"], float("nan"), float("nan"))
+        e["replicas"] = d["replicas"]
+        e["usd_per_mtok_at_demand"] = d["usd_per_s"] / demand * 1e6
+        e["demand_config"] = describe_choice(space, choice)
+        e["demand_chips"] = d["replicas"] * int(opt.blocks.iloc[d["pos"]]["chips"])
+    elif e["serving"] == "disaggregated" and tables.disaggregated is not None:
+        d = disaggregated_demand(space, tables.disaggregated, demand)
+        if d is None:
+            return
+        b = space.blocks
+        dec = describe_choice(space, Choice(int(b.index[d["decode_pos"]]), d["n"], float("nan"), float("nan")))
+        pre = describe_choice(space, Choice(int(b.index[d["prefill_pos"]]), 1, float("nan"), float("nan")))
+        e["replicas"] = d["decode_replicas"]
+        e["prefill_replicas_at_demand"] = d["prefill_replicas"]
+        e["usd_per_mtok_at_demand"] = d["usd_per_s"] / demand * 1e6
+        e["demand_config"] = {"decode": dec, "prefill": {**pre, "context_parallel": d["context_parallel"]}}
+        e["demand_chips"] = d["decode_replicas"] * dec["chips"] + d["prefill_replicas"] * pre["chips"]
+
+
 def solve_one(space: Space, spec: StudySpec, out: StudyOutput, ideal: bool) -> None:
     w = space.workload
     if space.blocks.empty:
         raise InfeasibleError(f"{space.model.id} / {w.name}: {space.empty_reason}")
-    opt = block_optima(space, demand=w.demand)  # every (block, batch) pair, evaluated once
-    res = pick(space, opt)
-    e = entry(space, res, ideal)
-    if w.demand is not None and opt.demand is not None:
-        d = opt.demand
-        row = opt.blocks.iloc[d["pos"]]
-        choice = Choice(int(opt.blocks.index[d["pos"]]), d["n"], float("nan"), float("nan"))
-        e["demand_tokens_per_s"] = w.demand
-        e["replicas"] = d["replicas"]
-        e["usd_per_mtok_at_demand"] = d["usd_per_s"] / w.demand * 1e6
-        e["demand_config"] = describe_choice(space, choice)
-        e["demand_chips"] = d["replicas"] * int(row["chips"])
+    tables = mode_tables(space, spec, demand=w.demand)  # every (block, batch) pair, evaluated once per mode
+    found, reasons = pick_modes(space, tables, ideal)
+    if not found:
+        raise InfeasibleError("; ".join(reasons))
+    out.summary["_results"] += [r.result for _, r in found]
+    e = found[0][0]
+    if len(found) > 1:
+        alt = found[1][0]
+        e["other_serving"] = alt["serving"]
+        e["other_serving_usd_per_request"] = alt["usd_per_request"]
+    if w.demand is not None:
+        _demand(space, tables, e, w.demand)
     out.summary["best"].append(e)
-    out.summary["_results"].append(res.result)
+    modes = []
+    for me, _ in found:
+        modes.append({"model": space.model.id, "workload": w.name, "status": "optimal", "reason": "",
+                      "system": me["system"], **{k: me.get(k) for k in (*ROW_KEYS, *MODE_KEYS)},
+                      "pools": "; ".join(_pool_text(p) for p in me["pools"])})
+    for reason in reasons:
+        modes.append({"model": space.model.id, "workload": w.name, "serving": reason.split(":")[0],
+                      "status": "infeasible", "reason": reason})
+    out.tables.setdefault("serving", []).extend(modes)
     rows = []
     sys_idx = space.blocks["system_idx"].to_numpy()
     for si, system in enumerate(space.systems):
         row = {"model": space.model.id, "workload": w.name, "system": system.id}
-        try:
-            r = pick(space, opt, mask=sys_idx == si)
-        except InfeasibleError as exc:
-            row.update(status="infeasible", reason=str(exc))
+        got, why = pick_modes(space, tables, ideal, mask=sys_idx == si)
+        if not got:
+            row.update(status="infeasible", reason="; ".join(why))
         else:
+            se, r = got[0]
             out.summary["_results"].append(r.result)
-            se = entry(space, r, ideal)
             row.update(status=r.result.status, reason="")
-            row.update({k: se[k] for k in ("chips", "racks", *CONFIG_KEYS[2:], *METRICS, "usd_per_request",
-                                             "prefill_share", "bound", "binding", "calibration", "price_is_estimate")})
+            row.update({k: se.get(k) for k in ROW_KEYS})
         rows.append(row)
     out.tables.setdefault("systems", []).extend(rows)
+
+
+def _pool_text(p: dict) -> str:
+    cp = ", context parallel" if p.get("context_parallel") else ""
+    return (f"{p['role']} x{p['replicas']}: {p['chips']} x {p['system']} TP{p['tp']} DP{p['dp']} EP{p['ep']} "
+            f"PP{p['pp']} batch {p['batch']}{cp}")
 
 
 def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
@@ -86,7 +142,7 @@ def _cost_by_system(out: StudyOutput, path: Path) -> None:
         for yi in y[~ok]:
             ax.text(0.01, yi, "infeasible", transform=ax.get_yaxis_transform(), va="center", fontsize=8, color="#b00")
         ax.set_yticks(y, g["system"], fontsize=8)
-        ax.set_xlabel("USD per request, prefill included (best aggregated configuration of each system)")
+        ax.set_xlabel("USD per request, prefill included (best deployment of each system)")
         ax.set_title(f"{model} / {workload}", fontsize=10)
     save(fig, path)
 

@@ -17,9 +17,19 @@ from dse.catalog.calibration import family_of
 from dse.catalog.hardware import System, default_systems
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError
-from dse.optimize.requests import RequestResult
+from dse.optimize.requests import (
+    BlockOptima,
+    DisaggregatedResult,
+    DisaggregatedTables,
+    RequestResult,
+    block_optima,
+    disaggregated_tables,
+    pick,
+    pick_disaggregated,
+    request_of,
+)
 from dse.optimize.serving import ServingResult, solve_serving
-from dse.optimize.space import Space, build_space
+from dse.optimize.space import Space, build_space, describe_choice
 from dse.physics.evaluate import Config, evaluate_config
 from dse.studies.base import StudySpec
 
@@ -180,6 +190,80 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool) -> dict
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out
+
+
+def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool) -> dict:
+    """A disaggregated optimum as the contract names it: the decode pool's configuration and step figures at the
+    top level (as an aggregated entry has its replica's), the request-level keys of the whole deployment
+    (prefill pool at its planned utilisation, KV transfer in TTFT, costs of both pools), and ``pools``.
+    """
+    system = next(s for s in space.systems if s.id == res.pools[1]["system"])
+    pre_sys = next(s for s in space.systems if s.id == res.pools[0]["system"])
+    cfg = describe_choice(space, res.decode)
+    out = config_entry(space.model.id, space.workload.name, space.workload.prompt, cfg, ideal,
+                       output=space.workload.output, request_level=True, system=system)
+    m = res.metrics
+    for key in ("ttft_s", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "usd_per_request",
+                "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended", "chips", "power_w",
+                "prefill_share", "kv_transfer_s"):
+        out[key] = m[key]
+    out["serving"] = "disaggregated"
+    out["usd_per_mtok"] = m["usd_per_request"] / space.workload.output * 1e6
+    out["tokens_per_s"] = m["tokens_per_s_per_gpu"] * m["chips"]
+    out["pool_ratio"] = m["prefill_replicas"]  # prefill replicas per decode replica (fluid)
+    out["prefill_utilisation"] = m["prefill_rho"]
+    out["prefill_service_s"] = m["prefill_service_s"]
+    out["context_parallel"] = res.context_parallel
+    out["pools"] = res.pools
+    out["price_is_estimate"] = bool(system.price_is_estimate or pre_sys.price_is_estimate)
+    cal = {family_of(s.id) or "uncalibrated family" for s in (system, pre_sys)}
+    out["calibration"] = "uncalibrated family" if "uncalibrated family" in cal else ", ".join(sorted(cal))
+    out["binding"] = res.binding
+    out["solver_status"] = res.result.status
+    out["gap"] = res.result.gap
+    return out
+
+
+@dataclass
+class ModeTables:
+    """The evaluated pairs of each searched deployment mode of one space (evaluated once, masked per question)."""
+
+    aggregated: BlockOptima | None
+    disaggregated: DisaggregatedTables | None
+
+
+def mode_tables(space: Space, spec: StudySpec, demand: float | None = None) -> ModeTables:
+    """Evaluate the space once per deployment mode the study searches (``space.serving``)."""
+    modes = spec.space.serving
+    req = request_of(space)
+    agg = block_optima(space, req, demand=demand) if "aggregated" in modes else None
+    cps = (False, True) if spec.space.context_parallel else (False,)
+    dis = disaggregated_tables(space, req, cps) if "disaggregated" in modes else None
+    return ModeTables(agg, dis)
+
+
+def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray | None = None
+               ) -> tuple[list[tuple[dict, object]], list[str]]:
+    """The optimum of each searched mode where ``mask`` holds: (entry, result) pairs, cheapest first, and the
+    reason of each mode that has none.
+    """
+    found, reasons = [], []
+    if tables.aggregated is not None:
+        try:
+            r = pick(space, tables.aggregated, mask=mask)
+        except InfeasibleError as exc:
+            reasons.append(f"aggregated: {exc}")
+        else:
+            found.append((entry(space, r, ideal), r))
+    if tables.disaggregated is not None:
+        try:
+            d = pick_disaggregated(space, tables.disaggregated, mask=mask)
+        except InfeasibleError as exc:
+            reasons.append(f"disaggregated: {exc}")
+        else:
+            found.append((disaggregated_entry(space, d, ideal), d))
+    found.sort(key=lambda fr: fr[0]["usd_per_request"])
+    return found, reasons
 
 
 def solve_space(space: Space, spec: StudySpec, tpot: float | None, **kw) -> ServingResult:

@@ -1,0 +1,140 @@
+"""The disaggregated search (`dse.optimize.requests.solve_disaggregated`) against an independent brute force.
+
+The brute force shares no code with the space builder or the search: it lists the layouts itself
+(`helpers.brute_force_choices`), evaluates every decode replica at every batch per DP rank from 1 to
+the study's cap and every prefill replica with and without context parallelism through the
+request-level physics (`decode_pool`, `prefill_pool`, `rho_for_ttft`, `disaggregated`), and keeps
+the cheapest USD per request over every (prefill, decode) combination whose pools share their
+weights and KV formats, fit, and meet the TPOT and TTFT targets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import brute_force_choices, random_space
+
+from dse.catalog.hardware import IDEAL
+from dse.catalog.units import DTYPES
+from dse.errors import InfeasibleError
+from dse.optimize.requests import SOLVER_NAME, solve_disaggregated
+from dse.optimize.space import Workload, build_space
+from dse.physics.roofline import Candidates, ModelTable, SystemTable
+from dse.physics.serving import Request, decode_pool, disaggregated, prefill_pool, rho_for_ttft
+
+
+def random_case(rng: np.random.Generator, moe: bool | None = None):
+    model, opts = random_space(rng, moe)
+    tpot = float(rng.choice([0.01, 0.03, 0.1, 0.3])) if rng.random() < 0.7 else None
+    ttft = float(rng.choice([0.3, 2.0, 30.0, 600.0])) if rng.random() < 0.7 else None
+    w = Workload("random", int(rng.choice([128, 2000, 32_000, 200_000])), int(rng.choice([16, 500])), tpot, ttft)
+    return model, w, opts
+
+
+def _cand(rows: list[tuple], context: int) -> Candidates:
+    a = np.array(rows, dtype=np.int64).T
+    return Candidates(model=0, system=a[0], tp=a[1], dp=a[2], ep=a[3], etp=a[4], pp=a[5], batch=a[2] * a[9],
+                      context=context, weights_dtype=a[6], kv_dtype=a[7], kv_tier=a[8])
+
+
+def brute_force(model, w: Workload, opts):
+    """The least USD per request of a disaggregated deployment (None if none) and its metrics."""
+    systems, choices = brute_force_choices(model, opts)
+    if not choices:
+        return None
+    mt, st = ModelTable.build([model]), SystemTable.build(systems)
+    eff = IDEAL if opts.ideal else None
+    req = Request(w.prompt, w.output)
+    rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), int(tier == "host"), n)
+            for si, lay, wd, kd, tier in choices for n in range(1, opts.max_batch_per_rank + 1)]
+    dec = decode_pool(_cand(rows, w.prompt + w.output), mt, st, req, eff)
+    d_ok = dec["fits"] & np.isfinite(dec["usd_per_request"])
+    if w.tpot_max is not None:
+        d_ok &= dec["tpot_s"] <= w.tpot_max * (1 + 1e-9)
+    pre_rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), 0, 1)
+                for si, lay, wd, kd, tier in choices if tier == "hbm"] * 2
+    cp = np.repeat([False, True], len(pre_rows) // 2)
+    pre = prefill_pool(_cand(pre_rows, w.prompt), mt, st, req, cp, eff)
+    rho = rho_for_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], w.ttft_max)
+    p_ok = pre["fits"] & np.isfinite(rho)
+    best = None
+    for j in np.flatnonzero(p_ok):  # every prefill option against every decode pair of the same formats
+        same = d_ok & (np.array([r[6] for r in rows]) == pre_rows[j][6]) & (np.array([r[7] for r in rows]) == pre_rows[j][7])
+        if not same.any():
+            continue
+        one = {k: (v[j] if np.ndim(v) else v) for k, v in pre.items()}
+        m = disaggregated({k: (v[same] if np.ndim(v) else v) for k, v in dec.items()}, one, req, rho[j])
+        i = int(np.argmin(m["usd_per_request"]))
+        if best is None or m["usd_per_request"][i] < best[0]:
+            best = (float(m["usd_per_request"][i]), {k: np.asarray(v)[i] if np.ndim(v) else v for k, v in m.items()})
+    return best
+
+
+@pytest.mark.parametrize("chunk", range(3))
+def test_disaggregated_optimum_equals_brute_force(chunk):
+    """60 random spaces (MoE below and above saturation, dense; TPOT and TTFT caps; ideal and calibrated)."""
+    rng = np.random.default_rng(3100 + chunk)
+    cases = [random_case(rng, moe=True) for _ in range(10)] + [random_case(rng, moe=False) for _ in range(6)]
+    cases += [random_case(rng) for _ in range(4)]
+    agree = feasible = 0
+    for model, w, opts in cases:
+        ref = brute_force(model, w, opts)
+        space = build_space(model, w, opts)
+        if ref is None:
+            with pytest.raises(InfeasibleError, match="no feasible|design space is empty"):
+                solve_disaggregated(space)
+            continue
+        feasible += 1
+        r = solve_disaggregated(space)
+        assert r.metrics["usd_per_request"] == pytest.approx(ref[0], rel=1e-9), (model.id, w, opts)
+        for key in ("ttft_s", "tpot_s"):  # the chosen deployment meets the targets as the physics states them
+            target = w.ttft_max if key == "ttft_s" else w.tpot_max
+            assert target is None or r.metrics[key] <= target * (1 + 1e-9)
+        assert r.result.solver == SOLVER_NAME and r.result.gap == 0
+        roles = [p["role"] for p in r.pools]
+        assert roles == ["prefill", "decode"] and all(p["replicas"] >= 1 for p in r.pools)
+        assert r.pools[0]["weights_dtype"] == r.pools[1]["weights_dtype"]
+        assert r.pools[0]["kv_dtype"] == r.pools[1]["kv_dtype"]
+        agree += 1
+    print(f"disaggregated brute force: {agree} of {feasible} feasible spaces agree ({len(cases)} spaces)")
+    assert feasible >= 6 and agree == feasible
+
+
+def test_context_parallel_prefill_serves_long_prompts_faster():
+    """Splitting a long prompt over the DP ranks of a prefill replica divides its service time (the ring's KV
+    traffic overlapped), so a tight TTFT target on a long prompt is met only with context parallelism."""
+    from dse.catalog.models import get_model
+    from dse.optimize.space import SpaceOptions
+
+    model = get_model("llama-3.1-8b")
+    opts = SpaceOptions(systems=("h100",), weights_dtypes=("fp8",), kv_dtypes=("fp8",), kv_tiers=("hbm",),
+                        tp=(1,), pp=(1,), max_racks=1, max_chips_per_stage=8, max_batch_per_rank=64, ideal=True)
+    plain = solve_disaggregated(build_space(model, Workload("long", 120_000, 200), opts), context_parallel=(False,))
+    target = plain.metrics["prefill_service_s"] * 0.5
+    space = build_space(model, Workload("long", 120_000, 200, None, target), opts)
+    with pytest.raises(InfeasibleError, match="TTFT target runs out in the prefill pool"):
+        solve_disaggregated(space, context_parallel=(False,))
+    r = solve_disaggregated(space)
+    assert r.context_parallel and r.metrics["ttft_s"] <= target * (1 + 1e-9)
+    assert r.pools[0]["context_parallel"] and r.pools[0]["dp"] > 1
+
+
+def test_disaggregated_metrics_recompute_from_their_parts():
+    """The optimum's request-level metrics recompute from their parts: input plus output cost is the request's,
+    blended is the request's cost over all its tokens, per-user speed is 1 / TPOT, and the prefill pool's
+    ratio serves the decode pool's request rate at the planned utilisation."""
+    from dse.catalog.models import get_model
+    from dse.optimize.space import SpaceOptions
+
+    model = get_model("llama-3.1-70b")
+    w = Workload("chat", 4000, 500, 0.05, 5.0)
+    space = build_space(model, w, SpaceOptions(systems=("h200",), pp=(1,), max_batch_per_rank=128))
+    r = solve_disaggregated(space)
+    m = r.metrics
+    assert m["usd_per_mtok_blended"] == pytest.approx(m["usd_per_request"] / (w.prompt + w.output) * 1e6)
+    parts = m["usd_per_mtok_input"] * w.prompt / 1e6 + m["usd_per_mtok_output"] * w.output / 1e6
+    assert parts == pytest.approx(m["usd_per_request"])
+    assert m["tokens_per_s_per_user"] == pytest.approx(1.0 / m["tpot_s"])
+    assert m["prefill_replicas"] * m["prefill_rho"] == pytest.approx(m["requests_per_s"] * m["prefill_service_s"]
+                                                                / (r.pools[0]["dp"] * r.pools[0]["pp"]))
+    assert m["ttft_s"] <= 5.0 and m["tpot_s"] <= 0.05
