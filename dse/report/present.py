@@ -163,8 +163,11 @@ def interactive_charts(out: StudyOutput) -> str:
     """Hover charts for the tables a person explores point by point (a front, the best of each system)."""
     charts = []
     if "pareto" in out.tables and not out.tables["pareto"].empty:
-        charts.append(scatter_svg(out.tables["pareto"], "tpot_s", "usd_per_mtok", "label",
-                                  "Pareto front: TPOT against cost"))
+        charts.append(scatter_svg(out.tables["pareto"], "tpot_s", "usd_per_request", "label",
+                                  "Pareto front: TPOT against USD per request"))
+    if "pareto_throughput" in out.tables and not out.tables["pareto_throughput"].empty:
+        charts.append(scatter_svg(out.tables["pareto_throughput"], "tokens_per_s_per_user", "tokens_per_s_per_gpu",
+                                  "label", "Pareto front: tokens/s per user against tokens/s per GPU"))
     if "systems" in out.tables and "usd_per_mtok" in out.tables["systems"]:
         t = out.tables["systems"].dropna(subset=["usd_per_mtok"]).copy()
         if not t.empty:

@@ -1,19 +1,24 @@
-"""``kind: fast_slow``: what 1.5x-4x the speed of the cost optimum costs (and what a slow mode saves),
-re-provisioned, or on the same layout with a smaller batch (the lecture's mechanism).
+"""``kind: fast_slow``: what 1.5x-4x the per-user speed of the cost optimum costs per request (and what a
+slow mode saves), re-provisioned (any system, layout and deployment mode), or on the same layout with a
+smaller batch (the lecture's mechanism); request level, prefill counted, from every feasible configuration.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 from pydantic import Field, field_validator
 
 from dse.errors import InfeasibleError
-from dse.optimize.space import Space, describe_choice, subset
+from dse.optimize.fronts import candidates, describe_points
+from dse.optimize.requests import TOL, disaggregated_tables, request_of
+from dse.optimize.space import Space
 from dse.studies.base import MAX_LIST, StudySpec, _Strict
-from dse.studies.common import CONFIG_KEYS, METRICS, Plot, Progress, StudyOutput, entry, run_serving, solve_space
+from dse.studies.common import Plot, Progress, StudyOutput, mode_tables, pick_modes, run_serving
 from dse.studies.plotting import TIME_BREAKDOWN, plt, save
 
 USES_STORAGE = False
@@ -39,32 +44,52 @@ class Spec(StudySpec):
 
 
 def solve_one(space: Space, spec: Spec, out: StudyOutput, ideal: bool) -> None:
+    """Every speed multiplier priced from all feasible configurations (the complete cost front's candidates):
+    the cheapest at TPOT <= base TPOT / multiplier, re-provisioned or on the base point's own layout.
+    """
     w = space.workload
-    base = solve_space(space, spec, w.tpot_max)
-    be = entry(space, base, ideal)
-    out.summary["best"].append(be)
-    out.summary["_results"].append(base.result)
+    found, reasons = pick_modes(space, mode_tables(space, spec), ideal)
+    if not found:
+        raise InfeasibleError("; ".join(reasons))
+    best, res = found[0]
+    out.summary["best"].append(best)
+    out.summary["_results"] += [r.result for _, r in found]
+    relaxed = replace(space, workload=replace(w, tpot_max=None))  # slow modes lie above the workload's target
+    req = request_of(relaxed)
+    dis = disaggregated_tables(relaxed, req) if "disaggregated" in spec.space.serving else None
+    cand = candidates(relaxed, req, "aggregated" in spec.space.serving, dis, "cost")
+    cost = cand["usd_per_request"].to_numpy()
+    tpot = cand["tpot_s"].to_numpy()
+    base_i = int(np.argmin(np.where(tpot <= (w.tpot_max or np.inf) * (1 + TOL), cost, np.inf)))
+    base = cand.iloc[base_i]
+    same = (cand["pos"].to_numpy() == base["pos"]) & (cand["prefill"].to_numpy() == base["prefill"])
+    same &= (cand["serving"] == base["serving"]).to_numpy()
     rows = []
     for s in spec.fast_slow.speedups:
-        target = base.choice.step / s
+        target = base["tpot_s"] / s
         row = {"model": space.model.id, "workload": w.name, "speed_multiplier": s, "tpot_target_s": target}
-        try:
-            r = solve_space(space, spec, target)
-        except InfeasibleError as exc:
-            row.update(status="infeasible", reason=str(exc))
+        ok = tpot <= target * (1 + TOL)
+        if not ok.any():
+            row.update(status="infeasible", reason=f"no configuration reaches a TPOT of {target * 1e3:.3g} ms "
+                       f"(the fastest is {tpot.min() * 1e3:.3g} ms)")
+            rows.append(row)
+            continue
+        i = int(np.argmin(np.where(ok, cost, np.inf)))
+        point = cand.iloc[[i]]
+        row.update(status="optimal", reason="", cost_multiplier=cost[i] / base["usd_per_request"],
+                   speedup_achieved=base["tpot_s"] / tpot[i])
+        k = np.flatnonzero(same & ok)  # the lecture's mechanism: same hardware and layout, only the batch shrinks
+        if len(k):
+            j = k[int(np.argmin(cost[k]))]
+            row["cost_multiplier_same_layout"] = cost[j] / base["usd_per_request"]
+            row["batch_same_layout"] = int(cand.iloc[j]["n"]) * int(space.blocks.iloc[int(base["pos"])]["dp"])
         else:
-            out.summary["_results"].append(r.result)
-            e = entry(space, r, ideal)
-            row.update(status=r.result.status, reason="", cost_multiplier=e["usd_per_mtok"] / be["usd_per_mtok"],
-                       speedup_achieved=be["tpot_s"] / e["tpot_s"])
-            try:  # the lecture's mechanism: same hardware and layout, only the batch shrinks
-                same = solve_space(subset(space, (space.blocks.index == base.choice.block)), spec, target)
-                row["cost_multiplier_same_layout"] = entry(space, same, ideal)["usd_per_mtok"] / be["usd_per_mtok"]
-                row["batch_same_layout"] = describe_choice(space, same.choice)["batch"]
-            except InfeasibleError:
-                row["cost_multiplier_same_layout"] = math.nan
-                row["batch_same_layout"] = 0
-            row.update({k: e[k] for k in (*CONFIG_KEYS, *METRICS, "bound")})
+            row["cost_multiplier_same_layout"] = math.nan
+            row["batch_same_layout"] = 0
+        desc = describe_points(relaxed, point, dis.pre if dis is not None else None).iloc[0].to_dict()
+        row.update(desc)
+        row.update({k: float(point[k].iloc[0]) for k in ("tpot_s", "ttft_s", "usd_per_request", "chips",
+                                                          "tokens_per_s_per_gpu", "tokens_per_s_per_user")})
         rows.append(row)
     out.tables.setdefault("fast_slow", []).extend(rows)
 
@@ -88,7 +113,7 @@ def _fast_slow(out: StudyOutput, path: Path) -> None:
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set_yscale("log")
     ax.set_xlabel("speed multiplier (TPOT of the cost optimum / TPOT)")
-    ax.set_ylabel("cost multiplier (USD per token / cost optimum)")
+    ax.set_ylabel("cost multiplier (USD per request / cost optimum)")
     ax.set_title("Fast and slow modes: what speed costs")
     ax.legend(fontsize=8, loc="upper left")
     save(fig, path)

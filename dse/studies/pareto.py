@@ -1,31 +1,38 @@
-"""``kind: pareto``: the TPOT-cost front by the epsilon-constraint method, from the cost optimum down
-to the fastest configuration; each point is the cheapest at its TPOT and the fastest at that cost.
+"""``kind: pareto``: the exact, complete Pareto fronts of every (model, workload) at request level, over
+aggregated and disaggregated deployments (``space.serving``): USD per request against TPOT
+(``pareto.csv``) and output tokens/s per GPU against tokens/s per user (``pareto_throughput.csv``).
+
+Every feasible configuration of the space is a candidate (every integer batch of every block; see
+`dse.optimize.fronts`), so the front is the whole non-dominated set, not a sample of TPOT targets.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import Field
 
 from dse.errors import InfeasibleError
+from dse.optimize.fronts import OBJECTIVES, describe_points, front
+from dse.optimize.requests import request_of
 from dse.optimize.space import Space
 from dse.studies.base import StudySpec, _Strict
-from dse.studies.common import Plot, Progress, StudyOutput, entry, run_serving, solve_space
+from dse.studies.common import Plot, Progress, StudyOutput, mode_tables, pick_modes, run_serving
 from dse.studies.plotting import TIME_BREAKDOWN, plt, save
 
 USES_STORAGE = False
-LABELS = 6
-"""Points labelled on the Pareto plot."""
 WORKERS = False
+TABLES = {"cost": "pareto", "throughput": "pareto_throughput"}
 
 
 class ParetoSpec(_Strict):
-    """Epsilon-constraint sweep of the TPOT target, from the cost optimum down to the fastest point."""
+    """Which fronts to compute and how many points to label on each plot."""
 
-    min_step: float = Field(default=0.02, gt=0, lt=1, description="relative TPOT step between front points")
-    max_points: int = Field(default=60, ge=2, le=1000)
+    fronts: list[Literal["cost", "throughput"]] = Field(default=list(OBJECTIVES), min_length=1, max_length=2)
+    labels: int = Field(default=6, ge=0, le=50, description="points labelled per front on the plots")
 
 
 class Spec(StudySpec):
@@ -33,52 +40,105 @@ class Spec(StudySpec):
 
 
 def solve_one(space: Space, spec: Spec, out: StudyOutput, ideal: bool) -> None:
+    tables = mode_tables(space, spec)
+    found, reasons = pick_modes(space, tables, ideal)
+    out.summary["labels"] = spec.pareto.labels
+    if not found:
+        raise InfeasibleError("; ".join(reasons))
+    out.summary["best"].append(found[0][0])
+    out.summary["_results"] += [r.result for _, r in found]
+    req = request_of(space)
     w = space.workload
-    base = solve_space(space, spec, w.tpot_max)
-    out.summary["best"].append(entry(space, base, ideal))
-    out.summary["_results"].append(base.result)
-    eps = base.choice.step
-    rows = []
-    while len(rows) < spec.pareto.max_points:
-        try:
-            cheapest = solve_space(space, spec, eps)
-            fastest = solve_space(space, spec, eps, objective="latency", cost_max=cheapest.choice.cost,
-                                  start=cheapest.choice)
-        except InfeasibleError:
-            break
-        out.summary["_results"] += [cheapest.result, fastest.result]
-        e = entry(space, fastest, ideal)
-        e["label"] = f"{e['system']} TP{e['tp']} EP{e['ep']} PP{e['pp']} B{e['batch']} {e['weights_dtype']}"
-        rows.append(e)
-        eps = fastest.choice.step * (1 - spec.pareto.min_step)
-    out.tables.setdefault("pareto", []).extend(rows)
+    dis = tables.disaggregated
+    stats = out.summary.setdefault("fronts", [])
+    for objective in spec.pareto.fronts:
+        f = front(space, req, tables.aggregated is not None, dis, objective)
+        desc = describe_points(space, f, dis.pre if dis is not None else None)
+        rows = pd.concat([desc, f[["tpot_s", "ttft_s", "usd_per_request", "chips", "tokens_per_s_per_gpu",
+                                   "tokens_per_s_per_user"]]], axis=1)
+        rows.insert(0, "workload", w.name)
+        rows.insert(0, "model", space.model.id)
+        rows["usd_per_mtok_output_all_in"] = rows["usd_per_request"] / w.output * 1e6
+        rows["usd_per_mtok_blended"] = rows["usd_per_request"] / (w.prompt + w.output) * 1e6
+        rows["price_kind"] = spec.price
+        rows["label"] = [_label(r) for r in rows.to_dict(orient="records")]
+        stats.append({"model": space.model.id, "workload": w.name, "front": objective, "points": len(rows),
+                      "candidates": int(f.attrs.get("candidates", 0)),
+                      "aggregated_points": int((rows["serving"] == "aggregated").sum())})
+        out.tables.setdefault(TABLES[objective], []).extend(rows.to_dict(orient="records"))
+
+
+def _label(r: dict) -> str:
+    text = (f"{r['system']} TP{r['tp']} EP{r['ep']} PP{r['pp']} DP{r['dp']} B{r['batch']} {r['weights_dtype']}")
+    if r["serving"] == "disaggregated":
+        cp = " CP" if r.get("prefill_context_parallel") else ""
+        text = f"decode {text} + prefill {r['prefill_system']} x{r['prefill_chips']}{cp}"
+    return text
 
 
 def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
-    """The front of every (model, workload)."""
+    """The fronts of every (model, workload)."""
     return run_serving(spec, solve_one, progress)
 
 
-def _pareto(out: StudyOutput, path: Path) -> None:
-    table = out.tables["pareto"]
+def _labelled(g: pd.DataFrame, k: int) -> list[int]:
+    """A handful of points spread along the front (the report's hover chart has them all)."""
+    return sorted({round(i) for i in np.linspace(0, len(g) - 1, min(k, len(g)))}) if k else []
+
+
+def _draw(out: StudyOutput, path: Path, table: str, y: str, ylabel: str, title: str, x: str = "tpot_s") -> None:
+    data = out.tables[table]
     fig, ax = plt.subplots(figsize=(9, 6))
-    for (model, workload), g in table.groupby(["model", "workload"], sort=False):
-        ax.plot(g["tpot_s"] * 1e3, g["usd_per_mtok"], "o-", drawstyle="steps-post", label=f"{model} / {workload}")
+    k = int(out.summary.get("labels", 6))
+    for (model, workload), g in data.groupby(["model", "workload"], sort=False):
         g = g.reset_index(drop=True)
-        shown = sorted({round(i) for i in np.linspace(0, len(g) - 1, min(LABELS, len(g)))})
-        for i in shown:  # a handful of labels, spread along the front; the report's hover chart has them all
-            r = g.iloc[i]
-            right = i > len(g) / 2  # labels of the slow end point leftwards, inside the axes
-            ax.annotate(r["label"], (r["tpot_s"] * 1e3, r["usd_per_mtok"]), fontsize=7, xytext=(-6 if right else 6, 4),
+        xs = g[x] * (1e3 if x == "tpot_s" else 1.0)
+        for serving, marker in (("aggregated", "o"), ("disaggregated", "s")):
+            sel = g["serving"] == serving
+            if sel.any():
+                ax.plot(xs[sel], g[y][sel], marker, ms=3, label=f"{model} / {workload}: {serving}")
+        ax.plot(xs, g[y], "-", lw=0.8, color="grey", drawstyle="steps-post")
+        for i in _labelled(g, k):
+            right = i > len(g) / 2
+            ax.annotate(g["label"][i], (xs[i], g[y][i]), fontsize=6, xytext=(-6 if right else 6, 4),
                         ha="right" if right else "left", textcoords="offset points",
                         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.8})
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("TPOT (ms per output token)")
-    ax.set_ylabel("USD per million output tokens")
-    ax.set_title("Pareto front: latency against cost (each point optimal for its TPOT target)")
-    ax.legend(fontsize=8)
+    ax.set_xlabel("TPOT (ms per output token, request level)" if x == "tpot_s" else x)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
     save(fig, path)
 
 
-PLOTS = (TIME_BREAKDOWN, Plot("pareto", "pareto.png", _pareto))
+def _cost(out: StudyOutput, path: Path) -> None:
+    _draw(out, path, "pareto", "usd_per_request", "USD per request (prefill included)",
+          "Pareto front: TPOT against cost per request (every point: no configuration is both faster and cheaper)")
+
+
+def _throughput(out: StudyOutput, path: Path) -> None:
+    _draw(out, path, "pareto_throughput", "tokens_per_s_per_gpu", "output tokens/s per GPU (both pools counted)",
+          "Pareto front: tokens/s per user against tokens/s per GPU", x="tokens_per_s_per_user")
+
+
+PLOTS = (TIME_BREAKDOWN, Plot("pareto", "pareto.png", _cost, needs="usd_per_request"),
+         Plot("pareto_throughput", "pareto_throughput.png", _throughput, needs="tokens_per_s_per_gpu"))
+
+
+def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
+    """Per (model, workload) and front: its size, and the range of each axis along it."""
+    lines = []
+    for s in summary.get("fronts", []):
+        t = tables.get(TABLES[s["front"]], pd.DataFrame())
+        g = t[(t["model"] == s["model"]) & (t["workload"] == s["workload"])] if not t.empty else t
+        if g.empty:
+            continue
+        what = ("USD per request {:.3g} (TPOT {:.3g} ms) to {:.3g} (TPOT {:.3g} ms)" if s["front"] == "cost" else
+                "{:.4g} tokens/s per GPU at {:.3g} ms TPOT to {:.4g} at {:.3g} ms")
+        first, last = g.iloc[-1], g.iloc[0]
+        ykey = "usd_per_request" if s["front"] == "cost" else "tokens_per_s_per_gpu"
+        lines.append(f"{s['model']} / {s['workload']} {s['front']} front: {s['points']} non-dominated points of "
+                     f"{s['candidates']:,} feasible configurations ({s['aggregated_points']} aggregated); "
+                     + what.format(first[ykey], first["tpot_s"] * 1e3, last[ykey], last["tpot_s"] * 1e3))
+    return lines
