@@ -242,26 +242,26 @@ def mode_tables(space: Space, spec: StudySpec, demand: float | None = None) -> M
     return ModeTables(agg, dis)
 
 
-def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray | None = None
+def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray | None = None, entries: bool = True
                ) -> tuple[list[tuple[dict, object]], list[str]]:
     """The optimum of each searched mode where ``mask`` holds: (entry, result) pairs, cheapest first, and the
-    reason of each mode that has none.
+    reason of each mode that has none. With ``entries`` false the entry holds only ``serving`` and
+    ``usd_per_request`` (no `dse evaluate` of the configuration).
     """
     found, reasons = [], []
-    if tables.aggregated is not None:
+    searches = (("aggregated", tables.aggregated, pick, entry),
+                ("disaggregated", tables.disaggregated, pick_disaggregated, disaggregated_entry))
+    for mode, table, choose, describe in searches:
+        if table is None:
+            continue
         try:
-            r = pick(space, tables.aggregated, mask=mask)
+            r = choose(space, table, mask=mask)
         except InfeasibleError as exc:
-            reasons.append(f"aggregated: {exc}")
-        else:
-            found.append((entry(space, r, ideal), r))
-    if tables.disaggregated is not None:
-        try:
-            d = pick_disaggregated(space, tables.disaggregated, mask=mask)
-        except InfeasibleError as exc:
-            reasons.append(f"disaggregated: {exc}")
-        else:
-            found.append((disaggregated_entry(space, d, ideal), d))
+            reasons.append(f"{mode}: {exc}")
+            continue
+        e = describe(space, r, ideal) if entries else {"serving": mode,
+                                                       "usd_per_request": r.metrics["usd_per_request"]}
+        found.append((e, r))
     found.sort(key=lambda fr: fr[0]["usd_per_request"])
     return found, reasons
 

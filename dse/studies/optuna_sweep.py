@@ -23,13 +23,12 @@ import numpy as np
 import optuna
 import pandas as pd
 
-from dse.catalog.hardware import get_system, priced
 from dse.catalog.models import get_model
-from dse.errors import InfeasibleError, InputError, mask_in, mask_url
-from dse.optimize.serving import solve_serving
-from dse.optimize.space import build_space, describe_choice, subset
+from dse.errors import InputError, mask_in, mask_url
+from dse.optimize.serving import SOLVER_NAME
+from dse.optimize.space import build_space
 from dse.studies.base import StudySpec
-from dse.studies.common import StudyOutput, config_entry, summary_header
+from dse.studies.common import StudyOutput, mode_tables, pick_modes, summary_header
 
 PARAMETERS = {  # study name -> System field
     "hbm_bandwidth": "hbm_bandwidth", "hbm_capacity": "hbm_capacity", "flops": "flops",
@@ -39,8 +38,11 @@ PARAMETERS = {  # study name -> System field
 ALL_PARAMETERS = tuple(PARAMETERS)
 FACTOR_RANGE = (1e-3, 1e3)
 """Factors a sweep may take: the trials' fixed search space (Optuna refuses one that changes)."""
-CONFIG_ATTRS = ("system", "chips", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier", "bound",
-                "status", "tpot_s", "ttft_s")
+CONFIG_ATTRS = ("serving", "system", "chips", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier",
+                "bound", "status", "tpot_s", "ttft_s")
+SWEEP_KEYS = ("usd_per_request", "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended",
+              "tokens_per_s_per_gpu", "tokens_per_s_per_user", "prefill_share", "step_tpot_s", "binding", "power_w")
+"""Request-level figures of each point's optimum kept in the sweep table."""
 """Fields of a point's optimum also stored as trial user attributes (what a dashboard shows)."""
 HEARTBEAT_S = 2
 GRACE_S = 10  # a trial whose heartbeat is older than this is from a dead process
@@ -86,7 +88,8 @@ class SweepStudy(StudySpec):
 
 def _digest(spec: SweepStudy, workload) -> str:
     """A short digest of what a point's answer depends on besides its model, parameter and factor."""
-    doc = {"space": spec.space.model_dump(mode="json"), "solver": spec.solver.model_dump(mode="json"),
+    doc = {"objective": OBJECTIVE, "space": spec.space.model_dump(mode="json"),
+           "solver": spec.solver.model_dump(mode="json"),
            "workload": workload.model_dump(mode="json"), "scaled": list(spec.scaled_systems()),
            "per_system": spec.per_system()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
@@ -142,7 +145,7 @@ def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WA
 
 Studies = dict[tuple[str, str], optuna.Study]
 """A sweep's Optuna studies: one per (model, workload), so a dashboard shows one search space each."""
-OBJECTIVE = "usd_per_mtok"
+OBJECTIVE = "usd_per_request"
 
 
 def study_name(spec: StudySpec, model: str, workload: str) -> str:
@@ -227,7 +230,9 @@ def enqueue_missing(studies: Studies, points: list[Point]) -> int:
 
 
 def solve_point(spec: SweepStudy, p: Point) -> dict:
-    """The optimum with the parameter scaled, overall and per system."""
+    """The request-level optimum (USD per request over the study's deployment modes, prefill counted) with the
+    parameter scaled, overall and per system.
+    """
     w = next(ws.workload() for ws in spec.workloads if ws.name == p.workload)
     opts = replace(spec.options(), scale=((PARAMETERS[p.parameter], p.factor),),
                    scaled_systems=spec.scaled_systems())
@@ -235,31 +240,26 @@ def solve_point(spec: SweepStudy, p: Point) -> dict:
     space = build_space(get_model(p.model), w, opts)
     out: dict = {"point": p.key, "model": p.model, "workload": p.workload, "parameter": p.parameter,
                  "factor": p.factor}
-    try:
-        res = solve_serving(space, w.tpot_max, solver=spec.solver.name, time_limit_s=spec.solver.time_limit_s)
-    except InfeasibleError as exc:
-        out.update(status="infeasible", reason=str(exc), usd_per_mtok=math.inf)
+    if space.blocks.empty:
+        found, reasons = [], [f"{p.model} / {w.name}: {space.empty_reason}"]
+        tables = None
     else:
-        cfg = describe_choice(space, res.choice)
-        row = space.blocks.loc[res.choice.block]
-        n = res.choice.n
-        comps = {"compute": row["c0"] + row["c"] * n, "memory": row["m0"] + row["m1"] * n,
-                 "comm": row["q0"] + row["q"] * n}
-        out.update(cfg)
-        out.update(
-            status=res.result.status, reason="", usd_per_mtok=res.choice.cost, tpot_s=res.choice.step,
-            ttft_s=float(row["ttft"]), tokens_per_s=cfg["batch"] * cfg["pp"] / res.choice.step,
-            hbm_bytes_per_chip=float(row["hbm_base"] + row["hbm_per_seq"] * n), bound=max(comps, key=comps.get),
-            gap=res.result.gap,
-        )
+        tables = mode_tables(space, spec)  # every (block, batch) pair, evaluated once per mode
+        found, reasons = pick_modes(space, tables, spec.space.ideal)
+    if not found:
+        out.update(status="infeasible", reason="; ".join(reasons), usd_per_request=math.inf)
+    else:
+        e, res = found[0]
+        out.update({k: e[k] for k in (*SWEEP_KEYS, *CONFIG_ATTRS) if k in e})
+        out.update(status=res.result.status, reason="", gap=res.result.gap)
+        if p.factor == 1.0:
+            out["entry"] = e  # the catalog itself: the optimum as a study reports it
     per_system = {}
-    if spec.per_system():
+    if spec.per_system() and tables is not None:
+        sys_idx = space.blocks["system_idx"].to_numpy()
         for si, system in enumerate(space.systems):
-            sub = subset(space, (space.blocks["system_idx"] == si).to_numpy())
-            try:
-                per_system[system.id] = solve_serving(sub, w.tpot_max, solver=spec.solver.name).choice.cost
-            except InfeasibleError:
-                per_system[system.id] = None
+            got, _ = pick_modes(space, tables, spec.space.ideal, mask=sys_idx == si, entries=False)
+            per_system[system.id] = got[0][0]["usd_per_request"] if got else None
     out["per_system"] = per_system
     out["solve_wall_s"] = time.perf_counter() - t0
     return out
@@ -283,7 +283,7 @@ def work(spec: SweepStudy, studies: Studies, points: list[Point], progress: Call
         for name in CONFIG_ATTRS:  # the configuration, readable in a dashboard
             if name in attrs:
                 trial.set_user_attr(name, attrs[name])
-        cost = attrs["usd_per_mtok"]
+        cost = attrs["usd_per_request"]
         return cost if math.isfinite(cost) else 1e300
 
     while max_points is None or done < max_points:
@@ -348,10 +348,10 @@ def results(studies: Studies, points: list[Point]) -> pd.DataFrame:
     df["elasticity"] = np.nan
     for _, g in df.groupby(["model", "workload", "parameter"], sort=False):
         g = g.sort_values("factor")
-        ok = np.isfinite(g["usd_per_mtok"].to_numpy(dtype=float)) & (g["factor"].to_numpy() > 0)
+        ok = np.isfinite(g["usd_per_request"].to_numpy(dtype=float)) & (g["factor"].to_numpy() > 0)
         if ok.sum() >= 2:
             x = np.log(g["factor"].to_numpy()[ok])
-            y = np.log(g["usd_per_mtok"].to_numpy(dtype=float)[ok])
+            y = np.log(g["usd_per_request"].to_numpy(dtype=float)[ok])
             df.loc[g.index[ok], "elasticity"] = np.gradient(y, x)
         if "bound" in g:
             changed = g["bound"].ne(g["bound"].shift()) & g["bound"].shift().notna()
@@ -388,16 +388,13 @@ def run_sweep_study(spec: SweepStudy, storage_url: str, progress: Callable[[str]
     for _, r in df.iterrows():
         for system, cost in (r.get("per_system") or {}).items():
             per_system.append({"model": r["model"], "workload": r["workload"], "parameter": r["parameter"],
-                               "factor": r["factor"], "system": system, "usd_per_mtok": cost})
+                               "factor": r["factor"], "system": system, "usd_per_request": cost})
         if r["status"] == "infeasible":
             out.summary["infeasible"].append({"model": r["model"], "workload": r["workload"],
                                               "reason": f"{r['parameter']} x {r['factor']:g}: {r['reason']}"})
-        elif r["factor"] == 1.0:  # the catalog itself: metrics as `dse evaluate` gives them
-            prompt = next(w.prompt for w in spec.workloads if w.name == r["workload"])
-            priced_sys = priced(get_system(r["system"]), spec.price, spec.prices.get(r["system"]))
-            out.summary["best"].append(config_entry(r["model"], r["workload"], prompt, r, spec.space.ideal,
-                                                    system=priced_sys))
-    table = df.drop(columns=["per_system"])
+        elif isinstance(r.get("entry"), dict):  # the catalog itself (factor 1): the optimum as a study reports it
+            out.summary["best"].append(r["entry"])
+    table = df.drop(columns=[c for c in ("per_system", "entry") if c in df])
     out.tables = {spec.kind: table}
     if per_system:
         out.tables["sweep_systems"] = pd.DataFrame(per_system)
@@ -405,7 +402,7 @@ def run_sweep_study(spec: SweepStudy, storage_url: str, progress: Callable[[str]
     out.summary["status"] = "infeasible" if "infeasible" in statuses and statuses == {"infeasible"} else (
         "optimal" if statuses <= {"optimal", "infeasible"} else "feasible")
     out.summary["solver"] = {
-        "name": spec.solver.name, "wall_s": time.perf_counter() - t0,
+        "name": f"{SOLVER_NAME} per point, on Optuna's storage", "wall_s": time.perf_counter() - t0,
         "solve_wall_s": float(table["solve_wall_s"].sum()), "solves": len(table),
         "per_point_s": float(table["solve_wall_s"].mean()),
         "gap": float(table["gap"].fillna(0).max()) if "gap" in table else 0.0,
