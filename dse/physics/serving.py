@@ -26,8 +26,8 @@ sequences and may carry one prefill chunk of up to K tokens per DP rank (K = ``c
   A TTFT target applies to this mean.
 - Little's law closes the loop: C = k x (TTFT + m t_bar), k = DP x PP servers and m = (O - 1)/a
   decode passes per request (the first token comes from the last prefill chunk). The left side
-  is convex and increasing in x on [0, 1/S), so Newton's method from the right converges
-  monotonically (`_solve_rate`). Throughput = C x O / (TTFT + (O - 1) TPOT).
+  is increasing in x on [0, 1/S), and the root is found by a bracketed Newton iteration
+  (`_solve_rate`). Throughput = C x O / (TTFT + (O - 1) TPOT).
 
 **Disaggregated** (a prefill pool and a decode pool, each with its own layout): the decode pool
 is the same decode pass without prefill interference (TPOT = t_d / a; C = lambda m t_d by Little's
@@ -63,7 +63,8 @@ from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
 
 DEFAULT_CHUNK = 8192  # prefill tokens per DP rank per forward pass (vLLM / SGLang chunked-prefill budget)
 RHO_MAX = 0.9  # highest utilisation a prefill pool is planned at (M/D/1 waits grow as 1 / (1 - rho))
-NEWTON_STEPS = 30
+NEWTON_STEPS = 200  # a cap only: bracketed Newton stops after a handful of steps
+NEWTON_RTOL = 1e-13  # stop once no rate moves by more than this share of itself
 PRICE_KIND = "catalog"  # the catalog's single price per chip-hour (price kinds come with issue 11)
 
 
@@ -110,20 +111,32 @@ def _eff(c: Candidates, systems: SystemTable, eff: Efficiency | None) -> Efficie
 def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v: np.ndarray) -> np.ndarray:
     """The per-server request rate x solving C = k x R(x), R = S + x S^2 / (2 (1 - x S)) + m t_d / (1 - v x).
 
-    f(x) = k x R(x) - C is increasing and convex on [0, 1/S) (and v <= 1/S), so Newton from any
-    point right of the root decreases monotonically to it. The start x0 = C / (k (S + m t_d)) has
-    f(x0) >= 0; it is clipped just below the pole 1/S.
+    R has a pole at x = 1/S (the queue of a saturated server grows without bound; v <= S, so the pole of
+    the interference term, 1/v, lies beyond it). Multiplying by q = 1 - x S removes it:
+    h(x) = k x (S q + x S^2 / 2 + m t_d q / w) - C q, w = 1 - v x, is smooth on [0, 1/S] with
+    h(0) = -C < 0 and h(1/S) = k / 2 > 0, and shares its sign with C = k x R(x) - C there, so the root
+    is bracketed. Newton's method on h, replaced by bisection whenever its step leaves the bracket,
+    converges quadratically near the root and never diverges; it stops when no rate moves by more
+    than ``NEWTON_RTOL`` of itself. (Newton on the unmultiplied equation from a start clipped at the
+    pole only halves its distance to the pole per step and needs tens of steps.)
     """
-    x_max = 1.0 / s
-    x = np.minimum(c / (k * (s + m_td)), x_max * (1.0 - 1e-9))
+    lo = np.zeros_like(s)
+    hi = 1.0 / s
+    x = np.minimum(c / (k * (s + m_td)), 0.5 * hi)
     for _ in range(NEWTON_STEPS):
         q = 1.0 - x * s
         w = 1.0 - v * x
-        r = s + x * s * s / (2.0 * q) + m_td / w
-        dr = s * s / (2.0 * q * q) + m_td * v / (w * w)
-        f = k * x * r - c
-        step = f / (k * (r + x * dr))
-        x = np.maximum(x - step, 0.5 * x)  # never jumps past half-way to 0 (guards rounding)
+        h = k * x * (s * q + 0.5 * x * s * s + m_td * q / w) - c * q
+        dh = k * s * q + k * m_td * ((q - s * x) * w + v * x * q) / (w * w) + c * s
+        lo = np.where(h < 0, x, lo)
+        hi = np.where(h > 0, x, hi)
+        x_new = x - h / dh
+        outside = ~((x_new >= lo) & (x_new <= hi))  # a step that rounds to nothing stays
+        x_new = np.where(outside, 0.5 * (lo + hi), x_new)
+        done = not (np.abs(x_new - x) > NEWTON_RTOL * x).any()
+        x = x_new
+        if done:
+            break
     return x
 
 
