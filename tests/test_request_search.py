@@ -103,3 +103,27 @@ def test_request_cost_is_not_monotone_in_the_batch_but_latencies_are():
         rises += len(set(pos[1:][same & (np.diff(c) > 1e-9 * c[1:])]))
         blocks += len(space.blocks)
     assert blocks > 100 and rises > 0
+
+
+def test_workload_options_reach_the_request_physics():
+    """A study's prefix-cache share, chunk budget and speculation reach the request-level search: cached prompt
+    tokens are not recomputed (cheaper requests), and MTP emitting 1.8 tokens per decode pass serves the
+    same TPOT target more cheaply; an acceptance length above draft + 1 is refused naming the field."""
+    from dse.catalog.models import get_model
+    from dse.optimize.space import SpaceOptions
+    from dse.studies.base import WorkloadSpec
+
+    model = get_model("deepseek-v3")
+    opts = SpaceOptions(systems=("h200",), weights_dtypes=("fp8",), kv_dtypes=("fp8",), kv_tiers=("hbm",), tp=(1, 8),
+                        pp=(1,), max_racks=1, max_chips_per_stage=16, max_batch_per_rank=128)
+
+    def cost(**kw) -> float:
+        w = WorkloadSpec(name="chat", prompt=8000, output=500, tpot_max_s=0.05, ttft_max_s=5.0, **kw).workload()
+        return solve_requests(build_space(model, w, opts)).metrics["usd_per_request"]
+
+    plain = cost()
+    assert cost(cached_prompt_share=0.5) < 0.8 * plain
+    assert cost(draft_tokens=1, accept_length=1.8) < plain
+    assert cost(chunk_tokens=512) != pytest.approx(plain, rel=1e-6)
+    with pytest.raises(ValueError, match="accept_length"):
+        WorkloadSpec(name="chat", prompt=8000, output=500, draft_tokens=1, accept_length=2.5)
