@@ -41,7 +41,8 @@ def main() -> None:
               f"{s['status']}, {configs:,} (block, batch) configurations in its spaces, solver {s['solver']['name']}")
         for e in s.get("best", []):
             print(f"  {e['model']} / {e['workload']}: {e['serving']}, {e['usd_per_request']:.4g} USD per request, "
-                  f"TTFT {e['ttft_s']:.3g} s, TPOT {e['tpot_s'] * 1e3:.3g} ms, prefill {e['prefill_share']:.0%} of cost")
+                  f"TTFT {e['ttft_s']:.3g} s, TPOT {e['tpot_s'] * 1e3:.3g} ms, "
+                  f"prefill {e['prefill_share']:.0%} of cost")
         for f in s.get("fronts", []):
             print(f"  {f['model']} / {f['workload']} {f['front']} front: {f['points']:,} non-dominated points of "
                   f"{f['candidates']:,} feasible configurations ({f['aggregated_points']:,} aggregated)")
