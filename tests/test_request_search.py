@@ -127,3 +127,24 @@ def test_workload_options_reach_the_request_physics():
     assert cost(chunk_tokens=512) != pytest.approx(plain, rel=1e-6)
     with pytest.raises(ValueError, match="accept_length"):
         WorkloadSpec(name="chat", prompt=8000, output=500, draft_tokens=1, accept_length=2.5)
+
+
+def test_one_gathering_at_several_inputs_equals_separate_evaluations():
+    """`evaluate_at` (the request-level physics' passes over one gathering of the catalog columns) gives exactly
+    what `evaluate` gives for each input, on random candidates of every model and system."""
+    import sys
+    from dataclasses import replace
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from bench_evaluate import candidates
+
+    from dse.physics.roofline import BRIEF_KEYS, evaluate, evaluate_at
+
+    cand, mt, st = candidates(20_000, seed=3)
+    dp = np.asarray(cand.dp, dtype=float)
+    inputs = [{"context": 3000.5, "phase": 0}, {"batch": dp, "context": 5000, "phase": 1, "kv_tier": 0}]
+    for kw, got in zip(inputs, evaluate_at(cand, mt, st, None, inputs), strict=True):
+        want = evaluate(replace(cand, **kw), mt, st, None, ttft=False)
+        for key in BRIEF_KEYS:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)

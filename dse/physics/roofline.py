@@ -27,6 +27,7 @@ are in flight, so throughput per replica is batch x PP / step. Everything is SI 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -248,19 +249,15 @@ class _Gathered:
         groups = range(models.g_layers.shape[1])
         self.g_layers = [np.ascontiguousarray(models.g_layers[:, k])[m] for k in groups]
         self.g_cap = [np.ascontiguousarray(models.g_cap[:, k])[m] for k in groups]
-        g_stored = [np.ascontiguousarray(models.g_stored[:, k])[m] for k in groups]
-        g_window = [np.ascontiguousarray(models.g_window[:, k])[m] for k in groups]
+        self.g_stored = [np.ascontiguousarray(models.g_stored[:, k])[m] for k in groups]
+        self.g_window = [np.ascontiguousarray(models.g_window[:, k])[m] for k in groups]
         self.idx_flops, self.idx_b = models.idx_flops[m], models.idx_bytes_layer[m]
         self.attn_decode, self.attn_prefill = models.attn_decode[m], models.attn_prefill[m]
         shard = np.ceil(models.kv_heads[m] / self.tp) / models.kv_heads[m]
         self.kv_main = models.kv_elems[m] * dtype_bytes[c.kv_dtype] * shard  # bytes per token per layer per chip
-        self.attended = _gsum(self.g_layers, [np.minimum(self.ctx, cap) for cap in self.g_cap])
-        indexer = self.idx_b * self.n_layers * self.ctx
         # linear-attention state: split over TP with its heads, read and written once per decode step
-        state = models.state_bytes[m] / self.tp
-        self.read_per_seq = self.kv_main * self.attended + indexer + 2.0 * state  # decode bytes per sequence per chip
-        self.stored_per_seq = (self.kv_main * _gsum(g_stored, [np.minimum(self.ctx, w) for w in g_window]) + indexer
-                               + state)
+        self.state = models.state_bytes[m] / self.tp
+        self._context_terms()
         # system columns
         self.hbm_cap = systems.hbm_capacity[s]
         self.hbm_bw = systems.hbm_bandwidth[s] * eff.memory
@@ -292,6 +289,29 @@ class _Gathered:
         self.lat_ep = np.where(self.inter > 0, eff.latency_scaleout, eff.latency_scaleup)
         self.lat_pp = np.where(self.chips <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
         self.overhead = self.n_layers * eff.layer_overhead
+
+    def _context_terms(self) -> None:
+        """The KV attended, read and stored per sequence at the candidates' context."""
+        self.attended = _gsum(self.g_layers, [np.minimum(self.ctx, cap) for cap in self.g_cap])
+        indexer = self.idx_b * self.n_layers * self.ctx
+        self.read_per_seq = self.kv_main * self.attended + indexer + 2.0 * self.state  # decode bytes per seq per chip
+        self.stored_per_seq = (self.kv_main * _gsum(self.g_stored, [np.minimum(self.ctx, w) for w in self.g_window])
+                               + indexer + self.state)
+
+    def with_inputs(self, batch: object = None, context: object = None, phase: object = None,
+                    kv_tier: object = None) -> _Gathered:
+        """The same candidates at another batch, context, phase or KV tier (the catalog columns are reused)."""
+        g = copy.copy(self)
+        if batch is not None:
+            g.batch = np.broadcast_to(_f(batch), self.batch.shape)
+        if phase is not None:
+            g.phase = np.broadcast_to(np.asarray(phase), self.phase.shape)
+        if kv_tier is not None:
+            g.on_host = np.broadcast_to(np.asarray(kv_tier) == 1, self.on_host.shape)
+        if context is not None:
+            g.ctx = np.broadcast_to(_f(context), self.ctx.shape)
+            g._context_terms()
+        return g
 
 
 def _gsum(weights: list[np.ndarray], values: list[np.ndarray]) -> np.ndarray:
@@ -377,7 +397,27 @@ def evaluate(
     c = cand.broadcast()
     if eff is None:
         eff = systems.efficiency_of(np.asarray(c.system))
+    return _evaluate(_Gathered(c, models, systems, eff), ttft)
+
+
+def evaluate_at(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency | None,
+                inputs: list[dict]) -> list[dict[str, np.ndarray]]:
+    """`evaluate` (without TTFT) of the same candidates at several inputs, each a dict of ``batch``,
+    ``context``, ``phase`` or ``kv_tier`` overrides; the catalog columns are gathered once.
+    """
+    c = cand.broadcast()
+    if eff is None:
+        eff = systems.efficiency_of(np.asarray(c.system))
     g = _Gathered(c, models, systems, eff)
+    return [_evaluate(g.with_inputs(**kw), ttft=False, brief=True) for kw in inputs]
+
+
+BRIEF_KEYS = ("chips", "compute_s", "memory_s", "comm_s", "step_s", "bound", "overhead_s", "kv_bytes_per_chip",
+              "hbm_bytes_per_chip", "fits")
+"""What `evaluate_at` returns: the pass times and the memory check (what request-level physics builds on)."""
+
+
+def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.ndarray]:
     prefill = g.phase == 1
     if prefill.ndim and (prefill.all() or not prefill.any()):
         prefill = bool(prefill.all())  # uniform phase: take one branch only
@@ -391,7 +431,11 @@ def evaluate(
     act_tokens = _where(prefill, lambda: np.minimum(r["tokens_rank"], PREFILL_CHUNK), lambda: r["tokens_rank"])
     act_bytes = act_tokens * 8.0 * g.d * ACT_BYTES + r["seqs_rank"] * g.vocab / g.tp * LOGIT_BYTES
     hbm_bytes = weights_bytes + np.where(g.on_host, 0.0, kv_bytes) + act_bytes
-    fits = (hbm_bytes <= g.hbm_cap * eff.hbm_usable) & (~g.on_host | (kv_bytes <= g.host_cap))
+    fits = (hbm_bytes <= g.hbm_cap * g.eff.hbm_usable) & (~g.on_host | (kv_bytes <= g.host_cap))
+    if brief:
+        return {"chips": g.chips, "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s,
+                "bound": bound, "overhead_s": g.overhead * np.ones_like(step_s), "kv_bytes_per_chip": kv_bytes,
+                "hbm_bytes_per_chip": hbm_bytes, "fits": fits}
 
     # throughput and cost: PP micro-batches are in flight
     seqs_in_flight = g.batch * g.pp

@@ -54,12 +54,12 @@ usd_per_mtok_blended = usd_per_request / (P + O) x 1e6.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from dse.catalog.hardware import Efficiency
-from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate_at
 
 DEFAULT_CHUNK = 8192  # prefill tokens per DP rank per forward pass (vLLM / SGLang chunked-prefill budget)
 RHO_MAX = 0.9  # highest utilisation a prefill pool is planned at (M/D/1 waits grow as 1 / (1 - rho))
@@ -140,26 +140,35 @@ def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v
     return x
 
 
-def _decode_parts(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency,
-                  req: Request) -> tuple[dict, dict, np.ndarray]:
-    """The decode pass at the mean context P + O/2 (times) and at the peak P + O (memory)."""
-    mean = evaluate(replace(cand, context=req.prompt + req.output / 2.0, phase=0), models, systems, eff, ttft=False)
-    peak = evaluate(replace(cand, context=req.prompt + req.output, phase=0), models, systems, eff, ttft=False)
+def _passes(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency, req: Request,
+            prefill: bool = False, decode: bool = True) -> dict[str, dict]:
+    """The passes a request-level metric needs, evaluated over one gathering of the catalog columns:
+    ``mean`` and ``peak``, the decode pass at the mean context P + O/2 (times) and at the peak P + O
+    (memory); ``prefill``, one prompt per DP rank (batch = DP) prefilled in one pass with its KV in HBM,
+    its work scaled to the computed (uncached) share of the prompt.
+    """
+    names, inputs = [], []
+    if decode:
+        names += ["mean", "peak"]
+        inputs += [{"context": req.prompt + req.output / 2.0, "phase": 0}, {"context": req.prompt + req.output,
+                                                                             "phase": 0}]
+    if prefill:
+        names.append("prefill")
+        inputs.append({"batch": np.asarray(cand.dp, dtype=np.float64), "context": req.prompt, "phase": 1,
+                       "kv_tier": 0})
+    out = dict(zip(names, evaluate_at(cand, models, systems, eff, inputs), strict=True))
+    if prefill:
+        share = req.computed_prompt / req.prompt
+        for k in ("compute_s", "comm_s", "step_s"):
+            out["prefill"][k] = out["prefill"][k] * share
+    return out
+
+
+def _decode_step(mean: dict, eff: Efficiency, req: Request) -> np.ndarray:
+    """The decode pass time t_d: its compute and communication verify draft + 1 tokens per sequence."""
     verify = float(req.draft + 1)
-    t_d = combine(mean["compute_s"] * verify, mean["memory_s"], mean["comm_s"] * verify, mean["overhead_s"],
-                  eff.overlap)
-    return mean, peak, t_d
-
-
-def _prefill_pass(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency,
-                  req: Request) -> dict:
-    """One prompt per DP rank (batch = DP) prefilled in one pass, its work scaled to the computed share."""
-    dp = np.asarray(cand.dp, dtype=np.float64)
-    pre = evaluate(replace(cand, batch=dp, context=req.prompt, phase=1, kv_tier=0), models, systems, eff, ttft=False)
-    share = req.computed_prompt / req.prompt
-    for k in ("compute_s", "comm_s", "step_s"):
-        pre[k] = pre[k] * share
-    return pre
+    return combine(mean["compute_s"] * verify, mean["memory_s"], mean["comm_s"] * verify, mean["overhead_s"],
+                   eff.overlap)
 
 
 def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
@@ -174,8 +183,9 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     """
     c = cand.broadcast()
     e = _eff(c, systems, eff)
-    mean, peak, t_d = _decode_parts(c, models, systems, e, req)
-    pre = _prefill_pass(c, models, systems, e, req)
+    passes = _passes(c, models, systems, e, req, prefill=True)
+    mean, peak, pre = passes["mean"], passes["peak"], passes["prefill"]
+    t_d = _decode_step(mean, e, req)
     p_c = req.computed_prompt
     frac = min(req.chunk, p_c) / p_c  # a full chunk's share of one prompt's prefill
     mixed = combine(mean["compute_s"] * (req.draft + 1) + frac * pre["compute_s"], mean["memory_s"],
@@ -233,7 +243,9 @@ def decode_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req:
     """A decode replica of a disaggregated deployment: TPOT, request rate, USD per request, memory."""
     c = cand.broadcast()
     e = _eff(c, systems, eff)
-    mean, peak, t_d = _decode_parts(c, models, systems, e, req)
+    passes = _passes(c, models, systems, e, req)
+    mean, peak = passes["mean"], passes["peak"]
+    t_d = _decode_step(mean, e, req)
     pp = np.asarray(c.pp, dtype=np.float64)
     conc = np.asarray(c.batch, dtype=np.float64) * pp
     lam = conc / (max(req.decode_passes, 1.0 / req.accept) * t_d)  # Little's law over the decode passes
@@ -256,7 +268,7 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
     """
     c = cand.broadcast()
     e = _eff(c, systems, eff)
-    pre = _prefill_pass(c, models, systems, e, req)
+    pre = _passes(c, models, systems, e, req, prefill=True, decode=False)["prefill"]
     sys_idx = np.asarray(c.system)
     dp = np.asarray(c.dp, dtype=np.float64)
     pp = np.asarray(c.pp, dtype=np.float64)
