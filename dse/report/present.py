@@ -24,9 +24,13 @@ HEADLINE_KEYS = (  # (key, label, unit kind) of an optimum, shown when the entry
     ("tokens_per_s_per_gpu", "tokens/s per GPU", "rate"),
     ("tokens_per_s_per_user", "tokens/s per user", "rate"),
     ("tokens_per_s", "tokens/s", "rate"),
-    ("replicas", "replicas for the demand", "count"),
+    ("replicas", "replicas for the demand (decode pool when disaggregated)", "count"),
+    ("prefill_replicas_at_demand", "prefill replicas for the demand", "count"),
     ("power_w", "power", "W"),
     ("price_kind", "price kind", "text"),
+    ("prefill_share", "prefill share of cost", "text"),
+    ("other_serving", "other mode", "text"),
+    ("other_serving_usd_per_request", "its USD/request", "usd"),
 )
 
 
@@ -66,6 +70,8 @@ def cell(column: str, value) -> str:
         return si(v, "B/s")
     if column.startswith("usd") or column.endswith("_usd") or column.startswith("price"):
         return f"{v:,.4g}"
+    if column.endswith("_share") or column.endswith("utilisation"):
+        return f"{v:.0%}"
     if column.endswith("_w") or column == "power":
         return si(v, "W")
     if isinstance(value, (int, np.integer)) or v.is_integer() and abs(v) < 1e15:
@@ -87,6 +93,14 @@ def table_html(table: pd.DataFrame, max_rows: int = 200) -> str:
 
 
 def _configuration(e: dict) -> str:
+    if e.get("serving") == "disaggregated" and len(e.get("pools") or []) == 2:
+        pre, dec = e["pools"]
+        cp = ", context parallel" if pre.get("context_parallel") else ""
+        return (f"disaggregated: {pre['replicas']} prefill replica(s) of {pre['chips']} x {pre['system']} "
+                f"TP{pre['tp']} DP{pre['dp']} EP{pre['ep']}{cp} at {pre.get('utilisation', float('nan')):.0%} "
+                f"utilisation per {dec['replicas']} decode replica(s) of {dec['chips']} x {dec['system']} "
+                f"TP{dec['tp']} DP{dec['dp']} EP{dec['ep']} PP{dec['pp']}, batch {dec['batch']}; "
+                f"{dec['weights_dtype']} weights, {dec['kv_dtype']} KV in {dec['kv_tier']}")
     return (f"{e['chips']} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
             f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}")
 
