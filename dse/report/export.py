@@ -59,6 +59,7 @@ class Pool:
     weights_dtype: str
     kv_dtype: str
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    context_parallel: bool = False  # a prefill pool that splits each prompt over its DP ranks
 
     @property
     def stage_chips(self) -> int:
@@ -91,7 +92,8 @@ def pools_of(entry: dict) -> list[Pool]:
         out.append(Pool(role=p.get("role", "both"), system=p["system"], replicas=int(p.get("replicas") or 1),
                         chips=int(p["chips"]), tp=int(p["tp"]), ep=int(p["ep"]), pp=int(p["pp"]), dp=int(p["dp"]),
                         batch=int(p["batch"]), weights_dtype=p["weights_dtype"], kv_dtype=p["kv_dtype"],
-                        chunk_tokens=int(p.get("chunk_tokens") or entry.get("chunk_tokens") or DEFAULT_CHUNK_TOKENS)))
+                        chunk_tokens=int(p.get("chunk_tokens") or entry.get("chunk_tokens") or DEFAULT_CHUNK_TOKENS),
+                        context_parallel=bool(p.get("context_parallel", False))))
     return out
 
 
@@ -105,6 +107,16 @@ def _header(framework: str, entry: dict, model_path: str) -> list[str]:
 
 def _max_len(entry: dict) -> int:
     return int(entry.get("context") or (entry.get("prompt", 0) + entry.get("output", 0)))
+
+
+def _notes(pool: Pool, gpus_per_node: int) -> list[str]:
+    """The comments above a pool's launch: weights format, nodes spanned, context parallelism."""
+    cp = []
+    if pool.context_parallel:
+        cp = [f"# context parallel: dse planned each prompt split over this replica's {pool.dp} DP ranks (ring "
+              "attention); set the framework's context-parallel size to it where the framework offers one, "
+              "otherwise this replica prefills one prompt per DP rank and its TTFT is longer than planned"]
+    return _weights_note(pool) + _nodes_note(pool, gpus_per_node) + cp
 
 
 def _weights_note(pool: Pool) -> list[str]:
@@ -137,7 +149,7 @@ def vllm(entry: dict, model_path: str, gpus_per_node: int = 8) -> list[Script]:
     port, starts = 8100, []
     for pool in pools_of(entry):
         s.lines += [f"# pool {pool.role}: {pool.replicas} replica(s) of {pool.chips} x {pool.system}"]
-        s.lines += _weights_note(pool) + _nodes_note(pool, gpus_per_node)
+        s.lines += _notes(pool, gpus_per_node)
         if pool.ep > 1 and pool.ep != pool.stage_chips:
             s.lines.append(f"# note: vLLM's expert-parallel size is TP x DP = {pool.stage_chips}; this layout has EP "
                            f"{pool.ep}: not expressible exactly")
@@ -163,7 +175,7 @@ def sglang(entry: dict, model_path: str, gpus_per_node: int = 8) -> list[Script]
     port, urls, starts = 30000, {"prefill": [], "decode": []}, []
     for pool in pools_of(entry):
         s.lines += [f"# pool {pool.role}: {pool.replicas} replica(s) of {pool.chips} x {pool.system}"]
-        s.lines += _weights_note(pool) + _nodes_note(pool, gpus_per_node)
+        s.lines += _notes(pool, gpus_per_node)
         args = ["python", "-m", "sglang.launch_server", "--model-path", model_path, "--tp-size", str(pool.stage_chips)]
         if pool.dp > 1:
             args += ["--dp-size", str(pool.dp), "--enable-dp-attention"]
@@ -204,7 +216,7 @@ def trtllm(entry: dict, model_path: str, gpus_per_node: int = 8) -> list[Script]
     servers: dict[str, list[str]] = {"prefill": [], "decode": []}
     for pool in pools_of(entry):
         s.lines += [f"# pool {pool.role}: {pool.replicas} replica(s) of {pool.chips} x {pool.system}"]
-        s.lines += _weights_note(pool) + _nodes_note(pool, gpus_per_node)
+        s.lines += _notes(pool, gpus_per_node)
         if pool.tp > 1 and pool.dp > 1:
             s.lines.append(f"# note: attention TP{pool.tp} x DP{pool.dp} is not expressible: enable_attention_dp "
                            "makes every rank a DP rank")
