@@ -99,3 +99,11 @@ def test_every_script_is_valid_bash(tmp_path, entry):
             path = tmp_path / name
             path.write_text(text)
             assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, name
+
+
+def test_context_parallel_prefill_pool_is_stated():
+    entry = {**DISAGGREGATED, "pools": [dict(DISAGGREGATED["pools"][0], context_parallel=True, dp=4, tp=2),
+                                        DISAGGREGATED["pools"][1]]}
+    for name, text in _by_name(entry).items():
+        assert "context parallel: dse planned each prompt split over this replica's 4 DP ranks" in text, name
+    assert not any("context parallel" in t for t in _by_name(DISAGGREGATED).values())
