@@ -105,5 +105,7 @@ def test_context_parallel_prefill_pool_is_stated():
     entry = {**DISAGGREGATED, "pools": [dict(DISAGGREGATED["pools"][0], context_parallel=True, dp=4, tp=2),
                                         DISAGGREGATED["pools"][1]]}
     for name, text in _by_name(entry).items():
+        if not name.endswith(".sh"):
+            continue  # the launch scripts carry the comments, not the framework's option files
         assert "context parallel: dse planned each prompt split over this replica's 4 DP ranks" in text, name
     assert not any("context parallel" in t for t in _by_name(DISAGGREGATED).values())
