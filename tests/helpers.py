@@ -94,3 +94,49 @@ def random_space(rng, moe: bool | None = None):
         ideal=bool(rng.random() < 0.4),
     )
     return model, opts
+
+
+def candidates_of(rows: list[tuple], context: float):
+    """Candidates from (system, tp, dp, ep, etp, pp, wd, kd, tier, n) rows: batch = DP x n per micro-batch."""
+    import numpy as np
+
+    from dse.physics.roofline import Candidates
+
+    a = np.array(rows, dtype=np.int64).T
+    return Candidates(model=0, system=a[0], tp=a[1], dp=a[2], ep=a[3], etp=a[4], pp=a[5], batch=a[2] * a[9],
+                      context=context, weights_dtype=a[6], kv_dtype=a[7], kv_tier=a[8])
+
+
+def brute_force_pools(model, w, opts):
+    """Every decode replica (every layout at every batch per DP rank up to the cap) and every prefill replica
+    (without and with context parallelism) of a space, listed independently of the space builder and
+    evaluated by the request-level physics. Returns None when the space has no layout, else a dict with
+    ``rows`` and ``dec`` (decode rows and `decode_pool` metrics), ``d_ok`` (fits and meets the TPOT target),
+    ``pre_rows``, ``pre`` (`prefill_pool` metrics), ``rho`` (`rho_for_ttft`), ``p_ok`` (fits, TTFT met),
+    ``cp`` and the physics inputs ``mt``, ``st``, ``eff``, ``req``."""
+    import numpy as np
+
+    from dse.catalog.hardware import IDEAL
+    from dse.catalog.units import DTYPES
+    from dse.physics.roofline import ModelTable, SystemTable
+    from dse.physics.serving import Request, decode_pool, prefill_pool, rho_for_ttft
+
+    systems, choices = brute_force_choices(model, opts)
+    if not choices:
+        return None
+    mt, st = ModelTable.build([model]), SystemTable.build(systems)
+    eff = IDEAL if opts.ideal else None
+    req = Request(w.prompt, w.output)
+    rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), int(tier == "host"), n)
+            for si, lay, wd, kd, tier in choices for n in range(1, opts.max_batch_per_rank + 1)]
+    dec = decode_pool(candidates_of(rows, w.prompt + w.output), mt, st, req, eff)
+    d_ok = dec["fits"] & np.isfinite(dec["usd_per_request"])
+    if w.tpot_max is not None:
+        d_ok &= dec["tpot_s"] <= w.tpot_max * (1 + 1e-9)
+    pre_rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), 0, 1)
+                for si, lay, wd, kd, tier in choices if tier == "hbm"] * 2
+    cp = np.repeat([False, True], len(pre_rows) // 2)
+    pre = prefill_pool(candidates_of(pre_rows, w.prompt), mt, st, req, cp, eff)
+    rho = rho_for_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], w.ttft_max)
+    return {"rows": rows, "dec": dec, "d_ok": d_ok, "pre_rows": pre_rows, "pre": pre, "rho": rho,
+            "p_ok": pre["fits"] & np.isfinite(rho), "cp": cp, "mt": mt, "st": st, "eff": eff, "req": req}

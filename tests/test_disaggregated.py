@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import brute_force_choices, random_space
+from helpers import brute_force_pools, random_space
 
-from dse.catalog.hardware import IDEAL
-from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
 from dse.optimize.requests import SOLVER_NAME, solve_disaggregated
 from dse.optimize.space import Workload, build_space
-from dse.physics.roofline import Candidates, ModelTable, SystemTable
-from dse.physics.serving import Request, decode_pool, disaggregated, prefill_pool, rho_for_ttft
+from dse.physics.serving import disaggregated
 
 
 def random_case(rng: np.random.Generator, moe: bool | None = None):
@@ -31,39 +28,19 @@ def random_case(rng: np.random.Generator, moe: bool | None = None):
     return model, w, opts
 
 
-def _cand(rows: list[tuple], context: int) -> Candidates:
-    a = np.array(rows, dtype=np.int64).T
-    return Candidates(model=0, system=a[0], tp=a[1], dp=a[2], ep=a[3], etp=a[4], pp=a[5], batch=a[2] * a[9],
-                      context=context, weights_dtype=a[6], kv_dtype=a[7], kv_tier=a[8])
-
-
 def brute_force(model, w: Workload, opts):
     """The least USD per request of a disaggregated deployment (None if none) and its metrics."""
-    systems, choices = brute_force_choices(model, opts)
-    if not choices:
+    t = brute_force_pools(model, w, opts)
+    if t is None:
         return None
-    mt, st = ModelTable.build([model]), SystemTable.build(systems)
-    eff = IDEAL if opts.ideal else None
-    req = Request(w.prompt, w.output)
-    rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), int(tier == "host"), n)
-            for si, lay, wd, kd, tier in choices for n in range(1, opts.max_batch_per_rank + 1)]
-    dec = decode_pool(_cand(rows, w.prompt + w.output), mt, st, req, eff)
-    d_ok = dec["fits"] & np.isfinite(dec["usd_per_request"])
-    if w.tpot_max is not None:
-        d_ok &= dec["tpot_s"] <= w.tpot_max * (1 + 1e-9)
-    pre_rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), 0, 1)
-                for si, lay, wd, kd, tier in choices if tier == "hbm"] * 2
-    cp = np.repeat([False, True], len(pre_rows) // 2)
-    pre = prefill_pool(_cand(pre_rows, w.prompt), mt, st, req, cp, eff)
-    rho = rho_for_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], w.ttft_max)
-    p_ok = pre["fits"] & np.isfinite(rho)
+    rows, dec, d_ok, pre_rows, pre, rho = (t[k] for k in ("rows", "dec", "d_ok", "pre_rows", "pre", "rho"))
     best = None
-    for j in np.flatnonzero(p_ok):  # every prefill option against every decode pair of the same formats
+    for j in np.flatnonzero(t["p_ok"]):  # every prefill option against every decode pair of the same formats
         same = d_ok & (np.array([r[6] for r in rows]) == pre_rows[j][6]) & (np.array([r[7] for r in rows]) == pre_rows[j][7])
         if not same.any():
             continue
         one = {k: (v[j] if np.ndim(v) else v) for k, v in pre.items()}
-        m = disaggregated({k: (v[same] if np.ndim(v) else v) for k, v in dec.items()}, one, req, rho[j])
+        m = disaggregated({k: (v[same] if np.ndim(v) else v) for k, v in dec.items()}, one, t["req"], rho[j])
         i = int(np.argmin(m["usd_per_request"]))
         if best is None or m["usd_per_request"][i] < best[0]:
             best = (float(m["usd_per_request"][i]), {k: np.asarray(v)[i] if np.ndim(v) else v for k, v in m.items()})

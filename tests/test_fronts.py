@@ -11,62 +11,40 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import brute_force_choices, random_space
+from helpers import brute_force_pools, candidates_of, random_space
 
-from dse.catalog.hardware import IDEAL
-from dse.catalog.units import DTYPES
 from dse.optimize.fronts import front
 from dse.optimize.requests import disaggregated_tables, request_of
 from dse.optimize.space import Workload, build_space
-from dse.physics.roofline import Candidates, ModelTable, SystemTable
-from dse.physics.serving import Request, aggregated, decode_pool, disaggregated, prefill_pool, rho_for_ttft
-
-
-def _cand(rows, context):
-    a = np.array(rows, dtype=np.int64).T
-    return Candidates(model=0, system=a[0], tp=a[1], dp=a[2], ep=a[3], etp=a[4], pp=a[5], batch=a[2] * a[9],
-                      context=context, weights_dtype=a[6], kv_dtype=a[7], kv_tier=a[8])
+from dse.physics.serving import aggregated, disaggregated
 
 
 def reference_points(model, w: Workload, opts) -> dict[str, list[tuple[float, float, float]]]:
     """(TPOT, USD per request, chip-seconds per output token) of every feasible configuration."""
-    systems, choices = brute_force_choices(model, opts)
-    mt, st = ModelTable.build([model]), SystemTable.build(systems)
-    eff = IDEAL if opts.ideal else None
-    req = Request(w.prompt, w.output)
-    rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), int(tier == "host"), n)
-            for si, lay, wd, kd, tier in choices for n in range(1, opts.max_batch_per_rank + 1)]
+    t = brute_force_pools(model, w, opts)
+    if t is None:
+        return {"agg": [], "dis": []}
+    rows, dec, d_ok, pre_rows, pre, rho = (t[k] for k in ("rows", "dec", "d_ok", "pre_rows", "pre", "rho"))
     pts: list[tuple[float, float, float]] = []
-    if not rows:
-        return {"agg": pts, "dis": []}
     chips = np.array([r[1] * r[2] * r[5] for r in rows], dtype=float)
-    ag = aggregated(_cand(rows, w.prompt + w.output), mt, st, req, eff)
+    ag = aggregated(candidates_of(rows, w.prompt + w.output), t["mt"], t["st"], t["req"], t["eff"])
     ok = ag["fits"] & ag["stable"] & np.isfinite(ag["usd_per_request"]) & (ag["usd_per_request"] > 0)
     for key, cap in (("tpot_s", w.tpot_max), ("ttft_s", w.ttft_max)):
         if cap is not None:
             ok &= ag[key] <= cap * (1 + 1e-9)
     for i in np.flatnonzero(ok):
         pts.append((ag["tpot_s"][i], ag["usd_per_request"][i], chips[i] / (ag["requests_per_s"][i] * w.output)))
-    dec = decode_pool(_cand(rows, w.prompt + w.output), mt, st, req, eff)
-    d_ok = dec["fits"] & np.isfinite(dec["usd_per_request"])
-    if w.tpot_max is not None:
-        d_ok &= dec["tpot_s"] <= w.tpot_max * (1 + 1e-9)
-    pre_rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), 0, 1)
-                for si, lay, wd, kd, tier in choices if tier == "hbm"] * 2
-    cp = np.repeat([False, True], len(pre_rows) // 2)
-    pre = prefill_pool(_cand(pre_rows, w.prompt), mt, st, req, cp, eff)
-    rho = rho_for_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], w.ttft_max)
     wd_kd = np.array([(r[6], r[7]) for r in rows])
     dis = []
-    for j in np.flatnonzero(pre["fits"] & np.isfinite(rho)):
+    for j in np.flatnonzero(t["p_ok"]):
         same = d_ok & (wd_kd[:, 0] == pre_rows[j][6]) & (wd_kd[:, 1] == pre_rows[j][7])
         if not same.any():
             continue
         one = {k: (v[j] if np.ndim(v) else v) for k, v in pre.items()}
         sub = {k: (v[same] if np.ndim(v) else v) for k, v in dec.items()}
-        m = disaggregated(sub, one, req, rho[j])
-        for t, c, tok in zip(m["tpot_s"], m["usd_per_request"], m["tokens_per_s_per_gpu"], strict=True):
-            dis.append((t, c, 1.0 / tok))
+        m = disaggregated(sub, one, t["req"], rho[j])
+        for tp_, c, tok in zip(m["tpot_s"], m["usd_per_request"], m["tokens_per_s_per_gpu"], strict=True):
+            dis.append((tp_, c, 1.0 / tok))
     return {"agg": pts, "dis": dis}
 
 

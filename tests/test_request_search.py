@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import brute_force_choices, random_space
+from helpers import brute_force_choices, candidates_of, random_space
 
 from dse.catalog.hardware import IDEAL
 from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
 from dse.optimize.requests import SOLVER_NAME, evaluate_pairs, pairs, request_of, solve_requests
 from dse.optimize.space import SpaceOptions, Workload, build_space
-from dse.physics.roofline import Candidates, ModelTable, SystemTable
+from dse.physics.roofline import ModelTable, SystemTable
 from dse.physics.serving import Request, aggregated
 
 
@@ -38,8 +38,7 @@ def brute_force(model, w: Workload, opts: SpaceOptions):
     if not rows:
         return None
     a = np.array(rows, dtype=np.int64).T
-    cand = Candidates(model=0, system=a[0], tp=a[1], dp=a[2], ep=a[3], etp=a[4], pp=a[5], batch=a[2] * a[9],
-                      context=w.prompt + w.output, weights_dtype=a[6], kv_dtype=a[7], kv_tier=a[8])
+    cand = candidates_of(rows, w.prompt + w.output)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
     r = aggregated(cand, mt, st, Request(w.prompt, w.output), IDEAL if opts.ideal else None)
     cost = r["usd_per_request"]
