@@ -5,7 +5,8 @@ parameters (the bilinear log law of Clark et al. 2022 reduced to its slope at fi
 gamma = 1/3 encodes the lecture's reading of that paper (64x the total parameters is worth 4x the
 active ones); DeepSeekMoE's 16.4B total / 2.8B active matching a 7B dense model gives gamma ~ 0.52
 (`moe_equivalence_deepseekmoe`). For each sparsity, the smallest DeepSeek-shaped MoE that reaches
-N_eff is served on one scale-up domain (weights and KV must fit in its HBM) by the serving MIP.
+N_eff is served on one scale-up domain per replica (weights and KV must fit in its HBM), priced per request
+with its prefill, aggregated or disaggregated (`dse.optimize.requests.solve_cheapest`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 
 from dse.catalog.models import Architecture, ModelSpec
 from dse.errors import InfeasibleError
-from dse.optimize.serving import solve_serving
+from dse.optimize.requests import solve_cheapest
 from dse.optimize.space import SpaceOptions, Workload, build_space
 
 TOP_K = 8
@@ -62,9 +63,12 @@ def codesign_point(n_eff: float, sparsity: int, gamma: float, workload: Workload
                effective_params=effective_params(m, gamma))
     space = build_space(m, workload, opts)
     try:
-        r = solve_serving(space, workload.tpot_max, solver=solver)
+        mode, r = solve_cheapest(space)  # USD per request with its prefill, aggregated or disaggregated
     except InfeasibleError as exc:
         return {**row, "status": "infeasible", "reason": str(exc), "usd_per_mtok": math.inf}
-    b = space.blocks.loc[r.choice.block]
-    return {**row, "status": r.result.status, "reason": "", "usd_per_mtok": r.choice.cost, "tpot_s": r.choice.step,
-            "chips": int(b["chips"]), "system": b["system"], "batch": int(b["dp"]) * r.choice.n}
+    choice = r.choice if mode == "aggregated" else r.decode
+    b = space.blocks.loc[choice.block]
+    return {**row, "status": r.result.status, "reason": "", "serving": mode,
+            "usd_per_mtok": r.metrics["usd_per_request"] / workload.output * 1e6, "tpot_s": r.metrics["tpot_s"],
+            "ttft_s": r.metrics["ttft_s"], "prefill_share": r.metrics["prefill_share"],
+            "chips": int(b["chips"]), "system": b["system"], "batch": int(b["dp"]) * choice.n}

@@ -3,9 +3,10 @@
 For a model of N parameters, the pre-training tokens that reach the target loss follow from a
 Chinchilla-form loss L(N, D) = E + A / N^alpha + B / D^beta (Hoffmann et al. 2022, or the Epoch AI
 refit of Besiroglu et al. 2024). Lifetime cost = pre-training (6 N D_pre) + RL ((2..6) N D_RL x
-inefficiency) + inference (D_inf output tokens at the serving optimum), with D_inf = demand x days.
+inefficiency) + inference (D_inf output tokens, D_inf / O requests at the request-level serving
+optimum: USD per request with its prefill, aggregated or disaggregated), with D_inf = demand x days.
 Optuna searches N (and so the overtraining ratio D_pre / 20 N); every trial solves the training
-cluster MIP and the serving MIP for that model.
+cluster MIP and the exact serving search for that model.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pandas as pd
 from dse.catalog.hardware import default_systems
 from dse.catalog.models import Architecture, ModelSpec
 from dse.errors import InfeasibleError
-from dse.optimize.serving import solve_serving
+from dse.optimize.requests import solve_cheapest
 from dse.optimize.solver import solve
 from dse.optimize.space import SpaceOptions, Workload, build_space, describe_choice
 from dse.physics.training import TrainLayout, train_step
@@ -157,10 +158,11 @@ def lifetime_cost(n_params: float, life: Lifetime) -> dict:
     d_rl = life.rl_tokens_per_pretrain_token * d_pre
     rl_usd = d_rl * train["usd_per_token"] * life.rl_flops_factor / 6.0 * life.rl_inefficiency
     space = build_space(model, life.workload, life.serving)
-    serve = solve_serving(space, life.workload.tpot_max)
+    mode, serve = solve_cheapest(space)  # USD per request, prefill counted, aggregated or disaggregated
     d_inf = life.demand_tokens_per_s * life.deployment_days * 86400
-    inf_usd = d_inf * serve.choice.cost / 1e6
-    cfg = describe_choice(space, serve.choice)
+    usd_per_mtok = serve.metrics["usd_per_request"] / life.workload.output * 1e6  # the whole request per output Mtok
+    inf_usd = d_inf * usd_per_mtok / 1e6
+    cfg = describe_choice(space, serve.choice if mode == "aggregated" else serve.decode)
     return {
         "params": n, "d_model": model.spec.d_model, "layers": model.spec.n_layers,
         "pretrain_tokens": d_pre, "chinchilla_tokens": CHINCHILLA_TOKENS_PER_PARAM * n,
@@ -170,7 +172,8 @@ def lifetime_cost(n_params: float, life: Lifetime) -> dict:
         "train_layout": f"TP{int(train['tp'])} PP{int(train['pp'])} DP{int(train['dp'])} EP{int(train['ep'])} "
                         f"micro-batch {int(train['micro_batch'])}, {train['recompute']} recomputation",
         "train_mfu": train["mfu"], "train_days": d_pre / train["tokens_per_s"] / 86400,
-        "serve_system": cfg["system"], "serve_chips": cfg["chips"], "serve_usd_per_mtok": serve.choice.cost,
+        "serve_system": cfg["system"], "serve_chips": cfg["chips"], "serving": mode,
+        "serve_usd_per_mtok": usd_per_mtok, "serve_prefill_share": serve.metrics["prefill_share"],
         "solve_wall_s": time.perf_counter() - t0,
     }
 

@@ -498,3 +498,22 @@ def disaggregated_demand(space: Space, t: DisaggregatedTables, demand: float) ->
     return {"decode_pos": int(t.dpos[i]), "n": int(t.dn[i]), "decode_replicas": int(d_n[i]),
             "prefill_pos": int(pre.pos[j]), "context_parallel": bool(pre.cp[j]), "prefill_replicas": int(p_n[j]),
             "usd_per_s": float(total[i])}
+
+
+def solve_cheapest(space: Space, modes: tuple[str, ...] = ("aggregated", "disaggregated"),
+                   req: Request | None = None) -> tuple[str, RequestResult | DisaggregatedResult]:
+    """The cheapest deployment per request over the given modes (each exact): (mode, its result). When no mode
+    is feasible, InfeasibleError joins each mode's reason.
+    """
+    found, reasons = [], []
+    for mode in modes:
+        try:
+            r = solve_requests(space, req) if mode == "aggregated" else solve_disaggregated(space, req)
+        except InfeasibleError as exc:
+            reasons.append(f"{mode}: {exc}")
+        else:
+            found.append((r.metrics["usd_per_request"], mode, r))
+    if not found:
+        raise InfeasibleError("; ".join(reasons))
+    _, mode, r = min(found, key=lambda t: t[0])
+    return mode, r

@@ -28,7 +28,7 @@ from dse.optimize.requests import (
     pick_disaggregated,
     request_of,
 )
-from dse.optimize.serving import ServingResult, solve_serving
+from dse.optimize.serving import ServingResult
 from dse.optimize.space import Space, build_space, describe_choice
 from dse.physics.evaluate import Config, evaluate_config
 from dse.studies.base import StudySpec
@@ -264,11 +264,6 @@ def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray |
         found.append((e, r))
     found.sort(key=lambda fr: fr[0]["usd_per_request"])
     return found, reasons
-
-
-def solve_space(space: Space, spec: StudySpec, tpot: float | None, **kw) -> ServingResult:
-    """The serving optimum of a space under a TPOT target, with the study's solver settings."""
-    return solve_serving(space, tpot, solver=spec.solver.name, time_limit_s=spec.solver.time_limit_s, **kw)
 
 
 def run_serving(spec: StudySpec, solve_one: Callable[[Space, StudySpec, StudyOutput, bool], None],

@@ -58,7 +58,10 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     for system, g in table.groupby("system_domain", sort=False):
         ok = g[g["status"] != "infeasible"]
         if ok.empty:
-            best.append({"system_domain": system, "status": "infeasible"})
+            priced = not g["reason"].astype(str).str.contains("has a price of kind").all()
+            best.append({"system_domain": system, "status": "infeasible",
+                         "reason": "no sparsity fits one domain" if priced else
+                         f"left out: no price of kind '{spec.price}' (supply one in the study's prices)"})
             continue
         b = ok.loc[ok["usd_per_mtok"].idxmin()]
         best.append({"system_domain": system, "status": "optimal", "sparsity": int(b["sparsity"]),
@@ -93,7 +96,7 @@ def _codesign(out: StudyOutput, path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sparsity (total / active expert parameters; fixed quality)")
-    ax.set_ylabel("USD per million output tokens")
+    ax.set_ylabel("USD per million output tokens (whole requests, prefill included)")
     ax.set_title("Cost-optimal sparsity (star) jumps with the scale-up domain", fontsize=10)
     ax.legend(fontsize=8)
     save(fig, path)
@@ -107,9 +110,9 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
     lines = []
     for e in summary["optimum"]:
         if e["status"] == "infeasible":
-            lines.append(f"{e['system_domain']}: no sparsity fits one domain")
+            lines.append(f"{e['system_domain']}: {e.get('reason', 'no sparsity fits one domain')}")
             continue
         lines.append(f"{e['system_domain']}: sparsity {e['sparsity']} ({e['params_total'] / 1e12:.2f}T total, "
                      f"{e['params_active'] / 1e9:.0f}B active) on {e['chips']} chips: "
-                     f"{e['usd_per_mtok']:.4g} USD/Mtok")
+                     f"{e['usd_per_mtok']:.4g} USD per output Mtok, whole requests (prefill included)")
     return lines
