@@ -370,6 +370,9 @@ def validate(
     from dse.catalog.hardware import default_efficiency, default_efficiency_catalog, hw_dir
 
     err = Console(stderr=True)
+    if cases is not None and cases.suffix.lower() == ".csv":
+        _validate_runs(cases, fit, out, as_json)
+        return
     try:
         loaded = v.load_cases(cases)
         if fit:
@@ -388,6 +391,39 @@ def validate(
         typer.echo(json.dumps(report.as_dict(), indent=2))
         return
     _print_validation(report, target)
+
+
+def _validate_runs(cases: Path, fit: bool, out: Path | None, as_json: bool) -> None:
+    """`dse validate --cases FILE.csv`: measured serving runs predicted at request level, cross-validated."""
+    from dse.validate import serving_runs as sr
+
+    try:
+        if fit:
+            raise InputError(f"{cases}: --fit refits the YAML cases' efficiencies; a CSV of measured runs is always "
+                             "cross-validated by leaving whole concurrency sweeps out (drop --fit)")
+        v = sr.validate_file(cases)
+        target = out or Path("results") / "validate_runs"
+        files = sr.write_runs_report(v, target)
+    except InputError as exc:
+        _fail(exc)
+    doc = sr.as_dict(v)
+    if as_json:
+        typer.echo(json.dumps(_finite(doc), indent=2, default=float))
+        return
+    console = Console()
+    t = Table(title=f"{doc['rows_predicted']:,} of {doc['rows_given']:,} rows predicted (coverage "
+                    f"{doc['coverage']:.1%}); median absolute error", header_style="bold")
+    for col in ("category", "metric", "n", "shipped physics", "leave-group-out", "in-sample", "ideal roofline",
+                "signed median"):
+        t.add_column(col, justify="left" if col in ("category", "metric") else "right")
+    for e in doc["summary"]:
+        t.add_row(e["category"], e["metric"], str(e["n"]), f"{e['median_abs_error']:.1%}",
+                  f"{e['loo_median_abs_error']:.1%}", f"{e['in_sample_median_abs_error']:.1%}",
+                  f"{e['ideal_median_abs_error']:.1%}", f"{e['signed_median']:+.1%}")
+    console.print(t)
+    for reason, n in doc["skipped"]["by_reason"].items():
+        console.print(f"[dim]skipped[/] {n} row(s): {escape(reason)}", highlight=False)
+    console.print(f"wrote {', '.join(files)} to {target}/", highlight=False)
 
 
 def _print_validation(report, target: Path) -> None:

@@ -336,3 +336,43 @@ def disaggregated(dec: dict, pre: dict, req: Request, rho: np.ndarray) -> dict[s
                    prefill_service_s=pre["prefill_service_s"] * np.ones_like(ttft))
     out["power_w"] = power
     return out
+
+
+def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: np.ndarray,
+                             prefill_replicas: np.ndarray, decode_replicas: np.ndarray,
+                             steps: int = 64) -> dict[str, np.ndarray]:
+    """A disaggregated deployment holding a fixed number of requests in flight (a benchmark's closed loop):
+    ``concurrency`` requests cycle through ``prefill_replicas`` prefill replicas and ``decode_replicas``
+    decode replicas, each new request sent as one completes.
+
+    ``dec`` is `decode_pool` evaluated at each decode replica's share of the requests in flight, ``pre``
+    `prefill_pool`. The request rate lambda solves lambda (TTFT(lambda) + (O - 1) TPOT) = C (Little's
+    law), with TTFT = S + W + transfer, W the M/D/1 mean wait per prefill server at
+    rho = lambda S / (servers x prefill replicas). The left side increases in lambda up to the pole
+    rho = 1, so bisection on [0, servers x replicas / S) finds it (``steps`` halvings).
+    Returns ``requests_per_s``, ``ttft_s``, ``tpot_s``, ``prefill_rho`` and ``queue_wait_s``.
+    """
+    c = np.asarray(concurrency, dtype=np.float64)
+    s = np.asarray(pre["prefill_service_s"], dtype=np.float64)
+    servers = np.asarray(pre["servers"], dtype=np.float64) * np.asarray(prefill_replicas, dtype=np.float64)
+    transfer = np.asarray(pre["kv_transfer_s"], dtype=np.float64)
+    tpot = np.asarray(dec["tpot_s"], dtype=np.float64)
+    tail = max(req.output - 1, 0) * tpot
+
+    def excess(lam: np.ndarray) -> np.ndarray:
+        rho = lam * s / servers
+        return lam * (s + mdl_wait(rho, s) + transfer + tail) - c
+
+    lo = np.zeros_like(c)
+    hi = servers / s
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        over = excess(mid) > 0
+        hi = np.where(over, mid, hi)
+        lo = np.where(over, lo, mid)
+    lam = 0.5 * (lo + hi)
+    rho = lam * s / servers
+    wait = mdl_wait(rho, s)
+    return {"requests_per_s": lam, "ttft_s": s + wait + transfer, "tpot_s": tpot, "prefill_rho": rho,
+            "queue_wait_s": wait, "decode_replicas": np.asarray(decode_replicas, dtype=np.float64)}
+

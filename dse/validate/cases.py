@@ -114,8 +114,8 @@ def load_cases(path: Path | None = None) -> Cases:
     """
     path = Path(path) if path else cases_path()
     if path.suffix.lower() == ".csv":
-        raise InputError(f"{path}: `dse validate --cases` reads YAML case files (hw_catalog/calibration/cases.yaml "
-                         "format); CSV files of measured serving runs are not supported yet")
+        raise InputError(f"{path}: a CSV of measured serving runs is read by dse.validate.serving_runs, not as YAML "
+                         "cases")
     if not path.exists():
         raise InputError(f"{path}: no such cases file")
     doc = read_yaml(path)

@@ -1,0 +1,460 @@
+"""Measured serving runs (the columns of ``shared/data/measured_serving.csv``) predicted by the request-level
+physics, with errors by partition and leave-group-out cross-validation.
+
+A row is one benchmark run: ``concurrency`` requests of ``isl`` prompt and ``osl`` output tokens kept in
+flight (a closed loop: each request is replaced as it completes) against one deployment. How a row maps to
+the physics (`dse.physics.serving`):
+
+- Model and system: ``model_path`` (a Hugging Face id; quantized re-releases map to their base model) and
+  ``system`` map to catalog ids (`MODEL_IDS`, `SYSTEM_IDS`); a row of another model or system is skipped
+  with the reason.
+- Number formats: ``gemm_quant_mode`` / ``precision`` give the weights format (``fp8`` and ``fp8_block``
+  -> fp8, ``nvfp4`` / ``fp4`` -> fp4, none -> bf16); int4 weight-only rows are skipped (no catalog
+  format). The KV format is not in the data: fp8 where the weights are fp8 or fp4, else bf16 (the
+  frameworks' FP8 recipes quantize the KV cache with the weights).
+- Layout (agg, and each pool of disagg): attention runs as ``tp_size`` x ``attention_dp_size`` and experts
+  as ``moe_ep_size`` x ``moe_tp_size`` over the same chips (the two products must agree; a dense model has
+  no expert split), ``pp_size`` stages. A missing degree is 1.
+- agg: ``batch_size`` is the configured sequences per attention-DP rank, so a replica holds
+  batch_size x attention_dp_size sequences; a concurrency above that is spread over
+  concurrency / (batch_size x attention_dp_size) replicas. Each replica is `aggregated` at its share of
+  the requests in flight (in-flight batching with chunked prefill, closed loop by Little's law).
+- disagg: ``decode_num_workers`` decode replicas share the requests in flight (`decode_pool` at that
+  share); ``prefill_num_workers`` prefill replicas serve one prompt per DP rank (`prefill_pool`); the
+  closed loop (`disaggregated_closed_loop`) gives the request rate, and with it the prefill queueing in TTFT.
+- Rows whose concurrency is missing take the layout's batch in flight.
+
+Errors are predicted / measured - 1 of the median TTFT and TPOT. Rows of one (model, system, framework,
+mode, ISL, OSL) group are one concurrency sweep and are correlated, so the headline figure leaves whole
+groups out: `calibrate` fits per-(hardware family, mode) scale factors of TTFT and TPOT on the other groups
+(the median log ratio, i.e. the factor that centres the errors) and predicts the group left out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dse.catalog.calibration import family_of
+from dse.catalog.hardware import IDEAL, Efficiency, default_systems
+from dse.catalog.models import default_models
+from dse.catalog.units import DTYPES
+from dse.errors import InputError
+from dse.physics.roofline import Candidates, ModelTable, SystemTable
+from dse.physics.serving import Request, aggregated, decode_pool, disaggregated_closed_loop, prefill_pool
+
+MODEL_IDS = {
+    "deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+    "nvidia/DeepSeek-V3.1-NVFP4": "deepseek-v3",  # V3.1 keeps the V3 architecture
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b", "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b", "openai/gpt-oss-120b": "gpt-oss-120b",
+    "MiniMaxAI/MiniMax-M2.5": "minimax-m2.5", "Qwen/Qwen3-32B": "qwen3-32b", "nvidia/Qwen3-32B-NVFP4": "qwen3-32b",
+    "Qwen/Qwen3.5-397B-A17B": "qwen3.5-397b-a17b", "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b",
+    "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b", "moonshotai/Kimi-K2.5": "kimi-k2.5", "zhipuai/GLM-5": "glm-5",
+}
+"""Hugging Face ids of the measured models -> catalog ids (quantized re-releases keep their architecture)."""
+SYSTEM_IDS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300", "gb200": "gb200-nvl72"}
+WEIGHTS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "fp4": "fp4", "bf16": "bf16", "float16": "bf16",
+           "fp16": "bf16"}
+REQUIRED = ("id", "model_path", "system", "mode", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms")
+NUMERIC = ("concurrency", "isl", "osl", "batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
+           "moe_ep_size", "prefill_batch_size", "prefill_num_workers", "prefill_tp_size", "prefill_pp_size",
+           "prefill_attention_dp_size", "prefill_moe_tp_size", "prefill_moe_ep_size", "decode_batch_size",
+           "decode_num_workers", "decode_tp_size", "decode_pp_size", "decode_attention_dp_size",
+           "decode_moe_tp_size", "decode_moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms")
+GROUP = ("model", "system", "backend", "mode", "isl", "osl")
+"""One concurrency sweep: the unit left out by the cross-validation."""
+METRICS = ("ttft", "tpot")
+CONCURRENCY_BANDS = (0, 8, 32, 128, 512, math.inf)
+
+
+@dataclass
+class Runs:
+    """The rows the physics can represent (one per row, mapped) and the others with their reasons."""
+
+    table: pd.DataFrame
+    skipped: list[dict] = field(default_factory=list)
+    given: int = 0
+
+
+def read_runs(path: Path) -> pd.DataFrame:
+    """Read a CSV of measured runs; a missing column or a non-number where a number belongs is an InputError."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    try:
+        raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
+        raise InputError(f"{path}: not a readable CSV file ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in REQUIRED if c not in raw.columns]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}; a measured-runs file has the columns "
+                         f"of measured_serving.csv (at least {', '.join(REQUIRED)})")
+    out = raw.copy()
+    for col in NUMERIC:
+        if col not in raw.columns:
+            out[col] = np.nan
+            continue
+        text = raw[col].str.strip()
+        values = pd.to_numeric(text.where(text != "", None), errors="coerce")
+        bad = text.ne("") & values.isna()
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise InputError(f"{path}: row {i + 2} (id {raw['id'].iloc[i]}), column '{col}': {text.iloc[i]!r} is "
+                             "not a number")
+        if ((values < 0) | ~np.isfinite(values.fillna(0))).any():
+            i = int(np.flatnonzero(((values < 0) | ~np.isfinite(values.fillna(0))).to_numpy())[0])
+            raise InputError(f"{path}: row {i + 2} (id {raw['id'].iloc[i]}), column '{col}': must be a finite "
+                             f"number >= 0, got {text.iloc[i]!r}")
+        out[col] = values
+    return out
+
+
+def _layout(r: pd.Series, prefix: str, moe: bool, heads: int) -> tuple[int, int, int, int, int] | str:
+    """(tp, dp, ep, etp, pp) of one worker, or the reason it is not a dse layout."""
+    def deg(name: str) -> int:
+        v = r.get(prefix + name)
+        return 1 if v is None or not np.isfinite(v) or v < 1 else int(v)
+    tp, dp, pp = deg("tp_size"), deg("attention_dp_size"), deg("pp_size")
+    ep, etp = deg("moe_ep_size"), deg("moe_tp_size")
+    if heads % tp and not np.isfinite(r.get(prefix + "attention_dp_size", np.nan)):
+        tp, dp = 1, tp  # a TP degree that does not divide the heads: the run used attention DP over those chips
+    chips = tp * dp
+    if not moe:
+        return tp, dp, 1, chips, pp
+    if ep * etp != chips:
+        return (f"expert layout EP{ep} x TP{etp} = {ep * etp} chips does not match attention TP{tp} x DP{dp} = "
+                f"{chips} chips")
+    return tp, dp, ep, etp, pp
+
+
+def map_runs(raw: pd.DataFrame) -> Runs:
+    """Map each row to catalog ids, formats and layouts; rows that cannot be represented are listed with why."""
+    models, systems = default_models(), default_systems()
+    rows, skipped = [], []
+    for _, r in raw.iterrows():
+        def skip(reason: str, row_id: str = r["id"]) -> None:
+            skipped.append({"id": row_id, "reason": reason})
+        model = MODEL_IDS.get(r["model_path"])
+        system = SYSTEM_IDS.get(r["system"])
+        if model is None or model not in models:
+            skip(f"model {r['model_path']!r} is not in the catalog")
+            continue
+        if system is None or system not in systems:
+            skip(f"system {r['system']!r} is not in the catalog")
+            continue
+        if r["mode"] not in ("agg", "disagg"):
+            skip(f"mode {r['mode']!r} is neither agg nor disagg")
+            continue
+        if not (r["silicon_ttft_ms"] > 0 and r["silicon_tpot_ms"] > 0):
+            skip("no measured TTFT and TPOT")
+            continue
+        if not (r["isl"] >= 1 and r["osl"] >= 1):
+            skip("ISL or OSL missing")
+            continue
+        quant = r.get("gemm_quant_mode") or r.get("precision") or "bf16"
+        if quant not in WEIGHTS:
+            skip(f"weights format {quant!r} (weight-only integer quantization) is not a catalog number format")
+            continue
+        wd = WEIGHTS[quant]  # a format the chip has no tensor units for runs weight-only (dequantized)
+        kd = "fp8" if wd in ("fp8", "fp4") else "bf16"
+        arch = models[model]
+        if r["isl"] + r["osl"] > arch.max_context:
+            skip(f"ISL + OSL = {int(r['isl'] + r['osl']):,} exceeds {model}'s trained window")
+            continue
+        row = {"id": r["id"], "model": model, "system": system, "backend": r.get("backend", ""), "mode": r["mode"],
+               "isl": int(r["isl"]), "osl": int(r["osl"]), "wd": wd, "kd": kd,
+               "measured_ttft_s": r["silicon_ttft_ms"] / 1e3, "measured_tpot_s": r["silicon_tpot_ms"] / 1e3}
+        if r["mode"] == "agg":
+            lay = _layout(r, "", arch.is_moe, arch.spec.attention.n_heads)
+            if isinstance(lay, str):
+                skip(lay)
+                continue
+            tp, dp, ep, etp, pp = lay
+            per_rank = r["batch_size"] if np.isfinite(r["batch_size"]) and r["batch_size"] >= 1 else np.nan
+            conc = r["concurrency"] if np.isfinite(r["concurrency"]) and r["concurrency"] >= 1 else per_rank * dp
+            if not np.isfinite(conc):
+                skip("neither concurrency nor batch_size is given")
+                continue
+            replicas = max(1.0, conc / (per_rank * dp)) if np.isfinite(per_rank) else 1.0
+            row.update(concurrency=float(conc), tp=tp, dp=dp, ep=ep, etp=etp, pp=pp, replicas=replicas,
+                       in_flight=float(conc) / replicas, chips=tp * dp * pp * replicas)
+        else:
+            pre = _layout(r, "prefill_", arch.is_moe, arch.spec.attention.n_heads)
+            dec = _layout(r, "decode_", arch.is_moe, arch.spec.attention.n_heads)
+            if isinstance(pre, str) or isinstance(dec, str):
+                skip(f"{'prefill' if isinstance(pre, str) else 'decode'} pool: {pre if isinstance(pre, str) else dec}")
+                continue
+            pw, dw = r["prefill_num_workers"], r["decode_num_workers"]
+            pw = pw if np.isfinite(pw) and pw >= 1 else 1.0  # not stated: one worker per pool (1P1D)
+            dw = dw if np.isfinite(dw) and dw >= 1 else 1.0
+            conc = r["concurrency"]
+            if not (np.isfinite(conc) and conc >= 1):
+                per_rank = r["decode_batch_size"]
+                if not (np.isfinite(per_rank) and per_rank >= 1):
+                    skip("neither concurrency nor decode_batch_size is given")
+                    continue
+                conc = per_rank * dec[1] * dw
+            row.update(concurrency=float(conc), tp=dec[0], dp=dec[1], ep=dec[2], etp=dec[3], pp=dec[4],
+                       replicas=float(dw), in_flight=float(conc) / dw, p_tp=pre[0], p_dp=pre[1], p_ep=pre[2],
+                       p_etp=pre[3], p_pp=pre[4], p_replicas=float(pw),
+                       chips=dec[0] * dec[1] * dec[4] * dw + pre[0] * pre[1] * pre[4] * pw)
+        rows.append(row)
+    return Runs(pd.DataFrame(rows), skipped, len(raw))
+
+
+def _candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefix: str, batch: np.ndarray,
+                context: float) -> Candidates:
+    a = np.asarray
+    return Candidates(
+        model=a([models.index(m) for m in t["model"]]), system=a([systems.index(s) for s in t["system"]]),
+        tp=t[prefix + "tp"].to_numpy(), dp=t[prefix + "dp"].to_numpy(), ep=t[prefix + "ep"].to_numpy(),
+        etp=t[prefix + "etp"].to_numpy(), pp=t[prefix + "pp"].to_numpy(), batch=batch, context=context,
+        weights_dtype=a([DTYPES.index(w) for w in t["wd"]]), kv_dtype=a([DTYPES.index(k) for k in t["kd"]]),
+        kv_tier=0)
+
+
+def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None) -> pd.DataFrame:
+    """Predicted TTFT and TPOT (seconds) and whether the configuration fits, per mapped row (same index)."""
+    out = pd.DataFrame(index=table.index, columns=["predicted_ttft_s", "predicted_tpot_s", "fits"], dtype=float)
+    if table.empty:
+        return out
+    models, systems = sorted(set(table["model"])), sorted(set(table["system"]))
+    catalog_m, catalog_s = default_models(), default_systems()
+    mt = ModelTable.build([catalog_m[m] for m in models])
+    st = SystemTable.build([catalog_s[s] for s in systems])
+    for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
+        req = Request(int(isl), int(osl))
+        per_stage = g["in_flight"].to_numpy() / g["pp"].to_numpy()  # sequences per micro-batch of a replica
+        cand = _candidates(g, models, systems, "", per_stage, isl + osl)
+        if mode == "agg":
+            r = aggregated(cand, mt, st, req, eff)
+            ttft = r["ttft_s"]
+            tpot, fits = r["tpot_s"], r["fits"]
+        else:
+            dec = decode_pool(cand, mt, st, req, eff)
+            pre_t = g[["model", "system", "wd", "kd"]].assign(**{k: g[f"p_{k}"] for k in ("tp", "dp", "ep", "etp",
+                                                                                          "pp")})
+            pcand = _candidates(pre_t, models, systems, "", np.ones(len(g)), isl)
+            pre = prefill_pool(pcand, mt, st, req, False, eff)
+            r = disaggregated_closed_loop(dec, pre, req, g["concurrency"].to_numpy(), g["p_replicas"].to_numpy(),
+                                          g["replicas"].to_numpy())
+            ttft, tpot, fits = r["ttft_s"], r["tpot_s"], dec["fits"] & pre["fits"]
+        out.loc[g.index, "predicted_ttft_s"] = ttft
+        out.loc[g.index, "predicted_tpot_s"] = tpot
+        out.loc[g.index, "fits"] = np.asarray(fits, dtype=float)
+    return out
+
+
+# ---- errors, leave-group-out scales, summary ------------------------------------------------------------
+def scale_key(table: pd.DataFrame) -> pd.Series:
+    """What a fitted scale is shared by: the hardware family (the system where it has none) and the mode."""
+    fam = [family_of(s) or s for s in table["system"]]
+    return pd.Series(fam, index=table.index) + "|" + table["mode"]
+
+
+def group_key(table: pd.DataFrame) -> pd.Series:
+    return table[list(GROUP)].astype(str).agg("|".join, axis=1)
+
+
+def _fit(lr: pd.Series, keys: pd.Series) -> dict[str, float]:
+    """Per key, the median log(predicted / measured): dividing by exp() of it centres that key's errors."""
+    return {k: float(np.median(v)) for k, v in lr.groupby(keys) if len(v)}
+
+
+@dataclass
+class RunsValidation:
+    """Every mapped row with its predictions and errors; the fitted scales; what was skipped."""
+
+    table: pd.DataFrame
+    scales: dict[str, dict[str, float]]
+    skipped: list[dict]
+    given: int
+
+    @property
+    def coverage(self) -> float:
+        return len(self.table) / self.given if self.given else 0.0
+
+
+def validate_runs(runs: Runs) -> RunsValidation:
+    """Predict every row with the catalog's calibrated factors (``error``), with per-(family, mode) scales
+    fitted on all rows (``in_sample_error``) and fitted with the row's whole concurrency sweep left out
+    (``loo_error``, the headline), and with the ideal roofline (``ideal_error``).
+
+    A scale divides a metric's prediction by exp(median log(predicted / measured)) of its (family, mode):
+    for TPOT it is the decode step's efficiency relative to the catalog's calibration, for TTFT the
+    prefill's and its queueing's.
+    """
+    t = runs.table.copy()
+    if t.empty:
+        return RunsValidation(t, {}, runs.skipped, runs.given)
+    pred, ideal = predict_runs(t), predict_runs(t, IDEAL)
+    keys, groups = scale_key(t), group_key(t)
+    scales = {}
+    for m in METRICS:
+        p = pred[f"predicted_{m}_s"].astype(float)
+        meas = t[f"measured_{m}_s"]
+        t[f"predicted_{m}_s"] = p
+        t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
+        t[f"{m}_error"] = p / meas - 1.0
+        t[f"{m}_ideal_error"] = t[f"ideal_{m}_s"] / meas - 1.0
+        lr = np.log(p / meas)
+        fitted = _fit(lr, keys)
+        scales[m] = fitted
+        t[f"{m}_in_sample_error"] = np.exp(lr - keys.map(fitted)) - 1.0
+        loo = pd.Series(np.nan, index=t.index)
+        for g, idx in groups.groupby(groups).groups.items():
+            rest = groups != g
+            k = keys[idx[0]]
+            others = lr[rest & (keys == k)]
+            shift = float(np.median(others)) if len(others) else 0.0  # a family seen in no other group: no scale
+            loo[idx] = np.exp(lr[idx] - shift) - 1.0
+        t[f"{m}_loo_error"] = loo
+    t["fits"] = pred["fits"].astype(bool)
+    return RunsValidation(t, scales, runs.skipped, runs.given)
+
+
+def _stats(err: pd.Series) -> dict:
+    a = err.dropna().abs()
+    return {"n": int(len(a)), "median_abs_error": float(a.median()) if len(a) else math.nan,
+            "mape": float(a.mean()) if len(a) else math.nan,
+            "p90_abs_error": float(a.quantile(0.9)) if len(a) else math.nan,
+            "signed_median": float(err.dropna().median()) if len(a) else math.nan}
+
+
+def summary(v: RunsValidation) -> list[dict]:
+    """Per category (all, agg, disagg) and metric: the shipped physics' errors and the leave-group-out one."""
+    out = []
+    t = v.table
+    for cat in ("all", "agg", "disagg"):
+        sub = t if cat == "all" else t[t["mode"] == cat]
+        for m in METRICS:
+            if sub.empty:
+                continue
+            e = {"category": cat, "metric": m, **_stats(sub[f"{m}_error"]),
+                 "loo_median_abs_error": float(sub[f"{m}_loo_error"].abs().median()),
+                 "in_sample_median_abs_error": float(sub[f"{m}_in_sample_error"].abs().median()),
+                 "ideal_median_abs_error": float(sub[f"{m}_ideal_error"].abs().median())}
+            out.append(e)
+    return out
+
+
+def _band(c: float) -> str:
+    for lo, hi in zip(CONCURRENCY_BANDS[:-1], CONCURRENCY_BANDS[1:], strict=True):
+        if lo < c <= hi:
+            return f"{lo + 1}-{hi:g}" if math.isfinite(hi) else f">{lo}"
+    return "?"
+
+
+def partitions(v: RunsValidation) -> dict[str, list[dict]]:
+    """Median absolute errors (shipped physics and leave-group-out) by system x mode, model, framework, mode,
+    ISL/OSL and concurrency band.
+    """
+    t = v.table.assign(isl_osl=v.table["isl"].astype(str) + "/" + v.table["osl"].astype(str),
+                       concurrency_band=v.table["concurrency"].map(_band),
+                       system_mode=v.table["system"] + " " + v.table["mode"])
+    out = {}
+    for by in ("system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band"):
+        rows = []
+        for key, g in t.groupby(by, sort=True):
+            row = {by: key, "n": len(g)}
+            for m in METRICS:
+                row[f"{m}_median_abs_error"] = float(g[f"{m}_error"].abs().median())
+                row[f"{m}_loo_median_abs_error"] = float(g[f"{m}_loo_error"].abs().median())
+            rows.append(row)
+        out[by] = rows
+    return out
+
+
+def as_dict(v: RunsValidation, worst: int = 20) -> dict:
+    from collections import Counter
+
+    t = v.table
+    reasons = Counter(s["reason"] for s in v.skipped)
+    worst_rows = {}
+    for m in METRICS:
+        if t.empty:
+            continue
+        w = t.reindex(t[f"{m}_loo_error"].abs().sort_values(ascending=False).index[:worst])
+        worst_rows[m] = w[["id", "model", "system", "backend", "mode", "isl", "osl", "concurrency",
+                           f"measured_{m}_s", f"predicted_{m}_s", f"{m}_error", f"{m}_loo_error"]].to_dict("records")
+    return {"rows_given": v.given, "rows_predicted": len(t), "coverage": v.coverage, "summary": summary(v),
+            "partitions": partitions(v) if not t.empty else {}, "scales": v.scales, "worst": worst_rows,
+            "skipped": {"count": len(v.skipped), "by_reason": dict(reasons.most_common()), "rows": v.skipped}}
+
+
+def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
+    """validate_runs.csv, summary.json, predicted-vs-measured scatters (log-log) and report.html."""
+    import base64
+    import html
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = as_dict(v)
+    v.table.to_csv(folder / "validate_runs.csv", index=False)
+    (folder / "summary.json").write_text(json.dumps(doc, indent=2, default=float))
+    files = ["validate_runs.csv", "summary.json"]
+    imgs = []
+    for m in METRICS:
+        if v.table.empty:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 6))
+        for mode, g in v.table.groupby("mode"):
+            pred = g[f"measured_{m}_s"] * (1 + g[f"{m}_loo_error"])
+            ax.scatter(g[f"measured_{m}_s"] * 1e3, pred * 1e3, s=6, alpha=0.6, label=f"{mode} (leave-group-out)")
+        lo = float(v.table[f"measured_{m}_s"].min() * 1e3 / 2)
+        hi = float(v.table[f"measured_{m}_s"].max() * 1e3 * 2)
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        for f in (1.25, 1 / 1.25):
+            ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {m.upper()} (ms)")
+        ax.set_ylabel(f"predicted {m.upper()} (ms)")
+        ax.set_title(f"{m.upper()}: predicted against measured (dotted: +-25%)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        name = f"scatter_{m}.png"
+        fig.savefig(folder / name, dpi=110)
+        plt.close(fig)
+        files.append(name)
+        imgs.append((m, base64.b64encode((folder / name).read_bytes()).decode()))
+
+    def table_html(rows: list[dict]) -> str:
+        return pd.DataFrame(rows).to_html(index=False, float_format=lambda x: f"{x:.3f}") if rows else "<p>none</p>"
+
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>dse validate: measured serving runs</title>",
+             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
+             "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>",
+             "<h1>Measured serving runs: predicted TTFT and TPOT</h1>",
+             f"<p>{len(v.table):,} of {v.given:,} rows predicted (coverage {v.coverage:.1%}). Errors are predicted / "
+             "measured - 1 with the catalog's calibrated physics; leave-group-out errors rescale each (hardware "
+             "family, mode) by the median error of the other concurrency sweeps, leaving the row's whole sweep "
+             "out (the headline figure).</p>",
+             "<h2>Summary</h2>", table_html(doc["summary"])]
+    parts += [f"<h2>{m.upper()}</h2><img src='data:image/png;base64,{img}'>" for m, img in imgs]
+    for by, rows in doc["partitions"].items():
+        parts += [f"<h2>Error by {html.escape(by.replace('_', ' '))}</h2>", table_html(rows)]
+    for m, rows in doc["worst"].items():
+        parts += [f"<h2>Worst rows: {m.upper()} (leave-group-out)</h2>", table_html(rows)]
+    parts += ["<h2>Skipped rows</h2><ul>",
+              *[f"<li>{html.escape(r)}: {n}</li>" for r, n in doc["skipped"]["by_reason"].items()], "</ul>",
+              "</body></html>"]
+    (folder / "report.html").write_text("\n".join(parts))
+    files.append("report.html")
+    return files
+
+
+def validate_file(path: Path) -> RunsValidation:
+    """Read, map, predict and cross-validate a CSV of measured serving runs."""
+    return validate_runs(map_runs(read_runs(path)))

@@ -1,0 +1,122 @@
+"""`dse validate --cases FILE.csv`: measured serving runs (shared/data/measured_serving.csv) predicted at request
+level, with leave-group-out cross-validation, errors by partition and the rows it cannot represent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dse.validate.serving_runs import GROUP, as_dict, map_runs, read_runs, validate_file, validate_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "hw_catalog" / "calibration" / "published" / "measured_serving.csv"
+
+
+def dse(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dse.cli", *args], capture_output=True, text=True,
+                          env=os.environ.copy(), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def full():
+    return validate_file(MEASURED)
+
+
+def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
+    """Coverage and the leave-group-out errors as they stand (the issue's goals: coverage >= 95%, TPOT <= 15%,
+    TTFT <= 25%): the assertions pin what is reached, so a regression shows."""
+    doc = as_dict(full)
+    assert doc["rows_given"] == 3113 and doc["coverage"] >= 0.95
+    by = {(e["category"], e["metric"]): e for e in doc["summary"]}
+    assert {"n", "median_abs_error", "mape", "p90_abs_error", "signed_median", "loo_median_abs_error"} <= set(
+        by[("all", "tpot")])
+    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.27
+    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.23
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.65
+    # the calibrated physics beats the ideal roofline on what it was calibrated for
+    assert by[("all", "tpot")]["median_abs_error"] < by[("all", "tpot")]["ideal_median_abs_error"]
+    assert set(doc["partitions"]) == {"system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band"}
+    assert doc["worst"]["tpot"] and doc["skipped"]["count"] == doc["rows_given"] - doc["rows_predicted"]
+
+
+def test_a_calibrated_decode_step_is_never_faster_than_the_roofline(full):
+    t = full.table
+    assert (t["predicted_tpot_s"] >= t["ideal_tpot_s"] * (1 - 1e-9)).all()
+
+
+def test_leave_group_out_never_sees_the_sweep_it_predicts():
+    """A synthetic sweep measured 3x slower than all others: in sample its scale is shared with the rest, and
+    leaving its group out cannot learn its offset (its error stays), while the others are centred."""
+    raw = read_runs(MEASURED)
+    runs = map_runs(raw[raw["model_path"] == "Qwen/Qwen3-32B"])
+    t = runs.table
+    groups = t[list(GROUP)].astype(str).agg("|".join, axis=1)
+    first = groups == groups.iloc[0]
+    t.loc[first, "measured_tpot_s"] *= 3.0
+    v = validate_runs(runs)
+    odd = v.table.loc[first, "tpot_loo_error"].abs().median()
+    rest = v.table.loc[~first, "tpot_loo_error"].abs().median()
+    assert odd > 0.5 and rest < odd
+
+
+def test_cli_reads_a_subset_and_writes_the_report(tmp_path):
+    raw = pd.read_csv(MEASURED)
+    sub = tmp_path / "some.csv"
+    raw.iloc[::25].to_csv(sub, index=False)
+    out = tmp_path / "rep"
+    r = dse("validate", "--cases", str(sub), "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["rows_given"] == len(raw.iloc[::25]) and doc["coverage"] > 0.9
+    for name in ("validate_runs.csv", "summary.json", "scatter_ttft.png", "scatter_tpot.png", "report.html"):
+        assert (out / name).stat().st_size > 0
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html and "Error by system mode" in html and "Worst rows" in html
+
+
+def test_rows_it_cannot_represent_are_counted_with_the_reason(tmp_path):
+    raw = pd.read_csv(MEASURED).head(6).copy()
+    raw.loc[0, "model_path"] = "acme/Unknown-7B"
+    raw.loc[1, "system"] = "mi300x"
+    raw.loc[2, "gemm_quant_mode"] = "int4_wo"
+    path = tmp_path / "odd.csv"
+    raw.to_csv(path, index=False)
+    doc = as_dict(validate_file(path))
+    reasons = " | ".join(doc["skipped"]["by_reason"])
+    assert doc["rows_predicted"] == 3 and doc["skipped"]["count"] == 3
+    assert "acme/Unknown-7B" in reasons and "'mi300x' is not in the catalog" in reasons and "int4_wo" in reasons
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.drop(columns=["silicon_tpot_ms"]), "missing column(s) silicon_tpot_ms"),
+    (lambda d: d.assign(isl=["long"] + list(d["isl"].iloc[1:])), "row 2 (id "),
+    (lambda d: d.assign(concurrency=[-4.0] + list(d["concurrency"].iloc[1:])), "column 'concurrency': must be"),
+])
+def test_a_malformed_csv_exits_2_naming_the_file_and_column(tmp_path, edit, message):
+    path = tmp_path / "bad.csv"
+    edit(pd.read_csv(MEASURED).head(4)).to_csv(path, index=False)
+    out = tmp_path / "out"
+    r = dse("validate", "--cases", str(path), "--out", str(out))
+    assert r.returncode == 2 and str(path) in " ".join(r.stderr.split()) and message in " ".join(r.stderr.split())
+    assert "Traceback" not in r.stderr and not out.exists()
+
+
+def test_closed_loop_of_a_disaggregated_deployment_obeys_littles_law():
+    """lambda (TTFT + (O - 1) TPOT) = C at the solved rate; more requests in flight, longer TTFT."""
+    from dse.physics.serving import Request, disaggregated_closed_loop
+
+    req = Request(4000, 500)
+    dec = {"tpot_s": np.array([0.02, 0.02, 0.02])}
+    pre = {"prefill_service_s": np.array([0.3, 0.3, 0.3]), "servers": np.array([8.0, 8.0, 8.0]),
+           "kv_transfer_s": np.array([0.01, 0.01, 0.01])}
+    c = np.array([8.0, 64.0, 512.0])
+    r = disaggregated_closed_loop(dec, pre, req, c, np.ones(3), np.ones(3))
+    np.testing.assert_allclose(r["requests_per_s"] * (r["ttft_s"] + 499 * 0.02), c, rtol=1e-9)
+    assert (np.diff(r["ttft_s"]) > 0).all() and (r["prefill_rho"] < 1).all()
