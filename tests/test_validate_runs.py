@@ -34,6 +34,7 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     TTFT <= 25%): the assertions pin what is reached, so a regression shows."""
     doc = as_dict(full)
     assert doc["rows_given"] == 3113 and doc["coverage"] >= 0.95
+    assert doc["rows_failing_the_memory_check"] <= 0.1 * doc["rows_predicted"]  # a finding, reported
     by = {(e["category"], e["metric"]): e for e in doc["summary"]}
     assert {"n", "median_abs_error", "mape", "p90_abs_error", "signed_median", "loo_median_abs_error"} <= set(
         by[("all", "tpot")])

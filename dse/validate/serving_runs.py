@@ -314,7 +314,7 @@ def validate_runs(runs: Runs) -> RunsValidation:
             shift = float(np.median(others)) if len(others) else 0.0  # a family seen in no other group: no scale
             loo[idx] = np.exp(lr[idx] - shift) - 1.0
         t[f"{m}_loo_error"] = loo
-    t["fits"] = pred["fits"].astype(bool)
+    t["fits"] = pred["fits"].astype(bool)  # the memory check; a measured run that "does not fit" is a finding
     return RunsValidation(t, scales, runs.skipped, runs.given)
 
 
@@ -383,6 +383,7 @@ def as_dict(v: RunsValidation, worst: int = 20) -> dict:
         worst_rows[m] = w[["id", "model", "system", "backend", "mode", "isl", "osl", "concurrency",
                            f"measured_{m}_s", f"predicted_{m}_s", f"{m}_error", f"{m}_loo_error"]].to_dict("records")
     return {"rows_given": v.given, "rows_predicted": len(t), "coverage": v.coverage, "summary": summary(v),
+            "rows_failing_the_memory_check": int((~t["fits"]).sum()) if "fits" in t else 0,
             "partitions": partitions(v) if not t.empty else {}, "scales": v.scales, "worst": worst_rows,
             "skipped": {"count": len(v.skipped), "by_reason": dict(reasons.most_common()), "rows": v.skipped}}
 
@@ -441,6 +442,9 @@ def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
              "measured - 1 with the catalog's calibrated physics; leave-group-out errors rescale each (hardware "
              "family, mode) by the median error of the other concurrency sweeps, leaving the row's whole sweep "
              "out (the headline figure).</p>",
+             f"<p>{doc['rows_failing_the_memory_check']:,} measured runs fail dse's memory check (the physics says "
+             "their layout does not hold the weights, KV and activations in HBM, yet they ran): the memory model is "
+             "conservative there, or the run's KV format was narrower than assumed.</p>",
              "<h2>Summary</h2>", table_html(doc["summary"])]
     parts += [f"<h2>{m.upper()}</h2><img src='data:image/png;base64,{img}'>" for m, img in imgs]
     for by, rows in doc["partitions"].items():
