@@ -55,9 +55,13 @@ MODEL_IDS = {
     "MiniMaxAI/MiniMax-M2.5": "minimax-m2.5", "Qwen/Qwen3-32B": "qwen3-32b", "nvidia/Qwen3-32B-NVFP4": "qwen3-32b",
     "Qwen/Qwen3.5-397B-A17B": "qwen3.5-397b-a17b", "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b",
     "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b", "moonshotai/Kimi-K2.5": "kimi-k2.5", "zhipuai/GLM-5": "glm-5",
+    "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b", "amd/Llama-3.1-70B-Instruct-FP8-KV": "llama-3.1-70b",
+    "amd/Llama-3.1-405B-Instruct-FP8-KV": "llama-3.1-405b", "Qwen/Qwen3.5-397B-A17B-FP8": "qwen3.5-397b-a17b",
 }
 """Hugging Face ids of the measured models -> catalog ids (quantized re-releases keep their architecture)."""
-SYSTEM_IDS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300", "gb200": "gb200-nvl72"}
+SYSTEM_IDS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300", "gb200": "gb200-nvl72",
+              "mi300x": "mi300x", "mi325x": "mi325x", "mi355x": "mi355x", "tpu_v5e": "tpu-v5e", "tpu_v6e": "tpu-v6e",
+              "tpu_v7": "tpu-v7"}
 WEIGHTS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "fp4": "fp4", "bf16": "bf16", "float16": "bf16",
            "fp16": "bf16"}
 REQUIRED = ("id", "model_path", "system", "mode", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms")
@@ -151,7 +155,7 @@ def map_runs(raw: pd.DataFrame) -> Runs:
             skip(f"mode {r['mode']!r} is neither agg nor disagg")
             continue
         if not (r["silicon_ttft_ms"] > 0 and r["silicon_tpot_ms"] > 0):
-            skip("no measured TTFT and TPOT")
+            skip("no measured TTFT and TPOT (a throughput-only row)")
             continue
         if not (r["isl"] >= 1 and r["osl"] >= 1):
             skip("ISL or OSL missing")
