@@ -85,14 +85,14 @@ def test_cli_reads_a_subset_and_writes_the_report(tmp_path):
 def test_rows_it_cannot_represent_are_counted_with_the_reason(tmp_path):
     raw = pd.read_csv(MEASURED).head(6).copy()
     raw.loc[0, "model_path"] = "acme/Unknown-7B"
-    raw.loc[1, "system"] = "mi300x"
+    raw.loc[1, "system"] = "tpu_v9"
     raw.loc[2, "gemm_quant_mode"] = "int4_wo"
     path = tmp_path / "odd.csv"
     raw.to_csv(path, index=False)
     doc = as_dict(validate_file(path))
     reasons = " | ".join(doc["skipped"]["by_reason"])
     assert doc["rows_predicted"] == 3 and doc["skipped"]["count"] == 3
-    assert "acme/Unknown-7B" in reasons and "'mi300x' is not in the catalog" in reasons and "int4_wo" in reasons
+    assert "acme/Unknown-7B" in reasons and "'tpu_v9' is not in the catalog" in reasons and "int4_wo" in reasons
 
 
 @pytest.mark.parametrize(("edit", "message"), [
