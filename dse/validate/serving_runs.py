@@ -22,6 +22,8 @@ the physics (`dse.physics.serving`):
 - disagg: ``decode_num_workers`` decode replicas share the requests in flight (`decode_pool` at that
   share); ``prefill_num_workers`` prefill replicas serve one prompt per DP rank (`prefill_pool`); the
   closed loop (`disaggregated_closed_loop`) gives the request rate, and with it the prefill queueing in TTFT.
+  Where the file leaves the worker counts empty: one prefill worker, and as many decode workers as
+  concurrency / (decode_batch_size x attention DP) (the rows that state all three satisfy it exactly).
 - Rows whose concurrency is missing take the layout's batch in flight.
 
 Errors are predicted / measured - 1 of the median TTFT and TPOT. Rows of one (model, system, framework,
@@ -194,9 +196,12 @@ def map_runs(raw: pd.DataFrame) -> Runs:
                 skip(f"{'prefill' if isinstance(pre, str) else 'decode'} pool: {pre if isinstance(pre, str) else dec}")
                 continue
             pw, dw = r["prefill_num_workers"], r["decode_num_workers"]
-            pw = pw if np.isfinite(pw) and pw >= 1 else 1.0  # not stated: one worker per pool (1P1D)
-            dw = dw if np.isfinite(dw) and dw >= 1 else 1.0
+            pw = pw if np.isfinite(pw) and pw >= 1 else 1.0  # not stated: one prefill worker
             conc = r["concurrency"]
+            per_rank = r["decode_batch_size"]
+            if not (np.isfinite(dw) and dw >= 1):  # not stated: as many decode workers as hold the concurrency
+                known = np.isfinite(conc) and conc >= 1 and np.isfinite(per_rank) and per_rank >= 1
+                dw = max(1.0, math.ceil(conc / (per_rank * dec[1]))) if known else 1.0
             if not (np.isfinite(conc) and conc >= 1):
                 per_rank = r["decode_batch_size"]
                 if not (np.isfinite(per_rank) and per_rank >= 1):
