@@ -106,7 +106,7 @@ def cost_expr(m: pyo.ConcreteModel, d: FleetData):
     hours = d.slice_h * len(d.slices)
     return (sum(float(sy.loc[s, "reserved_usd_per_node_h"]) * hours * m.reserved[s] for s in m.S)
             + sum(float(sy.loc[s, "hourly_usd_per_node_h"]) * d.slice_h * m.hourly[s, t] for s in m.S for t in m.T)
-            + sum(float(sy.loc[s, "fixed_usd_per_day"]) * m.used[s] for s in m.S)) * (24.0 / hours)
+            ) * (24.0 / hours) + sum(float(sy.loc[s, "fixed_usd_per_day"]) * m.used[s] for s in m.S)
 
 
 ELASTIC = 1e7
