@@ -161,3 +161,47 @@ def test_larger_instances_beat_or_match_the_greedy():
         assert g >= r.result.objective * (1 - 1e-9)
         gains.append(1 - r.result.objective / g if math.isfinite(g) else 1.0)
     assert gains
+
+
+def _run(study: str, out):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "dse.cli", "run", str(root / "studies" / study), "--out", str(out),
+                        "--json"], capture_output=True, text=True, env=os.environ.copy(), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_fleet_day_study_lands_in_deepseeks_range_and_writes_fleet_csv(tmp_path):
+    s = _run("fleet_day.yaml", tmp_path / "fd")
+    assert s["kind"] == "fleet" and s["status"] == "optimal" and s["objective"] == "usd_per_day"
+    assert s["solver"]["gap"] <= 1e-6 and s["solver"]["name"].startswith("pyomo")
+    assert s["price_kind"] == {"reserved": "rental_3yr", "hourly": "on_demand"}
+    assert 40_000 < s["cost"]["usd_per_day"] < 200_000  # DeepSeek: 87,072 USD/day at 2 USD per H800-hour
+    assert 200 <= s["peak_nodes"]["h800"] <= 340  # DeepSeek: a peak of 278 nodes
+    assert s["gain_over_greedy"] >= 0
+    fleet = pd.read_csv(tmp_path / "fd" / "fleet.csv")
+    assert {"system", "replicas"} <= set(fleet["row"])
+    nodes = fleet[fleet["row"] == "system"]
+    assert (nodes["nodes"] <= nodes["inventory_nodes"]).all()
+    assert nodes["nodes"].iloc[:8].max() <= 240  # nodes lent at night
+    for e in s["best"]:
+        assert e["pools"] and all(p["role"] in ("prefill", "decode", "both") for p in e["pools"])
+
+
+def test_disaggregated_vs_aggregated_study_answers_its_question(tmp_path):
+    s = _run("disaggregated_vs_aggregated.yaml", tmp_path / "dva")
+    assert s["kind"] == "deployment" and s["status"] == "optimal" and s["objective"] == "usd_per_s"
+    modes = pd.read_csv(tmp_path / "dva" / "modes.csv")
+    for (_, _), g in modes.groupby(["workload", "group"]):
+        cost = g.set_index("mode")["usd_per_s"]
+        assert cost["mixed"] <= min(cost["aggregated"], cost["disaggregated"]) * (1 + 1e-9)
+    long = modes[(modes["workload"] != "chat") & (modes["group"] == "8-gpu-nodes")].set_index(["workload", "mode"])
+    for wl in ("rag", "coding"):  # long prompts: splitting pays on 8-GPU nodes
+        assert long.loc[(wl, "disaggregated"), "usd_per_s"] < long.loc[(wl, "aggregated"), "usd_per_s"]
+    assert len(s["best"]) == 6
