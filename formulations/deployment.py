@@ -45,7 +45,8 @@ def add_variables(m: pyo.ConcreteModel, d: DeploymentData) -> None:
 
 def add_capacity(m: pyo.ConcreteModel, d: DeploymentData) -> None:
     """Each class's demand is served by aggregated replicas plus disaggregated requests s; the prefill pool and the
-    decode pool each carry at least s (decode rate by Little's law, prefill at its TTFT-capped utilisation)."""
+    decode pool each carry at least s (decode rate by Little's law, prefill at its TTFT-capped utilisation).
+    """
     p = d.points
 
     def rate(c, role):
@@ -59,7 +60,8 @@ def add_capacity(m: pyo.ConcreteModel, d: DeploymentData) -> None:
 
 def add_numerics(m: pyo.ConcreteModel, d: DeploymentData) -> None:
     """One checkpoint and one KV format for the whole deployment: a disjunction over the numerics groups, each
-    disjunct switching off every point of the other groups."""
+    disjunct switching off every point of the other groups.
+    """
     if len(m.G) < 2:
         return
     groups = [int(g) for g in d.points["group"]]

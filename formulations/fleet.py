@@ -80,7 +80,8 @@ def add_demand(m: pyo.ConcreteModel, d: FleetData) -> None:
 
 def add_nodes(m: pyo.ConcreteModel, d: FleetData) -> None:
     """Replicas occupy whole nodes: per system and slice, reserved plus hourly nodes hold them; within inventory,
-    and only on systems in use (which carry their fixed cost)."""
+    and only on systems in use (which carry their fixed cost).
+    """
     o = d.options
 
     def hold(_, s, t):
@@ -123,7 +124,8 @@ def _slack(m: pyo.ConcreteModel, name: str, index):
 
 def build(d: FleetData, elastic: bool = False) -> pyo.ConcreteModel:
     """The fleet program: minimize USD per day (a horizon other than 24 h is scaled to a day). With ``elastic``,
-    inventory, power and budget may be exceeded at a large penalty: the shortfalls name what binds."""
+    inventory, power and budget may be exceeded at a large penalty: the shortfalls name what binds.
+    """
     m = pyo.ConcreteModel("fleet")
     if elastic:
         m.short_nodes = pyo.Var(list(d.systems.index), d.slices, domain=pyo.NonNegativeReals)

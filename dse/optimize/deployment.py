@@ -39,7 +39,8 @@ def data_of(points: dict[str, pd.DataFrame], demand: dict[str, float]) -> Deploy
 
 def diagnose(d: DeploymentData) -> str | None:
     """Why no deployment exists: a class with no aggregated point and no prefill and decode points sharing
-    numerics (the TTFT, TPOT or memory limits left none)."""
+    numerics (the TTFT, TPOT or memory limits left none).
+    """
     p = d.points
     short = []
     for c, lam in d.demand.items():
@@ -71,7 +72,8 @@ def solve_deployment(d: DeploymentData, solver: str = "highs", gdp: str = "bigm"
 def check(d: DeploymentData, pools: pd.DataFrame, targets: dict[str, tuple[float | None, float | None]] | None = None
           ) -> list[str]:
     """Independent re-check of a solution: every class served (aggregated capacity plus the lesser of its prefill
-    and decode capacities), one numerics group, every pool within its class's TTFT and TPOT targets."""
+    and decode capacities), one numerics group, every pool within its class's TTFT and TPOT targets.
+    """
     bad = []
     if pools["group"].nunique() > 1:
         bad.append(f"pools mix numerics groups {sorted(pools['group'].unique())}")
@@ -94,7 +96,8 @@ def check(d: DeploymentData, pools: pd.DataFrame, targets: dict[str, tuple[float
 def greedy(d: DeploymentData) -> float:
     """Cost per second of the greedy deployment: per class, the cheapest single aggregated configuration or the
     cheapest single (prefill, decode) pair of one numerics, in whole replicas; one numerics for all classes (the
-    best group)."""
+    best group).
+    """
     p = d.points
     best = math.inf
     for g in p["group"].unique():

@@ -124,7 +124,8 @@ def greedy(d: FleetData) -> float:
     """USD per day of a greedy fleet: per slice and (model, class), the option with the least hourly cost per
     request/s that still fits the inventory and power left, in whole replicas with N+1, all rented by the hour; then
     each system's base load (its least nodes over the slices) moved to reserved nodes where that is cheaper.
-    Infinity when the greedy runs out of a resource."""
+    Infinity when the greedy runs out of a resource.
+    """
     o, sy = d.options, d.systems
     nodes_used = pd.DataFrame(0.0, index=sy.index, columns=d.slices)
     unit = o["nodes"] * sy.loc[o["system"], "hourly_usd_per_node_h"].to_numpy() / o["requests_per_s"]

@@ -7,8 +7,8 @@ The table ``modes`` says when splitting prefill from decode pays and at what poo
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -67,7 +67,8 @@ class Spec(StudySpec):
 
 def _entry(spec: Spec, model: str, w, pools: pd.DataFrame, systems: dict, usd_per_s: float, mode: str) -> dict:
     """The contract's entry: the largest pool's configuration evaluated as `dse evaluate` does, the deployment's
-    request-level figures, and every pool."""
+    request-level figures, and every pool.
+    """
     main = pools.sort_values("usd_per_s", key=lambda s: s * pools.loc[s.index, "replicas"]).iloc[-1]
     cfg = {k: main[k] for k in ("system", "chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context",
                                 "weights_dtype", "kv_dtype", "kv_tier")}

@@ -97,7 +97,8 @@ def _price(f: FleetSpec, s: str, kind: str, override: dict) -> float:
 
 def _options(spec: Spec, model_id: str, w, sid: str, node_chips: int) -> list[dict]:
     """The (model, workload) options on one system: aggregated replicas and disaggregated units (prefill and decode
-    replicas in whole numbers near their rate ratio), each with whole nodes, the fewest nodes per request/s first."""
+    replicas in whole numbers near their rate ratio), each with whole nodes, the fewest nodes per request/s first.
+    """
     f = spec.fleet
     opts = replace(spec.options(), systems=(sid,))
     space = build_space(get_model(model_id), w.workload(), opts)
@@ -109,7 +110,7 @@ def _options(spec: Spec, model_id: str, w, sid: str, node_chips: int) -> list[di
     for p in pts[pts["role"] == "both"].to_dict("records"):
         out.append({"serving": "aggregated", "nodes": int(p["nodes"]), "requests_per_s": p["requests_per_s"],
                     "cfg": {k: p[k] for k in CFG}, "pools": [{**{k: p[k] for k in POOL}, "replicas": 1}]})
-    for g, grp in pts.groupby("group"):
+    for _, grp in pts.groupby("group"):
         pre = grp[grp["role"] == "prefill"]
         if pre.empty:
             continue
@@ -188,7 +189,8 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
             sel = (d.options["system"] == s).to_numpy()
             busy = float((d.options.loc[sel, "nodes"].to_numpy() * r.replicas.loc[sel, t].to_numpy()).sum())
             rows.append({"row": "system", "slice": t, "system": s, "reserved_nodes": r.reserved[s],
-                         "hourly_nodes": r.hourly.loc[s, t], "nodes": held, "chips": held * d.systems.loc[s, "node_chips"],
+                         "hourly_nodes": r.hourly.loc[s, t], "nodes": held,
+                         "chips": held * d.systems.loc[s, "node_chips"],
                          "inventory_nodes": d.inventory.loc[s, t], "utilisation": busy / held if held else math.nan,
                          "power_w": held * d.systems.loc[s, "power_per_node_w"]})
     for k, o in enumerate(options):
@@ -199,7 +201,8 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
             need = float(d.demand.loc[(o["model"], o["cls"]), t])
             cap = float((d.options["requests_per_s"] * r.replicas[t])[
                 (d.options["model"] == o["model"]) & (d.options["cls"] == o["cls"])].sum())
-            rows.append({"row": "replicas", "slice": t, "model": o["model"], "workload": o["cls"], "system": o["system"],
+            rows.append({"row": "replicas", "slice": t, "model": o["model"], "workload": o["cls"],
+                         "system": o["system"],
                          "serving": o["serving"], "replicas": n, "nodes": n * o["nodes"],
                          "chips": n * sum(p["chips"] * p["replicas"] for p in o["pools"]),
                          "requests_per_s": n * o["requests_per_s"], "demand_requests_per_s": need,
