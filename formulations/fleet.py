@@ -36,7 +36,7 @@ class FleetData:
         return list(self.demand.columns)
 
     def spare(self, model: str, cls: str) -> float:
-        """Rate of the largest replica of (model, class): N+1 keeps the demand served with it down."""
+        """Rate of the largest replica of (model, class): an upper bound on what N+1 adds to the demand."""
         o = self.options
         r = o.loc[(o["model"] == model) & (o["cls"] == cls), "requests_per_s"]
         return float(r.max()) if self.n_plus_one and len(r) else 0.0
@@ -62,20 +62,35 @@ def add_variables(m: pyo.ConcreteModel, d: FleetData) -> None:
 
 
 def add_demand(m: pyo.ConcreteModel, d: FleetData) -> None:
-    """Each (model, class) demand is served in each slice, still with its largest replica down (N+1)."""
+    """Each (model, class) demand is served in each slice, and still served with any one of its replicas down (N+1:
+    capacity less the rate of each option in use, ``on`` marking the options with a replica in the slice)."""
     o = d.options
     pairs = list(d.demand.index)
     m.MC = pyo.Set(initialize=range(len(pairs)))
+    of = {j: [k for k in m.K if o["model"].iat[k] == pairs[j][0] and o["cls"].iat[k] == pairs[j][1]] for j in m.MC}
+
+    def capacity(j, t):
+        return sum(float(o["requests_per_s"].iat[k]) * m.x[k, t] for k in of[j])
 
     def rule(_, j, t):
-        mod, cls = pairs[j]
-        ks = [k for k in m.K if o["model"].iat[k] == mod and o["cls"].iat[k] == cls]
-        need = float(d.demand.loc[(mod, cls), t])
-        if need <= 0:
-            return pyo.Constraint.Skip
-        return sum(float(o["requests_per_s"].iat[k]) * m.x[k, t] for k in ks) >= need + d.spare(mod, cls)
+        need = float(d.demand.loc[pairs[j], t])
+        return pyo.Constraint.Skip if need <= 0 else capacity(j, t) >= need
 
     m.demand = pyo.Constraint(m.MC, m.T, rule=rule)
+    if not d.n_plus_one:
+        return
+    m.on = pyo.Var(m.K, m.T, domain=pyo.Binary)
+    m.on_link = pyo.Constraint(m.K, m.T, rule=lambda _, k, t: m.x[k, t] <= m.x[k, t].ub * m.on[k, t])
+    pair_of = {k: j for j in m.MC for k in of[j]}
+
+    def spare(_, k, t):
+        j = pair_of[k]
+        need = float(d.demand.loc[pairs[j], t])
+        if need <= 0:
+            return pyo.Constraint.Skip
+        return capacity(j, t) - float(o["requests_per_s"].iat[k]) * m.on[k, t] >= need
+
+    m.n_plus_one = pyo.Constraint(m.K, m.T, rule=spare)
 
 
 def add_nodes(m: pyo.ConcreteModel, d: FleetData) -> None:

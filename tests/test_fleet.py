@@ -62,11 +62,12 @@ def brute_force(d: FleetData):
                     for (mod, cls), need in d.demand[t].items():
                         if need <= 0:
                             continue
-                        rates = [o["requests_per_s"] for o in opts if o["model"] == mod and o["cls"] == cls]
-                        cap = sum(k * o["requests_per_s"] for o, k in zip(opts, x, strict=True)
-                                  if o["model"] == mod and o["cls"] == cls)
-                        spare = max(rates) if (d.n_plus_one and rates) else 0.0
-                        if not rates or cap - spare < need - 1e-9:
+                        mine = [(o["requests_per_s"], k) for o, k in zip(opts, x, strict=True)
+                                if o["model"] == mod and o["cls"] == cls]
+                        cap = sum(rate * k for rate, k in mine)
+                        in_use = [rate for rate, k in mine if k]
+                        spare = max(in_use) if (d.n_plus_one and in_use) else 0.0
+                        if cap - spare < need - 1e-9:
                             ok = False
                     if not ok:
                         continue

@@ -63,6 +63,8 @@ def compile_model(model: pyo.ConcreteModel, relax: bool = False) -> tuple[mb.Mod
         expr = sum(float(coef) * var(v) for coef, v in zip(repn.linear_coefs, repn.linear_vars, strict=True)
                    ) if repn.linear_vars else 0
         const = float(repn.constant)
+        if not all(math.isfinite(float(a)) for a in repn.linear_coefs) or math.isnan(const):
+            raise InputError(f"constraint {c.name} has a coefficient that is not a number (missing data)")
         lo = -math.inf if c.lower is None else float(pyo.value(c.lower)) - const
         hi = math.inf if c.upper is None else float(pyo.value(c.upper)) - const
         if isinstance(expr, int):

@@ -44,7 +44,7 @@ def breakdown(d: FleetData, reserved: pd.Series, hourly: pd.DataFrame) -> dict:
             "usd_per_day": res + hr + fixed}
 
 
-def diagnose(d: FleetData, solver: str = "highs", time_limit_s: float = 30.0) -> str:
+def diagnose(d: FleetData, solver: str = "highs", time_limit_s: float = 10.0) -> str:
     """The elastic program's shortfalls: which resource binds, and by how much."""
     m = build(d, elastic=True)
     res = solve_pyomo(m, solver, time_limit_s)
@@ -97,9 +97,10 @@ def check(d: FleetData, r: FleetResult) -> list[str]:
         for (mod, cls), need in d.demand[t].items():
             sel = ((o["model"] == mod) & (o["cls"] == cls)).to_numpy()
             cap = float((o.loc[sel, "requests_per_s"].to_numpy() * r.replicas.loc[sel, t].to_numpy()).sum())
-            spare = float(o.loc[sel, "requests_per_s"].max()) if d.n_plus_one and sel.any() and need > 0 else 0.0
+            used = sel & (r.replicas[t].to_numpy() > 0)
+            spare = float(o.loc[used, "requests_per_s"].max()) if d.n_plus_one and used.any() and need > 0 else 0.0
             if need > 0 and cap - spare < need * (1 - TOL):
-                bad.append(f"{mod}/{cls} slice {t}: capacity {cap:.6g} less N+1 spare {spare:.6g} < {need:.6g}")
+                bad.append(f"{mod}/{cls} slice {t}: capacity {cap:.6g} less its largest replica in use {spare:.6g} < {need:.6g}")
         for s in d.systems.index:
             sel = (o["system"] == s).to_numpy()
             nodes = float((o.loc[sel, "nodes"].to_numpy() * r.replicas.loc[sel, t].to_numpy()).sum())
@@ -135,10 +136,9 @@ def greedy(d: FleetData) -> float:
             if need <= 0:
                 continue
             sel = o[(o["model"] == mod) & (o["cls"] == cls)]
-            spare = float(sel["requests_per_s"].max()) if d.n_plus_one else 0.0
             for k in unit.loc[sel.index].sort_values().index:
                 r = o.loc[k]
-                n = math.ceil((need + spare) / r["requests_per_s"] - 1e-9)
+                n = math.ceil(need / r["requests_per_s"] - 1e-9) + (1 if d.n_plus_one else 0)
                 add = n * r["nodes"]
                 pw = add * sy.loc[r["system"], "power_per_node_w"]
                 if nodes_used.loc[r["system"], t] + add <= d.inventory.loc[r["system"], t] and (

@@ -144,8 +144,11 @@ def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData,
             pw, power_src[s] = f.power_all_in_w_per_gpu[s], "study"
         elif math.isfinite(sy.power_all_in_w):
             pw, power_src[s] = sy.power_all_in_w, "catalog all-in"
-        else:
+        elif math.isfinite(sy.power):
             pw, power_src[s] = sy.power, "catalog TDP (no all-in figure)"
+        else:
+            left_out.append(s)  # no power figure: it cannot count against the site's cap
+            continue
         sys_rows[s] = {"node_chips": node, "reserved_usd_per_node_h": res * node, "hourly_usd_per_node_h": hr * node,
                        "power_per_node_w": pw * node, "fixed_usd_per_day": f.fixed_usd_per_day.get(s, 0.0)}
     systems = pd.DataFrame.from_dict(sys_rows, orient="index")
