@@ -74,8 +74,11 @@ def solve_fleet(d: FleetData, solver: str = "highs", time_limit_s: float = 60.0,
                                   f"any system (short by {d.demand.loc[(mod, cls)].max():.4g} requests/s)")
     m = build(d)
     res = solve_pyomo(m, solver, time_limit_s)
-    if not res.ok:
+    if res.status == "infeasible":
         raise InfeasibleError(diagnose(d, solver))
+    if not res.ok:
+        raise RuntimeError(f"no fleet found within {time_limit_s:g} s by {solver} ({res.status}, {res.termination}); "
+                           "raise solver.time_limit_s or try another solver")
     S, T = list(m.S), list(m.T)
     reserved = pd.Series({s: round(m.reserved[s].value or 0) for s in S}, dtype=float)
     hourly = pd.DataFrame([[round(m.hourly[s, t].value or 0) for t in T] for s in S], index=S, columns=T, dtype=float)
@@ -100,7 +103,8 @@ def check(d: FleetData, r: FleetResult) -> list[str]:
             used = sel & (r.replicas[t].to_numpy() > 0)
             spare = float(o.loc[used, "requests_per_s"].max()) if d.n_plus_one and used.any() and need > 0 else 0.0
             if need > 0 and cap - spare < need * (1 - TOL):
-                bad.append(f"{mod}/{cls} slice {t}: capacity {cap:.6g} less its largest replica in use {spare:.6g} < {need:.6g}")
+                bad.append(f"{mod}/{cls} slice {t}: capacity {cap:.6g} less its largest replica in use "
+                           f"{spare:.6g} < {need:.6g}")
         for s in d.systems.index:
             sel = (o["system"] == s).to_numpy()
             nodes = float((o.loc[sel, "nodes"].to_numpy() * r.replicas.loc[sel, t].to_numpy()).sum())
