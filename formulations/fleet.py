@@ -63,7 +63,8 @@ def add_variables(m: pyo.ConcreteModel, d: FleetData) -> None:
 
 def add_demand(m: pyo.ConcreteModel, d: FleetData) -> None:
     """Each (model, class) demand is served in each slice, and still served with any one of its replicas down (N+1:
-    capacity less the rate of each option in use, ``on`` marking the options with a replica in the slice)."""
+    capacity less the rate of each option in use, ``on`` marking the options with a replica in the slice).
+    """
     o = d.options
     pairs = list(d.demand.index)
     m.MC = pyo.Set(initialize=range(len(pairs)))
