@@ -1,7 +1,8 @@
 """Scale benchmark of the fleet program: up to 10 models x 4 workload classes x every shipped system with a
 committed and an on-demand price and a power figure x 24 hourly slices. Options come from the request-level
 physics (aggregated operating points, a small space per model and system); prints the time and the optimality
-gap as the instance grows, and the gain over the greedy. Goal: at most 1% gap within 60 s on 2 cores. A report, not a timed test.
+gap as the instance grows, and the gain over the greedy. Goal: at most 1% gap within 60 s on 2 cores.
+A report, not a timed test.
 
     PYTHONPATH=. python scripts/bench_fleet.py [--limit 60] [--solver scip] [--sizes 2x6,5x12,10x24]
 """
