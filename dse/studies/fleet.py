@@ -10,6 +10,7 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
@@ -35,30 +36,36 @@ POOL = ("role", "system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "we
         "context_parallel", "utilisation")
 
 
+Nodes = Annotated[int, Field(ge=0, le=10_000_000)]
+Usd = Annotated[float, Field(gt=0, le=1e6)]
+Watts = Annotated[float, Field(gt=0, le=1e6)]
+
+
 class FleetSpec(_Strict):
     """The fleet's systems, inventory, prices, power, budget and the day's demand curve."""
 
     systems: list[str] = Field(min_length=1, max_length=MAX_LIST)
-    inventory_nodes: dict[str, int]
+    inventory_nodes: dict[str, Nodes]
     """Nodes (the system's scale-up domain: an 8-GPU server, or an NVL72 rack) available per system."""
-    lent_nodes: dict[str, list[int]] = {}
+    lent_nodes: dict[str, list[Nodes]] = {}
     """Nodes lent to other work per system and slice (taken out of the inventory)."""
-    demand_curve: list[float] = Field(min_length=1, max_length=168)
+    demand_curve: list[Annotated[float, Field(ge=0, le=1000)]] = Field(min_length=1, max_length=168)
     """Share of each workload's demand (``demand_tokens_per_s`` is the peak) in each slice."""
     slice_h: float = Field(default=1.0, gt=0, le=24)
     reserved_price: str = "rental_3yr"
     hourly_price: str = "on_demand"
-    reserved_usd_per_gpu_hour: dict[str, float] = {}
-    hourly_usd_per_gpu_hour: dict[str, float] = {}
-    power_all_in_w_per_gpu: dict[str, float] = {}
+    reserved_usd_per_gpu_hour: dict[str, Usd] = {}
+    hourly_usd_per_gpu_hour: dict[str, Usd] = {}
+    power_all_in_w_per_gpu: dict[str, Watts] = {}
     """All-in power per GPU where the catalog has none (else the catalog's all-in figure)."""
-    power_cap_kw: float | None = Field(default=None, gt=0)
-    budget_usd_per_day: float | None = Field(default=None, gt=0)
-    fixed_usd_per_day: dict[str, float] = {}
+    power_cap_kw: float | None = Field(default=None, gt=0, le=1e9)
+    budget_usd_per_day: float | None = Field(default=None, gt=0, le=1e12)
+    fixed_usd_per_day: dict[str, Annotated[float, Field(ge=0, le=1e12)]] = {}
     n_plus_one: bool = True
     options_per_system: int = Field(default=3, ge=1, le=50)
     """Operating points kept per (model, workload, system): the fewest nodes per request/s first."""
-    modes: list[str] = ["aggregated", "disaggregated"]
+    modes: list[Literal["aggregated", "disaggregated"]] = Field(default=["aggregated", "disaggregated"], min_length=1,
+                                                                max_length=2)
 
 
 class Spec(StudySpec):
@@ -72,6 +79,12 @@ class Spec(StudySpec):
         for field, kind in (("reserved_price", f.reserved_price), ("hourly_price", f.hourly_price)):
             if kind not in PRICE_KINDS:
                 raise InputError(f"{path}: field 'fleet.{field}': '{kind}'; allowed: {', '.join(PRICE_KINDS)}")
+        for field in ("inventory_nodes", "lent_nodes", "reserved_usd_per_gpu_hour", "hourly_usd_per_gpu_hour",
+                      "power_all_in_w_per_gpu", "fixed_usd_per_day"):
+            for s in getattr(f, field):
+                if s not in f.systems:
+                    raise InputError(f"{path}: field 'fleet.{field}.{s}': not a system of the fleet; allowed: "
+                                     f"{', '.join(f.systems)}")
         for s in f.systems:
             if s not in f.inventory_nodes:
                 raise InputError(f"{path}: field 'fleet.inventory_nodes': no inventory for system '{s}'; "
@@ -80,9 +93,10 @@ class Spec(StudySpec):
             if len(lent) != len(f.demand_curve):
                 raise InputError(f"{path}: field 'fleet.lent_nodes.{s}': {len(lent)} slices, the demand curve has "
                                  f"{len(f.demand_curve)}")
-        bad = [m for m in f.modes if m not in ("aggregated", "disaggregated")]
-        if bad:
-            raise InputError(f"{path}: field 'fleet.modes': {bad}; allowed: aggregated, disaggregated")
+            over = [t for t, n in enumerate(lent) if n > f.inventory_nodes.get(s, 0)]
+            if over:
+                raise InputError(f"{path}: field 'fleet.lent_nodes.{s}.{over[0]}': lends {lent[over[0]]} nodes, more "
+                                 f"than the inventory of {f.inventory_nodes.get(s, 0)}")
         for j, w in enumerate(self.workloads):
             if w.demand_tokens_per_s is None:
                 raise InputError(f"{path}: field 'workloads.{j}.demand_tokens_per_s': the fleet needs each peak demand")
