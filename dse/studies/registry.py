@@ -23,6 +23,8 @@ KINDS: dict[str, str] = {
     "kv_tiers": "dse.studies.kv_tiers",
     "api_pricing": "dse.studies.api_pricing",
     "moe_codesign": "dse.studies.moe_codesign",
+    "deployment": "dse.studies.deployment",
+    "fleet": "dse.studies.fleet",
 }
 
 

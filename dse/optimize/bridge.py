@@ -1,0 +1,141 @@
+"""Pyomo to OR-Tools, in memory: walk a Pyomo model's variables and linear constraints
+(`pyomo.repn.generate_standard_repn`) and build the ``model_builder`` model directly, no files.
+
+A model with `pyomo.gdp` disjunctions is first transformed by a named transformation (``bigm`` or
+``hull``, Pyomo's registered ``gdp.<name>``). `solve_pyomo` returns the project's `SolveResult` with the
+values of every variable (keyed by the Pyomo component's name and index); `lp_duals` fixes the
+integers at their values, solves the remaining LP and gives each constraint's dual.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyomo.environ as pyo
+from ortools.linear_solver.python import model_builder as mb
+from pyomo.repn import generate_standard_repn
+
+from dse.errors import InputError
+from dse.optimize.solver import SolveResult, solve
+
+TRANSFORMATIONS = ("bigm", "hull")
+
+
+def transform(model: pyo.ConcreteModel, name: str = "bigm") -> pyo.ConcreteModel:
+    """Apply the named GDP transformation (in place) when the model holds disjunctions."""
+    if name not in TRANSFORMATIONS:
+        raise InputError(f"gdp transformation '{name}' is not allowed; allowed: {', '.join(TRANSFORMATIONS)}")
+    from pyomo.gdp import Disjunct
+
+    if any(True for _ in model.component_data_objects(Disjunct, active=True)):
+        pyo.TransformationFactory(f"gdp.{name}").apply_to(model)
+    return model
+
+
+def _key(v) -> tuple[str, object]:
+    parent = v.parent_component()
+    return parent.name, v.index()
+
+
+def compile_model(model: pyo.ConcreteModel, relax: bool = False) -> tuple[mb.Model, dict, dict]:
+    """The model_builder model of a (transformed) Pyomo model: (model, Pyomo var -> mb var, Pyomo con -> mb con).
+
+    With ``relax`` every variable is continuous. Fixed variables enter as constants.
+    """
+    m = mb.Model()
+    vmap: dict = {}
+
+    def var(v):
+        if id(v) not in vmap:
+            lb = -math.inf if v.lb is None else float(v.lb)
+            ub = math.inf if v.ub is None else float(v.ub)
+            if v.fixed:
+                lb = ub = float(v.value)
+            integer = (v.is_integer() or v.is_binary()) and not relax
+            vmap[id(v)] = (v, m.new_var(lb, ub, integer, v.name))
+        return vmap[id(v)][1]
+
+    cmap: dict = {}
+    for c in model.component_data_objects(pyo.Constraint, active=True, descend_into=True):
+        repn = generate_standard_repn(c.body, compute_values=True)
+        if not repn.is_linear():
+            raise InputError(f"constraint {c.name} is not linear; the bridge compiles linear models only")
+        expr = sum(float(coef) * var(v) for coef, v in zip(repn.linear_coefs, repn.linear_vars, strict=True)
+                   ) if repn.linear_vars else 0
+        const = float(repn.constant)
+        if not all(math.isfinite(float(a)) for a in repn.linear_coefs) or math.isnan(const):
+            raise InputError(f"constraint {c.name} has a coefficient that is not a number (missing data)")
+        lo = -math.inf if c.lower is None else float(pyo.value(c.lower)) - const
+        hi = math.inf if c.upper is None else float(pyo.value(c.upper)) - const
+        if isinstance(expr, int):
+            if lo > 1e-9 or hi < -1e-9:
+                raise InputError(f"constraint {c.name} has no variables and does not hold")
+            continue
+        cmap[c] = _add_bounded(m, expr, lo, hi)
+    objs = list(model.component_data_objects(pyo.Objective, active=True))
+    if len(objs) != 1:
+        raise InputError(f"the model has {len(objs)} active objectives; the bridge needs one")
+    repn = generate_standard_repn(objs[0].expr, compute_values=True)
+    expr = sum(float(coef) * var(v) for coef, v in zip(repn.linear_coefs, repn.linear_vars, strict=True)) \
+        + float(repn.constant)
+    if objs[0].sense == pyo.minimize:
+        m.minimize(expr)
+    else:
+        m.maximize(expr)
+    for v in model.component_data_objects(pyo.Var, active=True, descend_into=True):
+        var(v)  # variables that appear nowhere still get a value
+    return m, vmap, cmap
+
+
+def _add_bounded(m: mb.Model, expr, lo: float, hi: float):
+    if lo == hi:
+        return m.add(expr == lo)
+    if math.isinf(lo):
+        return m.add(expr <= hi)
+    if math.isinf(hi):
+        return m.add(expr >= lo)
+    c = m.add(expr >= lo)  # a range row: two rows, the dual reported is the lower one's
+    m.add(expr <= hi)
+    return c
+
+
+def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: float = 60.0,
+                gdp: str = "bigm") -> SolveResult:
+    """Transform the disjunctions by name, compile, solve; values keyed (component name, index)."""
+    transform(model, gdp)
+    m, vmap, _ = compile_model(model)
+    engine, res = solve(m, solver, time_limit_s)
+    if res.ok:
+        vals = engine.values([x for _, x in vmap.values()])
+        for (v, _), val in zip(vmap.values(), vals, strict=True):
+            val = float(val)
+            if v.is_integer() or v.is_binary():
+                val = float(round(val))
+            v.set_value(val, skip_validation=True)
+            res.values[_key(v)] = val
+    return res
+
+
+def lp_duals(model: pyo.ConcreteModel, fix: tuple[str, ...] | None = None, solver: str = "glop"
+             ) -> dict[tuple[str, object], float]:
+    """Duals of the LP left when the integer variables (those of components named in ``fix``, or every one)
+    are fixed at their current values and the rest relaxed: d objective / d right-hand side per constraint.
+
+    GLOP by default: HiGHS through ``model_builder`` (OR-Tools 9.15) reports the right-hand side, not the dual.
+    """
+    fixed = []
+    for v in model.component_data_objects(pyo.Var, active=True, descend_into=True):
+        if (v.is_integer() or v.is_binary()) and (fix is None or v.parent_component().name in fix) and not v.fixed:
+            v.fix(round(v.value or 0.0))
+            fixed.append(v)
+    try:
+        m, _, cmap = compile_model(model, relax=True)
+        engine = mb.Solver(solver)
+        engine.set_time_limit_in_seconds(30.0)
+        status = engine.solve(m)
+        if status != mb.SolveStatus.OPTIMAL:
+            return {}
+        return {(c.parent_component().name, c.index()): float(engine.dual_value(x)) for c, x in cmap.items()}
+    finally:
+        for v in fixed:
+            v.unfix()

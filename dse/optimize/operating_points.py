@@ -1,0 +1,119 @@
+"""Candidate operating points per configuration, from the request-level physics, for the deployment and fleet
+programs: aggregated replicas, disaggregated prefill replicas and decode replicas, each reduced to its
+non-dominated (USD/s, requests/s) points so the programs stay small.
+
+Every figure comes from `dse.optimize.requests` (which calls `dse.physics.serving`): nothing is re-derived.
+A replica's USD/s is fixed by its block (chips x price), so per block the non-dominated point is the feasible
+batch with the highest request rate; across blocks a point is dropped when another of the same role and
+numerics costs no more per second and serves no fewer requests per second.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dse.catalog.units import DTYPES
+from dse.optimize.requests import (
+    disaggregated_tables,
+    evaluate_pairs,
+    feasible_mask,
+    pairs,
+    request_of,
+)
+from dse.optimize.space import Choice, Space, describe_choice
+from dse.physics.serving import mdl_wait
+
+COLUMNS = ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype",
+           "kv_dtype", "kv_tier", "usd_per_s", "requests_per_s", "ttft_s", "tpot_s", "power_w", "context_parallel",
+           "prefill_service_s", "kv_transfer_s", "utilisation")
+
+
+def _power(space: Space, pos: np.ndarray, chips: np.ndarray) -> np.ndarray:
+    """All-in power of a replica (catalog all-in W per chip; the chip's TDP where the catalog has none)."""
+    si = space.blocks["system_idx"].to_numpy()[pos]
+    per = np.array([s.power_all_in_w if np.isfinite(s.power_all_in_w) else s.power for s in space.systems])
+    return chips * per[si]
+
+
+def _config(space: Space, pos: int, n: int) -> dict:
+    return describe_choice(space, Choice(int(space.blocks.index[pos]), int(n), np.nan, np.nan))
+
+
+def _best_per_block(pos: np.ndarray, rate: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Index of the highest feasible rate of each block (positions of ``pos`` with ``ok``)."""
+    idx = np.flatnonzero(ok)
+    if not len(idx):
+        return idx
+    order = idx[np.lexsort((-rate[idx], pos[idx]))]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = pos[order[1:]] != pos[order[:-1]]
+    return order[first]
+
+
+def non_dominated(points: pd.DataFrame) -> pd.DataFrame:
+    """Drop points another of the same (role, group) dominates: no more USD/s and no fewer requests/s."""
+    if points.empty:
+        return points
+    keep = []
+    for _, g in points.groupby(["role", "group"], sort=False):
+        g = g.sort_values(["usd_per_s", "requests_per_s"], ascending=[True, False])
+        best = -np.inf
+        for i, r in g.iterrows():
+            if r["requests_per_s"] > best * (1 + 1e-9):
+                keep.append(i)
+                best = r["requests_per_s"]
+    return points.loc[sorted(keep)].reset_index(drop=True)
+
+
+def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disaggregated"),
+                     context_parallel: tuple[bool, ...] = (False, True)) -> pd.DataFrame:
+    """The non-dominated operating points of one (model, workload) space, one row per point (``COLUMNS``)."""
+    w, b = space.workload, space.blocks
+    req = request_of(space)
+    rows: list[dict] = []
+    if b.empty:
+        return pd.DataFrame(columns=list(COLUMNS))
+    group = (b["wd"].to_numpy() * 16 + b["kd"].to_numpy()).astype(int)
+    if "aggregated" in modes:
+        pos, n = pairs(b)
+        m = evaluate_pairs(space, b, pos, n, req)
+        ok = feasible_mask(m, w.tpot_max, w.ttft_max)
+        for i in _best_per_block(pos, m["requests_per_s"], ok):
+            cfg = _config(space, pos[i], n[i])
+            rows.append({"role": "both", "group": int(group[pos[i]]), **cfg, "usd_per_s": float(m["usd_per_s"][i]),
+                         "requests_per_s": float(m["requests_per_s"][i]), "ttft_s": float(m["ttft_s"][i]),
+                         "tpot_s": float(m["tpot_s"][i]),
+                         "power_w": float(_power(space, pos[[i]], np.array([cfg["chips"]]))[0]),
+                         "context_parallel": False, "prefill_service_s": np.nan, "kv_transfer_s": np.nan,
+                         "utilisation": np.nan})
+    if "disaggregated" in modes:
+        t = disaggregated_tables(space, req, context_parallel)
+        for i in _best_per_block(t.dpos, t.dm["requests_per_s"], t.dok):
+            cfg = _config(space, t.dpos[i], t.dn[i])
+            rows.append({"role": "decode", "group": int(group[t.dpos[i]]), **cfg,
+                         "usd_per_s": float(t.dm["usd_per_s"][i]), "requests_per_s": float(t.dm["requests_per_s"][i]),
+                         "ttft_s": np.nan, "tpot_s": float(t.dm["tpot_s"][i]),
+                         "power_w": float(_power(space, t.dpos[[i]], np.array([cfg["chips"]]))[0]),
+                         "context_parallel": False, "prefill_service_s": np.nan, "kv_transfer_s": np.nan,
+                         "utilisation": np.nan})
+        pre = t.pre
+        for j in np.flatnonzero(pre.ok):
+            cfg = _config(space, pre.pos[j], 1)
+            cp = bool(pre.cp[j])
+            cfg.update(batch=1 if cp else cfg["dp"], kv_tier="hbm")
+            pm = pre.metrics
+            rate = float(pm["servers"][j] * pre.rho[j] / pm["prefill_service_s"][j])
+            ttft = float(pm["prefill_service_s"][j] + pm["kv_transfer_s"][j]
+                         + mdl_wait(np.array([pre.rho[j]]), np.array([pm["prefill_service_s"][j]]))[0])
+            rows.append({"role": "prefill", "group": int(group[pre.pos[j]]), **cfg,
+                         "usd_per_s": float(pm["usd_per_s"][j]), "requests_per_s": rate, "ttft_s": ttft,
+                         "tpot_s": np.nan, "power_w": float(_power(space, pre.pos[[j]], np.array([cfg["chips"]]))[0]),
+                         "context_parallel": cp, "prefill_service_s": float(pm["prefill_service_s"][j]),
+                         "kv_transfer_s": float(pm["kv_transfer_s"][j]), "utilisation": float(pre.rho[j])})
+    pts = pd.DataFrame(rows, columns=[c for c in ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp",
+                                                  "etp", "batch", "context", "weights_dtype", "kv_dtype", "kv_tier",
+                                                  *COLUMNS[13:])])
+    pts = non_dominated(pts)
+    pts["numerics"] = [f"{DTYPES[g // 16]}/{DTYPES[g % 16]}" for g in pts["group"]]
+    return pts
