@@ -145,12 +145,12 @@ def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData,
     f = spec.fleet
     catalog = default_systems()
     slices = list(range(len(f.demand_curve)))
-    sys_rows, left_out, power_src = {}, [], {}
+    sys_rows, no_price, no_power, power_src = {}, [], [], {}
     for s in f.systems:
         res = _price(f, s, f.reserved_price, f.reserved_usd_per_gpu_hour)
         hr = _price(f, s, f.hourly_price, f.hourly_usd_per_gpu_hour)
         if not (math.isfinite(res) and math.isfinite(hr)):
-            left_out.append(s)
+            no_price.append(s)
             continue
         sy = catalog[s]
         node = int(sy.scaleup_domain)
@@ -161,7 +161,7 @@ def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData,
         elif math.isfinite(sy.power):
             pw, power_src[s] = sy.power, "catalog TDP (no all-in figure)"
         else:
-            left_out.append(s)  # no power figure: it cannot count against the site's cap
+            no_power.append(s)  # no power figure: it cannot count against the site's cap
             continue
         sys_rows[s] = {"node_chips": node, "reserved_usd_per_node_h": res * node, "hourly_usd_per_node_h": hr * node,
                        "power_per_node_w": pw * node, "fixed_usd_per_day": f.fixed_usd_per_day.get(s, 0.0)}
@@ -183,7 +183,8 @@ def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData,
                                            "pools"])
     data = FleetData(systems, inv, table, demand, f.slice_h,
                      None if f.power_cap_kw is None else f.power_cap_kw * 1e3, f.budget_usd_per_day, f.n_plus_one)
-    return data, options, {"left_out_for_want_of_a_price": left_out, "power_source": power_src}
+    return data, options, {"left_out_for_want_of_a_price": no_price, "left_out_for_want_of_a_power_figure": no_power,
+                           "power_source": power_src}
 
 
 def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
