@@ -1,0 +1,76 @@
+"""Every pool of the shipped deployment study's answers, recomputed from the request-level physics.
+
+The deployment program chooses among operating points tabulated from the physics; this test takes the
+pools it returned (system, layout, batch, replicas) and evaluates each again with `dse.physics.serving`
+directly: its request rate, TTFT and TPOT must be the ones the answer reports, its memory must fit, the
+targets must hold, and the replicas must serve the demand in both phases.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dse
+from dse.catalog.hardware import default_systems
+from dse.catalog.models import get_model
+from dse.catalog.units import DTYPES
+from dse.physics.codes import KV_TIERS
+from dse.physics.roofline import Candidates, ModelTable, SystemTable
+from dse.physics.serving import Request, aggregated, decode_pool, mdl_wait, prefill_pool
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def answer(tmp_path_factory):
+    spec = dse.load_study(ROOT / "studies" / "disaggregated_vs_aggregated.yaml")
+    return spec, dse.run(spec, out=tmp_path_factory.mktemp("dva") / "out")
+
+
+def _cand(p: dict) -> Candidates:
+    etp = p["tp"] * p["dp"] // p["ep"]
+    one = {"model": 0, "system": 0, "tp": p["tp"], "dp": p["dp"], "ep": p["ep"], "etp": etp, "pp": p["pp"],
+           "batch": p["batch"], "context": 0, "weights_dtype": DTYPES.index(p["weights_dtype"]),
+           "kv_dtype": DTYPES.index(p["kv_dtype"]), "kv_tier": KV_TIERS.index(p["kv_tier"])}
+    return Candidates(**{k: np.array([v]) for k, v in one.items()})
+
+
+def test_every_pool_recomputes_from_the_physics(answer):
+    spec, result = answer
+    workloads = {w.name: w for w in spec.workloads}
+    systems = default_systems(spec.price)
+    checked = 0
+    for e in result.summary["best"]:
+        w = workloads[e["workload"]]
+        req = Request(w.prompt, w.output)
+        mt = ModelTable.build([get_model(e["model"])])
+        served = {"both": 0.0, "decode": 0.0, "prefill": 0.0}
+        for p in e["pools"]:
+            st = SystemTable.build([systems[p["system"]]])
+            c = _cand(p)
+            if p["role"] == "prefill":
+                r = prefill_pool(c, mt, st, req, bool(p["context_parallel"]))
+                s = float(r["prefill_service_s"][0])
+                rate = float(r["servers"][0]) * p["utilisation"] / s
+                ttft = s + float(mdl_wait(np.array([p["utilisation"]]), np.array([s]))[0]) + float(r["kv_transfer_s"][0])
+                assert ttft == pytest.approx(p["ttft_s"], rel=1e-9) and ttft <= w.ttft_max_s * (1 + 1e-9)
+            else:
+                c = Candidates(**{**c.__dict__, "context": np.array([w.prompt + w.output])})
+                r = (aggregated if p["role"] == "both" else decode_pool)(c, mt, st, req)
+                rate = float(r["requests_per_s"][0])
+                assert float(r["tpot_s"][0]) == pytest.approx(p["tpot_s"], rel=1e-9)
+                assert p["tpot_s"] <= w.tpot_max_s * (1 + 1e-9)
+                if p["role"] == "both":
+                    assert float(r["ttft_s"][0]) == pytest.approx(p["ttft_s"], rel=1e-9)
+                    assert p["ttft_s"] <= w.ttft_max_s * (1 + 1e-9) and bool(r["stable"][0])
+            assert bool(np.asarray(r["fits"]).ravel()[0]), (e["workload"], p)
+            assert rate == pytest.approx(p["requests_per_s"], rel=1e-9)
+            served[p["role"]] += p["replicas"] * rate
+            checked += 1
+        need = w.demand_tokens_per_s / w.output  # requests/s
+        assert served["both"] + served["decode"] >= need * (1 - 1e-9)
+        assert served["both"] + served["prefill"] >= need * (1 - 1e-9)
+    assert checked >= 10
