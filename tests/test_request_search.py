@@ -84,7 +84,9 @@ def test_request_optimum_equals_brute_force(chunk):
 
 def test_request_cost_is_not_monotone_in_the_batch_but_latencies_are():
     """Why the search enumerates every n: USD per request rises again with n in some blocks (prefill load
-    and queueing grow with the concurrency), while request TTFT and TPOT never fall as n grows."""
+    and queueing grow with the concurrency), while on one DP rank request TTFT and TPOT never fall as n grows.
+    (With several lock-stepped DP ranks they may fall: a prefill chunk's extra time shrinks as the growing decode
+    pass becomes memory-bound and hides the chunk's compute, and the D ranks multiply that share.)"""
     rng = np.random.default_rng(11)
     rises = blocks = 0
     for _ in range(30):
@@ -95,9 +97,10 @@ def test_request_cost_is_not_monotone_in_the_batch_but_latencies_are():
         pos, n = pairs(space.blocks)
         m = evaluate_pairs(space, space.blocks, pos, n, request_of(space))
         same = (pos[1:] == pos[:-1]) & m["stable"][1:] & m["stable"][:-1]
-        for key in ("tpot_s", "ttft_s"):
+        one_rank = space.blocks["dp"].to_numpy()[pos[1:]] == 1
+        for key, where in (("tpot_s", same & one_rank), ("ttft_s", same & one_rank)):
             v = m[key]
-            assert not (same & (np.diff(v) < -1e-9 * v[1:])).any(), key
+            assert not (where & (np.diff(v) < -1e-9 * v[1:])).any(), key
         c = m["usd_per_request"]
         rises += len(set(pos[1:][same & (np.diff(c) > 1e-9 * c[1:])]))
         blocks += len(space.blocks)
@@ -147,3 +150,22 @@ def test_one_gathering_at_several_inputs_equals_separate_evaluations():
         want = evaluate(replace(cand, **kw), mt, st, None, ttft=False)
         for key in BRIEF_KEYS:
             np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_dp_ranks_in_lock_step_share_each_others_prefill_chunks():
+    """A stage's DP ranks run each pass together, so a chunk on any rank stretches every rank's pass: with D ranks
+    the interference is u = D x P' t_c / K (x the per-rank request rate) and the mean pass t_d / (1 - u); one
+    rank is the single-server case."""
+    from dse.catalog.hardware import default_systems
+    from dse.catalog.models import get_model
+
+    model = get_model("deepseek-v3")
+    mt, st = ModelTable.build([model]), SystemTable.build([default_systems()["h200"]])
+    req = Request(4000, 500)
+    for dp in (1, 4, 8):
+        cand = candidates_of([(0, 1, dp, 8, 1, 1, DTYPES.index("fp8"), DTYPES.index("fp8"), 0, 16)], 4500)
+        r = aggregated(cand, mt, st, req)
+        x = r["requests_per_s"][0] / dp  # per rank (PP 1)
+        u = dp * x * req.computed_prompt / min(req.chunk, req.computed_prompt) * r["chunk_extra_s"][0]
+        assert r["step_s"][0] == pytest.approx(r["decode_step_s"][0] / (1 - u), rel=1e-9)
+        assert r["prefill_share"][0] == pytest.approx(u, rel=1e-9) and r["stable"][0]

@@ -132,7 +132,7 @@ def test_pareto_front_is_monotone_and_non_dominated(tmp_path):
     assert len(front) >= 100  # the whole non-dominated set, not a sample of TPOT targets
     assert (front["tpot_s"].diff().dropna() > 0).all()
     assert (front["usd_per_request"].diff().dropna() < 0).all()
-    assert set(front["serving"]) == {"aggregated", "disaggregated"}
+    assert "disaggregated" in set(front["serving"]) <= {"aggregated", "disaggregated"}
     assert (front["ttft_s"] <= 2.0 * (1 + 1e-9)).all()
     assert front["label"].str.contains("TP").all()
     best = out.summary["best"][0]

@@ -17,9 +17,11 @@ sequences and may carry one prefill chunk of up to K tokens per DP rank (K = ``c
   the weights the pass streams anyway; its KV writes are neglected). Compute, memory and
   communication are then combined as the step physics does (max, overlap, fixed overhead).
 - Steady state with request rate x per chunk server (DP x PP of them: each DP rank prefills its
-  own prompts, in each of the PP micro-batches in flight): prefill work takes the share
-  u = x P' t_c / K of the time, so the mean pass is t_bar = t_d / (1 - u) and TPOT = t_bar / a
-  (every decode step carries its share of prefill work: the interference).
+  own prompts, in each of the PP micro-batches in flight): the D = DP ranks of a stage run in
+  lock-step, so a chunk on any rank stretches everyone's pass, and prefill work takes the share
+  u = D x P' t_c / K of the time (coinciding chunks counted twice: an upper bound, exact while
+  chunks are rare); the mean pass is t_bar = t_d / (1 - u) and TPOT = t_bar / a (every decode
+  step carries its share of prefill work: the interference).
 - TTFT = W + S: a prompt occupies a chunk server for S = ceil(P'/K) (t_d + t_c) (its chunks in
   consecutive passes); the wait W is the M/D/1 mean, W = rho S / (2 (1 - rho)), rho = x S
   (Pollaczek-Khinchine with deterministic service; Kleinrock, *Queueing Systems* vol. 1, 5.8).
@@ -111,17 +113,19 @@ def _eff(c: Candidates, systems: SystemTable, eff: Efficiency | None) -> Efficie
 def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v: np.ndarray) -> np.ndarray:
     """The per-server request rate x solving C = k x R(x), R = S + x S^2 / (2 (1 - x S)) + m t_d / (1 - v x).
 
-    R has a pole at x = 1/S (the queue of a saturated server grows without bound; v <= S, so the pole of
-    the interference term, 1/v, lies beyond it). Multiplying by q = 1 - x S removes it:
-    h(x) = k x (S q + x S^2 / 2 + m t_d q / w) - C q, w = 1 - v x, is smooth on [0, 1/S] with
-    h(0) = -C < 0 and h(1/S) = k / 2 > 0, and shares its sign with C = k x R(x) - C there, so the root
-    is bracketed. Newton's method on h, replaced by bisection whenever its step leaves the bracket,
-    converges quadratically near the root and never diverges; it stops when no rate moves by more
+    R has a pole at x = 1/S (the queue of a saturated server grows without bound) and one at x = 1/v (prefill
+    chunks fill every pass). Multiplying by q = 1 - x S removes the first:
+    h(x) = k x (S q + x S^2 / 2 + m t_d q / w) - C q, w = 1 - v x, is smooth on [0, min(1/S, 1/v)) with
+    h(0) = -C < 0, and at the upper end h(1/S) = k / 2 > 0 or h -> +inf as w -> 0; it shares its sign
+    with k x R(x) - C there, so the root is bracketed. Newton's method on h, replaced by bisection
+    whenever its step leaves the bracket, converges quadratically near the root and never diverges; it
+    stops when no rate moves by more
     than ``NEWTON_RTOL`` of itself. (Newton on the unmultiplied equation from a start clipped at the
     pole only halves its distance to the pole per step and needs tens of steps.)
     """
     lo = np.zeros_like(s)
-    hi = 1.0 / s
+    with np.errstate(divide="ignore"):
+        hi = np.minimum(1.0 / s, 1.0 / v)  # whichever pole comes first: the queue's or the interference's
     x = np.minimum(c / (k * (s + m_td)), 0.5 * hi)
     for _ in range(NEWTON_STEPS):
         q = 1.0 - x * s
@@ -196,7 +200,11 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     pp = np.asarray(c.pp, dtype=np.float64)
     k = np.asarray(c.dp, dtype=np.float64) * pp
     conc = np.asarray(c.batch, dtype=np.float64) * pp  # sequences in flight
-    v = t_c * p_c / min(req.chunk, p_c)  # prefill seconds a request adds to its server: P' t_c / K
+    # prefill seconds a request adds to the replica's passes: P' t_c / K on its own rank, and the DP ranks of a
+    # stage run in lock-step (expert all-to-all and TP collectives every layer), so a chunk on any rank
+    # stretches the pass of all D ranks: D P' t_c / K (chunks coinciding on two ranks are counted twice, an
+    # upper bound, exact while chunks are rare)
+    v = np.asarray(c.dp, dtype=np.float64) * t_c * p_c / min(req.chunk, p_c)
     m = req.decode_passes
     x = _solve_rate(k, conc, s, m * t_d, v)
     u = v * x
@@ -210,7 +218,7 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     usd_per_s = chips * systems.price_per_s[np.asarray(c.system)]
     return _metrics(
         "aggregated", req, lam, ttft, tpot, chips, usd_per_s, u, systems.power_all_in[np.asarray(c.system)],
-        fits=peak["fits"], stable=rho < 1.0, decode_step_s=t_d, chunk_extra_s=t_c, prefill_service_s=s,
+        fits=peak["fits"], stable=(rho < 1.0) & (u < 1.0), decode_step_s=t_d, chunk_extra_s=t_c, prefill_service_s=s,
         queue_wait_s=wait, hbm_bytes_per_chip=peak["hbm_bytes_per_chip"], step_s=t_bar,
         bound=mean["bound"],
     )
