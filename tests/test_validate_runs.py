@@ -118,6 +118,6 @@ def test_closed_loop_of_a_disaggregated_deployment_obeys_littles_law():
     pre = {"prefill_service_s": np.array([0.3, 0.3, 0.3]), "servers": np.array([8.0, 8.0, 8.0]),
            "kv_transfer_s": np.array([0.01, 0.01, 0.01])}
     c = np.array([8.0, 64.0, 512.0])
-    r = disaggregated_closed_loop(dec, pre, req, c, np.ones(3), np.ones(3))
+    r = disaggregated_closed_loop(dec, pre, req, c, np.ones(3))
     np.testing.assert_allclose(r["requests_per_s"] * (r["ttft_s"] + 499 * 0.02), c, rtol=1e-9)
     assert (np.diff(r["ttft_s"]) > 0).all() and (r["prefill_rho"] < 1).all()

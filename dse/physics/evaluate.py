@@ -26,7 +26,7 @@ from dse.errors import InputError
 from dse.physics.codes import BOUNDS, KV_TIERS, PHASES
 from dse.physics.layout import Layout, resolve_layout
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
-from dse.physics.serving import DEFAULT_CHUNK, PRICE_KIND, Request, aggregated
+from dse.physics.serving import DEFAULT_CHUNK, Request, aggregated
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ def request_metrics(cand: Candidates, tables: tuple[ModelTable, SystemTable], ef
     assert cfg.prompt is not None and cfg.output is not None
     req = Request(cfg.prompt, cfg.output, cfg.cached, cfg.chunk, cfg.draft, cfg.accept)
     r = aggregated(replace(cand, phase=0), *tables, req, eff)
-    out: dict = {"serving": "aggregated", "price_kind": PRICE_KIND, "output": cfg.output, "chunk": cfg.chunk}
+    out: dict = {"serving": "aggregated", "price_kind": cfg.price_kind, "output": cfg.output, "chunk": cfg.chunk}
     for key in (*REQUEST_KEYS[1:-1], "requests_per_s", "prefill_share", "decode_step_s", "chunk_extra_s",
                 "prefill_service_s", "queue_wait_s"):
         out[key] = float(np.asarray(r[key]))

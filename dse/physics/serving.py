@@ -67,7 +67,6 @@ DEFAULT_CHUNK = 8192  # prefill tokens per DP rank per forward pass (vLLM / SGLa
 RHO_MAX = 0.9  # highest utilisation a prefill pool is planned at (M/D/1 waits grow as 1 / (1 - rho))
 NEWTON_STEPS = 200  # a cap only: bracketed Newton stops after a handful of steps
 NEWTON_RTOL = 1e-13  # stop once no rate moves by more than this share of itself
-PRICE_KIND = "catalog"  # the catalog's single price per chip-hour (price kinds come with issue 11)
 
 
 @dataclass(frozen=True)
@@ -347,11 +346,10 @@ def disaggregated(dec: dict, pre: dict, req: Request, rho: np.ndarray) -> dict[s
 
 
 def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: np.ndarray,
-                             prefill_replicas: np.ndarray, decode_replicas: np.ndarray,
-                             steps: int = 64) -> dict[str, np.ndarray]:
+                             prefill_replicas: np.ndarray, steps: int = 64) -> dict[str, np.ndarray]:
     """A disaggregated deployment holding a fixed number of requests in flight (a benchmark's closed loop):
-    ``concurrency`` requests cycle through ``prefill_replicas`` prefill replicas and ``decode_replicas``
-    decode replicas, each new request sent as one completes.
+    ``concurrency`` requests cycle through ``prefill_replicas`` prefill replicas and the decode replicas
+    among which ``dec`` was evaluated, each new request sent as one completes.
 
     ``dec`` is `decode_pool` evaluated at each decode replica's share of the requests in flight, ``pre``
     `prefill_pool`. The request rate lambda solves lambda (TTFT(lambda) + (O - 1) TPOT) = C (Little's
@@ -382,5 +380,5 @@ def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: n
     rho = lam * s / servers
     wait = mdl_wait(rho, s)
     return {"requests_per_s": lam, "ttft_s": s + wait + transfer, "tpot_s": tpot, "prefill_rho": rho,
-            "queue_wait_s": wait, "decode_replicas": np.asarray(decode_replicas, dtype=np.float64)}
+            "queue_wait_s": wait}
 

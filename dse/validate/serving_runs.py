@@ -250,8 +250,7 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None) -> pd.DataF
                                                                                           "pp")})
             pcand = _candidates(pre_t, models, systems, "", np.ones(len(g)), isl)
             pre = prefill_pool(pcand, mt, st, req, False, eff)
-            r = disaggregated_closed_loop(dec, pre, req, g["concurrency"].to_numpy(), g["p_replicas"].to_numpy(),
-                                          g["replicas"].to_numpy())
+            r = disaggregated_closed_loop(dec, pre, req, g["concurrency"].to_numpy(), g["p_replicas"].to_numpy())
             ttft, tpot, fits = r["ttft_s"], r["tpot_s"], dec["fits"] & pre["fits"]
         out.loc[g.index, "predicted_ttft_s"] = ttft
         out.loc[g.index, "predicted_tpot_s"] = tpot
