@@ -202,23 +202,27 @@ def main() -> None:
         sizes, dtypes, copy = ([64, 128, 256] if args.quick else [256, 512, 1024]), ["float32"], [2**22, 2**24]
         spec, batches, contexts, step_dtype = TINY, [1, 4], [128, 512], "float32"
     rows = measure_matmul(backend, sizes, dtypes, repeat) + measure_copy(backend, copy, repeat)
+    steps = [(batch, context, timeit(decode_step_fn(backend, spec, batch, context, step_dtype), backend, repeat))
+             for batch in batches for context in contexts]
     if gpu:
         system = get_system(args.system)
-    else:  # a roofline of this CPU from what was just measured
+    else:  # a roofline of this CPU from what was measured, its peaks taken before and after the decode steps
+        again = measure_matmul(backend, sizes, dtypes, repeat) + measure_copy(backend, copy, repeat)
+        for row, other in zip(rows, again, strict=True):  # the better of two samples: a peak, not a busy moment
+            if other["value"] > row["value"]:
+                row.update(other)
         peak = max(r["value"] for r in rows if r["kind"] == "matmul")
         bw = max(r["value"] for r in rows if r["kind"] == "copy") / 2  # one direction: reads
         bw /= 2  # the CPU path moves float32, twice the bytes of the bf16 the prediction counts
         base = get_system("h100")
         system = base.scaled(flops=peak / base.flops["bf16"], hbm_bandwidth=bw / base.hbm_bandwidth)
-    for batch in batches:
-        for context in contexts:
-            t = timeit(decode_step_fn(backend, spec, batch, context, step_dtype), backend, repeat)
-            row = {"kind": "decode", "dtype": step_dtype, "size": spec["d_model"], "batch": batch, "context": context,
-                   "seconds": t, "value": batch / t, "unit": "tokens/s",
-                   "predicted_ideal_s": predict_decode(spec, system, batch, context, True, step_dtype)}
-            if gpu:
-                row["predicted_calibrated_s"] = predict_decode(spec, system, batch, context, False, step_dtype)
-            rows.append(row)
+    for batch, context, t in steps:
+        row = {"kind": "decode", "dtype": step_dtype, "size": spec["d_model"], "batch": batch, "context": context,
+               "seconds": t, "value": batch / t, "unit": "tokens/s",
+               "predicted_ideal_s": predict_decode(spec, system, batch, context, True, step_dtype)}
+        if gpu:
+            row["predicted_calibrated_s"] = predict_decode(spec, system, batch, context, False, step_dtype)
+        rows.append(row)
     header = (f"# device: {backend.name()}; date: {datetime.date.today().isoformat()}; {backend.versions()}; "
               f"python {platform.python_version()}; predictions against: "
               f"{args.system if gpu else 'this CPU measured peaks'}\n")
