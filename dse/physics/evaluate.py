@@ -23,7 +23,7 @@ from dse.catalog.hardware import (
 from dse.catalog.models import Architecture, get_model
 from dse.catalog.units import DTYPES
 from dse.errors import InputError
-from dse.physics.codes import BOUNDS, KV_TIERS, PHASES
+from dse.physics.codes import BOUNDS, KV_SHARDS, KV_TIERS, PHASES
 from dse.physics.layout import Layout, resolve_layout
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
 from dse.physics.serving import DEFAULT_CHUNK, Request, aggregated
@@ -47,6 +47,7 @@ class Config:
     weights_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     kv_tier: str = "hbm"
+    kv_shard: str = "heads"  # how TP ranks split the KV cache (KV_SHARDS)
     prompt: int | None = None  # prompt length for TTFT; default: the context
     moe_imbalance: float = 1.0  # most-loaded GPU's routed tokens over the mean (from expert placement)
     output: int | None = None  # output tokens per request: adds the request-level metrics (aggregated)
@@ -110,6 +111,7 @@ def resolve(cfg: Config) -> Resolved:
     kd = _choice("kv-dtype", cfg.kv_dtype, DTYPES)
     check_formats(system, cfg.weights_dtype, experts, cfg.kv_dtype, cfg.weight_only)
     tier = _choice("kv-tier", cfg.kv_tier, KV_TIERS)
+    _choice("kv-shard", cfg.kv_shard, KV_SHARDS)
     if not cfg.moe_imbalance >= 1.0:
         raise InputError(f"--moe-imbalance must be >= 1 (most-loaded GPU over the mean), got {cfg.moe_imbalance}")
     for name, value in (("batch", cfg.batch), ("context", cfg.context), ("prompt", cfg.prompt or 1),
@@ -148,7 +150,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     cand = Candidates(
         model=0, system=0, tp=layout.tp, dp=layout.dp, ep=layout.ep, etp=layout.etp, pp=layout.pp,
         batch=cfg.batch, context=cfg.context, phase=phase, weights_dtype=wd, kv_dtype=kd, kv_tier=tier,
-        imbalance=cfg.moe_imbalance, experts_dtype=r.experts_dtype,
+        imbalance=cfg.moe_imbalance, experts_dtype=r.experts_dtype, kv_shard=KV_SHARDS.index(cfg.kv_shard),
     )
     tables = ModelTable.build([model]), SystemTable.build([system])
     raw = evaluate(cand, *tables, eff)
@@ -172,6 +174,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
         "weights_dtype": cfg.weights_dtype,
         "kv_dtype": cfg.kv_dtype,
         "kv_tier": cfg.kv_tier,
+        "kv_shard": cfg.kv_shard,
         "compute_dtype": system.compute_dtype(cfg.weights_dtype),
         "experts_dtype": DTYPES[r.experts_dtype],
         "experts_compute_dtype": system.compute_dtype(DTYPES[r.experts_dtype]),

@@ -20,6 +20,17 @@ weight, the 3.87x rather than 4x ideal of its README). Attention math runs at FP
 FP8 or narrower and the chip has FP8 tensor units (FlashAttention-3 / FlashMLA FP8), else at BF16,
 never at the weights' FP4 rate.
 
+Routed experts (uniform top-k routing): the slowest expert group sets the step. Its routed tokens and the
+distinct experts it must read are the expected maxima over the EP groups of their per-group counts, not
+the means (`expected_max_binomial`): at batch 1 on EP 72 some GPU reads a whole expert while the mean GPU
+reads 1/9 of one. A placement's skew (``imbalance``, most-loaded group over the mean) adds to it.
+
+KV of few heads over TP (``kv_shard``): split by head (what vLLM, SGLang and TensorRT-LLM do), a model with
+fewer KV heads than TP ranks (MQA, MLA's one latent) keeps a whole copy of each sequence's KV on every rank
+that needs its head. Split by batch (Pope et al., "Efficiently Scaling Transformer Inference", 2022, sec.
+3.3), each TP rank holds the whole KV of 1/TP of the sequences and runs all heads' attention for them; the
+queries and the attention outputs are re-sharded by two all-to-alls per layer over the TP group.
+
 Pipeline parallelism as in the lecture: weights per chip fall as 1/PP; the stage holds KV for PP
 micro-batches of its layers, so KV per chip does not fall; latency is unchanged; PP micro-batches
 are in flight, so throughput per replica is batch x PP / step. Everything is SI (s, bytes, FLOP).
@@ -29,6 +40,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, fields
+from statistics import NormalDist
 
 import numpy as np
 
@@ -42,6 +54,7 @@ ACT_BYTES = 2.0  # activations travel and live in bf16
 LOGIT_BYTES = 4.0  # logits in fp32
 PREFILL_CHUNK = 8192  # tokens per DP rank resident at once under chunked prefill
 MAX_GROUPS = 2  # layer groups per model (full attention, sliding window)
+EXACT_MEAN = 32.0  # below this mean the expected maximum of binomial counts is summed exactly
 
 
 def _f(x: object) -> np.ndarray:
@@ -49,6 +62,104 @@ def _f(x: object) -> np.ndarray:
 
 
 DTYPE_BYTES_ARR = _f([DTYPE_BYTES[d] for d in DTYPES])
+# expected maximum of n standard normals (Blom's order-statistic approximation), n = 0..4096
+_Z_MAX = _f([0.0, 0.0] + [NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) for n in range(2, 4097)])
+
+
+def expected_max_binomial(n: object, trials: object, q: object) -> np.ndarray:
+    """Expected maximum of ``n`` independent Binomial(``trials``, ``q``) counts (vectorized).
+
+    Below a mean of EXACT_MEAN it is the exact sum E[max] = sum_j 1 - F(j)^n over the support (with
+    q > 1/2 through the complement, E[max X] = trials - sum_j (1 - F_Y(j))^n for Y = trials - X, so no
+    probability underflows); above, the mean plus the expected maximum of n normals corrected for the
+    binomial's skew (Cornish-Fisher), capped at ``trials``. One count (n <= 1) is its mean.
+    """
+    n, trials, q = np.broadcast_arrays(_f(n), _f(trials), _f(q))
+    shape = n.shape
+    n, trials, q = n.ravel(), trials.ravel(), q.ravel()
+    mean = trials * q
+    sd = np.sqrt(mean * (1.0 - q))
+    z = _Z_MAX[np.clip(n, 0, 4096).astype(np.int64)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        skew = np.where(sd > 0, (1.0 - 2.0 * q) / sd, 0.0)
+    out = np.clip(mean + sd * (z + skew * (z * z - 1.0) / 6.0), mean, trials)
+    out = np.where(n > 1, out, mean)
+    flip = q > 0.5
+    qs = np.where(flip, 1.0 - q, q)
+    ms = trials * qs
+    small = np.flatnonzero((ms < EXACT_MEAN) & (n > 1) & (qs > 0))
+    if small.size:
+        sds = np.sqrt(ms[small] * (1.0 - qs[small]))
+        bound = np.minimum(np.ceil(ms[small] + 10.0 * sds + 10.0), np.floor(trials[small]))
+        order = np.argsort(bound, kind="stable")  # the loop below narrows to the counts still in support
+        idx, jb = small[order], bound[order]
+        nn, m_, p, fl = n[idx], trials[idx], qs[idx], flip[idx]
+        pmf = np.exp(m_ * np.log1p(-p))
+        cdf = pmf.copy()
+
+        def term(c: np.ndarray, s: slice) -> np.ndarray:
+            c = np.minimum(c, 1.0)
+            return np.where(fl[s], (1.0 - c) ** nn[s], 1.0 - c ** nn[s])
+
+        total = term(cdf, slice(None))
+        ratio = p / (1.0 - p)
+        start = 0
+        for j in range(1, int(jb[-1]) + 1):
+            if jb[start] < j:
+                start = int(np.searchsorted(jb, j, side="left"))
+            s = slice(start, None)
+            pmf[s] *= np.maximum(m_[s] - j + 1.0, 0.0) / j * ratio[s]
+            cdf[s] += pmf[s]
+            total[s] += term(cdf[s], s)
+        out[idx] = np.where(fl, trials[idx] - total, total)
+    return out.reshape(shape)
+
+
+def routed_straggler(tokens: object, n_exp: object, top_k: object, ep: object,
+                     experts_per_group: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Routed work of the most-loaded of ``ep`` expert groups over the mean group, for ``tokens`` tokens
+    each sent to ``top_k`` distinct experts of ``n_exp`` at random: (token-expert pairs it computes,
+    distinct experts it reads, tokens it receives).
+
+    A group of E = ``experts_per_group`` experts receives from one token a hypergeometric count of pairs
+    (mean k/ep, variance k/ep (1 - 1/ep)(N - k)/(N - 1)); over the tokens its load is taken as the
+    binomial of that mean and variance. Each of its experts is touched with p = 1 - (1 - k/N)^tokens, so
+    it reads Binomial(E, p) distinct experts; a token reaches it (one dispatched copy, however many of its
+    experts live there) with h = `group_hit`, so it receives Binomial(tokens, h) copies. The maxima
+    are `expected_max_binomial` of these, floored by what must hold: the busiest group computes at least
+    ceil(mean) pairs, reads at least one expert, and computes at least as many pairs as it reads experts
+    or receives tokens. Dense models (no experts) and EP 1 give 1.
+    """
+    cols = np.broadcast_arrays(*(_f(x) for x in (tokens, n_exp, top_k, ep, experts_per_group)))
+    shape = cols[0].shape
+    tokens, n_exp, top_k, ep, per = (c.ravel() for c in cols)
+    out = [np.ones(tokens.shape) for _ in range(3)]
+    moe = np.flatnonzero((n_exp > 0) & (ep > 1))
+    if moe.size:
+        # the work is per distinct (experts, top-k, EP, experts per group, tokens): compute it once each
+        layout = ((n_exp[moe] * 4096.0 + top_k[moe]) * 1e6 + ep[moe]) * 1e4 + per[moe]
+        _, first, inverse = np.unique(layout + 1j * tokens[moe], return_index=True, return_inverse=True)
+        rows = moe[first]
+        for o, f in zip(out, _straggler(tokens[rows], n_exp[rows], top_k[rows], ep[rows], per[rows]), strict=True):
+            o[moe] = f[inverse]
+    return out[0].reshape(shape), out[1].reshape(shape), out[2].reshape(shape)
+
+
+def _straggler(tokens: np.ndarray, nn: np.ndarray, top_k: np.ndarray, groups: np.ndarray,
+               per: np.ndarray) -> list[np.ndarray]:
+    """`routed_straggler` of MoE rows with EP > 1."""
+    k = np.minimum(top_k, nn)
+    mean_load = tokens * k / groups
+    q = np.clip(1.0 - (1.0 - 1.0 / groups) * (nn - k) / np.maximum(nn - 1.0, 1.0), 1e-12, 1.0)
+    p = -np.expm1(tokens * np.log1p(-k / nn))
+    h = group_hit(nn, k, groups)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        touched = np.maximum(expected_max_binomial(groups, per, p), np.minimum(1.0, per))
+        received = np.maximum(expected_max_binomial(groups, tokens, h), np.minimum(1.0, tokens))
+        load = np.maximum(expected_max_binomial(groups, mean_load / q, q), np.ceil(mean_load - 1e-9))
+        load = np.maximum(load, np.maximum(touched, received))
+        return [np.where(mean > 0, most / mean, 1.0)
+                for most, mean in ((load, mean_load), (touched, per * p), (received, tokens * h))]
 
 
 @dataclass(frozen=True)
@@ -77,6 +188,7 @@ class ModelTable:
     attn_prefill: np.ndarray
     idx_flops: np.ndarray
     state_bytes: np.ndarray  # fixed per-sequence state of linear-attention layers (bytes)
+    attn_io: np.ndarray  # elements per token per layer of the attention's queries plus outputs
 
     @classmethod
     def build(cls, models: list[Architecture]) -> ModelTable:
@@ -108,6 +220,8 @@ class ModelTable:
             attn_prefill=_f([m.attention_flops_per_attended_token("prefill") for m in models]),
             idx_flops=_f([m.indexer_flops_per_scored_token() for m in models]),
             state_bytes=_f([m.state_bytes_per_sequence() for m in models]),
+            # a query of heads x qk dims in, an output of heads x v dims back (MLA: its absorbed latent form)
+            attn_io=_f([m.attention_flops_per_attended_token("decode") / 2.0 for m in models]),
         )
 
 
@@ -168,7 +282,7 @@ class Candidates:
     pass carries (PP of them are in flight); ``context`` is the KV length in decode and the prompt
     length in prefill; ``phase``, ``weights_dtype``, ``kv_dtype`` and ``kv_tier`` are codes into
     PHASES, DTYPES, DTYPES and KV_TIERS; ``experts_dtype`` (a DTYPES code, -1: as the weights) is the
-    format of the routed experts.
+    format of the routed experts; ``kv_shard`` a KV_SHARDS code.
     """
 
     model: np.ndarray
@@ -184,8 +298,9 @@ class Candidates:
     weights_dtype: np.ndarray | int = 0
     kv_dtype: np.ndarray | int = 0
     kv_tier: np.ndarray | int = 0
-    imbalance: np.ndarray | float = 1.0  # most-loaded GPU's routed tokens over the mean (expert placement)
+    imbalance: np.ndarray | float = 1.0  # placement skew: most-loaded group's mean routed tokens over the mean
     experts_dtype: np.ndarray | int = -1
+    kv_shard: np.ndarray | int = 0  # KV_SHARDS code: TP ranks split the KV by head (0) or by sequence (1)
 
     def broadcast(self) -> Candidates:
         arrays = np.broadcast_arrays(*(np.asarray(getattr(self, f.name)) for f in fields(self)))
@@ -211,12 +326,27 @@ def alltoall_factor(group: np.ndarray, dims: np.ndarray, domain: np.ndarray | fl
     return np.where(dims > 0, torus, np.where(dims < 0, mesh, 1.0))
 
 
-def dispatch_copies(top_k, ep, etp, tp, chips, domain) -> tuple[np.ndarray, np.ndarray]:
+def group_hit(n_exp: object, top_k: object, ep: object) -> np.ndarray:
+    """Chance that one token's ``top_k`` distinct experts of ``n_exp`` (uniform routing) include one of a
+    given group's, the experts spread evenly over ``ep`` groups: 1 - C(N - N/ep, k) / C(N, k).
+    """
+    n, k, ep = np.broadcast_arrays(_f(n_exp), _f(top_k), _f(ep))
+    shape = n.shape
+    key = (n.ravel() * 4096.0 + k.ravel()) * 1e6 + ep.ravel()  # whole numbers: one distinct key per triple
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    n, k, ep = n.ravel()[first], k.ravel()[first], np.maximum(ep.ravel()[first], 1.0)
+    miss = np.ones(n.shape)
+    for i in range(int(np.max(k, initial=0.0))):
+        miss = miss * np.where(i < k, np.clip((n - n / ep - i) / np.maximum(n - i, 1.0), 0.0, 1.0), 1.0)
+    return (1.0 - miss)[inverse].reshape(shape)
+
+
+def dispatch_copies(n_exp, top_k, ep, etp, tp, chips, domain) -> tuple[np.ndarray, np.ndarray]:
     """Copies of one token an MoE dispatch sends from the chips holding it (its DP rank's ``tp`` chips) over
     scale-up links and over the scale-out network, among ``chips`` chips of which ``domain`` share a scale-up
-    domain, with experts over ``ep`` groups of ``etp`` chips (uniform routing).
+    domain, with ``n_exp`` experts over ``ep`` groups of ``etp`` chips (uniform routing).
 
-    A token's top-k experts land on ep (1 - (1 - 1/ep)^k) distinct expert groups, each of etp chips, and the
+    A token's top-k experts land on ep `group_hit` distinct expert groups, each of etp chips, and the
     dispatch sends one copy per destination chip, not one per expert. Copies to the other chips of the
     token's own domain cross scale-up links; across domains one copy per destination domain crosses the
     scale-out network and is forwarded inside it (DeepEP's internode dispatch). With experts TP-sharded over
@@ -225,8 +355,7 @@ def dispatch_copies(top_k, ep, etp, tp, chips, domain) -> tuple[np.ndarray, np.n
     """
     top_k, ep, etp, tp, chips = (np.asarray(x, dtype=np.float64) for x in (top_k, ep, etp, tp, chips))
     local = np.minimum(chips, domain)
-    groups = np.where(ep > 1, ep * -np.expm1(top_k * np.log1p(-1.0 / np.maximum(ep, 1.0 + 1e-12))),
-                      np.minimum(top_k, 1.0))
+    groups = np.where(ep > 1, ep * group_hit(n_exp, top_k, ep), np.minimum(top_k, 1.0))
     copies = groups * etp  # chips that need the token
     scaleup = copies * np.maximum(local - tp, 0.0) / chips
     domains = chips / local
@@ -276,10 +405,15 @@ class _Gathered:
         self.g_window = [np.ascontiguousarray(models.g_window[:, k])[m] for k in groups]
         self.idx_flops, self.idx_b = models.idx_flops[m], models.idx_bytes_layer[m]
         self.attn_decode, self.attn_prefill = models.attn_decode[m], models.attn_prefill[m]
-        shard = np.ceil(models.kv_heads[m] / self.tp) / models.kv_heads[m]
+        # KV split by head: a rank keeps ceil(kv_heads / TP) heads of every sequence (a whole copy where there
+        # are fewer KV heads than ranks); split by sequence: all heads of 1/TP of the sequences
+        self.by_seq = (np.asarray(c.kv_shard) == 1) & (self.tp > 1)
+        shard = np.where(self.by_seq, 1.0, np.ceil(models.kv_heads[m] / self.tp) / models.kv_heads[m])
         self.kv_main = models.kv_elems[m] * dtype_bytes[c.kv_dtype] * shard  # bytes per token per layer per chip
-        # linear-attention state: split over TP with its heads, read and written once per decode step
-        self.state = models.state_bytes[m] / self.tp
+        # linear-attention state: split over TP with its heads (or whole, by sequence), read and written once
+        # per decode step
+        self.state = models.state_bytes[m] / np.where(self.by_seq, 1.0, self.tp)
+        self.attn_io = models.attn_io[m]
         self._context_terms()
         # system columns
         self.hbm_cap = systems.hbm_capacity[s]
@@ -300,13 +434,14 @@ class _Gathered:
         self.dense_read = self.wbytes * (self.p_dense - self.p_emb) / (self.tp * self.pp)
         local = np.minimum(self.cps, self.domain)
         self.inter = np.maximum(self.cps - self.domain, 0.0) / self.cps
-        self.copies_scaleup, self.copies_scaleout = dispatch_copies(self.top_k, self.ep, self.etp, self.tp, self.cps,
-                                                                    self.domain)
+        self.copies_scaleup, self.copies_scaleout = dispatch_copies(
+            self.n_exp, self.top_k, self.ep, self.etp, self.tp, self.cps, self.domain)
         self.a2a_bw = self.su * alltoall_factor(local, self.topo, self.domain)
         # on a full mesh a ring all-reduce over TP chips and a PP hand-off use only their peers' links
         mesh = self.topo < 0
         self.tp_link = np.where(mesh, alltoall_factor(np.minimum(self.tp, self.domain), self.topo, self.domain), 1.0)
         self.p2p_link = np.where(mesh, alltoall_factor(2.0, self.topo, self.domain), 1.0)
+        self.tp_a2a = np.where(mesh, 1.0, alltoall_factor(np.minimum(self.tp, self.domain), self.topo, self.domain))
         # fixed latencies (0 under --ideal): one per collective, and per layer
         tp_latency = np.where(self.tp <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
         self.lat_tp = np.where(self.tp > 1, tp_latency, 0.0)
@@ -360,6 +495,8 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
     tokens = batch * per_seq
     seqs_rank = np.ceil(batch / g.dp)  # sequences on the busiest attention (DP) rank
     tokens_rank = seqs_rank * per_seq
+    # sequences whose KV the busiest chip of the rank holds and attends: all (split by head) or 1/TP of them
+    seqs_kv = np.where(g.by_seq, np.ceil(seqs_rank / g.tp), seqs_rank)
     eff_c = _where(prefill, lambda: eff.compute_prefill, lambda: eff.compute_decode)
 
     # compute: attention, dense MLPs and shared experts run per DP rank on its own sequences (TP
@@ -373,15 +510,20 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
 
     attn = _where(prefill, attn_prefill, attn_decode)  # attention FLOPs per sequence
     rate, rate_e, rate_a = g.flops_rate * eff_c, g.experts_rate * eff_c, g.attn_rate * eff_c
-    dense_rank_s = tokens_rank * 2.0 * (g.p_act - g.routed_active) / rate + seqs_rank * attn / rate_a
-    # the slowest GPU sets the step: routed work scales with the placement's imbalance
-    compute_s = dense_rank_s / g.tp + g.imbalance * tokens * 2.0 * g.routed_active / (g.cps * rate_e)
+    dense_rank_s = tokens_rank * 2.0 * (g.p_act - g.routed_active) / rate
+    attn_s = seqs_kv * attn / rate_a / np.where(g.by_seq, 1.0, g.tp)  # TP splits the heads, or the sequences
+    # the slowest expert group sets the step: its routed tokens are the expected maximum over the EP
+    # groups (routing statistics) plus the placement's skew
+    load_f, touched_f, received_f = routed_straggler(tokens, g.n_exp, g.top_k, g.ep, g.experts_per_chip)
+    load_f, received_f = load_f + (g.imbalance - 1.0), received_f + (g.imbalance - 1.0)
+    compute_s = dense_rank_s / g.tp + attn_s + load_f * tokens * 2.0 * g.routed_active / (g.cps * rate_e)
 
-    # memory: weights of the stage (routed experts only where a token landed) and KV of the batch
+    # memory: weights of the stage (routed experts only where a token landed, on the group touching the
+    # most) and KV of the batch
     touched = np.where(g.n_exp > 0, -np.expm1(tokens * np.log1p(-g.top_k / np.maximum(g.n_exp, 1.0))), 0.0)
-    weights_read = g.dense_read + g.routed_bytes_per_chip * touched
-    kv_bytes = seqs_rank * g.stored_per_seq  # the stage holds PP micro-batches of 1/PP of the layers
-    kv_read = _where(prefill, lambda: kv_bytes, lambda: seqs_rank * g.read_per_seq) / g.pp
+    weights_read = g.dense_read + g.routed_bytes_per_chip * np.minimum(touched * touched_f, 1.0)
+    kv_bytes = seqs_kv * g.stored_per_seq  # the stage holds PP micro-batches of 1/PP of the layers
+    kv_read = _where(prefill, lambda: kv_bytes, lambda: seqs_kv * g.read_per_seq) / g.pp
     with np.errstate(divide="ignore", invalid="ignore"):
         kv_time = np.where(g.on_host, np.where(kv_read > 0, kv_read / g.host_bw, 0.0), kv_read / g.hbm_bw)
         memory_s = g.pp * (weights_read / g.hbm_bw + kv_time)
@@ -391,8 +533,12 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
         tp_bw = np.where(g.tp <= g.domain, g.su * g.tp_link, g.so)
         allreduce = np.where(g.tp > 1, 2.0 * (g.tp - 1) / g.tp * msg / tp_bw + g.lat_tp, 0.0)
         tp_s = 2.0 * g.n_layers / g.pp * allreduce
+        # KV split by sequence: queries to the rank holding their sequence's KV, outputs back (two all-to-alls)
+        reshard = tokens_rank * g.attn_io * ACT_BYTES / g.tp * (g.tp - 1.0) / g.tp / (tp_bw * g.tp_a2a) + 2.0 * g.lat_tp
+        tp_s = tp_s + np.where(g.by_seq, g.n_layers / g.pp * reshard, 0.0)
         disp = np.where(g.ebytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
-        token_bytes = g.imbalance * tokens_rank / g.tp * g.d * (disp + ACT_BYTES)  # each TP chip sends 1/TP
+        # each TP chip sends 1/TP of its rank's tokens; the busiest group receives received_f x the mean
+        token_bytes = received_f * tokens_rank / g.tp * g.d * (disp + ACT_BYTES)
         scaleout = np.where(g.inter > 0, token_bytes * g.copies_scaleout / g.so, 0.0)
         a2a = np.maximum(token_bytes * g.copies_scaleup / g.a2a_bw, scaleout) + 2.0 * g.lat_ep  # dispatch and combine
         dispatch = (g.n_exp > 0) & (g.copies_scaleup + g.copies_scaleout > 0)
@@ -474,9 +620,11 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.nda
     unbounded_layers = _gsum(g.g_layers, [np.isinf(cap) for cap in g.g_cap])
     capped = _gsum(g.g_layers, [np.where(np.isinf(cap), 0.0, cap) for cap in g.g_cap])
     rate_rank, attn_rank = g.tp * rate, g.tp * rate_a  # FLOP/s serving one DP rank's sequences
-    slope = (g.kv_main * unbounded_layers + g.idx_b * g.n_layers) / g.hbm_bw
+    per_chip = np.where(g.by_seq, 1.0 / g.tp, 1.0)  # a chip's share of a rank sequence's KV beyond kv_main
+    kv_seq, idx_seq = g.kv_main * per_chip, g.idx_b * per_chip
+    slope = (kv_seq * unbounded_layers + idx_seq * g.n_layers) / g.hbm_bw
     slope = slope - (g.attn_decode * unbounded_layers + g.idx_flops * g.n_layers) / attn_rank
-    offset = 2.0 * g.p_act / rate_rank + g.attn_decode * capped / attn_rank - g.kv_main * capped / g.hbm_bw
+    offset = 2.0 * g.p_act / rate_rank + g.attn_decode * capped / attn_rank - kv_seq * capped / g.hbm_bw
     with np.errstate(divide="ignore", invalid="ignore"):
         kv_crossover = np.where(slope > 0, np.maximum(offset, 0.0) / slope, np.inf)
 

@@ -113,7 +113,7 @@ def train_step(model: Architecture, system: System, lay: TrainLayout, global_bat
     ep_s = 0.0
     if model.is_moe and lay.ep > 1:
         group = lay.ep * lay.tp
-        up, out = dispatch_copies(model.spec.ffn.top_k, lay.ep, lay.tp, lay.tp, group, domain)
+        up, out = dispatch_copies(model.spec.ffn.n_experts, model.spec.ffn.top_k, lay.ep, lay.tp, lay.tp, group, domain)
         token = lay.micro_batch * s_local / lay.tp * d * ACT * 2  # dispatch and combine of the chip's share
         a2a_s = max(token * float(up) / su, token * float(out) / so if out > 0 else 0.0)
         latency = eff.latency_scaleup if group <= domain else eff.latency_scaleout
