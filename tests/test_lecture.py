@@ -167,7 +167,7 @@ def test_expert_parallelism_across_two_domains_is_slower_by_the_scale_out_ratio(
 def test_the_dispatch_sends_one_copy_per_destination_chip_not_per_expert(models, systems):
     """Experts sharded over the attention TP group (EP 1, DP 1): every chip already holds every token, no
     dispatch. Attention DP 8 with experts TP-sharded over the 8 chips: each token goes once to the 7 other
-    chips. EP 8: a token's 8 distinct experts land on 8 (1 - C(224, 8) / C(256, 8)) = 5.28 distinct chips on
+    chips. EP 8: a token's 8 distinct experts land on 8 (1 - C(224, 8) / C(256, 8)) = 5.29 distinct chips on
     average, not 8; the busiest chip receives more than that mean (`routed_straggler`)."""
     from dse.physics.roofline import routed_straggler
 
