@@ -37,7 +37,7 @@ def test_the_busiest_group_matches_a_simulated_routing(n_exp, top_k):
             continue
         per = n_exp // ep
         for tokens in (1, 4, 16, 128):
-            load_f, touched_f, received_f = routed_straggler(tokens, n_exp, top_k, ep, per)
+            load_f, touched_f, received_f = routed_straggler(tokens, n_exp, top_k, ep)
             pairs, experts, received = _simulate(n_exp, top_k, ep, tokens, 2000 if tokens <= 4 else 300, rng)
             p = 1 - (1 - top_k / n_exp) ** tokens
             h = 1 - math.comb(n_exp - per, top_k) / math.comb(n_exp, top_k)  # a token reaches the group
@@ -64,10 +64,10 @@ def test_the_expected_maximum_of_large_counts_follows_their_skewed_normal_tail()
 
 
 def test_one_group_or_a_dense_model_has_no_straggler_and_large_batches_balance():
-    for f in routed_straggler(64, 256, 8, 1, 256) + routed_straggler(64, 0, 0, 8, 0):
+    for f in routed_straggler(64, 256, 8, 1) + routed_straggler(64, 0, 0, 8):
         assert float(f) == 1.0
     tokens = np.array([1, 2, 8, 32, 128, 1024, 16384, 1 << 20])
-    load_f, touched_f, received_f = routed_straggler(tokens, 256, 8, 32, 8)
+    load_f, touched_f, received_f = routed_straggler(tokens, 256, 8, 32)
     for f in (load_f, touched_f, received_f):
         assert (f >= 1.0).all() and (np.diff(f) <= 1e-12).all()  # the busiest group's excess only shrinks
         assert f[-1] == pytest.approx(1.0, abs=0.01)

@@ -115,13 +115,20 @@ def expected_max_binomial(n: object, trials: object, q: object) -> np.ndarray:
     return out.reshape(shape)
 
 
-def routed_straggler(tokens: object, n_exp: object, top_k: object, ep: object,
-                     experts_per_group: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _expert_key(n_exp: np.ndarray, top_k: np.ndarray, ep: np.ndarray) -> np.ndarray:
+    """One float per (experts, top-k, EP) triple, distinct for whole numbers below 2^12, 2^12 and 2^24
+    (2^48 in all: exact in a float64).
+    """
+    return (n_exp * 4096.0 + top_k) * 16777216.0 + ep
+
+
+def routed_straggler(tokens: object, n_exp: object, top_k: object,
+                     ep: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Routed work of the most-loaded of ``ep`` expert groups over the mean group, for ``tokens`` tokens
     each sent to ``top_k`` distinct experts of ``n_exp`` at random: (token-expert pairs it computes,
     distinct experts it reads, tokens it receives).
 
-    A group of E = ``experts_per_group`` experts receives from one token a hypergeometric count of pairs
+    A group of E = ceil(N / ep) experts receives from one token a hypergeometric count of pairs
     (mean k/ep, variance k/ep (1 - 1/ep)(N - k)/(N - 1)); over the tokens its load is taken as the
     binomial of that mean and variance. Each of its experts is touched with p = 1 - (1 - k/N)^tokens, so
     it reads Binomial(E, p) distinct experts; a token reaches it (one dispatched copy, however many of its
@@ -130,24 +137,24 @@ def routed_straggler(tokens: object, n_exp: object, top_k: object, ep: object,
     ceil(mean) pairs, reads at least one expert, and computes at least as many pairs as it reads experts
     or receives tokens. Dense models (no experts) and EP 1 give 1.
     """
-    cols = np.broadcast_arrays(*(_f(x) for x in (tokens, n_exp, top_k, ep, experts_per_group)))
+    cols = np.broadcast_arrays(*(_f(x) for x in (tokens, n_exp, top_k, ep)))
     shape = cols[0].shape
-    tokens, n_exp, top_k, ep, per = (c.ravel() for c in cols)
+    tokens, n_exp, top_k, ep = (c.ravel() for c in cols)
     out = [np.ones(tokens.shape) for _ in range(3)]
     moe = np.flatnonzero((n_exp > 0) & (ep > 1))
     if moe.size:
-        # the work is per distinct (experts, top-k, EP, experts per group, tokens): compute it once each
-        layout = ((n_exp[moe] * 4096.0 + top_k[moe]) * 1e6 + ep[moe]) * 1e4 + per[moe]
+        # the work is per distinct (experts, top-k, EP, tokens): compute it once each
+        layout = _expert_key(n_exp[moe], top_k[moe], ep[moe])
         _, first, inverse = np.unique(layout + 1j * tokens[moe], return_index=True, return_inverse=True)
         rows = moe[first]
-        for o, f in zip(out, _straggler(tokens[rows], n_exp[rows], top_k[rows], ep[rows], per[rows]), strict=True):
+        for o, f in zip(out, _straggler(tokens[rows], n_exp[rows], top_k[rows], ep[rows]), strict=True):
             o[moe] = f[inverse]
     return out[0].reshape(shape), out[1].reshape(shape), out[2].reshape(shape)
 
 
-def _straggler(tokens: np.ndarray, nn: np.ndarray, top_k: np.ndarray, groups: np.ndarray,
-               per: np.ndarray) -> list[np.ndarray]:
+def _straggler(tokens: np.ndarray, nn: np.ndarray, top_k: np.ndarray, groups: np.ndarray) -> list[np.ndarray]:
     """`routed_straggler` of MoE rows with EP > 1."""
+    per = np.ceil(nn / groups)
     k = np.minimum(top_k, nn)
     mean_load = tokens * k / groups
     q = np.clip(1.0 - (1.0 - 1.0 / groups) * (nn - k) / np.maximum(nn - 1.0, 1.0), 1e-12, 1.0)
@@ -332,8 +339,8 @@ def group_hit(n_exp: object, top_k: object, ep: object) -> np.ndarray:
     """
     n, k, ep = np.broadcast_arrays(_f(n_exp), _f(top_k), _f(ep))
     shape = n.shape
-    key = (n.ravel() * 4096.0 + k.ravel()) * 1e6 + ep.ravel()  # whole numbers: one distinct key per triple
-    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    _, first, inverse = np.unique(_expert_key(n.ravel(), k.ravel(), ep.ravel()), return_index=True,
+                                  return_inverse=True)
     n, k, ep = n.ravel()[first], k.ravel()[first], np.maximum(ep.ravel()[first], 1.0)
     miss = np.ones(n.shape)
     for i in range(int(np.max(k, initial=0.0))):
@@ -439,9 +446,10 @@ class _Gathered:
         self.a2a_bw = self.su * alltoall_factor(local, self.topo, self.domain)
         # on a full mesh a ring all-reduce over TP chips and a PP hand-off use only their peers' links
         mesh = self.topo < 0
-        self.tp_link = np.where(mesh, alltoall_factor(np.minimum(self.tp, self.domain), self.topo, self.domain), 1.0)
+        tp_group = alltoall_factor(np.minimum(self.tp, self.domain), self.topo, self.domain)
+        self.tp_link = np.where(mesh, tp_group, 1.0)
         self.p2p_link = np.where(mesh, alltoall_factor(2.0, self.topo, self.domain), 1.0)
-        self.tp_a2a = np.where(mesh, 1.0, alltoall_factor(np.minimum(self.tp, self.domain), self.topo, self.domain))
+        self.tp_a2a = np.where(mesh, 1.0, tp_group)  # an all-to-all's share beyond tp_link (torus)
         # fixed latencies (0 under --ideal): one per collective, and per layer
         tp_latency = np.where(self.tp <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
         self.lat_tp = np.where(self.tp > 1, tp_latency, 0.0)
@@ -514,7 +522,7 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
     attn_s = seqs_kv * attn / rate_a / np.where(g.by_seq, 1.0, g.tp)  # TP splits the heads, or the sequences
     # the slowest expert group sets the step: its routed tokens are the expected maximum over the EP
     # groups (routing statistics) plus the placement's skew
-    load_f, touched_f, received_f = routed_straggler(tokens, g.n_exp, g.top_k, g.ep, g.experts_per_chip)
+    load_f, touched_f, received_f = routed_straggler(tokens, g.n_exp, g.top_k, g.ep)
     load_f, received_f = load_f + (g.imbalance - 1.0), received_f + (g.imbalance - 1.0)
     compute_s = dense_rank_s / g.tp + attn_s + load_f * tokens * 2.0 * g.routed_active / (g.cps * rate_e)
 
@@ -534,8 +542,9 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
         allreduce = np.where(g.tp > 1, 2.0 * (g.tp - 1) / g.tp * msg / tp_bw + g.lat_tp, 0.0)
         tp_s = 2.0 * g.n_layers / g.pp * allreduce
         # KV split by sequence: queries to the rank holding their sequence's KV, outputs back (two all-to-alls)
-        reshard = tokens_rank * g.attn_io * ACT_BYTES / g.tp * (g.tp - 1.0) / g.tp / (tp_bw * g.tp_a2a) + 2.0 * g.lat_tp
-        tp_s = tp_s + np.where(g.by_seq, g.n_layers / g.pp * reshard, 0.0)
+        if g.by_seq.any():
+            io = tokens_rank * g.attn_io * ACT_BYTES / g.tp * (g.tp - 1.0) / g.tp
+            tp_s = tp_s + np.where(g.by_seq, g.n_layers / g.pp * (io / (tp_bw * g.tp_a2a) + 2.0 * g.lat_tp), 0.0)
         disp = np.where(g.ebytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
         # each TP chip sends 1/TP of its rank's tokens; the busiest group receives received_f x the mean
         token_bytes = received_f * tokens_rank / g.tp * g.d * (disp + ACT_BYTES)
