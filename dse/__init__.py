@@ -37,8 +37,8 @@ def evaluate(model: str, system: str, batch: int, context: int, *, ideal: bool =
     """Metrics of one configuration, as `dse evaluate --json` prints them.
 
     ``config`` takes the other fields of `dse evaluate`: ``tp``, ``ep``, ``pp``, ``dp``, ``etp``,
-    ``chips``, ``phase``, ``weights_dtype``, ``kv_dtype``, ``kv_tier``, ``kv_shard``, ``prompt``,
-    ``moe_imbalance``.
+    ``chips``, ``phase``, ``weights_dtype``, ``kv_dtype``, ``kv_tier``, ``kv_shard``, ``micro_batches``,
+    ``prompt``, ``moe_imbalance``.
     """
     from dse.physics.evaluate import Config, evaluate_config
 

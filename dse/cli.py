@@ -130,6 +130,9 @@ def evaluate(
         "--kv-shard", help="How TP ranks split the KV cache: by head (every serving framework), or by sequence "
                            "(Pope et al.: no copy of MQA/MLA KV per rank, two all-to-alls per layer).")
     ] = KvShard.heads,
+    micro_batches: Annotated[int, typer.Option(
+        "--micro-batches", help="Decode micro-batches per pass: 2 overlaps one's communication with the other's "
+                                "compute (two-batch overlap; each re-reads the weights).")] = 1,
     ideal: Annotated[bool, typer.Option("--ideal", help="Every efficiency 1, communication overlapped.")] = False,
     price_kind: Annotated[str, typer.Option("--price-kind", help="Price kind: tco_hyperscaler, tco_neocloud, "
                                             "rental_3yr or on_demand (default).")] = "on_demand",
@@ -146,7 +149,8 @@ def evaluate(
     cfg = Config(
         model=model, system=system, batch=batch, context=context, tp=tp, ep=ep, pp=pp, dp=dp, etp=etp,
         chips=chips, phase=phase.value, weights_dtype=weights_dtype.value, kv_dtype=kv_dtype.value,
-        kv_tier=kv_tier.value, kv_shard=kv_shard.value, prompt=prompt, moe_imbalance=moe_imbalance, output=output,
+        kv_tier=kv_tier.value, kv_shard=kv_shard.value, micro_batches=micro_batches, prompt=prompt,
+        moe_imbalance=moe_imbalance, output=output,
         chunk=chunk,
         cached=cached, draft=draft, accept=accept,
         experts_dtype=experts_dtype.value if experts_dtype else None, weight_only=weight_only,
@@ -191,6 +195,7 @@ def _print_evaluation(r: dict) -> None:
         f"context {r['context']}, weights {r['weights_dtype']} (compute {r['compute_dtype']}), experts "
         f"{r['experts_dtype']} (compute {r['experts_compute_dtype']}), attention {r['attention_dtype']}, "
         f"KV {r['kv_dtype']} in {r['kv_tier']}{', split by sequence over TP' if r['kv_shard'] == 'batch' else ''}"
+        f"{', two-batch overlap' if r['micro_batches'] == 2 else ''}"
         f"{', ideal' if r['ideal'] else ''}"
         f"{', BEYOND THE TRAINED CONTEXT' if r['beyond_trained_context'] else ''}"
     )

@@ -48,6 +48,7 @@ class Config:
     kv_dtype: str = "bf16"
     kv_tier: str = "hbm"
     kv_shard: str = "heads"  # how TP ranks split the KV cache (KV_SHARDS)
+    micro_batches: int = 1  # decode micro-batches overlapping each other's communication (2: two-batch overlap)
     prompt: int | None = None  # prompt length for TTFT; default: the context
     moe_imbalance: float = 1.0  # most-loaded GPU's routed tokens over the mean (from expert placement)
     output: int | None = None  # output tokens per request: adds the request-level metrics (aggregated)
@@ -112,6 +113,8 @@ def resolve(cfg: Config) -> Resolved:
     check_formats(system, cfg.weights_dtype, experts, cfg.kv_dtype, cfg.weight_only)
     tier = _choice("kv-tier", cfg.kv_tier, KV_TIERS)
     _choice("kv-shard", cfg.kv_shard, KV_SHARDS)
+    if cfg.micro_batches not in (1, 2):
+        raise InputError(f"--micro-batches must be 1 (no overlap) or 2 (two-batch overlap), got {cfg.micro_batches!r}")
     if not cfg.moe_imbalance >= 1.0:
         raise InputError(f"--moe-imbalance must be >= 1 (most-loaded GPU over the mean), got {cfg.moe_imbalance}")
     for name, value in (("batch", cfg.batch), ("context", cfg.context), ("prompt", cfg.prompt or 1),
@@ -151,6 +154,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
         model=0, system=0, tp=layout.tp, dp=layout.dp, ep=layout.ep, etp=layout.etp, pp=layout.pp,
         batch=cfg.batch, context=cfg.context, phase=phase, weights_dtype=wd, kv_dtype=kd, kv_tier=tier,
         imbalance=cfg.moe_imbalance, experts_dtype=r.experts_dtype, kv_shard=KV_SHARDS.index(cfg.kv_shard),
+        micro_batches=cfg.micro_batches,
     )
     tables = ModelTable.build([model]), SystemTable.build([system])
     raw = evaluate(cand, *tables, eff)
@@ -175,6 +179,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
         "kv_dtype": cfg.kv_dtype,
         "kv_tier": cfg.kv_tier,
         "kv_shard": cfg.kv_shard,
+        "micro_batches": cfg.micro_batches,
         "compute_dtype": system.compute_dtype(cfg.weights_dtype),
         "experts_dtype": DTYPES[r.experts_dtype],
         "experts_compute_dtype": system.compute_dtype(DTYPES[r.experts_dtype]),
@@ -242,7 +247,7 @@ def request_metrics(cand: Candidates, tables: tuple[ModelTable, SystemTable], ef
 
 
 FRAME_COLUMNS = ("model", "system", "batch", "context")
-INT_FIELDS = ("batch", "context", "tp", "ep", "pp", "dp", "etp", "chips", "prompt")
+INT_FIELDS = ("batch", "context", "tp", "ep", "pp", "dp", "etp", "chips", "prompt", "micro_batches")
 """Whole-number fields: a column pandas turned to floats (because of empty cells) is read back as integers."""
 """Columns `evaluate_frame` needs; the other fields of ``Config`` are optional columns."""
 
@@ -266,13 +271,14 @@ def evaluate_frame(frame, ideal: bool = False):
     if extra:
         raise InputError(f"evaluate_frame: unknown column(s) {', '.join(map(str, extra))}; allowed: "
                          f"{', '.join(Config.__dataclass_fields__)}")
-    rows = []
+    rows, configs = [], []
     for i, rec in enumerate(frame.to_dict(orient="records")):
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}
         clean = {k: (int(v) if k in INT_FIELDS and isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
                      and float(v).is_integer() else v) for k, v in clean.items()}
         try:
-            rows.append(resolve(Config(**{k: v for k, v in clean.items() if v is not None})))
+            configs.append(Config(**{k: v for k, v in clean.items() if v is not None}))
+            rows.append(resolve(configs[-1]))
         except InputError as exc:
             raise InputError(f"evaluate_frame: row {i}: {exc}") from None
     models = list(dict.fromkeys(r.model.id for r in rows))
@@ -289,6 +295,8 @@ def evaluate_frame(frame, ideal: bool = False):
         phase=np.array([r.phase for r in rows]), weights_dtype=np.array([r.weights_dtype for r in rows]),
         kv_dtype=np.array([r.kv_dtype for r in rows]), kv_tier=np.array([r.kv_tier for r in rows]),
         experts_dtype=np.array([r.experts_dtype for r in rows]),
+        kv_shard=np.array([KV_SHARDS.index(c.kv_shard) for c in configs]),
+        micro_batches=np.array([c.micro_batches for c in configs]),
         imbalance=(frame["moe_imbalance"].fillna(1.0).to_numpy(dtype=float) if "moe_imbalance" in frame
                    else 1.0),
     )

@@ -31,6 +31,10 @@ that needs its head. Split by batch (Pope et al., "Efficiently Scaling Transform
 3.3), each TP rank holds the whole KV of 1/TP of the sequences and runs all heads' attention for them; the
 queries and the attention outputs are re-sharded by two all-to-alls per layer over the TP group.
 
+Two-batch overlap (``micro_batches`` 2, SGLang's and TensorRT-LLM's wide-EP decode): the decode pass runs two
+micro-batches of half the batch, one communicating while the other computes; each re-reads the weights, so
+the pass costs max(2 W_h, 2 M_h) + overhead with W_h and M_h one half's work and communication (`_split_pass`).
+
 Pipeline parallelism as in the lecture: weights per chip fall as 1/PP; the stage holds KV for PP
 micro-batches of its layers, so KV per chip does not fall; latency is unchanged; PP micro-batches
 are in flight, so throughput per replica is batch x PP / step. Everything is SI (s, bytes, FLOP).
@@ -289,7 +293,8 @@ class Candidates:
     pass carries (PP of them are in flight); ``context`` is the KV length in decode and the prompt
     length in prefill; ``phase``, ``weights_dtype``, ``kv_dtype`` and ``kv_tier`` are codes into
     PHASES, DTYPES, DTYPES and KV_TIERS; ``experts_dtype`` (a DTYPES code, -1: as the weights) is the
-    format of the routed experts; ``kv_shard`` a KV_SHARDS code.
+    format of the routed experts; ``kv_shard`` a KV_SHARDS code; ``micro_batches`` (1 or 2) splits a decode
+    pass into that many micro-batches whose communication overlaps each other's compute.
     """
 
     model: np.ndarray
@@ -308,6 +313,7 @@ class Candidates:
     imbalance: np.ndarray | float = 1.0  # placement skew: most-loaded group's mean routed tokens over the mean
     experts_dtype: np.ndarray | int = -1
     kv_shard: np.ndarray | int = 0  # KV_SHARDS code: TP ranks split the KV by head (0) or by sequence (1)
+    micro_batches: np.ndarray | int = 1  # a decode pass split into this many micro-batches (2: two-batch overlap)
 
     def broadcast(self) -> Candidates:
         arrays = np.broadcast_arrays(*(np.asarray(getattr(self, f.name)) for f in fields(self)))
@@ -400,6 +406,7 @@ class _Gathered:
         self.attn_rate = np.where(attn_fp8, systems.flops[s, fp8], systems.flops[s, DTYPES.index("bf16")])
         self.on_host = np.asarray(c.kv_tier) == 1
         self.imbalance = _f(c.imbalance)
+        self.micro = _f(c.micro_batches)
         # model columns
         self.p_act, self.p_dense, self.p_emb = models.p_active[m], models.p_dense[m], models.p_embedding[m]
         self.p_exp, self.moe_l = models.p_expert[m], models.moe_layers[m]
@@ -558,11 +565,35 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
 
     work = np.maximum(compute_s, memory_s)
     step_s = np.maximum(work, comm_s) + (1.0 - eff.overlap) * np.minimum(comm_s, work) + g.overhead
-    return {
+    out = {
         "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s, "work": work,
         "tp_s": tp_s, "ep_s": ep_s, "pp_s": pp_s, "kv_bytes": kv_bytes, "seqs_rank": seqs_rank,
         "tokens_rank": tokens_rank, "eff_c": eff_c, "attn": attn, "tokens": tokens,
+        "overlap": np.broadcast_to(_f(eff.overlap), step_s.shape),
     }
+    split = (g.micro > 1) & ~np.asarray(prefill, dtype=bool)
+    if split.any():
+        _split_pass(g, batch, prefill, split, out)
+    return out
+
+
+def _split_pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool, split: np.ndarray, out: dict) -> None:
+    """Two-batch overlap: a decode pass of n micro-batches of batch / n (rounded up on the busiest rank) in
+    which one micro-batch's communication runs while another computes, as SGLang's and TensorRT-LLM's
+    wide-EP decode schedule it. Each micro-batch reads the weights again and computes and communicates its
+    own tokens, so the pass does n times a micro-batch's work W_h = max(compute, memory) and n times its
+    communication M_h, and takes max(n W_h, n M_h) + overhead: communication hidden wherever compute is
+    longer and the reverse (the one-segment fill at either end of the pass and the extra kernel launches,
+    hidden under the other micro-batch, are neglected). Prefill passes are not split.
+    """
+    n = g.micro
+    one = copy.copy(g)
+    one.micro = np.ones_like(n)
+    h = _pass(one, batch / n, prefill)
+    for k in ("compute_s", "memory_s", "comm_s", "tp_s", "ep_s", "pp_s", "work"):
+        out[k] = np.where(split, n * h[k], out[k])
+    out["step_s"] = np.where(split, np.maximum(out["work"], out["comm_s"]) + g.overhead, out["step_s"])
+    out["overlap"] = np.where(split, 1.0, out["overlap"])
 
 
 def evaluate(
@@ -592,7 +623,7 @@ def evaluate_at(cand: Candidates, models: ModelTable, systems: SystemTable, eff:
 
 
 BRIEF_KEYS = ("chips", "compute_s", "memory_s", "comm_s", "step_s", "bound", "overhead_s", "kv_bytes_per_chip",
-              "hbm_bytes_per_chip", "fits")
+              "hbm_bytes_per_chip", "fits", "overlap")
 """What `evaluate_at` returns: the pass times and the memory check (what request-level physics builds on)."""
 
 
@@ -614,7 +645,7 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.nda
     if brief:
         return {"chips": g.chips, "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s,
                 "bound": bound, "overhead_s": g.overhead * np.ones_like(step_s), "kv_bytes_per_chip": kv_bytes,
-                "hbm_bytes_per_chip": hbm_bytes, "fits": fits}
+                "hbm_bytes_per_chip": hbm_bytes, "fits": fits, "overlap": r["overlap"]}
 
     # throughput and cost: PP micro-batches are in flight
     seqs_in_flight = g.batch * g.pp
@@ -660,6 +691,7 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.nda
         "ep_comm_s": g.pp * r["ep_s"],
         "pp_comm_s": g.pp * r["pp_s"],
         "overhead_s": g.overhead * np.ones_like(step_s),
+        "overlap": r["overlap"],  # share of the shorter of work and communication hidden (1: two-batch overlap)
         "sequences_in_flight": seqs_in_flight,
         "balance_batch": balance_batch,
         "hbm_drain_s": g.hbm_cap / (g.hbm_bw / g.eff.memory),

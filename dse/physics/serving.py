@@ -167,11 +167,13 @@ def _passes(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Eff
     return out
 
 
-def _decode_step(mean: dict, eff: Efficiency, req: Request) -> np.ndarray:
-    """The decode pass time t_d: its compute and communication verify draft + 1 tokens per sequence."""
+def _decode_step(mean: dict, req: Request) -> np.ndarray:
+    """The decode pass time t_d: its compute and communication verify draft + 1 tokens per sequence (the
+    pass's own overlap: the calibrated one, or full where two micro-batches hide each other's communication).
+    """
     verify = float(req.draft + 1)
     return combine(mean["compute_s"] * verify, mean["memory_s"], mean["comm_s"] * verify, mean["overhead_s"],
-                   eff.overlap)
+                   mean["overlap"])
 
 
 def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
@@ -188,11 +190,11 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     e = _eff(c, systems, eff)
     passes = _passes(c, models, systems, e, req, prefill=True)
     mean, peak, pre = passes["mean"], passes["peak"], passes["prefill"]
-    t_d = _decode_step(mean, e, req)
+    t_d = _decode_step(mean, req)
     p_c = req.computed_prompt
     frac = min(req.chunk, p_c) / p_c  # a full chunk's share of one prompt's prefill
     mixed = combine(mean["compute_s"] * (req.draft + 1) + frac * pre["compute_s"], mean["memory_s"],
-                    mean["comm_s"] * (req.draft + 1) + frac * pre["comm_s"], mean["overhead_s"], e.overlap)
+                    mean["comm_s"] * (req.draft + 1) + frac * pre["comm_s"], mean["overhead_s"], mean["overlap"])
     t_c = mixed - t_d
     chunks = np.ceil(p_c / req.chunk)
     s = chunks * mixed
@@ -252,7 +254,7 @@ def decode_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req:
     e = _eff(c, systems, eff)
     passes = _passes(c, models, systems, e, req)
     mean, peak = passes["mean"], passes["peak"]
-    t_d = _decode_step(mean, e, req)
+    t_d = _decode_step(mean, req)
     pp = np.asarray(c.pp, dtype=np.float64)
     conc = np.asarray(c.batch, dtype=np.float64) * pp
     lam = conc / (max(req.decode_passes, 1.0 / req.accept) * t_d)  # Little's law over the decode passes
@@ -382,3 +384,38 @@ def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: n
     return {"requests_per_s": lam, "ttft_s": s + wait + transfer, "tpot_s": tpot, "prefill_rho": rho,
             "queue_wait_s": wait}
 
+
+
+def decode_share_closed_loop(decode_at, pre: dict, req: Request, concurrency: np.ndarray,
+                             prefill_replicas: np.ndarray, decode_replicas: np.ndarray,
+                             steps: int = 24) -> tuple[dict, dict]:
+    """`disaggregated_closed_loop` with the decode pool holding only the requests past their prefill.
+
+    Of C requests in flight, lambda TTFT are queued, prefilling or handing off their KV, and by Little's
+    law the decode replicas hold the others, lambda (O - 1) TPOT = C - lambda TTFT: a decode replica's
+    batch is n = (C - lambda TTFT) / replicas, not C / replicas. ``decode_at(n)`` evaluates `decode_pool` at
+    a batch of n per replica. g(n) = (C - lambda(n) TTFT(lambda(n))) / replicas rises with n (a slower
+    decode lowers the rate, and with it the prefill queue) and lies in (0, C / replicas], so the fixed
+    point n = g(n) is bracketed by [0, C / replicas]; bisection on log n (``steps`` halvings, batches held
+    at one sequence or more) finds it. Returns the closed loop's metrics (with ``decode_batch``, the batch
+    per decode replica) and the decode pool's.
+    """
+    c = np.asarray(concurrency, dtype=np.float64)
+    reps = np.asarray(decode_replicas, dtype=np.float64)
+    hi = np.maximum(c / reps, 1.0)
+    lo = np.minimum(np.ones_like(hi), hi)
+
+    def loop(n: np.ndarray) -> tuple[dict, dict]:
+        dec = decode_at(n)
+        return dec, disaggregated_closed_loop(dec, pre, req, c, prefill_replicas)
+
+    for _ in range(steps):
+        mid = np.sqrt(lo * hi)
+        _, r = loop(mid)
+        held = (c - r["requests_per_s"] * r["ttft_s"]) / reps  # g(mid)
+        above = held >= mid
+        lo = np.where(above, mid, lo)
+        hi = np.where(above, hi, mid)
+    dec, r = loop(lo)
+    r["decode_batch"] = lo
+    return r, dec

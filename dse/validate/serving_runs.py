@@ -19,9 +19,10 @@ the physics (`dse.physics.serving`):
   batch_size x attention_dp_size sequences; a concurrency above that is spread over
   concurrency / (batch_size x attention_dp_size) replicas. Each replica is `aggregated` at its share of
   the requests in flight (in-flight batching with chunked prefill, closed loop by Little's law).
-- disagg: ``decode_num_workers`` decode replicas share the requests in flight (`decode_pool` at that
-  share); ``prefill_num_workers`` prefill replicas serve one prompt per DP rank (`prefill_pool`); the
-  closed loop (`disaggregated_closed_loop`) gives the request rate, and with it the prefill queueing in TTFT.
+- disagg: ``prefill_num_workers`` prefill replicas serve one prompt per DP rank (`prefill_pool`);
+  ``decode_num_workers`` decode replicas share the requests in flight that are past their prefill: of C in
+  flight, lambda TTFT are queued, prefilling or handing off their KV (`decode_share_closed_loop`, Little's law
+  over both stages); the closed loop gives the request rate, and with it the prefill queueing in TTFT.
   Where the file leaves the worker counts empty: one prefill worker, and as many decode workers as
   concurrency / (decode_batch_size x attention DP) (the rows that state all three satisfy it exactly).
 - Rows whose concurrency is missing take the layout's batch in flight.
@@ -30,7 +31,10 @@ Errors are predicted / measured - 1 of the median TTFT and TPOT. Rows of one (mo
 mode, ISL, OSL) group are one concurrency sweep and are correlated, so the headline figure leaves whole
 groups out and predicts the group left out from fits on the others:
 
-- TPOT: a per-(hardware family, mode) scale (the median log ratio, i.e. the factor that centres the errors).
+- TPOT: two-batch overlap switched on per (framework, mode) where it lowers that framework's spread of errors
+  (`_two_batch_choice`: the data, not a list of framework features, decides; on the measured runs it is off
+  everywhere), then a per-(hardware family, mode) scale (the median log ratio, the factor that centres the
+  errors).
 - TTFT: the physics' TTFT assumes Poisson arrivals (M/D/1 queueing at the prefill servers), a benchmark holds
   a fixed number of identical requests in flight instead. Measured TTFT grows linearly with the concurrency
   in nearly every sweep (R^2 > 0.9 in most of the 286 aggregated sweeps with 4 or more concurrencies), at a
@@ -45,7 +49,7 @@ groups out and predicts the group left out from fits on the others:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +61,14 @@ from dse.catalog.models import default_models
 from dse.catalog.units import DTYPES
 from dse.errors import InputError
 from dse.physics.roofline import Candidates, ModelTable, SystemTable
-from dse.physics.serving import Request, aggregated, decode_pool, disaggregated_closed_loop, prefill_pool
+from dse.physics.serving import (
+    Request,
+    aggregated,
+    decode_pool,
+    decode_share_closed_loop,
+    disaggregated_closed_loop,
+    prefill_pool,
+)
 
 MODEL_IDS = {
     "deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
@@ -229,9 +240,9 @@ def map_runs(raw: pd.DataFrame) -> Runs:
 
 
 def _candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefix: str, batch: np.ndarray,
-                context: float) -> Candidates:
+                context: float, micro_batches: np.ndarray | int = 1) -> Candidates:
     a = np.asarray
-    return Candidates(
+    return Candidates(micro_batches=micro_batches,
         model=a([models.index(m) for m in t["model"]]), system=a([systems.index(s) for s in t["system"]]),
         tp=t[prefix + "tp"].to_numpy(), dp=t[prefix + "dp"].to_numpy(), ep=t[prefix + "ep"].to_numpy(),
         etp=t[prefix + "etp"].to_numpy(), pp=t[prefix + "pp"].to_numpy(), batch=batch, context=context,
@@ -239,13 +250,18 @@ def _candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefix: 
         kv_tier=0)
 
 
-def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None) -> pd.DataFrame:
+def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: bool = False,
+                 decode_batch: pd.Series | None = None) -> pd.DataFrame:
     """Predicted TTFT and TPOT (seconds) and whether the configuration fits, per mapped row (same index), with
     what the benchmark's TTFT model needs: ``prefill_s`` (one prompt's prefill on one prefill server),
     ``prompts_per_server`` (requests in flight per prefill server) and ``transfer_s`` (the KV hand-off).
+    ``two_batch`` runs the decode passes of every row with an expert all-to-all (EP > 1) as two overlapped
+    micro-batches (`dse.physics.roofline._split_pass`). A disaggregated row's decode replicas hold the requests
+    past their prefill (`decode_share_closed_loop`; their batch per replica in ``decode_batch``), or
+    ``decode_batch`` where it is given (the ideal roofline at the calibrated physics' operating point).
     """
     out = pd.DataFrame(index=table.index, columns=["predicted_ttft_s", "predicted_tpot_s", "fits", "prefill_s",
-                                                   "prompts_per_server", "transfer_s"], dtype=float)
+                                                   "prompts_per_server", "transfer_s", "decode_batch"], dtype=float)
     if table.empty:
         return out
     models, systems = sorted(set(table["model"])), sorted(set(table["system"]))
@@ -255,7 +271,8 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None) -> pd.DataF
     for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
         req = Request(int(isl), int(osl))
         per_stage = g["in_flight"].to_numpy() / g["pp"].to_numpy()  # sequences per micro-batch of a replica
-        cand = _candidates(g, models, systems, "", per_stage, isl + osl)
+        micro = np.where(two_batch & (g["ep"].to_numpy() > 1), 2, 1)
+        cand = _candidates(g, models, systems, "", per_stage, isl + osl, micro)
         if mode == "agg":
             r = aggregated(cand, mt, st, req, eff)
             ttft = r["ttft_s"]
@@ -264,12 +281,23 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None) -> pd.DataF
             servers = pre["servers"]
             transfer = np.zeros(len(g))
         else:
-            dec = decode_pool(cand, mt, st, req, eff)
             pre_t = g[["model", "system", "wd", "kd"]].assign(**{k: g[f"p_{k}"] for k in ("tp", "dp", "ep", "etp",
                                                                                           "pp")})
             pcand = _candidates(pre_t, models, systems, "", np.ones(len(g)), isl)
             pre = prefill_pool(pcand, mt, st, req, False, eff)
-            r = disaggregated_closed_loop(dec, pre, req, g["concurrency"].to_numpy(), g["p_replicas"].to_numpy())
+            pp = g["pp"].to_numpy()
+
+            def decode_at(n: np.ndarray, cand=cand, pp=pp, req=req) -> dict:
+                return decode_pool(replace(cand, batch=n / pp), mt, st, req, eff)
+
+            if decode_batch is None:
+                r, dec = decode_share_closed_loop(decode_at, pre, req, g["concurrency"].to_numpy(),
+                                                  g["p_replicas"].to_numpy(), g["replicas"].to_numpy())
+            else:
+                dec = decode_at(decode_batch[g.index].to_numpy())
+                r = disaggregated_closed_loop(dec, pre, req, g["concurrency"].to_numpy(), g["p_replicas"].to_numpy())
+                r["decode_batch"] = decode_batch[g.index].to_numpy()
+            out.loc[g.index, "decode_batch"] = r["decode_batch"]
             ttft, tpot, fits = r["ttft_s"], r["tpot_s"], dec["fits"] & pre["fits"]
             servers = pre["servers"] * g["p_replicas"].to_numpy()
             transfer = pre["kv_transfer_s"]
@@ -355,49 +383,95 @@ class RunsValidation:
         return len(self.table) / self.given if self.given else 0.0
 
 
+def _two_batch_choice(lr1: np.ndarray, lr2: np.ndarray, keys: np.ndarray, scale_keys: np.ndarray,
+                      groups: np.ndarray, eligible: np.ndarray) -> tuple[dict, np.ndarray, dict]:
+    """Whether each (framework, mode) runs two-batch overlap, decided from the data: on where splitting the
+    decode passes of its rows with an expert all-to-all lowers the sum of its rows' absolute log errors around
+    the median of their scale's rows (what remains once the per-(family, mode) scale is fitted; the other
+    frameworks' rows as predicted without the split).
+
+    Returns the in-sample choice per key, the in-sample choice per row, and per left-out group the choice for
+    its key made without that group's rows (no eligible rows left: off, the physics' default).
+    """
+    def spread(rows: np.ndarray, use: np.ndarray, split: bool) -> float:
+        lr = np.where(rows & eligible, lr2, lr1) if split else lr1
+        return float(sum(np.abs(lr[rows & (scale_keys == sk)] - np.median(lr[use & (scale_keys == sk)])).sum()
+                         for sk in np.unique(scale_keys[rows])))
+
+    def on(k: str, use: np.ndarray) -> bool:
+        rows = (keys == k) & use
+        return bool((rows & eligible).any()) and spread(rows, use, True) < spread(rows, use, False)
+
+    everything = np.ones(len(keys), dtype=bool)
+    choice = {k: on(k, everything) for k in np.unique(keys)}
+    per_row = eligible & np.array([choice[k] for k in keys], dtype=bool)
+    without = {}
+    for name in np.unique(groups):
+        mine = groups == name
+        k = keys[mine][0]
+        without[name] = on(k, ~mine) if (eligible & mine).any() else choice[k]
+    return choice, per_row, without
+
+
 def validate_runs(runs: Runs) -> RunsValidation:
     """Predict every row with the catalog's calibrated factors (``error``), with per-(family, mode) scales
     fitted on all rows (``in_sample_error``) and fitted with the row's whole concurrency sweep left out
     (``loo_error``, the headline), and with the ideal roofline (``ideal_error``).
 
-    For TPOT a scale divides the prediction by exp(median log(predicted / measured)) of its (family, mode):
-    the decode step's efficiency relative to the catalog's calibration. For TTFT the closed-loop benchmark
-    model (`benchmark_ttft`) is fitted per (framework, mode); ``scales["ttft"]`` holds its queue share and fixed
-    latency, and ``benchmark_ttft_s`` / ``benchmark_ttft_loo_s`` its in-sample and leave-group-out predictions.
+    For TPOT, two-batch overlap is first chosen per (framework, mode) from the data (`_two_batch_choice`;
+    ``scales["two_batch_overlap"]``, the row's choice in ``two_batch``, and for the left-out sweep the choice
+    made without it); then a scale divides the prediction by exp(median log(predicted / measured)) of its
+    (family, mode): the decode step's efficiency relative to the catalog's calibration. For TTFT the
+    closed-loop benchmark model (`benchmark_ttft`) is fitted per (framework, mode); ``scales["ttft"]`` holds
+    its queue share and fixed latency, and ``benchmark_ttft_s`` / ``benchmark_ttft_loo_s`` its in-sample and
+    leave-group-out predictions.
     """
     t = runs.table.copy()
     if t.empty:
         return RunsValidation(t, {}, runs.skipped, runs.given)
-    pred, ideal = predict_runs(t), predict_runs(t, IDEAL)
+    pred = predict_runs(t)
+    ideal = predict_runs(t, IDEAL, decode_batch=pred["decode_batch"])  # the roofline at the same operating point
+    split = predict_runs(t, two_batch=True)
     keys, groups = scale_key(t), group_key(t)
+    fw_mode = (t["backend"].astype(str) + "|" + t["mode"]).to_numpy()
+    eligible = t["ep"].to_numpy() > 1
     scales = {}
     for col in ("prefill_s", "prompts_per_server", "transfer_s"):
         t[col] = pred[col].astype(float)
     for m in METRICS:
         p = pred[f"predicted_{m}_s"].astype(float)
         meas = t[f"measured_{m}_s"]
-        t[f"predicted_{m}_s"] = p
         t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
-        t[f"{m}_error"] = p / meas - 1.0
         t[f"{m}_ideal_error"] = t[f"ideal_{m}_s"] / meas - 1.0
         if m == "ttft":  # the benchmark's closed loop, fitted per framework and mode
+            t[f"predicted_{m}_s"] = p
+            t[f"{m}_error"] = p / meas - 1.0
             fits, in_sample, loo = _closed_loop_fits(t, t["backend"].astype(str) + "|" + t["mode"], groups)
             scales[m] = fits
             t["benchmark_ttft_s"], t["benchmark_ttft_loo_s"] = in_sample, loo
             t[f"{m}_in_sample_error"] = in_sample / meas - 1.0
             t[f"{m}_loo_error"] = loo / meas - 1.0
             continue
-        lr = np.log(p / meas)
-        fitted = _fit(lr, keys)
+        lr1 = np.log(p.to_numpy() / meas.to_numpy())
+        lr2 = np.log(split[f"predicted_{m}_s"].astype(float).to_numpy() / meas.to_numpy())
+        gk, kk = groups.to_numpy(), keys.to_numpy()
+        choice, per_row, without = _two_batch_choice(lr1, lr2, fw_mode, kk, gk, eligible)
+        scales["two_batch_overlap"] = choice
+        t["two_batch"] = per_row
+        t[f"predicted_{m}_s"] = np.where(per_row, split[f"predicted_{m}_s"].astype(float), p)
+        t[f"{m}_error"] = t[f"predicted_{m}_s"] / meas - 1.0
+        lr = np.where(per_row, lr2, lr1)
+        fitted = _fit(pd.Series(lr, index=t.index), keys)
         scales[m] = fitted
-        t[f"{m}_in_sample_error"] = np.exp(lr - keys.map(fitted)) - 1.0
-        loo = pd.Series(np.nan, index=t.index)
-        for g, idx in groups.groupby(groups).groups.items():
-            rest = groups != g
-            k = keys[idx[0]]
-            others = lr[rest & (keys == k)]
+        t[f"{m}_in_sample_error"] = np.exp(lr - keys.map(fitted).to_numpy()) - 1.0
+        loo = np.full(len(t), np.nan)
+        for g, idx in pd.Series(np.arange(len(t))).groupby(gk).groups.items():
+            idx = np.asarray(idx)
+            mine = fw_mode == fw_mode[idx[0]]  # the rows whose choice was re-made without this sweep
+            view = np.where(mine, np.where(eligible & without[g], lr2, lr1), lr)
+            others = view[(gk != g) & (kk == kk[idx[0]])]
             shift = float(np.median(others)) if len(others) else 0.0  # a family seen in no other group: no scale
-            loo[idx] = np.exp(lr[idx] - shift) - 1.0
+            loo[idx] = np.exp(view[idx] - shift) - 1.0
         t[f"{m}_loo_error"] = loo
     t["fits"] = pred["fits"].astype(bool)  # the memory check; a measured run that "does not fit" is a finding
     return RunsValidation(t, scales, runs.skipped, runs.given)
