@@ -385,7 +385,6 @@ def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: n
             "queue_wait_s": wait}
 
 
-
 def decode_share_closed_loop(decode_at, pre: dict, req: Request, concurrency: np.ndarray,
                              prefill_replicas: np.ndarray, decode_replicas: np.ndarray,
                              steps: int = 24) -> tuple[dict, dict]:

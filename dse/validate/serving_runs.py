@@ -242,12 +242,12 @@ def map_runs(raw: pd.DataFrame) -> Runs:
 def _candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefix: str, batch: np.ndarray,
                 context: float, micro_batches: np.ndarray | int = 1) -> Candidates:
     a = np.asarray
-    return Candidates(micro_batches=micro_batches,
+    return Candidates(
         model=a([models.index(m) for m in t["model"]]), system=a([systems.index(s) for s in t["system"]]),
         tp=t[prefix + "tp"].to_numpy(), dp=t[prefix + "dp"].to_numpy(), ep=t[prefix + "ep"].to_numpy(),
         etp=t[prefix + "etp"].to_numpy(), pp=t[prefix + "pp"].to_numpy(), batch=batch, context=context,
         weights_dtype=a([DTYPES.index(w) for w in t["wd"]]), kv_dtype=a([DTYPES.index(k) for k in t["kd"]]),
-        kv_tier=0)
+        kv_tier=0, micro_batches=micro_batches)
 
 
 def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: bool = False,
@@ -255,8 +255,8 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     """Predicted TTFT and TPOT (seconds) and whether the configuration fits, per mapped row (same index), with
     what the benchmark's TTFT model needs: ``prefill_s`` (one prompt's prefill on one prefill server),
     ``prompts_per_server`` (requests in flight per prefill server) and ``transfer_s`` (the KV hand-off).
-    ``two_batch`` runs the decode passes of every row with an expert all-to-all (EP > 1) as two overlapped
-    micro-batches (`dse.physics.roofline._split_pass`). A disaggregated row's decode replicas hold the requests
+    ``two_batch`` runs every row's decode passes as two overlapped micro-batches
+    (`dse.physics.roofline._split_pass`). A disaggregated row's decode replicas hold the requests
     past their prefill (`decode_share_closed_loop`; their batch per replica in ``decode_batch``), or
     ``decode_batch`` where it is given (the ideal roofline at the calibrated physics' operating point).
     """
@@ -271,8 +271,7 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
         req = Request(int(isl), int(osl))
         per_stage = g["in_flight"].to_numpy() / g["pp"].to_numpy()  # sequences per micro-batch of a replica
-        micro = np.where(two_batch & (g["ep"].to_numpy() > 1), 2, 1)
-        cand = _candidates(g, models, systems, "", per_stage, isl + osl, micro)
+        cand = _candidates(g, models, systems, "", per_stage, isl + osl, 2 if two_batch else 1)
         if mode == "agg":
             r = aggregated(cand, mt, st, req, eff)
             ttft = r["ttft_s"]
@@ -431,48 +430,50 @@ def validate_runs(runs: Runs) -> RunsValidation:
         return RunsValidation(t, {}, runs.skipped, runs.given)
     pred = predict_runs(t)
     ideal = predict_runs(t, IDEAL, decode_batch=pred["decode_batch"])  # the roofline at the same operating point
-    split = predict_runs(t, two_batch=True)
     keys, groups = scale_key(t), group_key(t)
+    gk, kk = groups.to_numpy(), keys.to_numpy()
     fw_mode = (t["backend"].astype(str) + "|" + t["mode"]).to_numpy()
-    eligible = t["ep"].to_numpy() > 1
-    scales = {}
+    eligible = t["ep"].to_numpy() > 1  # rows with an expert all-to-all for two micro-batches to hide
     for col in ("prefill_s", "prompts_per_server", "transfer_s"):
         t[col] = pred[col].astype(float)
     for m in METRICS:
-        p = pred[f"predicted_{m}_s"].astype(float)
-        meas = t[f"measured_{m}_s"]
         t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
-        t[f"{m}_ideal_error"] = t[f"ideal_{m}_s"] / meas - 1.0
-        if m == "ttft":  # the benchmark's closed loop, fitted per framework and mode
-            t[f"predicted_{m}_s"] = p
-            t[f"{m}_error"] = p / meas - 1.0
-            fits, in_sample, loo = _closed_loop_fits(t, t["backend"].astype(str) + "|" + t["mode"], groups)
-            scales[m] = fits
-            t["benchmark_ttft_s"], t["benchmark_ttft_loo_s"] = in_sample, loo
-            t[f"{m}_in_sample_error"] = in_sample / meas - 1.0
-            t[f"{m}_loo_error"] = loo / meas - 1.0
-            continue
-        lr1 = np.log(p.to_numpy() / meas.to_numpy())
-        lr2 = np.log(split[f"predicted_{m}_s"].astype(float).to_numpy() / meas.to_numpy())
-        gk, kk = groups.to_numpy(), keys.to_numpy()
-        choice, per_row, without = _two_batch_choice(lr1, lr2, fw_mode, kk, gk, eligible)
-        scales["two_batch_overlap"] = choice
-        t["two_batch"] = per_row
-        t[f"predicted_{m}_s"] = np.where(per_row, split[f"predicted_{m}_s"].astype(float), p)
-        t[f"{m}_error"] = t[f"predicted_{m}_s"] / meas - 1.0
-        lr = np.where(per_row, lr2, lr1)
-        fitted = _fit(pd.Series(lr, index=t.index), keys)
-        scales[m] = fitted
-        t[f"{m}_in_sample_error"] = np.exp(lr - keys.map(fitted).to_numpy()) - 1.0
-        loo = np.full(len(t), np.nan)
-        for g, idx in pd.Series(np.arange(len(t))).groupby(gk).groups.items():
-            idx = np.asarray(idx)
-            mine = fw_mode == fw_mode[idx[0]]  # the rows whose choice was re-made without this sweep
-            view = np.where(mine, np.where(eligible & without[g], lr2, lr1), lr)
-            others = view[(gk != g) & (kk == kk[idx[0]])]
-            shift = float(np.median(others)) if len(others) else 0.0  # a family seen in no other group: no scale
-            loo[idx] = np.exp(view[idx] - shift) - 1.0
-        t[f"{m}_loo_error"] = loo
+        t[f"{m}_ideal_error"] = t[f"ideal_{m}_s"] / t[f"measured_{m}_s"] - 1.0
+    scales = {}
+
+    # TTFT: the benchmark's closed loop, fitted per framework and mode
+    meas = t["measured_ttft_s"]
+    t["predicted_ttft_s"] = pred["predicted_ttft_s"].astype(float)
+    t["ttft_error"] = t["predicted_ttft_s"] / meas - 1.0
+    scales["ttft"], in_sample, loo = _closed_loop_fits(t, pd.Series(fw_mode, index=t.index), groups)
+    t["benchmark_ttft_s"], t["benchmark_ttft_loo_s"] = in_sample, loo
+    t["ttft_in_sample_error"] = in_sample / meas - 1.0
+    t["ttft_loo_error"] = loo / meas - 1.0
+
+    # TPOT: two-batch overlap where the data chooses it, then the per-(family, mode) scale
+    meas = t["measured_tpot_s"].to_numpy()
+    p1 = pred["predicted_tpot_s"].astype(float).to_numpy()
+    p2 = p1.copy()
+    if eligible.any():
+        p2[eligible] = predict_runs(t[eligible], two_batch=True)["predicted_tpot_s"].astype(float).to_numpy()
+    lr1, lr2 = np.log(p1 / meas), np.log(p2 / meas)
+    choice, per_row, without = _two_batch_choice(lr1, lr2, fw_mode, kk, gk, eligible)
+    scales["two_batch_overlap"] = choice
+    t["two_batch"] = per_row
+    t["predicted_tpot_s"] = np.where(per_row, p2, p1)
+    t["tpot_error"] = t["predicted_tpot_s"] / meas - 1.0
+    lr = np.where(per_row, lr2, lr1)
+    scales["tpot"] = fitted = _fit(pd.Series(lr, index=t.index), keys)
+    t["tpot_in_sample_error"] = np.exp(lr - keys.map(fitted).to_numpy()) - 1.0
+    loo = np.full(len(t), np.nan)
+    for g, idx in pd.Series(np.arange(len(t))).groupby(gk).groups.items():
+        idx = np.asarray(idx)
+        mine = fw_mode == fw_mode[idx[0]]  # the rows whose choice was re-made without this sweep
+        view = np.where(mine, np.where(eligible & without[g], lr2, lr1), lr)
+        others = view[(gk != g) & (kk == kk[idx[0]])]
+        shift = float(np.median(others)) if len(others) else 0.0  # a family seen in no other group: no scale
+        loo[idx] = np.exp(view[idx] - shift) - 1.0
+    t["tpot_loo_error"] = loo
     t["fits"] = pred["fits"].astype(bool)  # the memory check; a measured run that "does not fit" is a finding
     return RunsValidation(t, scales, runs.skipped, runs.given)
 
