@@ -40,14 +40,14 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
         by[("all", "tpot")])
     assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.24
     assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.20
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.41
-    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.37
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.38
+    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.35
     # the calibrated physics beats the ideal roofline on what it was calibrated for
     assert by[("all", "tpot")]["median_abs_error"] < by[("all", "tpot")]["ideal_median_abs_error"]
     assert set(doc["partitions"]) == {"system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band",
                                       "workers"}
     workers = {r["workers"]: r["n"] for r in doc["partitions"]["workers"]}
-    assert workers["assumed"] == 637  # disaggregated runs without worker counts (predicted with the stated rule)
+    assert workers["assumed"] == 583  # disaggregated runs without worker counts (predicted with the stated rule)
     assert doc["worst"]["tpot"] and doc["skipped"]["count"] == doc["rows_given"] - doc["rows_predicted"]
 
 
@@ -81,7 +81,8 @@ def test_the_closed_loop_ttft_fit_recovers_a_known_queue_share_and_fixed_latency
     runs = map_runs(raw[raw["model_path"].isin(["Qwen/Qwen3-32B", "openai/gpt-oss-120b"])])
     t = runs.table
     p = predict_runs(t)
-    t["measured_ttft_s"] = benchmark_ttft(p["prefill_s"], p["prompts_per_server"], p["transfer_s"], 0.2, 0.15)
+    t["measured_ttft_s"] = benchmark_ttft(p["prefill_s"], p["chunk_share_s"], p["prompts_per_server"],
+                                          p["transfer_s"], 0.2, 0.15)
     v = validate_runs(runs)
     assert v.scales["ttft"] and all(f == {"queue_share": pytest.approx(0.2), "fixed_latency_s": pytest.approx(0.15)}
                                     for f in v.scales["ttft"].values())
@@ -177,3 +178,48 @@ def test_two_batch_overlap_is_found_in_the_frameworks_whose_runs_it_made():
 
 def test_on_the_measured_runs_no_framework_is_split(full):
     assert full.scales["two_batch_overlap"] and not any(full.scales["two_batch_overlap"].values())
+
+
+def test_an_attention_tp_that_does_not_divide_the_heads_is_not_run_as_stated(tmp_path):
+    """DeepSeek-V3 has 128 heads: TP36 with attention DP stated as 1 is no layout a framework runs (dse evaluate
+    refuses it too), so the row is skipped with the reason; with attention DP left empty, the 36 chips run
+    attention DP (the row's only runnable reading)."""
+    raw = pd.read_csv(MEASURED)
+    row = raw[(raw["model_path"] == "deepseek-ai/DeepSeek-R1") & (raw["mode"] == "agg")
+              & (raw["moe_ep_size"] == 8) & (raw["tp_size"] == 8)].head(1)
+    stated = row.assign(tp_size=36.0, attention_dp_size=1.0, moe_tp_size=1.0, moe_ep_size=36.0)
+    silent = stated.assign(attention_dp_size=np.nan, id="silent")
+    path = tmp_path / "heads.csv"
+    pd.concat([stated, silent]).to_csv(path, index=False)
+    runs = map_runs(read_runs(path))
+    assert [s["reason"] for s in runs.skipped] == [
+        "attention TP36 does not divide the model's 128 heads (no framework runs it) and attention DP is stated as 1"]
+    assert runs.table[["tp", "dp", "ep", "etp"]].iloc[0].tolist() == [1, 36, 36, 1]
+
+
+def test_a_queued_prompt_costs_its_share_of_a_full_chunk():
+    """Prompts queued together are prefilled together: each costs a pass carrying floor(K / P') of them divided by
+    that count, never more than one prompt's pass alone (weights, fixed latencies and overhead shared) and
+    never less than its own FLOPs at the chip's rate; a prompt that fills the chunk costs its own pass."""
+    from dataclasses import replace
+
+    from dse.catalog.hardware import get_system
+    from dse.catalog.models import get_model
+    from dse.catalog.units import DTYPES
+    from dse.physics.roofline import Candidates, ModelTable, SystemTable
+    from dse.physics.serving import Request, _passes, prefill_pool, prompts_per_chunk
+
+    mt, st = ModelTable.build([get_model("deepseek-v3")]), SystemTable.build([get_system("b200")])
+    fp8 = DTYPES.index("fp8")
+    cand = Candidates(model=0, system=0, tp=np.array([8, 1, 8]), dp=np.array([1, 8, 1]), ep=np.array([8, 8, 1]),
+                      etp=np.array([1, 1, 8]), pp=1, batch=1.0, context=1024, weights_dtype=fp8, kv_dtype=fp8)
+    short, long = Request(1024, 1024), Request(8192, 1024)
+    assert prompts_per_chunk(short) == 8 and prompts_per_chunk(long) == 1
+    pre = prefill_pool(cand, mt, st, short, full_chunk=True)
+    alone = _passes(cand.broadcast(), mt, st, st.efficiency_of(np.asarray(cand.broadcast().system)), short,
+                    prefill=True, decode=False)["prefill"]
+    assert (pre["chunk_share_s"] < pre["prefill_service_s"]).all()
+    assert (pre["chunk_share_s"] >= alone["compute_s"] * (1 - 1e-12)).all()
+    full = prefill_pool(replace(cand, context=8192), mt, st, long, full_chunk=True)
+    assert np.allclose(full["chunk_share_s"], full["prefill_service_s"], rtol=1e-12)
+    assert "chunk_share_s" not in prefill_pool(cand, mt, st, short)  # the search does not pay for the extra pass

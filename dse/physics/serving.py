@@ -143,27 +143,37 @@ def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v
     return x
 
 
+def prompts_per_chunk(req: Request) -> int:
+    """Whole prompts one chunk of ``req.chunk`` tokens carries: floor(K / P'), at least one."""
+    return max(1, int(req.chunk // req.computed_prompt))
+
+
 def _passes(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency, req: Request,
-            prefill: bool = False, decode: bool = True) -> dict[str, dict]:
+            prefill: bool = False, decode: bool = True, full_chunk: bool = False) -> dict[str, dict]:
     """The passes a request-level metric needs, evaluated over one gathering of the catalog columns:
     ``mean`` and ``peak``, the decode pass at the mean context P + O/2 (times) and at the peak P + O
     (memory); ``prefill``, one prompt per DP rank (batch = DP) prefilled in one pass with its KV in HBM,
-    its work scaled to the computed (uncached) share of the prompt.
+    its work scaled to the computed (uncached) share of the prompt; ``full_chunk``, the same with as many
+    whole prompts per DP rank as one chunk carries (`prompts_per_chunk`).
     """
     names, inputs = [], []
     if decode:
         names += ["mean", "peak"]
         inputs += [{"context": req.prompt + req.output / 2.0, "phase": 0}, {"context": req.prompt + req.output,
                                                                              "phase": 0}]
+    dp = np.asarray(cand.dp, dtype=np.float64)
     if prefill:
         names.append("prefill")
-        inputs.append({"batch": np.asarray(cand.dp, dtype=np.float64), "context": req.prompt, "phase": 1,
-                       "kv_tier": 0})
+        inputs.append({"batch": dp, "context": req.prompt, "phase": 1, "kv_tier": 0})
+    if full_chunk:
+        names.append("full_chunk")
+        inputs.append({"batch": dp * prompts_per_chunk(req), "context": req.prompt, "phase": 1, "kv_tier": 0})
     out = dict(zip(names, evaluate_at(cand, models, systems, eff, inputs), strict=True))
-    if prefill:
-        share = req.computed_prompt / req.prompt
-        for k in ("compute_s", "comm_s", "step_s"):
-            out["prefill"][k] = out["prefill"][k] * share
+    share = req.computed_prompt / req.prompt
+    for name in ("prefill", "full_chunk"):
+        if name in out:
+            for k in ("compute_s", "comm_s", "step_s"):
+                out[name][k] = out[name][k] * share
     return out
 
 
@@ -267,17 +277,22 @@ def decode_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req:
 
 
 def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
-                 context_parallel: np.ndarray | bool = False, eff: Efficiency | None = None) -> dict[str, np.ndarray]:
+                 context_parallel: np.ndarray | bool = False, eff: Efficiency | None = None,
+                 full_chunk: bool = False) -> dict[str, np.ndarray]:
     """A prefill replica of a disaggregated deployment: its service time per prompt, its servers,
     the KV hand-off time, and its USD per prompt at full utilisation (divide by rho for a pool).
 
     ``cand.batch`` is ignored (one prompt per DP rank, or one per replica with context parallelism).
     Memory is checked for one prompt's KV (1/DP of it per chip with context parallelism) and the
-    chunk's activations per DP rank.
+    chunk's activations per DP rank. With ``full_chunk``, also ``chunk_share_s``: a prompt's share of a
+    pass carrying a full chunk of whole prompts per DP rank (`prompts_per_chunk`; the pass / that count),
+    what each prompt of a backlog costs once queued prompts are prefilled together (the weight reads, fixed
+    latencies and per-pass overhead shared); equal to the service where one prompt fills the chunk.
     """
     c = cand.broadcast()
     e = _eff(c, systems, eff)
-    pre = _passes(c, models, systems, e, req, prefill=True, decode=False)["prefill"]
+    passes = _passes(c, models, systems, e, req, prefill=True, decode=False, full_chunk=full_chunk)
+    pre = passes["prefill"]
     sys_idx = np.asarray(c.system)
     dp = np.asarray(c.dp, dtype=np.float64)
     pp = np.asarray(c.pp, dtype=np.float64)
@@ -299,10 +314,13 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
     # memory: with context parallelism each chip holds 1/cp of its prompt's KV
     hbm = pre["hbm_bytes_per_chip"] - kv_chip * (1.0 - 1.0 / cp)
     fits = hbm <= systems.hbm_capacity[sys_idx] * e.hbm_usable
-    return {"prefill_service_s": service, "servers": servers, "kv_transfer_s": transfer,
-            "usd_per_prompt": usd_per_s * service / servers, "chips": chips, "usd_per_s": usd_per_s,
-            "chip_s_per_prompt": chips * service / servers, "fits": fits, "hbm_bytes_per_chip": hbm,
-            "ring_s": ring, "context_parallel": cp > 1, "power_per_chip": systems.power_all_in[sys_idx]}
+    out = {"prefill_service_s": service, "servers": servers, "kv_transfer_s": transfer,
+           "usd_per_prompt": usd_per_s * service / servers, "chips": chips, "usd_per_s": usd_per_s,
+           "chip_s_per_prompt": chips * service / servers, "fits": fits, "hbm_bytes_per_chip": hbm,
+           "ring_s": ring, "context_parallel": cp > 1, "power_per_chip": systems.power_all_in[sys_idx]}
+    if full_chunk:
+        out["chunk_share_s"] = np.minimum(passes["full_chunk"]["step_s"] / prompts_per_chunk(req), service)
+    return out
 
 
 def mdl_wait(rho: np.ndarray, service: np.ndarray) -> np.ndarray:

@@ -14,7 +14,9 @@ the physics (`dse.physics.serving`):
   frameworks' FP8 recipes quantize the KV cache with the weights).
 - Layout (agg, and each pool of disagg): attention runs as ``tp_size`` x ``attention_dp_size`` and experts
   as ``moe_ep_size`` x ``moe_tp_size`` over the same chips (the two products must agree; a dense model has
-  no expert split), ``pp_size`` stages. A missing degree is 1.
+  no expert split), ``pp_size`` stages. A missing degree is 1. Attention TP must divide the model's heads (no
+  framework runs it otherwise, and `dse evaluate` refuses it): where it does not and attention DP is left
+  empty, the chips run attention DP; where attention DP is stated, the row contradicts itself and is skipped.
 - agg: ``batch_size`` is the configured sequences per attention-DP rank, so a replica holds
   batch_size x attention_dp_size sequences; a concurrency above that is spread over
   concurrency / (batch_size x attention_dp_size) replicas. Each replica is `aggregated` at its share of
@@ -40,7 +42,8 @@ groups out and predicts the group left out from fits on the others:
   in nearly every sweep (R^2 > 0.9 in most of the 286 aggregated sweeps with 4 or more concurrencies), at a
   slope of a fraction of one prompt's prefill per request in flight, from an intercept of one prefill plus a
   fixed latency. `benchmark_ttft` models that: one prompt's prefill S on its server, plus the prompts of a
-  share xi of the other requests in flight on that server queued ahead of it, plus the KV hand-off
+  share xi of the other requests in flight on that server queued ahead of it, each costing its share of a
+  pass that carries a full chunk of prompts (queued prompts are prefilled together), plus the KV hand-off
   (disaggregated), plus the serving stack's fixed latency tau; (xi, tau) are fitted per (framework, mode) on
   grids (xi in [0, 1/2]: 1/2 is a synchronized wave) by least absolute log error. ``error`` (the shipped
   physics) stays the M/D/1 prediction.
@@ -148,8 +151,11 @@ def _layout(r: pd.Series, prefix: str, moe: bool, heads: int) -> tuple[int, int,
         return 1 if v is None or not np.isfinite(v) or v < 1 else int(v)
     tp, dp, pp = deg("tp_size"), deg("attention_dp_size"), deg("pp_size")
     ep, etp = deg("moe_ep_size"), deg("moe_tp_size")
-    if heads % tp and not np.isfinite(r.get(prefix + "attention_dp_size", np.nan)):
-        tp, dp = 1, tp  # a TP degree that does not divide the heads: the run used attention DP over those chips
+    if heads % tp:
+        if np.isfinite(r.get(prefix + "attention_dp_size", np.nan)):  # stated: the row contradicts itself
+            return (f"attention TP{tp} does not divide the model's {heads} heads (no framework runs it) and "
+                    f"attention DP is stated as {dp}")
+        tp, dp = 1, tp  # DP not stated: the run used attention DP over those chips
     chips = tp * dp
     if not moe:
         return tp, dp, 1, chips, pp
@@ -254,14 +260,17 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
                  decode_batch: pd.Series | None = None) -> pd.DataFrame:
     """Predicted TTFT and TPOT (seconds) and whether the configuration fits, per mapped row (same index), with
     what the benchmark's TTFT model needs: ``prefill_s`` (one prompt's prefill on one prefill server),
-    ``prompts_per_server`` (requests in flight per prefill server) and ``transfer_s`` (the KV hand-off).
+    ``chunk_share_s`` (a prompt's share of a pass carrying a full chunk of prompts: what each queued prompt
+    costs), ``prompts_per_server`` (requests in flight per prefill server) and ``transfer_s`` (the KV
+    hand-off).
     ``two_batch`` runs every row's decode passes as two overlapped micro-batches
     (`dse.physics.roofline._split_pass`). A disaggregated row's decode replicas hold the requests
     past their prefill (`decode_share_closed_loop`; their batch per replica in ``decode_batch``), or
     ``decode_batch`` where it is given (the ideal roofline at the calibrated physics' operating point).
     """
     out = pd.DataFrame(index=table.index, columns=["predicted_ttft_s", "predicted_tpot_s", "fits", "prefill_s",
-                                                   "prompts_per_server", "transfer_s", "decode_batch"], dtype=float)
+                                                   "chunk_share_s", "prompts_per_server", "transfer_s",
+                                                   "decode_batch"], dtype=float)
     if table.empty:
         return out
     models, systems = sorted(set(table["model"])), sorted(set(table["system"]))
@@ -276,14 +285,14 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
             r = aggregated(cand, mt, st, req, eff)
             ttft = r["ttft_s"]
             tpot, fits = r["tpot_s"], r["fits"]
-            pre = prefill_pool(cand, mt, st, req, False, eff)  # the replica's own layout prefills its prompts
+            pre = prefill_pool(cand, mt, st, req, False, eff, full_chunk=True)  # the replica's layout prefills
             servers = pre["servers"]
             transfer = np.zeros(len(g))
         else:
             pre_t = g[["model", "system", "wd", "kd"]].assign(**{k: g[f"p_{k}"] for k in ("tp", "dp", "ep", "etp",
                                                                                           "pp")})
             pcand = _candidates(pre_t, models, systems, "", np.ones(len(g)), isl)
-            pre = prefill_pool(pcand, mt, st, req, False, eff)
+            pre = prefill_pool(pcand, mt, st, req, False, eff, full_chunk=True)
             pp = g["pp"].to_numpy()
 
             def decode_at(n: np.ndarray, cand=cand, pp=pp, req=req) -> dict:
@@ -301,6 +310,7 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
             servers = pre["servers"] * g["p_replicas"].to_numpy()
             transfer = pre["kv_transfer_s"]
         out.loc[g.index, "prefill_s"] = pre["prefill_service_s"]
+        out.loc[g.index, "chunk_share_s"] = pre["chunk_share_s"]
         out.loc[g.index, "prompts_per_server"] = g["concurrency"].to_numpy() / g["replicas"].to_numpy() / servers \
             if mode == "agg" else g["concurrency"].to_numpy() / servers
         out.loc[g.index, "transfer_s"] = transfer
@@ -331,12 +341,14 @@ FIXED_LATENCIES = np.linspace(0.0, 0.6, 61)
 tokenization, scheduling, the first token's detokenization and streaming)."""
 
 
-def benchmark_ttft(prefill_s, prompts_per_server, transfer_s, share, fixed_s):
-    """TTFT of a closed-loop benchmark: S (1 + xi max(n - 1, 0)) + transfer + tau, with S one prompt's prefill
+def benchmark_ttft(prefill_s, chunk_share_s, prompts_per_server, transfer_s, share, fixed_s):
+    """TTFT of a closed-loop benchmark: S + xi max(n - 1, 0) S_b + transfer + tau, with S one prompt's prefill
     on its server, n the requests in flight per prefill server, xi the share of them queued ahead
-    (`QUEUE_SHARES`) and tau the stack's fixed latency (`FIXED_LATENCIES`).
+    (`QUEUE_SHARES`), S_b what each queued prompt costs (its share of a pass carrying a full chunk of
+    prompts: queued prompts are prefilled together, sharing the weight reads and fixed latencies of a pass)
+    and tau the stack's fixed latency (`FIXED_LATENCIES`).
     """
-    return prefill_s * (1.0 + share * np.maximum(prompts_per_server - 1.0, 0.0)) + transfer_s + fixed_s
+    return prefill_s + share * np.maximum(prompts_per_server - 1.0, 0.0) * chunk_share_s + transfer_s + fixed_s
 
 
 def _closed_loop_fits(t: pd.DataFrame, keys: pd.Series, groups: pd.Series) -> tuple[dict, pd.Series, pd.Series]:
@@ -347,8 +359,9 @@ def _closed_loop_fits(t: pd.DataFrame, keys: pd.Series, groups: pd.Series) -> tu
     xi, tau = QUEUE_SHARES[:, None, None], FIXED_LATENCIES[None, :, None]
     for key, idx in keys.groupby(keys).groups.items():
         g = t.loc[idx]
-        pred = benchmark_ttft(*(g[c].to_numpy()[None, None, :] for c in ("prefill_s", "prompts_per_server",
-                                                                          "transfer_s")), xi, tau)
+        pred = benchmark_ttft(*(g[c].to_numpy()[None, None, :] for c in ("prefill_s", "chunk_share_s",
+                                                                          "prompts_per_server", "transfer_s")),
+                              xi, tau)
         err = np.abs(np.log(pred / g["measured_ttft_s"].to_numpy()[None, None, :]))
         total = err.sum(axis=-1)
         i, j = np.unravel_index(np.argmin(total), total.shape)
@@ -434,7 +447,7 @@ def validate_runs(runs: Runs) -> RunsValidation:
     gk, kk = groups.to_numpy(), keys.to_numpy()
     fw_mode = (t["backend"].astype(str) + "|" + t["mode"]).to_numpy()
     eligible = t["ep"].to_numpy() > 1  # rows with an expert all-to-all for two micro-batches to hide
-    for col in ("prefill_s", "prompts_per_server", "transfer_s"):
+    for col in ("prefill_s", "chunk_share_s", "prompts_per_server", "transfer_s"):
         t[col] = pred[col].astype(float)
     for m in METRICS:
         t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
