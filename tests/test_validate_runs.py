@@ -36,8 +36,12 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert doc["rows_given"] == 3113 and doc["coverage"] >= 0.95
     assert doc["rows_failing_the_memory_check"] <= 0.1 * doc["rows_predicted"]  # a finding, reported
     by = {(e["category"], e["metric"]): e for e in doc["summary"]}
-    assert {"n", "median_abs_error", "mape", "p90_abs_error", "signed_median", "loo_median_abs_error"} <= set(
-        by[("all", "tpot")])
+    assert {"n", "median_abs_error", "mape", "p90_abs_error", "signed_median", "loo_median_abs_error",
+            "within_sweep_median_abs_error"} <= set(by[("all", "tpot")])
+    # each sweep's level removed, the shape across concurrency errs far less than the level: the gap to the goals
+    # is the level of whole sweeps
+    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.13
+    assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.19
     assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.23
     assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.20
     assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.38
