@@ -68,6 +68,20 @@ def test_non_native_formats_are_refused_unless_weight_only():
     assert wo["compute_s"] == pytest.approx(native["compute_s"])  # no FP4 math on Hopper
 
 
+def test_int4_experts_are_stored_in_four_bits_and_computed_in_bf16():
+    """Kimi-K2.5's release: routed experts in int4 (W4A16), the rest in BF16; weight-only on every chip."""
+    base = dict(model="kimi-k2.5", system="h200", tp=8, ep=1, batch=32, context=4096, weights_dtype="bf16")
+    with pytest.raises(InputError, match="no int4 tensor units"):
+        evaluate_config(Config(**base, experts_dtype="int4"))
+    int4 = evaluate_config(Config(**base, experts_dtype="int4", weight_only=True))
+    fp4 = evaluate_config(Config(**base, experts_dtype="fp4", weight_only=True))
+    bf16 = evaluate_config(Config(**base))
+    assert int4["experts_compute_dtype"] == "bf16" and fp4["experts_compute_dtype"] == "fp8"
+    assert int4["weights_bytes_per_chip"] == pytest.approx(fp4["weights_bytes_per_chip"])  # 4 bits + group scales
+    assert int4["weights_bytes_per_chip"] < bf16["weights_bytes_per_chip"] / 3
+    assert int4["compute_s"] == pytest.approx(bf16["compute_s"])  # the GEMMs run in BF16
+
+
 def test_cli_refuses_fp4_on_hopper_with_exit_2():
     r = dse("evaluate", "--model", "deepseek-v3", "--system", "h100", "--ep", "8", "--batch", "8", "--context", "4096",
             "--weights-dtype", "fp4")

@@ -49,6 +49,8 @@ def test_compute_dtype_falls_back_to_the_next_wider_format(systems):
     assert systems["a100"].compute_dtype("fp8") == "bf16"
     assert systems["h100"].compute_dtype("fp4") == "fp8"
     assert systems["b200"].compute_dtype("fp4") == "fp4"
+    # an integer format is dequantized to BF16 (W4A16), even where the chip has FP4 or FP8 tensor units
+    assert systems["b200"].compute_dtype("int4") == "bf16" and systems["h200"].compute_dtype("int4") == "bf16"
 
 
 def test_memory_tiers_and_efficiency_load():

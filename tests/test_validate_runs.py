@@ -33,7 +33,7 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     """Coverage and the leave-group-out errors as they stand (the issue's goals: coverage >= 95%, TPOT <= 15%,
     TTFT <= 25%): the assertions pin what is reached, so a regression shows."""
     doc = as_dict(full)
-    assert doc["rows_given"] == 3113 and doc["coverage"] >= 0.95
+    assert doc["rows_given"] == 3113 and doc["coverage"] >= 0.96
     assert doc["rows_failing_the_memory_check"] <= 0.1 * doc["rows_predicted"]  # a finding, reported
     by = {(e["category"], e["metric"]): e for e in doc["summary"]}
     assert {"n", "median_abs_error", "mape", "p90_abs_error", "signed_median", "loo_median_abs_error",
@@ -44,7 +44,7 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.19
     assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.23
     assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.20
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.38
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.37
     assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.35
     # the calibrated physics beats the ideal roofline on what it was calibrated for
     assert by[("all", "tpot")]["median_abs_error"] < by[("all", "tpot")]["ideal_median_abs_error"]
@@ -123,13 +123,13 @@ def test_rows_it_cannot_represent_are_counted_with_the_reason(tmp_path):
     raw = pd.read_csv(MEASURED).head(6).copy()
     raw.loc[0, "model_path"] = "acme/Unknown-7B"
     raw.loc[1, "system"] = "tpu_v9"
-    raw.loc[2, "gemm_quant_mode"] = "int4_wo"
+    raw.loc[2, "gemm_quant_mode"] = "int8_wo"
     path = tmp_path / "odd.csv"
     raw.to_csv(path, index=False)
     doc = as_dict(validate_file(path))
     reasons = " | ".join(doc["skipped"]["by_reason"])
     assert doc["rows_predicted"] == 3 and doc["skipped"]["count"] == 3
-    assert "acme/Unknown-7B" in reasons and "'tpu_v9' is not in the catalog" in reasons and "int4_wo" in reasons
+    assert "acme/Unknown-7B" in reasons and "'tpu_v9' is not in the catalog" in reasons and "'int8_wo' is not" in reasons
 
 
 @pytest.mark.parametrize(("edit", "message"), [

@@ -17,7 +17,7 @@ from dse.catalog.loading import (
     parse_sources,
     read_yaml,
 )
-from dse.catalog.units import DTYPES
+from dse.catalog.units import DTYPES, INTEGER_DTYPES
 from dse.errors import InputError, unknown_name_message
 
 HW_DIR = Path(__file__).resolve().parents[2] / "hw_catalog"
@@ -116,8 +116,13 @@ class System:
 
     def compute_dtype(self, dtype: str) -> str:
         """The narrowest format the chip computes in that is at least as wide as ``dtype``: ``dtype``
-        itself when native, else the format weight-only quantization dequantizes to.
+        itself when native, else the format weight-only quantization dequantizes to (BF16 for an integer
+        format, `INTEGER_DTYPES`).
         """
+        if dtype in self.flops:
+            return dtype
+        if dtype in INTEGER_DTYPES:
+            return "bf16"
         order = DTYPES[DTYPES.index(dtype):: -1]  # e.g. fp4 -> (fp4, fp8, bf16)
         for d in order:
             if d in self.flops:
@@ -198,17 +203,21 @@ def _prices(raw: object, sources: dict, where: str) -> dict[str, Quantity]:
     return out
 
 
+KV_FORMATS = tuple(d for d in DTYPES if d not in INTEGER_DTYPES)
+"""Formats a KV cache can be held in: the floating-point ones (attention reads it at a floating-point rate)."""
+
+
 def _kv_dtypes(raw: object, sources: dict, where: str) -> tuple[str, ...]:
     at = f"{where}: field 'kv_dtypes'"
     if not isinstance(raw, dict) or not isinstance(raw.get("values"), list):
-        raise InputError(f"{at}: expected {{values: [{', '.join(DTYPES)}...], source, date}}")
+        raise InputError(f"{at}: expected {{values: [{', '.join(KV_FORMATS)}...], source, date}}")
     check_keys(raw, ("values", "source", "date", "note", "estimate"), at)
     if raw.get("source") not in sources or not raw.get("date"):
         raise InputError(f"{at}: needs a declared source and a date")
-    bad = [v for v in raw["values"] if v not in DTYPES]
+    bad = [v for v in raw["values"] if v not in KV_FORMATS]
     if bad or not raw["values"]:
-        raise InputError(f"{at}: {bad or 'empty'}; allowed: {', '.join(DTYPES)}")
-    return tuple(d for d in DTYPES if d in raw["values"])
+        raise InputError(f"{at}: {bad or 'empty'}; allowed: {', '.join(KV_FORMATS)}")
+    return tuple(d for d in KV_FORMATS if d in raw["values"])
 
 
 def _system_from(entry: dict, sources: dict, where: str) -> System:

@@ -70,6 +70,9 @@ def to_si(value: float, unit: str, dimension: str, where: str) -> float:
     return float(value) * factor
 
 
-# Bytes per element of the number formats the tool knows.
-DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
+# Bytes per element of the number formats the tool knows: floating point, widest first, then integer.
+DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5, "int4": 0.5}
 DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
+INTEGER_DTYPES: tuple[str, ...] = ("int4",)
+"""Integer weight formats: no catalog chip computes in them; stored narrow and dequantized to BF16 in the GEMM
+(W4A16, as Marlin and Machete in vLLM and TensorRT-LLM's weight-only kernels run them)."""

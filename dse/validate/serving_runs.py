@@ -9,9 +9,10 @@ the physics (`dse.physics.serving`):
   ``system`` map to catalog ids (`MODEL_IDS`, `SYSTEM_IDS`); a row of another model or system is skipped
   with the reason.
 - Number formats: ``gemm_quant_mode`` / ``precision`` give the weights format (``fp8`` and ``fp8_block``
-  -> fp8, ``nvfp4`` / ``fp4`` -> fp4, none -> bf16); int4 weight-only rows are skipped (no catalog
-  format). The KV format is not in the data: fp8 where the weights are fp8 or fp4, else bf16 (the
-  frameworks' FP8 recipes quantize the KV cache with the weights).
+  -> fp8, ``nvfp4`` / ``fp4`` -> fp4, ``int4_wo`` -> int4, none -> bf16). An int4 MoE checkpoint holds its
+  routed experts in int4 and the rest in BF16 (as Kimi-K2.5's release does: W4A16 experts), computed in
+  BF16 after dequantization (`INTEGER_DTYPES`). The KV format is not in the data: fp8 where the weights are
+  fp8 or fp4, else bf16 (the frameworks' FP8 recipes quantize the KV cache with the weights).
 - Layout (agg, and each pool of disagg): attention runs as ``tp_size`` x ``attention_dp_size`` and experts
   as ``moe_ep_size`` x ``moe_tp_size`` over the same chips (the two products must agree; a dense model has
   no expert split), ``pp_size`` stages. A missing degree is 1. Attention TP must divide the model's heads (no
@@ -61,7 +62,7 @@ import pandas as pd
 from dse.catalog.calibration import family_of
 from dse.catalog.hardware import IDEAL, Efficiency, default_systems
 from dse.catalog.models import default_models
-from dse.catalog.units import DTYPES
+from dse.catalog.units import DTYPES, INTEGER_DTYPES
 from dse.errors import InputError
 from dse.physics.roofline import Candidates, ModelTable, SystemTable
 from dse.physics.serving import (
@@ -89,7 +90,7 @@ SYSTEM_IDS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_
               "mi300x": "mi300x", "mi325x": "mi325x", "mi355x": "mi355x", "tpu_v5e": "tpu-v5e", "tpu_v6e": "tpu-v6e",
               "tpu_v7": "tpu-v7"}
 WEIGHTS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "fp4": "fp4", "bf16": "bf16", "float16": "bf16",
-           "fp16": "bf16"}
+           "fp16": "bf16", "int4_wo": "int4", "int4": "int4"}
 REQUIRED = ("id", "model_path", "system", "mode", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms")
 NUMERIC = ("concurrency", "isl", "osl", "batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
            "moe_ep_size", "prefill_batch_size", "prefill_num_workers", "prefill_tp_size", "prefill_pp_size",
@@ -191,17 +192,19 @@ def map_runs(raw: pd.DataFrame) -> Runs:
             continue
         quant = r.get("gemm_quant_mode") or r.get("precision") or "bf16"
         if quant not in WEIGHTS:
-            skip(f"weights format {quant!r} (weight-only integer quantization) is not a catalog number format")
+            skip(f"weights format {quant!r} is not a catalog number format (allowed: {', '.join(WEIGHTS)})")
             continue
-        wd = WEIGHTS[quant]  # a format the chip has no tensor units for runs weight-only (dequantized)
+        wd = ed = WEIGHTS[quant]  # a format the chip has no tensor units for runs weight-only (dequantized)
         kd = "fp8" if wd in ("fp8", "fp4") else "bf16"
         arch = models[model]
+        if wd in INTEGER_DTYPES and arch.is_moe:
+            wd = "bf16"  # integer MoE checkpoints quantize the routed experts only (W4A16 experts, the rest BF16)
         if r["isl"] + r["osl"] > arch.max_context:
             skip(f"ISL + OSL = {int(r['isl'] + r['osl']):,} exceeds {model}'s trained window")
             continue
         row = {"id": r["id"], "model": model, "system": system, "backend": r.get("backend", ""), "mode": r["mode"],
                "workers": "stated",
-               "isl": int(r["isl"]), "osl": int(r["osl"]), "wd": wd, "kd": kd,
+               "isl": int(r["isl"]), "osl": int(r["osl"]), "wd": wd, "ed": ed, "kd": kd,
                "measured_ttft_s": r["silicon_ttft_ms"] / 1e3, "measured_tpot_s": r["silicon_tpot_ms"] / 1e3}
         if r["mode"] == "agg":
             lay = _layout(r, "", arch.is_moe, arch.spec.attention.n_heads)
@@ -253,6 +256,7 @@ def _candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefix: 
         tp=t[prefix + "tp"].to_numpy(), dp=t[prefix + "dp"].to_numpy(), ep=t[prefix + "ep"].to_numpy(),
         etp=t[prefix + "etp"].to_numpy(), pp=t[prefix + "pp"].to_numpy(), batch=batch, context=context,
         weights_dtype=a([DTYPES.index(w) for w in t["wd"]]), kv_dtype=a([DTYPES.index(k) for k in t["kd"]]),
+        experts_dtype=a([DTYPES.index(e) for e in t["ed"]]),
         kv_tier=0, micro_batches=micro_batches)
 
 
@@ -289,7 +293,7 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
             servers = pre["servers"]
             transfer = np.zeros(len(g))
         else:
-            pre_t = g[["model", "system", "wd", "kd"]].assign(**{k: g[f"p_{k}"] for k in ("tp", "dp", "ep", "etp",
+            pre_t = g[["model", "system", "wd", "ed", "kd"]].assign(**{k: g[f"p_{k}"] for k in ("tp", "dp", "ep", "etp",
                                                                                           "pp")})
             pcand = _candidates(pre_t, models, systems, "", np.ones(len(g)), isl)
             pre = prefill_pool(pcand, mt, st, req, False, eff, full_chunk=True)
