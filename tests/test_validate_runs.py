@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dse.catalog.hardware import efficiency_for
 from dse.validate.serving_runs import GROUP, as_dict, map_runs, read_runs, validate_file, validate_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,10 +41,10 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
             "within_sweep_median_abs_error"} <= set(by[("all", "tpot")])
     # each sweep's level removed, the shape across concurrency errs far less than the level: the gap to the goals
     # is the level of whole sweeps
-    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.13
+    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.09
     assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.19
-    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.23
-    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.20
+    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.17
+    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.14
     assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.37
     assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.35
     # the calibrated physics beats the ideal roofline on what it was calibrated for
@@ -54,7 +55,11 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert workers["assumed"] == 583  # disaggregated runs without worker counts (predicted with the stated rule)
     t = full.table
     stated_disagg = t[(t["mode"] == "disagg") & (t["workers"] == "stated")]
-    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.15
+    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.11
+    # the decode factors keep their meaning: shares of a peak in (0, 1], latencies and overheads positive
+    for f in full.scales["tpot"].values():
+        assert all(0 < v <= 1 for k, v in f["fitted"].items() if k in ("compute_decode", "memory", "link"))
+        assert all(v >= 0 for v in f["fitted"].values())
     assert doc["worst"]["tpot"] and doc["skipped"]["count"] == doc["rows_given"] - doc["rows_predicted"]
 
 
@@ -233,19 +238,24 @@ def test_a_queued_prompt_costs_its_share_of_a_full_chunk():
 
 
 def test_rows_with_assumed_workers_do_not_calibrate_the_rows_that_state_them():
-    """Measured TPOTs made by the physics, halved on the rows whose worker counts were assumed (as undisclosed
-    speculative decoding would): each class gets its own scale, so every in-sample error vanishes and the
-    rows that state their layout keep a scale of 1."""
-    from dse.validate.serving_runs import predict_runs, scale_key
+    """Measured TPOTs made by the physics, 20% faster on the rows whose worker counts were assumed (as undisclosed
+    speculative decoding would): each class gets its own factors, so the rows that state their layout keep the
+    catalog's (every error vanishes) and the assumed rows' refit reads HBM faster."""
+    from dse.validate.serving_runs import factor_key, predict_runs
 
     raw = read_runs(MEASURED)
     runs = map_runs(raw[(raw["mode"] == "disagg") & raw["model_path"].str.startswith("deepseek-ai/")])
     t = runs.table
     assumed = t["workers"] == "assumed"
     assert assumed.any() and (~assumed).any()
-    assert not set(scale_key(t[assumed])) & set(scale_key(t[~assumed]))
-    t["measured_tpot_s"] = predict_runs(t)["predicted_tpot_s"].astype(float) * np.where(assumed, 0.5, 1.0)
+    assert not set(factor_key(t[assumed])) & set(factor_key(t[~assumed]))
+    t["measured_tpot_s"] = predict_runs(t)["predicted_tpot_s"].astype(float) * np.where(assumed, 0.8, 1.0)
     v = validate_runs(runs)
-    assert v.table["tpot_in_sample_error"].abs().max() < 1e-9
-    for key, shift in v.scales["tpot"].items():
-        assert shift == pytest.approx(np.log(2.0) if key.endswith("|assumed") else 0.0, abs=1e-9)
+    err = v.table["tpot_in_sample_error"].abs()
+    assert err[~assumed].max() < 1e-9 and err[assumed].median() < 0.01
+    for key, f in v.scales["tpot"].items():
+        catalog = efficiency_for(v.table.loc[factor_key(v.table) == key, "system"].iloc[0])
+        if key.endswith("|assumed"):  # decode passes are memory-bound: the HBM share carries the speed-up
+            assert f["fitted"]["memory"] > catalog.memory
+        else:
+            assert f["fitted"]["memory"] == pytest.approx(catalog.memory, rel=1e-6)

@@ -36,8 +36,11 @@ groups out and predicts the group left out from fits on the others:
 
 - TPOT: two-batch overlap switched on per (framework, mode) where it lowers that framework's spread of errors
   (`_two_batch_choice`: the data, not a list of framework features, decides; on the measured runs it is off
-  everywhere), then a per-(hardware family, mode) scale (the median log ratio, the factor that centres the
-  errors), fitted apart for the disaggregated rows whose worker counts were assumed (`scale_key`).
+  everywhere), then the decode pass's seven efficiency factors (`dse.validate.decode_factors`: achieved
+  shares of peak compute, HBM and link bandwidth, latency per collective inside and across domains, fixed
+  time per layer and per MoE layer) fitted per hardware family on the rows' decode passes, apart for the
+  disaggregated rows whose worker counts were assumed (`factor_key`); the left-out sweep is predicted with
+  the factors refitted without it.
 - TTFT: the physics' TTFT assumes Poisson arrivals (M/D/1 queueing at the prefill servers), a benchmark holds
   a fixed number of identical requests in flight instead. Measured TTFT grows linearly with the concurrency
   in nearly every sweep (R^2 > 0.9 in most of the 286 aggregated sweeps with 4 or more concurrencies), at a
@@ -64,7 +67,7 @@ from dse.catalog.hardware import IDEAL, Efficiency, default_systems
 from dse.catalog.models import default_models
 from dse.catalog.units import DTYPES, INTEGER_DTYPES
 from dse.errors import InputError
-from dse.physics.roofline import Candidates, ModelTable, SystemTable
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate_at
 from dse.physics.serving import (
     Request,
     aggregated,
@@ -73,6 +76,7 @@ from dse.physics.serving import (
     disaggregated_closed_loop,
     prefill_pool,
 )
+from dse.validate.decode_factors import FACTORS, FRACTIONS, DecodeTerms, fit_factors, identified, tpot_at
 
 MODEL_IDS = {
     "deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
@@ -324,16 +328,59 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     return out
 
 
-# ---- errors, leave-group-out scales, summary ------------------------------------------------------------
-def scale_key(table: pd.DataFrame) -> pd.Series:
-    """What a fitted scale is shared by: the hardware family (the system where it has none) and the mode, and
-    apart from them the rows whose worker counts were assumed (``|assumed``): a layout guessed for want of
-    data does not calibrate the layouts a run states (on the measured runs a third of the assumed rows are
-    faster than the ideal roofline of the assumed layout, which no scale of the stated rows should absorb).
+def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: pd.Series,
+                 split: np.ndarray) -> tuple[DecodeTerms, dict[str, np.ndarray]]:
+    """The decode pass of every row (at its mean context, with its batch: the replica's share of the
+    concurrency in an aggregated row, the closed loop's decode batch in a disaggregated one; two micro-batches
+    where ``split``) as `DecodeTerms`: times at the peaks and collective and layer counts, read off the
+    physics with every fraction at 1 and each latency probed at 1 us, and ``rest`` = the row's predicted TPOT
+    over its pass at the catalog's factors. Returns the terms and the catalog's factors per row.
     """
-    fam = [family_of(s) or s for s in table["system"]]
-    key = pd.Series(fam, index=table.index) + "|" + table["mode"]
-    return key.where(table["workers"] != "assumed", key + "|assumed")
+    n = len(table)
+    out = {k: np.zeros(n) for k in DecodeTerms.__dataclass_fields__}
+    catalog = {k: np.zeros(n) for k in FACTORS}
+    models, systems = sorted(set(table["model"])), sorted(set(table["system"]))
+    catalog_m, catalog_s = default_models(), default_systems()
+    mt = ModelTable.build([catalog_m[m] for m in models])
+    st = SystemTable.build([catalog_s[s] for s in systems])
+    peak = {**{k: 1.0 for k in ("compute_prefill", "compute_decode", "compute_train", "memory", "link",
+                                "hbm_usable")}, "overlap": 0.0}
+    probe = 1e-6
+    effs = [Efficiency(**peak)] + [Efficiency(**peak, **{k: probe}) for k in FACTORS[3:]]
+    pos = pd.Series(np.arange(n), index=table.index)
+    for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
+        rows = pos[g.index].to_numpy()
+        in_flight = g["in_flight"] if mode == "agg" else decode_batch[g.index]
+        context = isl + osl / 2.0
+        cand = _candidates(g, models, systems, "", in_flight.to_numpy() / g["pp"].to_numpy(), context,
+                           np.where(split[rows], 2, 1))
+        inputs = [{"context": context, "phase": 0}]
+        at_peak, *probes = (evaluate_at(cand, mt, st, e, inputs)[0] for e in effs)
+        cat = evaluate_at(cand, mt, st, None, inputs)[0]
+        out["compute"][rows], out["memory"][rows] = at_peak["compute_s"], at_peak["memory_s"]
+        out["comm"][rows] = at_peak["comm_s"]
+        for name, key, p in zip(("n_scaleup", "n_scaleout"), ("comm_s", "comm_s"), probes[:2], strict=True):
+            out[name][rows] = np.rint((p[key] - at_peak[key]) / probe)
+        for name, p in zip(("n_layers", "n_moe_layers"), probes[2:], strict=True):
+            out[name][rows] = np.rint((p["overhead_s"] - at_peak["overhead_s"]) / probe)
+        out["overlap"][rows] = cat["overlap"]
+        out["rest"][rows] = predicted_tpot[rows] / cat["step_s"]
+        e = st.efficiency_of(np.asarray(cand.broadcast().system))
+        for k in FACTORS:
+            catalog[k][rows] = getattr(e, k)
+    return DecodeTerms(**out), catalog
+
+
+# ---- errors, leave-group-out scales, summary ------------------------------------------------------------
+def factor_key(table: pd.DataFrame) -> pd.Series:
+    """What a set of fitted decode factors is shared by: the hardware family (the system where it has none),
+    whichever the mode (a decode pass runs the same kernels whether or not prefill runs elsewhere; the request
+    level adds the interference), and apart from it the rows whose worker counts were assumed (``|assumed``):
+    a layout guessed for want of data does not calibrate the layouts a run states (on the measured runs a
+    third of the assumed rows are faster than the ideal roofline of the assumed layout).
+    """
+    fam = pd.Series([family_of(s) or s for s in table["system"]], index=table.index)
+    return fam.where(table["workers"] != "assumed", fam + "|assumed")
 
 
 def group_key(table: pd.DataFrame) -> pd.Series:
@@ -385,9 +432,14 @@ def _closed_loop_fits(t: pd.DataFrame, keys: pd.Series, groups: pd.Series) -> tu
     return fits, in_sample, loo
 
 
-def _fit(lr: pd.Series, keys: pd.Series) -> dict[str, float]:
-    """Per key, the median log(predicted / measured): dividing by exp() of it centres that key's errors."""
-    return {k: float(np.median(v)) for k, v in lr.groupby(keys) if len(v)}
+LOO_MAX_ITER = 600
+"""Nelder-Mead iterations of a leave-group-out refit (it starts from the in-sample factors, a few percent of
+the rows away)."""
+
+
+def _pick(a: DecodeTerms, b: DecodeTerms, use_b: np.ndarray) -> DecodeTerms:
+    """Row by row, the terms of ``b`` where ``use_b``, else those of ``a``."""
+    return DecodeTerms(**{k: np.where(use_b, getattr(b, k), getattr(a, k)) for k in DecodeTerms.__dataclass_fields__})
 
 
 @dataclass
@@ -408,8 +460,8 @@ def _two_batch_choice(lr1: np.ndarray, lr2: np.ndarray, keys: np.ndarray, scale_
                       groups: np.ndarray, eligible: np.ndarray) -> tuple[dict, np.ndarray, dict]:
     """Whether each (framework, mode) runs two-batch overlap, decided from the data: on where splitting the
     decode passes of its rows with an expert all-to-all lowers the sum of its rows' absolute log errors around
-    the median of their scale's rows (what remains once the per-(family, mode) scale is fitted; the other
-    frameworks' rows as predicted without the split).
+    the median of their key's rows (what remains once one scale per key is fitted; the other frameworks'
+    rows as predicted without the split).
 
     Returns the in-sample choice per key, the in-sample choice per row, and per left-out group the choice for
     its key made without that group's rows (no eligible rows left: off, the physics' default).
@@ -435,14 +487,16 @@ def _two_batch_choice(lr1: np.ndarray, lr2: np.ndarray, keys: np.ndarray, scale_
 
 
 def validate_runs(runs: Runs) -> RunsValidation:
-    """Predict every row with the catalog's calibrated factors (``error``), with per-(family, mode) scales
-    fitted on all rows (``in_sample_error``) and fitted with the row's whole concurrency sweep left out
-    (``loo_error``, the headline), and with the ideal roofline (``ideal_error``).
+    """Predict every row with the catalog's calibrated factors (``error``), with factors fitted on all rows
+    (``in_sample_error``) and fitted with the row's whole concurrency sweep left out (``loo_error``, the
+    headline), and with the ideal roofline (``ideal_error``).
 
     For TPOT, two-batch overlap is first chosen per (framework, mode) from the data (`_two_batch_choice`;
     ``scales["two_batch_overlap"]``, the row's choice in ``two_batch``, and for the left-out sweep the choice
-    made without it); then a scale divides the prediction by exp(median log(predicted / measured)) of its
-    (family, mode): the decode step's efficiency relative to the catalog's calibration. For TTFT the
+    made without it); then the decode pass's efficiency factors are fitted per `factor_key` on the rows'
+    decode passes (`decode_terms`, `dse.validate.decode_factors.fit_factors`; the request level's
+    interference held at the catalog's): ``scales["tpot"]`` holds, per key, the factors the rows identify
+    and those kept from the catalog (no row depends on them). For TTFT the
     closed-loop benchmark model (`benchmark_ttft`) is fitted per (framework, mode); ``scales["ttft"]`` holds
     its queue share and fixed latency, and ``benchmark_ttft_s`` / ``benchmark_ttft_loo_s`` its in-sample and
     leave-group-out predictions.
@@ -452,7 +506,7 @@ def validate_runs(runs: Runs) -> RunsValidation:
         return RunsValidation(t, {}, runs.skipped, runs.given)
     pred = predict_runs(t)
     ideal = predict_runs(t, IDEAL, decode_batch=pred["decode_batch"])  # the roofline at the same operating point
-    keys, groups = scale_key(t), group_key(t)
+    keys, groups = factor_key(t), group_key(t)
     gk, kk = groups.to_numpy(), keys.to_numpy()
     fw_mode = (t["backend"].astype(str) + "|" + t["mode"]).to_numpy()
     eligible = t["ep"].to_numpy() > 1  # rows with an expert all-to-all for two micro-batches to hide
@@ -484,18 +538,39 @@ def validate_runs(runs: Runs) -> RunsValidation:
     t["two_batch"] = per_row
     t["predicted_tpot_s"] = np.where(per_row, p2, p1)
     t["tpot_error"] = t["predicted_tpot_s"] / meas - 1.0
-    lr = np.where(per_row, lr2, lr1)
-    scales["tpot"] = fitted = _fit(pd.Series(lr, index=t.index), keys)
-    t["tpot_in_sample_error"] = np.exp(lr - keys.map(fitted).to_numpy()) - 1.0
+    # the decode factors refitted per key, on the passes as chosen (unsplit, and split where any choice splits)
+    unsplit, catalog = decode_terms(t, p1, pred["decode_batch"], np.zeros(len(t), dtype=bool))
+    ever = eligible & (per_row | np.isin(gk, [g for g, on in without.items() if on]) | np.isin(
+        fw_mode, [k for k, on in choice.items() if on]))
+    split_terms = decode_terms(t, p2, pred["decode_batch"], ever)[0] if ever.any() else unsplit
+
+    def terms_for(split: np.ndarray) -> DecodeTerms:
+        return _pick(unsplit, split_terms, split & ever)
+
+    scales["tpot"], fitted = {}, {}
+    in_sample = np.full(len(t), np.nan)
+    chosen = terms_for(per_row)
+    for key in np.unique(kk):
+        rows = np.flatnonzero(kk == key)
+        start = {k: float(np.median(catalog[k][rows])) for k in FACTORS}
+        fitted[key] = fit_factors(chosen.take(rows), meas[rows], start)
+        free = identified(chosen.take(rows))
+        scales["tpot"][key] = {"fitted": {k: v for k, v in fitted[key].items() if k in free},
+                               "kept_from_catalog": {k: v for k, v in fitted[key].items() if k not in free}}
+        in_sample[rows] = tpot_at(chosen.take(rows), fitted[key])
+    t["tpot_in_sample_error"] = in_sample / meas - 1.0
     loo = np.full(len(t), np.nan)
     for g, idx in pd.Series(np.arange(len(t))).groupby(gk).groups.items():
         idx = np.asarray(idx)
         mine = fw_mode == fw_mode[idx[0]]  # the rows whose choice was re-made without this sweep
-        view = np.where(mine, np.where(eligible & without[g], lr2, lr1), lr)
-        others = view[(gk != g) & (kk == kk[idx[0]])]
-        shift = float(np.median(others)) if len(others) else 0.0  # a family seen in no other group: no scale
-        loo[idx] = np.exp(view[idx] - shift) - 1.0
-    t["tpot_loo_error"] = loo
+        view = terms_for(np.where(mine, eligible & without[g], per_row))
+        train = np.flatnonzero((gk != g) & (kk == kk[idx[0]]))
+        if not len(train):  # a family seen in no other group: the catalog's factors, the shipped physics
+            loo[idx] = np.where(mine[idx] & eligible[idx] & without[g], p2[idx], p1[idx])
+            continue
+        f = fit_factors(view.take(train), meas[train], fitted[kk[idx[0]]], max_iter=LOO_MAX_ITER, passes=1)
+        loo[idx] = tpot_at(view.take(idx), f)
+    t["tpot_loo_error"] = loo / meas - 1.0
     for m in METRICS:  # each sweep's own level removed: what is left is the physics' shape across concurrency
         lr = np.log1p(t[f"{m}_loo_error"])
         t[f"{m}_within_sweep_error"] = np.expm1(lr - lr.groupby(groups).transform("median"))
@@ -578,6 +653,21 @@ def as_dict(v: RunsValidation, worst: int = 20) -> dict:
             "skipped": {"count": len(v.skipped), "by_reason": dict(reasons.most_common()), "rows": v.skipped}}
 
 
+def _factor_rows(fits: dict) -> list[dict]:
+    """The fitted decode factors as report rows: shares of a peak as fractions, latencies in us, and those no
+    row identifies marked as the catalog's.
+    """
+    def cell(name: str, value: float, fitted: bool) -> str:
+        text = f"{value:.3f}" if name in FRACTIONS else f"{value * 1e6:.1f} us"
+        return text if fitted else f"{text} (catalog)"
+
+    rows = []
+    for key, f in fits.items():
+        every = {**f["fitted"], **f["kept_from_catalog"]}
+        rows.append({"key": key, **{n: cell(n, every[n], n in f["fitted"]) for n in FACTORS}})
+    return rows
+
+
 def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
     """validate_runs.csv, summary.json, predicted-vs-measured scatters (log-log) and report.html."""
     import base64
@@ -630,11 +720,13 @@ def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
              "<h1>Measured serving runs: predicted TTFT and TPOT</h1>",
              f"<p>{len(v.table):,} of {v.given:,} rows predicted (coverage {v.coverage:.1%}). Errors are predicted / "
              "measured - 1 with the catalog's calibrated physics; leave-group-out errors (the headline figure) "
-             "leave the row's whole concurrency sweep out: TPOT rescales each (hardware family, mode) by the median "
-             "error of the other sweeps; TTFT is the closed-loop benchmark model (one prompt's prefill, plus a "
-             "share of the other requests in flight queued ahead of it, plus the KV hand-off, plus a fixed "
-             "latency of the serving stack), its share and latency fitted per (framework, mode) on the other "
-             "sweeps.</p>",
+             "leave the row's whole concurrency sweep out: TPOT refits the decode pass's efficiency factors per "
+             "hardware family on the other sweeps (rows with assumed worker counts apart); TTFT is the closed-loop "
+             "benchmark model (one prompt's prefill, plus a share of the other requests in flight queued ahead of "
+             "it, plus the KV hand-off, plus a fixed latency of the serving stack), its share and latency fitted "
+             "per (framework, mode) on the other sweeps.</p>",
+             "<h2>Decode factors fitted on TPOT (in sample)</h2>",
+             table_html(_factor_rows(v.scales.get("tpot", {}))),
              "<h2>Closed-loop TTFT fits (in sample)</h2>",
              table_html([{"framework_mode": k, **f} for k, f in v.scales.get("ttft", {}).items()]),
              f"<p>{doc['rows_failing_the_memory_check']:,} measured runs fail dse's memory check (the physics says "

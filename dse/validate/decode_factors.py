@@ -1,0 +1,111 @@
+"""Decode-pass efficiency factors fitted on measured TPOTs.
+
+A decode pass of the roofline (`dse.physics.roofline`) is, for fixed layout, batch and context, a known
+function of the efficiency factors: with C, M and K its compute, memory and communication-bandwidth times at
+the peaks, n_u and n_o its collectives inside and across scale-up domains, L its layers and E its MoE layers,
+
+    step = combine(C / f_c, M / f_m, K / f_l + n_u lat_u + n_o lat_o, L o_l + E o_e, overlap)
+
+(`dse.physics.serving.combine`: max of compute and memory, communication serialized by 1 - overlap, then
+the fixed overheads). `decode_terms` in `dse.validate.serving_runs` reads C, M, K and the counts off the
+physics itself (one pass at the peaks, one per latency at 1 us); this module fits the seven factors of
+`FACTORS` to measured TPOTs: TPOT = step x rest, where ``rest`` is what the request level adds to the pass at
+the catalog's factors (prefill interference 1 / (1 - u) in an aggregated replica), held fixed.
+
+Each factor keeps its physical meaning and range: ``compute_decode``, ``memory`` and ``link`` are achieved
+shares of the peak (at most 1), ``latency_*`` seconds per collective and ``*_overhead`` seconds per layer
+(at least 0). A factor no row depends on (no collective across domains, no MoE layer) stays at its catalog
+value. The fit minimizes the sum of absolute log errors (Nelder-Mead on log-transformed factors, restarted
+once from its own optimum).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dse.physics.serving import combine
+
+FACTORS = ("compute_decode", "memory", "link", "latency_scaleup", "latency_scaleout", "layer_overhead",
+           "moe_layer_overhead")
+FRACTIONS = ("compute_decode", "memory", "link")
+"""The factors that are shares of a peak (at most 1); the others are latencies (at least 0)."""
+USES = {"compute_decode": "compute", "memory": "memory", "link": "comm", "latency_scaleup": "n_scaleup",
+        "latency_scaleout": "n_scaleout", "layer_overhead": "n_layers", "moe_layer_overhead": "n_moe_layers"}
+"""The term each factor acts on: a factor is fitted only where some row has that term."""
+MAX_ITER = 4000
+
+
+@dataclass
+class DecodeTerms:
+    """Per row: the decode pass's times at the peaks (s), its collective and layer counts, its overlap, and
+    ``rest`` (the measured-run TPOT the physics predicts over its decode pass at the catalog's factors).
+    """
+
+    compute: np.ndarray
+    memory: np.ndarray
+    comm: np.ndarray
+    n_scaleup: np.ndarray
+    n_scaleout: np.ndarray
+    n_layers: np.ndarray
+    n_moe_layers: np.ndarray
+    overlap: np.ndarray
+    rest: np.ndarray
+
+    def take(self, rows: np.ndarray) -> DecodeTerms:
+        return DecodeTerms(**{k: getattr(self, k)[rows] for k in self.__dataclass_fields__})
+
+
+def decode_step(d: DecodeTerms, f: dict) -> np.ndarray:
+    """The decode pass at factors ``f`` (each a scalar or an array over the rows)."""
+    comm = d.comm / f["link"] + d.n_scaleup * f["latency_scaleup"] + d.n_scaleout * f["latency_scaleout"]
+    overhead = d.n_layers * f["layer_overhead"] + d.n_moe_layers * f["moe_layer_overhead"]
+    return combine(d.compute / f["compute_decode"], d.memory / f["memory"], comm, overhead, d.overlap)
+
+
+def tpot_at(d: DecodeTerms, f: dict) -> np.ndarray:
+    """TPOT at factors ``f``: the decode pass times what the request level adds (``rest``)."""
+    return decode_step(d, f) * d.rest
+
+
+LOG_RANGE = {"fraction": (-20.0, 0.0), "latency": (-40.0, float(np.log(1e-2)))}
+"""Bounds of the fitted logs: a share of a peak in (0, 1], a latency in (0, 10 ms]."""
+
+
+def _unpack(x: np.ndarray, free: tuple[str, ...], fixed: dict) -> dict:
+    f = dict(fixed)
+    for name, v in zip(free, x, strict=True):
+        lo, hi = LOG_RANGE["fraction" if name in FRACTIONS else "latency"]
+        f[name] = float(np.exp(np.clip(v, lo, hi)))
+    return f
+
+
+def _pack(f: dict, free: tuple[str, ...]) -> np.ndarray:
+    return np.array([np.log(max(f[name], 1e-12)) for name in free])
+
+
+def identified(d: DecodeTerms) -> tuple[str, ...]:
+    """The factors some row depends on (the others cannot be fitted)."""
+    return tuple(k for k in FACTORS if np.any(getattr(d, USES[k]) > 0))
+
+
+def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, max_iter: int = MAX_ITER,
+                passes: int = 2) -> dict:
+    """The factors minimizing sum |log(tpot / measured)|, from ``start`` (every factor of `FACTORS`); those
+    no row uses keep their start value. Each of ``passes`` Nelder-Mead runs starts from the last optimum.
+    """
+    from scipy.optimize import minimize
+
+    free = identified(d)
+    fixed = {k: start[k] for k in FACTORS if k not in free}
+    log_meas = np.log(measured)
+
+    def loss(x: np.ndarray) -> float:
+        return float(np.abs(np.log(tpot_at(d, _unpack(x, free, fixed))) - log_meas).sum())
+
+    x = _pack(start, free)
+    for _ in range(passes):  # a restart from the optimum re-spreads the simplex Nelder-Mead shrank
+        x = minimize(loss, x, method="Nelder-Mead", options={"maxiter": max_iter, "xatol": 1e-4,
+                                                              "fatol": 1e-7}).x
+    return _unpack(x, free, fixed)
