@@ -252,6 +252,14 @@ def map_runs(raw: pd.DataFrame) -> Runs:
     return Runs(pd.DataFrame(rows), skipped, len(raw))
 
 
+def _tables(table: pd.DataFrame) -> tuple[list[str], list[str], ModelTable, SystemTable]:
+    """The table's model and system ids (sorted: the candidates' indices) and their catalog columns."""
+    models, systems = sorted(set(table["model"])), sorted(set(table["system"]))
+    catalog_m, catalog_s = default_models(), default_systems()
+    return (models, systems, ModelTable.build([catalog_m[m] for m in models]),
+            SystemTable.build([catalog_s[s] for s in systems]))
+
+
 def _candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefix: str, batch: np.ndarray,
                 context: float, micro_batches: np.ndarray | int = 1) -> Candidates:
     a = np.asarray
@@ -281,10 +289,7 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
                                                    "decode_batch"], dtype=float)
     if table.empty:
         return out
-    models, systems = sorted(set(table["model"])), sorted(set(table["system"]))
-    catalog_m, catalog_s = default_models(), default_systems()
-    mt = ModelTable.build([catalog_m[m] for m in models])
-    st = SystemTable.build([catalog_s[s] for s in systems])
+    models, systems, mt, st = _tables(table)
     for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
         req = Request(int(isl), int(osl))
         per_stage = g["in_flight"].to_numpy() / g["pp"].to_numpy()  # sequences per micro-batch of a replica
@@ -339,10 +344,7 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
     n = len(table)
     out = {k: np.zeros(n) for k in DecodeTerms.__dataclass_fields__}
     catalog = {k: np.zeros(n) for k in FACTORS}
-    models, systems = sorted(set(table["model"])), sorted(set(table["system"]))
-    catalog_m, catalog_s = default_models(), default_systems()
-    mt = ModelTable.build([catalog_m[m] for m in models])
-    st = SystemTable.build([catalog_s[s] for s in systems])
+    models, systems, mt, st = _tables(table)
     peak = {**{k: 1.0 for k in ("compute_prefill", "compute_decode", "compute_train", "memory", "link",
                                 "hbm_usable")}, "overlap": 0.0}
     probe = 1e-6
@@ -359,8 +361,8 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
         cat = evaluate_at(cand, mt, st, None, inputs)[0]
         out["compute"][rows], out["memory"][rows] = at_peak["compute_s"], at_peak["memory_s"]
         out["comm"][rows] = at_peak["comm_s"]
-        for name, key, p in zip(("n_scaleup", "n_scaleout"), ("comm_s", "comm_s"), probes[:2], strict=True):
-            out[name][rows] = np.rint((p[key] - at_peak[key]) / probe)
+        for name, p in zip(("n_scaleup", "n_scaleout"), probes[:2], strict=True):
+            out[name][rows] = np.rint((p["comm_s"] - at_peak["comm_s"]) / probe)
         for name, p in zip(("n_layers", "n_moe_layers"), probes[2:], strict=True):
             out[name][rows] = np.rint((p["overhead_s"] - at_peak["overhead_s"]) / probe)
         out["overlap"][rows] = cat["overlap"]
@@ -538,10 +540,11 @@ def validate_runs(runs: Runs) -> RunsValidation:
     t["two_batch"] = per_row
     t["predicted_tpot_s"] = np.where(per_row, p2, p1)
     t["tpot_error"] = t["predicted_tpot_s"] / meas - 1.0
-    # the decode factors refitted per key, on the passes as chosen (unsplit, and split where any choice splits)
+    # the decode factors refitted per key, on the passes as chosen: unsplit, and split on the eligible rows of
+    # every (framework, mode) that some choice (in sample, or made without a sweep) splits
     unsplit, catalog = decode_terms(t, p1, pred["decode_batch"], np.zeros(len(t), dtype=bool))
-    ever = eligible & (per_row | np.isin(gk, [g for g, on in without.items() if on]) | np.isin(
-        fw_mode, [k for k, on in choice.items() if on]))
+    split_modes = [k for k, on in choice.items() if on] + [fw_mode[gk == g][0] for g, on in without.items() if on]
+    ever = eligible & np.isin(fw_mode, split_modes)
     split_terms = decode_terms(t, p2, pred["decode_batch"], ever)[0] if ever.any() else unsplit
 
     def terms_for(split: np.ndarray) -> DecodeTerms:
@@ -552,12 +555,12 @@ def validate_runs(runs: Runs) -> RunsValidation:
     chosen = terms_for(per_row)
     for key in np.unique(kk):
         rows = np.flatnonzero(kk == key)
-        start = {k: float(np.median(catalog[k][rows])) for k in FACTORS}
-        fitted[key] = fit_factors(chosen.take(rows), meas[rows], start)
-        free = identified(chosen.take(rows))
+        d = chosen.take(rows)
+        fitted[key] = fit_factors(d, meas[rows], {k: float(np.median(catalog[k][rows])) for k in FACTORS})
+        free = identified(d)
         scales["tpot"][key] = {"fitted": {k: v for k, v in fitted[key].items() if k in free},
                                "kept_from_catalog": {k: v for k, v in fitted[key].items() if k not in free}}
-        in_sample[rows] = tpot_at(chosen.take(rows), fitted[key])
+        in_sample[rows] = tpot_at(d, fitted[key])
     t["tpot_in_sample_error"] = in_sample / meas - 1.0
     loo = np.full(len(t), np.nan)
     for g, idx in pd.Series(np.arange(len(t))).groupby(gk).groups.items():
@@ -565,10 +568,8 @@ def validate_runs(runs: Runs) -> RunsValidation:
         mine = fw_mode == fw_mode[idx[0]]  # the rows whose choice was re-made without this sweep
         view = terms_for(np.where(mine, eligible & without[g], per_row))
         train = np.flatnonzero((gk != g) & (kk == kk[idx[0]]))
-        if not len(train):  # a family seen in no other group: the catalog's factors, the shipped physics
-            loo[idx] = np.where(mine[idx] & eligible[idx] & without[g], p2[idx], p1[idx])
-            continue
-        f = fit_factors(view.take(train), meas[train], fitted[kk[idx[0]]], max_iter=LOO_MAX_ITER, passes=1)
+        f = fit_factors(view.take(train), meas[train], fitted[kk[idx[0]]], max_iter=LOO_MAX_ITER, passes=1) \
+            if len(train) else {k: catalog[k][idx] for k in FACTORS}  # a family in no other sweep: the catalog's
         loo[idx] = tpot_at(view.take(idx), f)
     t["tpot_loo_error"] = loo / meas - 1.0
     for m in METRICS:  # each sweep's own level removed: what is left is the physics' shape across concurrency
