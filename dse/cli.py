@@ -388,10 +388,13 @@ def validate(
     try:
         loaded = v.load_cases(cases)
         if fit:
+            runs_file = hw_dir() / "calibration" / "published" / "measured_serving.csv"
             with err.status("fitting the efficiencies, then leaving each point out") as status:
                 cal = v.calibrate(loaded, default_efficiency(), loo=True,
                                   progress=lambda i, n: status.update(f"leave-one-out {i + 1}/{n}"),
-                                  stored=default_efficiency_catalog().families)
+                                  stored=default_efficiency_catalog().families,
+                                  serving_file=runs_file if runs_file.exists() else None,
+                                  serving_name=f"calibration/published/{runs_file.name}")
             v.write_calibration(cal, str(cases or v.cases_path()), hw_dir(), datetime.date.today().isoformat())
             default_efficiency_catalog.cache_clear()
             clear_calibration_cache()

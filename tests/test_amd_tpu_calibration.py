@@ -19,7 +19,7 @@ import yaml
 from dse.catalog.calibration import FAMILIES, family_of, load_fitted
 from dse.catalog.hardware import IDEAL, default_efficiency_catalog, hw_dir
 from dse.errors import InputError
-from dse.validate.calibration import FITTED, POINTS_PER_FACTOR, fit_family, identified
+from dse.validate.calibration import FITTED, FIXED_TIMES, POINTS_PER_FACTOR, fit_family, identified
 from dse.validate.cases import load_cases
 from dse.validate.predict import _cands, predict
 from dse.validate.published import load_published, published_path
@@ -216,15 +216,18 @@ def test_small_families_fit_only_the_factors_their_points_identify(fitted):
     for fam, entry in fitted["families"].items():
         chosen = entry["fitted_factors"]
         assert len(chosen) * POINTS_PER_FACTOR <= entry["points"], fam
+        runs = fitted.get("serving_runs", {}).get(fam)  # a family fitted jointly with measured serving runs
+        fitted_on = f"fitted on the {entry['points']} {fam} points" + (
+            f" and {runs['rows']:,} {fam} serving TPOTs: " if runs else ": ")
         for name in FITTED:
             note = doc["families"][fam]["factors"][name]["note"]
-            assert (note.startswith(f"fitted on the {entry['points']} {fam} points: ") if name in chosen
+            assert (note.startswith(fitted_on) if name in chosen
                     else note.startswith(f"not identified by the {entry['points']} {fam} points")), (fam, name)
     assert fitted["families"]["cdna4"]["fitted_factors"] == ["compute_decode"]  # 4 points: FP4 decode compute
     assert "hbm_usable" not in fitted["families"]["cdna3"]["fitted_factors"]  # no cdna3 point is capacity-bound
     assert "compute_decode" not in fitted["families"]["tpu"]["fitted_factors"]  # every TPU point decodes memory-bound
-    for fam in ("hopper", "blackwell"):
-        assert fitted["families"][fam]["fitted_factors"] == list(FITTED)
+    for fam in ("hopper", "blackwell"):  # the runs identify the fixed times too (tests/test_joint_calibration.py)
+        assert fitted["families"][fam]["fitted_factors"] == [*FITTED, *FIXED_TIMES]
     cat = default_efficiency_catalog()
     for fam in NEW_FAMILIES:  # a factor not fitted keeps the global value
         for name in set(FITTED) - set(fitted["families"][fam]["fitted_factors"]):

@@ -1,14 +1,22 @@
 """Validation: predictions against published measurements, calibration of the efficiency factors."""
 
 from dse.catalog.calibration import load_fitted
-from dse.validate.calibration import FITTED, Calibration, calibrate, fit, write_calibration
+from dse.validate.calibration import (
+    FITTED,
+    Calibration,
+    ServingRows,
+    calibrate,
+    fit,
+    load_serving_rows,
+    write_calibration,
+)
 from dse.validate.cases import Cases, Point, Skipped, TrainPoint, cases_path, load_cases
 from dse.validate.predict import predict, predict_training, summarize, table
 from dse.validate.published import load_published
 from dse.validate.run import Validation, run_validation, write_validation_report
 
 __all__ = [
-    "FITTED", "Calibration", "Cases", "Point", "Skipped", "TrainPoint", "Validation", "calibrate", "cases_path",
-    "fit", "load_cases", "load_fitted", "load_published", "predict", "predict_training", "run_validation", "summarize",
-    "table", "write_calibration", "write_validation_report",
+    "FITTED", "Calibration", "Cases", "Point", "ServingRows", "Skipped", "TrainPoint", "Validation", "calibrate",
+    "cases_path", "fit", "load_cases", "load_fitted", "load_published", "load_serving_rows", "predict",
+    "predict_training", "run_validation", "summarize", "table", "write_calibration", "write_validation_report",
 ]

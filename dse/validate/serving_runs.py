@@ -63,7 +63,7 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.calibration import family_of
-from dse.catalog.hardware import IDEAL, Efficiency, default_systems
+from dse.catalog.hardware import IDEAL, Efficiency, EfficiencyCatalog, default_systems
 from dse.catalog.models import default_models
 from dse.catalog.units import DTYPES, INTEGER_DTYPES
 from dse.errors import InputError
@@ -252,12 +252,16 @@ def map_runs(raw: pd.DataFrame) -> Runs:
     return Runs(pd.DataFrame(rows), skipped, len(raw))
 
 
-def _tables(table: pd.DataFrame) -> tuple[list[str], list[str], ModelTable, SystemTable]:
-    """The table's model and system ids (sorted: the candidates' indices) and their catalog columns."""
+def _tables(table: pd.DataFrame, factors: EfficiencyCatalog | None = None,
+            ) -> tuple[list[str], list[str], ModelTable, SystemTable]:
+    """The table's model and system ids (sorted: the candidates' indices) and their catalog columns, the
+    systems calibrated by ``factors`` (default: the catalog's efficiency factors).
+    """
     models, systems = sorted(set(table["model"])), sorted(set(table["system"]))
     catalog_m, catalog_s = default_models(), default_systems()
+    effs = [factors.for_system(s) for s in systems] if factors else None
     return (models, systems, ModelTable.build([catalog_m[m] for m in models]),
-            SystemTable.build([catalog_s[s] for s in systems]))
+            SystemTable.build([catalog_s[s] for s in systems], effs))
 
 
 def _candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefix: str, batch: np.ndarray,
@@ -273,7 +277,7 @@ def _candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefix: 
 
 
 def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: bool = False,
-                 decode_batch: pd.Series | None = None) -> pd.DataFrame:
+                 decode_batch: pd.Series | None = None, factors: EfficiencyCatalog | None = None) -> pd.DataFrame:
     """Predicted TTFT and TPOT (seconds) and whether the configuration fits, per mapped row (same index), with
     what the benchmark's TTFT model needs: ``prefill_s`` (one prompt's prefill on one prefill server),
     ``chunk_share_s`` (a prompt's share of a pass carrying a full chunk of prompts: what each queued prompt
@@ -283,13 +287,14 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     (`dse.physics.roofline._split_pass`). A disaggregated row's decode replicas hold the requests
     past their prefill (`decode_share_closed_loop`; their batch per replica in ``decode_batch``), or
     ``decode_batch`` where it is given (the ideal roofline at the calibrated physics' operating point).
+    ``factors``: the efficiency factors per system where ``eff`` is None (default: the catalog's).
     """
     out = pd.DataFrame(index=table.index, columns=["predicted_ttft_s", "predicted_tpot_s", "fits", "prefill_s",
                                                    "chunk_share_s", "prompts_per_server", "transfer_s",
                                                    "decode_batch"], dtype=float)
     if table.empty:
         return out
-    models, systems, mt, st = _tables(table)
+    models, systems, mt, st = _tables(table, factors)
     for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
         req = Request(int(isl), int(osl))
         per_stage = g["in_flight"].to_numpy() / g["pp"].to_numpy()  # sequences per micro-batch of a replica
@@ -334,17 +339,19 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
 
 
 def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: pd.Series,
-                 split: np.ndarray) -> tuple[DecodeTerms, dict[str, np.ndarray]]:
+                 split: np.ndarray, factors: EfficiencyCatalog | None = None,
+                 ) -> tuple[DecodeTerms, dict[str, np.ndarray]]:
     """The decode pass of every row (at its mean context, with its batch: the replica's share of the
     concurrency in an aggregated row, the closed loop's decode batch in a disaggregated one; two micro-batches
     where ``split``) as `DecodeTerms`: times at the peaks and collective and layer counts, read off the
     physics with every fraction at 1 and each latency probed at 1 us, and ``rest`` = the row's predicted TPOT
-    over its pass at the catalog's factors. Returns the terms and the catalog's factors per row.
+    over its pass at the catalog's factors (``factors``, default: the catalog's). Returns the terms and the
+    catalog's factors per row.
     """
     n = len(table)
     out = {k: np.zeros(n) for k in DecodeTerms.__dataclass_fields__}
     catalog = {k: np.zeros(n) for k in FACTORS}
-    models, systems, mt, st = _tables(table)
+    models, systems, mt, st = _tables(table, factors)
     peak = {**{k: 1.0 for k in ("compute_prefill", "compute_decode", "compute_train", "memory", "link",
                                 "hbm_usable")}, "overlap": 0.0}
     probe = 1e-6
@@ -445,6 +452,68 @@ def _pick(a: DecodeTerms, b: DecodeTerms, use_b: np.ndarray) -> DecodeTerms:
 
 
 @dataclass
+class TpotPasses:
+    """The decode passes of every row, as `validate_runs` fits them: TPOT predicted at the catalog's factors
+    unsplit and with two micro-batches, the data's two-batch choice (per (framework, mode) in ``choice``, per
+    row in ``per_row``, per left-out sweep in ``without``), the catalog's factors per row, and `DecodeTerms`
+    unsplit and split (on the eligible rows of every (framework, mode) that some choice splits).
+    """
+
+    unsplit_tpot: np.ndarray
+    split_tpot: np.ndarray
+    eligible: np.ndarray
+    choice: dict
+    per_row: np.ndarray
+    without: dict
+    catalog: dict[str, np.ndarray]
+    unsplit: DecodeTerms
+    split: DecodeTerms
+    ever: np.ndarray
+
+    def terms_for(self, split: np.ndarray) -> DecodeTerms:
+        """The terms with the rows of ``split`` (among those ever split) run as two micro-batches."""
+        return _pick(self.unsplit, self.split, split & self.ever)
+
+
+def tpot_passes(t: pd.DataFrame, pred: pd.DataFrame, factors: EfficiencyCatalog | None = None) -> TpotPasses:
+    """Two-batch overlap chosen from the data (`_two_batch_choice`), and every row's decode pass as
+    `DecodeTerms` (`decode_terms`); ``pred`` is `predict_runs` of ``t`` at the catalog's factors (``factors``,
+    default: the catalog's).
+    """
+    meas = t["measured_tpot_s"].to_numpy()
+    fw_mode = (t["backend"].astype(str) + "|" + t["mode"]).to_numpy()
+    gk, kk = group_key(t).to_numpy(), factor_key(t).to_numpy()
+    eligible = t["ep"].to_numpy() > 1  # rows with an expert all-to-all for two micro-batches to hide
+    p1 = pred["predicted_tpot_s"].astype(float).to_numpy()
+    p2 = p1.copy()
+    if eligible.any():
+        p2[eligible] = predict_runs(t[eligible], two_batch=True, factors=factors)["predicted_tpot_s"].astype(
+            float).to_numpy()
+    choice, per_row, without = _two_batch_choice(np.log(p1 / meas), np.log(p2 / meas), fw_mode, kk, gk, eligible)
+    unsplit, catalog = decode_terms(t, p1, pred["decode_batch"], np.zeros(len(t), dtype=bool), factors)
+    split_modes = [k for k, on in choice.items() if on] + [fw_mode[gk == g][0] for g, on in without.items() if on]
+    ever = eligible & np.isin(fw_mode, split_modes)
+    split = decode_terms(t, p2, pred["decode_batch"], ever, factors)[0] if ever.any() else unsplit
+    return TpotPasses(p1, p2, eligible, choice, per_row, without, catalog, unsplit, split, ever)
+
+
+def serving_tpot_terms(path: Path, factors: EfficiencyCatalog | None = None,
+                       ) -> tuple[DecodeTerms, np.ndarray, np.ndarray, np.ndarray]:
+    """The decode passes of a CSV of measured runs as the catalog fit uses them (`dse validate --fit`): the
+    terms of every mapped row with two-batch overlap as the data chooses it, which rows it splits, the
+    measured TPOTs (s), and each row's `factor_key`; what the request level adds to the pass (``rest``) at the
+    efficiency factors ``factors`` (default: the catalog's).
+    """
+    t = map_runs(read_runs(path)).table
+    if t.empty:
+        empty = np.zeros(0)
+        return DecodeTerms(*[empty] * len(DecodeTerms.__dataclass_fields__)), empty.astype(bool), empty, empty
+    tp = tpot_passes(t, predict_runs(t, factors=factors), factors)
+    return (tp.terms_for(tp.per_row), tp.per_row, t["measured_tpot_s"].to_numpy(),
+            factor_key(t).to_numpy().astype(object))
+
+
+@dataclass
 class RunsValidation:
     """Every mapped row with its predictions and errors; the fitted scales; what was skipped."""
 
@@ -511,7 +580,6 @@ def validate_runs(runs: Runs) -> RunsValidation:
     keys, groups = factor_key(t), group_key(t)
     gk, kk = groups.to_numpy(), keys.to_numpy()
     fw_mode = (t["backend"].astype(str) + "|" + t["mode"]).to_numpy()
-    eligible = t["ep"].to_numpy() > 1  # rows with an expert all-to-all for two micro-batches to hide
     for col in ("prefill_s", "chunk_share_s", "prompts_per_server", "transfer_s"):
         t[col] = pred[col].astype(float)
     for m in METRICS:
@@ -528,28 +596,14 @@ def validate_runs(runs: Runs) -> RunsValidation:
     t["ttft_in_sample_error"] = in_sample / meas - 1.0
     t["ttft_loo_error"] = loo / meas - 1.0
 
-    # TPOT: two-batch overlap where the data chooses it, then the per-(family, mode) scale
+    # TPOT: two-batch overlap where the data chooses it, then the decode factors refitted per key
     meas = t["measured_tpot_s"].to_numpy()
-    p1 = pred["predicted_tpot_s"].astype(float).to_numpy()
-    p2 = p1.copy()
-    if eligible.any():
-        p2[eligible] = predict_runs(t[eligible], two_batch=True)["predicted_tpot_s"].astype(float).to_numpy()
-    lr1, lr2 = np.log(p1 / meas), np.log(p2 / meas)
-    choice, per_row, without = _two_batch_choice(lr1, lr2, fw_mode, kk, gk, eligible)
-    scales["two_batch_overlap"] = choice
+    tp = tpot_passes(t, pred)
+    scales["two_batch_overlap"], without, per_row = tp.choice, tp.without, tp.per_row
     t["two_batch"] = per_row
-    t["predicted_tpot_s"] = np.where(per_row, p2, p1)
+    t["predicted_tpot_s"] = np.where(per_row, tp.split_tpot, tp.unsplit_tpot)
     t["tpot_error"] = t["predicted_tpot_s"] / meas - 1.0
-    # the decode factors refitted per key, on the passes as chosen: unsplit, and split on the eligible rows of
-    # every (framework, mode) that some choice (in sample, or made without a sweep) splits
-    unsplit, catalog = decode_terms(t, p1, pred["decode_batch"], np.zeros(len(t), dtype=bool))
-    split_modes = [k for k, on in choice.items() if on] + [fw_mode[gk == g][0] for g, on in without.items() if on]
-    ever = eligible & np.isin(fw_mode, split_modes)
-    split_terms = decode_terms(t, p2, pred["decode_batch"], ever)[0] if ever.any() else unsplit
-
-    def terms_for(split: np.ndarray) -> DecodeTerms:
-        return _pick(unsplit, split_terms, split & ever)
-
+    catalog, terms_for = tp.catalog, tp.terms_for
     scales["tpot"], fitted = {}, {}
     in_sample = np.full(len(t), np.nan)
     chosen = terms_for(per_row)
@@ -566,7 +620,7 @@ def validate_runs(runs: Runs) -> RunsValidation:
     for g, idx in pd.Series(np.arange(len(t))).groupby(gk).groups.items():
         idx = np.asarray(idx)
         mine = fw_mode == fw_mode[idx[0]]  # the rows whose choice was re-made without this sweep
-        view = terms_for(np.where(mine, eligible & without[g], per_row))
+        view = terms_for(np.where(mine, tp.eligible & without[g], per_row))
         train = np.flatnonzero((gk != g) & (kk == kk[idx[0]]))
         f = fit_factors(view.take(train), meas[train], fitted[kk[idx[0]]], max_iter=LOO_MAX_ITER, passes=1) \
             if len(train) else {k: catalog[k][idx] for k in FACTORS}  # a family in no other sweep: the catalog's
