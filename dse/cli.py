@@ -396,6 +396,11 @@ def validate(
                                   serving_file=runs_file if runs_file.exists() else None,
                                   serving_name=f"calibration/published/{runs_file.name}")
             v.write_calibration(cal, str(cases or v.cases_path()), hw_dir(), datetime.date.today().isoformat())
+            for fam, r in cal.runs.items():
+                if r["fixed_point_largest_move"] > v.FIXED_POINT_TOL:
+                    err.print(f"[bold yellow]warning:[/] the joint fit of {fam} stopped after "
+                              f"{r['fixed_point_rounds']} rounds with a factor still moving by "
+                              f"{r['fixed_point_largest_move']:.2%} per round", highlight=False)
             default_efficiency_catalog.cache_clear()
             clear_calibration_cache()
         report = v.run_validation(loaded, use_stored_loo=cases is None or fit)

@@ -13,7 +13,15 @@ import yaml
 from dse.catalog.calibration import family_of, load_fitted
 from dse.catalog.hardware import IDEAL, default_efficiency_catalog, hw_dir
 from dse.validate import load_cases, load_serving_rows, predict
-from dse.validate.calibration import FITTED, FIXED_TIMES, SERVING_SOFT, _soft, fit, identified
+from dse.validate.calibration import (
+    FITTED,
+    FIXED_POINT_TOL,
+    FIXED_TIMES,
+    SERVING_SOFT,
+    _soft,
+    fit,
+    identified,
+)
 
 RUNS = hw_dir() / "calibration" / "published" / "measured_serving.csv"
 JOINED = ("hopper", "blackwell")
@@ -71,6 +79,7 @@ def test_stored_factors_reproduce_the_stored_serving_errors(serving):
         assert runs[fam]["rows"] == len(rows.measured)
         assert runs[fam]["tpot_median_abs_error"] == pytest.approx(np.median(np.abs(err)), abs=1e-4)
         assert fitted["families"][fam]["fitted_factors"] == [*FITTED, *FIXED_TIMES]
+        assert runs[fam]["fixed_point_largest_move"] <= FIXED_POINT_TOL  # the stored fit is its own fixed point
     assert {k for k in runs if k in default_efficiency_catalog().families} == set(JOINED)
 
 

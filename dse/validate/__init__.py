@@ -3,6 +3,7 @@
 from dse.catalog.calibration import load_fitted
 from dse.validate.calibration import (
     FITTED,
+    FIXED_POINT_TOL,
     Calibration,
     ServingRows,
     calibrate,
@@ -16,7 +17,8 @@ from dse.validate.published import load_published
 from dse.validate.run import Validation, run_validation, write_validation_report
 
 __all__ = [
-    "FITTED", "Calibration", "Cases", "Point", "ServingRows", "Skipped", "TrainPoint", "Validation", "calibrate",
-    "cases_path", "fit", "load_cases", "load_fitted", "load_published", "load_serving_rows", "predict",
-    "predict_training", "run_validation", "summarize", "table", "write_calibration", "write_validation_report",
+    "FITTED", "FIXED_POINT_TOL", "Calibration", "Cases", "Point", "ServingRows", "Skipped", "TrainPoint",
+    "Validation", "calibrate", "cases_path", "fit", "load_cases", "load_fitted", "load_published",
+    "load_serving_rows", "predict", "predict_training", "run_validation", "summarize", "table", "write_calibration",
+    "write_validation_report",
 ]

@@ -318,15 +318,14 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
                 families[fam], rms[fam], names[fam] = eff, r, chosen
     previous: dict[str, Efficiency] = {}
     rounds, moved = 0, 0.0
-    for rounds in range(1, FIXED_POINT_ROUNDS + 1 if joint else 1):
+    while joint and rounds < FIXED_POINT_ROUNDS:
+        rounds += 1
         for fam in sorted(joint):
             # from the last round's optimum (the rows moved only a little), first from the stored factors
             starts = (previous[fam],) if fam in previous else tuple(e for f, e in (stored or {}).items() if f == fam)
             families[fam], rms[fam], names[fam] = fit_family(by_family[fam], default, also=starts,
                                                              serving=serving.of(fam))
         moved = max(_moved(previous[f], families[f]) for f in joint) if previous else np.inf
-        if progress:
-            progress(-rounds, moved)
         if moved <= FIXED_POINT_TOL:
             break
         previous = {f: families[f] for f in joint}
