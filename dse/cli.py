@@ -394,7 +394,7 @@ def validate(
                                   progress=lambda i, n: status.update(f"leave-one-out {i + 1}/{n}"),
                                   stored=default_efficiency_catalog().families,
                                   serving_file=runs_file if runs_file.exists() else None,
-                                  serving_name=f"calibration/published/{runs_file.name}")
+                                  serving_name=str(runs_file.relative_to(hw_dir())))
             v.write_calibration(cal, str(cases or v.cases_path()), hw_dir(), datetime.date.today().isoformat())
             for fam, r in cal.runs.items():
                 if r["fixed_point_largest_move"] > v.FIXED_POINT_TOL:

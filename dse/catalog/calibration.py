@@ -23,8 +23,12 @@ FAMILIES = {"hopper": ("h100", "h800", "h200"), "blackwell": ("b200", "b300", "g
             "cdna3": ("mi300x", "mi325x"), "cdna4": ("mi355x",), "tpu": ("tpu-v6e", "tpu-v7")}
 
 
+MEMBERS = {system: fam for fam, systems in FAMILIES.items() for system in systems}
+"""System id -> its family (the inverse of FAMILIES)."""
+
+
 def family_of(system: str) -> str | None:
-    return next((f for f, members in FAMILIES.items() if system in members), None)
+    return MEMBERS.get(system)
 
 
 def load_fitted(path: Path | None = None) -> dict | None:

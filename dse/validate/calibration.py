@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.catalog.calibration import FAMILIES, family_of
+from dse.catalog.calibration import FAMILIES, MEMBERS, family_of
 from dse.catalog.hardware import IDEAL, Efficiency, EfficiencyCatalog
 from dse.validate.cases import Cases, Point, TrainPoint
 from dse.validate.decode_factors import FACTORS, DecodeTerms, tpot_at
@@ -270,7 +270,6 @@ class Calibration:
     runs_file: str = ""
 
 
-MEMBERS = {system: fam for fam, systems in FAMILIES.items() for system in systems}
 FIXED_POINT_ROUNDS = 6
 FIXED_POINT_TOL = 1e-3
 """The joint fit's rounds at most, and the largest relative move of any factor at which it stops."""
@@ -308,8 +307,13 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
     default, rms_all = fit(pts, start)
     families, rms, names, runs = {}, {"default": rms_all}, {}, {}
     by_family = {fam: [p for p in pts if family_of(p.system) == fam] for fam in FAMILIES}
-    serving = load_serving_rows(serving_file) if serving_file else None  # at the catalog's factors
-    joint = {fam for fam in FAMILIES if by_family[fam] and serving is not None and serving.of(fam) is not None}
+
+    def rows_by_family(factors: EfficiencyCatalog | None) -> dict[str, ServingRows]:
+        rows = load_serving_rows(serving_file, factors)
+        return {fam: r for fam in FAMILIES if by_family[fam] and (r := rows.of(fam)) is not None}
+
+    serving = rows_by_family(None) if serving_file else {}  # at the catalog's factors
+    joint = set(serving)
     for fam in FAMILIES:
         if by_family[fam] and fam not in joint:
             eff, r, chosen = fit_family(by_family[fam], default, also=tuple(e for f, e in (stored or {}).items()
@@ -324,14 +328,14 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
             # from the last round's optimum (the rows moved only a little), first from the stored factors
             starts = (previous[fam],) if fam in previous else tuple(e for f, e in (stored or {}).items() if f == fam)
             families[fam], rms[fam], names[fam] = fit_family(by_family[fam], default, also=starts,
-                                                             serving=serving.of(fam))
+                                                             serving=serving[fam])
         moved = max(_moved(previous[f], families[f]) for f in joint) if previous else np.inf
         if moved <= FIXED_POINT_TOL:
             break
         previous = {f: families[f] for f in joint}
-        serving = load_serving_rows(serving_file, EfficiencyCatalog(default, dict(families), MEMBERS))
+        serving = rows_by_family(EfficiencyCatalog(default, dict(families), MEMBERS))
     for fam in sorted(joint):
-        runs[fam] = {**_runs_errors(serving.of(fam), families[fam]), "fixed_point_rounds": rounds,
+        runs[fam] = {**_runs_errors(serving[fam], families[fam]), "fixed_point_rounds": rounds,
                      "fixed_point_largest_move": round(float(moved), 6)}
     families = {fam: families[fam] for fam in FAMILIES if fam in families}
     by_point = [families.get(family_of(p.system), default) for p in pts]
@@ -347,7 +351,7 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
             pool = [q for j, q in enumerate(pts) if j != i and (fam not in families or family_of(q.system) == fam)]
             if fam in families:  # the family's whole procedure again: which factors its other points identify
                 e, _, _ = fit_family(pool, families[fam], max_nfev=60, at=default,
-                                     serving=serving.of(fam) if fam in joint else None)
+                                     serving=serving.get(fam))
             else:
                 e, _ = fit(pool, default, max_nfev=60)
             loo_pred[i] = predict([p], e)[0]
