@@ -19,7 +19,7 @@ import yaml
 from dse.catalog.calibration import FAMILIES, family_of, load_fitted
 from dse.catalog.hardware import IDEAL, default_efficiency_catalog, hw_dir
 from dse.errors import InputError
-from dse.validate.calibration import FITTED, FIXED_TIMES, POINTS_PER_FACTOR, fit_family, identified
+from dse.validate.calibration import FITTED, POINTS_PER_FACTOR, RUN_FITTED, fit_family, identified
 from dse.validate.cases import load_cases
 from dse.validate.predict import _cands, predict
 from dse.validate.published import load_published, published_path
@@ -226,8 +226,8 @@ def test_small_families_fit_only_the_factors_their_points_identify(fitted):
     assert fitted["families"]["cdna4"]["fitted_factors"] == ["compute_decode"]  # 4 points: FP4 decode compute
     assert "hbm_usable" not in fitted["families"]["cdna3"]["fitted_factors"]  # no cdna3 point is capacity-bound
     assert "compute_decode" not in fitted["families"]["tpu"]["fitted_factors"]  # every TPU point decodes memory-bound
-    for fam in ("hopper", "blackwell"):  # the runs identify the fixed times too (tests/test_joint_calibration.py)
-        assert fitted["families"][fam]["fitted_factors"] == [*FITTED, *FIXED_TIMES]
+    for fam in ("hopper", "blackwell"):  # the runs identify the fixed times and the kernels' curves too
+        assert fitted["families"][fam]["fitted_factors"] == [*FITTED, *RUN_FITTED]  # (test_joint_calibration.py)
     cat = default_efficiency_catalog()
     for fam in NEW_FAMILIES:  # a factor not fitted keeps the global value
         for name in set(FITTED) - set(fitted["families"][fam]["fitted_factors"]):

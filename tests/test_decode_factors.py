@@ -17,7 +17,7 @@ from dse.validate.serving_runs import _candidates, decode_terms, map_runs, predi
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "hw_catalog" / "calibration" / "published" / "measured_serving.csv"
 OTHER = {"compute_decode": 0.41, "memory": 0.83, "link": 0.37, "latency_scaleup": 7e-6, "latency_scaleout": 31e-6,
-         "layer_overhead": 23e-6, "moe_layer_overhead": 11e-6}
+         "layer_overhead": 23e-6, "moe_layer_overhead": 11e-6, "gemm_half_rows": 70.0, "attention_half_context": 900.0}
 
 
 @pytest.fixture(scope="module")

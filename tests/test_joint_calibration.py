@@ -1,6 +1,7 @@
 """`dse validate --fit` fits the families with measured serving runs jointly: the published cases and the
 decode passes of the runs' TPOTs, which identify the fixed times (per collective, per layer, per MoE layer)
-that offline-throughput cases cannot tell from a lower efficiency."""
+and the kernels' half-performance lengths (a GEMM's rows, decode attention's context) that offline-throughput
+cases cannot tell from a lower efficiency."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from dse.catalog.calibration import family_of, load_fitted
 from dse.catalog.hardware import IDEAL, default_efficiency_catalog, hw_dir
 from dse.validate import load_cases, load_serving_rows, predict
 from dse.validate.calibration import (
+    BOUNDS,
     FITTED,
     FIXED_POINT_TOL,
     FIXED_TIMES,
+    RUN_FITTED,
     SERVING_SOFT,
+    UNITS,
     _soft,
     fit,
     identified,
@@ -49,20 +53,21 @@ def test_soft_residual_squares_to_the_soft_l1_loss():
 
 def test_the_joint_fit_recovers_planted_factors(serving, points):
     """Cases and runs made exact at planted factors: the joint fit from the catalog's factors finds them,
-    fixed times included."""
+    fixed times and half-performance lengths included."""
     cat = default_efficiency_catalog()
     planted = replace(cat.families["hopper"], compute_prefill=0.51, compute_decode=0.33, memory=0.71, link=0.62,
-                      latency_scaleup=17e-6, latency_scaleout=29e-6, layer_overhead=21e-6, moe_layer_overhead=41e-6)
+                      latency_scaleup=17e-6, latency_scaleout=29e-6, layer_overhead=21e-6, moe_layer_overhead=41e-6,
+                      gemm_half_rows=48.0, attention_half_context=900.0)
     rows = serving.of("hopper")
     pts = [p for p in points if family_of(p.system) == "hopper"]
     exact_pts = [replace(p, measured=float(v)) for p, v in zip(pts, predict(pts, planted), strict=True)]
     exact_rows = replace(rows, measured=rows.measured * np.exp(rows.log_errors(planted)))
     assert np.abs(exact_rows.log_errors(planted)).max() < 1e-12
     names = identified(exact_pts, cat.default, exact_rows)
-    assert set(FIXED_TIMES) <= set(names)
+    assert set(RUN_FITTED) <= set(names)
     eff, rms = fit(exact_pts, cat.default, names=names, serving=exact_rows, max_nfev=400)
     assert rms < 1e-3
-    for name in ("compute_decode", "memory", "link", *FIXED_TIMES):
+    for name in ("compute_decode", "memory", "link", *RUN_FITTED):
         assert getattr(eff, name) == pytest.approx(getattr(planted, name), rel=0.02), name
 
 
@@ -78,7 +83,7 @@ def test_stored_factors_reproduce_the_stored_serving_errors(serving):
         err = np.expm1(rows.log_errors(cat.families[fam]))
         assert runs[fam]["rows"] == len(rows.measured)
         assert runs[fam]["tpot_median_abs_error"] == pytest.approx(np.median(np.abs(err)), abs=1e-4)
-        assert fitted["families"][fam]["fitted_factors"] == [*FITTED, *FIXED_TIMES]
+        assert fitted["families"][fam]["fitted_factors"] == [*FITTED, *RUN_FITTED]
         assert runs[fam]["fixed_point_largest_move"] <= FIXED_POINT_TOL  # the stored fit is its own fixed point
     assert {k for k in runs if k in default_efficiency_catalog().families} == set(JOINED)
 
@@ -89,9 +94,9 @@ def test_joint_fit_of_hopper_is_reproducible(serving, points):
     rows = serving.of("hopper")
     eff, rms = fit(pts, cat.default, names=identified(pts, cat.default, rows), serving=rows)
     stored = cat.families["hopper"]
-    for name in (*FITTED, *FIXED_TIMES):
+    for name in (*FITTED, *RUN_FITTED):
         assert getattr(eff, name) == pytest.approx(getattr(stored, name), rel=0.03, abs=1e-3 if name in FITTED
-                                                   else 0.5e-6), name
+                                                   else 0.5e-6 if name in FIXED_TIMES else 1.0), name
     assert rms < 0.25
 
 
@@ -112,16 +117,16 @@ def test_the_runs_lower_the_serving_error_without_losing_the_cases(serving, poin
         assert thr <= 0.10, (fam, thr)
 
 
-def test_fixed_times_are_fitted_only_where_runs_measure_them():
+def test_fixed_times_and_curves_are_fitted_only_where_runs_measure_them():
     doc = yaml.safe_load((hw_dir() / "efficiency.yaml").read_text())
-    for name in FIXED_TIMES:
+    for name in RUN_FITTED:
         assert doc["factors"][name]["source"] == "estimate"
         for fam, entry in doc["families"].items():
             q = entry["factors"][name]
-            assert q["unit"] == "us"
+            assert q["unit"] == UNITS[name][0]
             if fam in JOINED:
                 assert q["source"] == "dse_validate_fit" and " serving TPOTs: " in q["note"], (fam, name)
-                assert 0 <= q["value"] <= 1000
+                assert 0 <= q["value"] <= BOUNDS[name][1] * UNITS[name][1]
             else:
                 assert q["source"] == "estimate", (fam, name)
 

@@ -41,12 +41,12 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
             "within_sweep_median_abs_error"} <= set(by[("all", "tpot")])
     # each sweep's level removed, the shape across concurrency errs far less than the level: the gap to the goals
     # is the level of whole sweeps
-    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.09
-    assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.19
-    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.17
-    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.14
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.37
-    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.35
+    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.085  # 7.9%
+    assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.18  # 17.6%
+    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.165  # 16.0%
+    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.13  # 12.6%
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.365  # 35.9%
+    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.33  # 32.3%
     # the calibrated physics beats the ideal roofline on what it was calibrated for
     assert by[("all", "tpot")]["median_abs_error"] < by[("all", "tpot")]["ideal_median_abs_error"]
     assert set(doc["partitions"]) == {"system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band",
@@ -55,12 +55,13 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert workers["assumed"] == 583  # disaggregated runs without worker counts (predicted with the stated rule)
     t = full.table
     stated_disagg = t[(t["mode"] == "disagg") & (t["workers"] == "stated")]
-    # 12.1% (9.6% at the factors fitted on offline throughput alone: a disaggregated closed loop's decode batch
-    # follows the predicted prefill, so the catalog's prefill factors move these rows' decode passes)
-    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.125
+    # 10.4% (12.1% before the kernels' curves; a disaggregated closed loop's decode batch follows the predicted
+    # prefill, so the catalog's prefill factors move these rows' decode passes)
+    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.11
     # the shipped physics (the catalog's factors, fitted jointly on these runs where the workers are stated, and
-    # on offline throughput): 14.2% on the stated rows, 18.9% with the factors fitted on throughput alone
-    assert t[t["workers"] == "stated"]["tpot_error"].abs().median() <= 0.15
+    # on offline throughput): 13.4% on the stated rows (14.2% without the kernels' curves, 18.9% with the factors
+    # fitted on throughput alone)
+    assert t[t["workers"] == "stated"]["tpot_error"].abs().median() <= 0.14
     # the decode factors keep their meaning: shares of a peak in (0, 1], latencies and overheads positive
     for f in full.scales["tpot"].values():
         assert all(0 < v <= 1 for k, v in f["fitted"].items() if k in ("compute_decode", "memory", "link"))
@@ -90,7 +91,8 @@ def test_leave_group_out_never_sees_the_sweep_it_predicts(metric):
     v = validate_runs(runs)
     odd = v.table.loc[first, f"{metric}_loo_error"].abs().median()
     rest = v.table.loc[~first, f"{metric}_loo_error"].abs().median()
-    assert odd > 0.5 and rest < odd and odd >= v.table.loc[first, f"{metric}_in_sample_error"].abs().median()
+    # most of the offset log 3 stays unexplained (an error of -0.4 leaves log 1.8 of log 3)
+    assert odd > 0.4 and rest < odd and odd >= v.table.loc[first, f"{metric}_in_sample_error"].abs().median()
 
 
 def test_the_closed_loop_ttft_fit_recovers_a_known_queue_share_and_fixed_latency():
@@ -197,8 +199,11 @@ def test_two_batch_overlap_is_found_in_the_frameworks_whose_runs_it_made():
     assert v.table["tpot_loo_error"].abs().quantile(0.95) < 1e-9
 
 
-def test_on_the_measured_runs_no_framework_is_split(full):
-    assert full.scales["two_batch_overlap"] and not any(full.scales["two_batch_overlap"].values())
+def test_on_the_measured_runs_only_sglangs_disaggregated_decode_is_split(full):
+    """The data switch two-batch overlap on for SGLang's disaggregated (wide-EP, DeepEP) decode alone, which
+    SGLang runs with --enable-two-batch-overlap, and for no aggregated deployment."""
+    chosen = full.scales["two_batch_overlap"]
+    assert len(chosen) > 1 and {k for k, on in chosen.items() if on} == {"sglang|disagg"}
 
 
 def test_an_attention_tp_that_does_not_divide_the_heads_is_not_run_as_stated(tmp_path):
@@ -221,7 +226,8 @@ def test_an_attention_tp_that_does_not_divide_the_heads_is_not_run_as_stated(tmp
 def test_a_queued_prompt_costs_its_share_of_a_full_chunk():
     """Prompts queued together are prefilled together: each costs a pass carrying floor(K / P') of them divided by
     that count, never more than one prompt's pass alone (weights, fixed latencies and overhead shared) and
-    never less than its own FLOPs at the chip's rate; a prompt that fills the chunk costs its own pass."""
+    never less than its own FLOPs at the chip's rate (the GEMMs' half-performance rows are paid once per pass,
+    shared too); a prompt that fills the chunk costs its own pass."""
     from dataclasses import replace
 
     from dse.catalog.hardware import get_system
@@ -240,7 +246,7 @@ def test_a_queued_prompt_costs_its_share_of_a_full_chunk():
     alone = _passes(cand.broadcast(), mt, st, st.efficiency_of(np.asarray(cand.broadcast().system)), short,
                     prefill=True, decode=False)["prefill"]
     assert (pre["chunk_share_s"] < pre["prefill_service_s"]).all()
-    assert (pre["chunk_share_s"] >= alone["compute_s"] * (1 - 1e-12)).all()
+    assert (pre["chunk_share_s"] >= (alone["compute_s"] - alone["gemm_fixed_s"]) * (1 - 1e-12)).all()
     full = prefill_pool(replace(cand, context=8192), mt, st, long, full_chunk=True)
     assert np.allclose(full["chunk_share_s"], full["prefill_service_s"], rtol=1e-12)
     assert "chunk_share_s" not in prefill_pool(cand, mt, st, short)  # the search does not pay for the extra pass

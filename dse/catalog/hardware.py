@@ -74,8 +74,17 @@ EFFICIENCY_FIELDS: dict[str, FieldSpec] = {
     "layer_overhead": FieldSpec("time", True, "fixed time per layer per forward pass (kernels, syncs)", False),
     "moe_layer_overhead": FieldSpec("time", False, "fixed time an MoE layer adds per forward pass (router top-k, "
                                     "token permutation and un-permutation, grouped-GEMM launch)", False),
+    "gemm_half_rows": FieldSpec("count", False, "rows at which a GEMM reaches half its asymptotic FLOP rate (each "
+                                "weight matrix multiplied costs this many rows of compute beyond its own)", False),
+    "attention_half_context": FieldSpec("count", False, "KV tokens at which decode attention reaches half its "
+                                        "asymptotic bandwidth (each sequence's attention per layer reads this "
+                                        "many tokens of KV beyond its own)", False),
 }
 FRACTIONS = tuple(k for k, v in EFFICIENCY_FIELDS.items() if v.dimension == "fraction")
+CURVES = ("gemm_half_rows", "attention_half_context")
+"""Half-performance lengths (Hockney's n_1/2): a kernel doing n units of work at asymptotic rate r takes
+(n + n_1/2) / r, so it reaches half of r at n = n_1/2. They turn one efficiency factor into a curve over the
+kernel's size: a GEMM's rows (tokens, or tokens per expert), decode attention's context."""
 
 
 @dataclass(frozen=True)
@@ -165,8 +174,8 @@ class MemoryTier:
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Achieved fractions of peak and fixed latencies; under ``--ideal`` every fraction is 1 (full
-    overlap, no HBM reserve) and every latency 0: the pure roofline.
+    """Achieved fractions of peak, fixed latencies and half-performance lengths (`CURVES`); under ``--ideal``
+    every fraction is 1 (full overlap, no HBM reserve), every latency and length 0: the pure roofline.
     """
 
     compute_prefill: float = 1.0
@@ -180,6 +189,8 @@ class Efficiency:
     latency_scaleout: float = 0.0
     layer_overhead: float = 0.0
     moe_layer_overhead: float = 0.0
+    gemm_half_rows: float = 0.0
+    attention_half_context: float = 0.0
 
 
 IDEAL = Efficiency()

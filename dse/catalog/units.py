@@ -48,6 +48,8 @@ UNITS: dict[str, tuple[str, float]] = {
     # dimensionless
     "chips": ("count", 1.0),
     "count": ("count", 1.0),
+    "rows": ("count", 1.0),  # rows of a GEMM (tokens)
+    "tokens": ("count", 1.0),
     "fraction": ("fraction", 1.0),
 }
 

@@ -12,6 +12,14 @@ Per forward pass of a micro-batch through all pipeline stages (the lecture's dec
     Calibrated, the step is ov x max(comm, work) + (1 - ov) x (comm + work) + overhead, with
     work = max(compute, memory), and each collective pays a fixed latency.
 
+Kernel curves (half-performance lengths, Hockney's n_1/2; 0 under --ideal and for the families no measured
+runs calibrate): a GEMM of m rows takes the time of m + ``gemm_half_rows`` rows at its asymptotic rate, so it
+reaches half that rate at m = n_1/2 (tile padding, wave quantization, pipeline fill), paid once per dense weight
+matrix of a rank and once per routed expert the busiest chip multiplies (``gemm_fixed_s``: what a speculative
+verify pass or a prefill chunk joining the decode pass does not pay again); decode attention reads
+``attention_half_context`` tokens of KV more per sequence and attention layer than it holds (split-KV
+reduction, launch and occupancy at short contexts). The KV held is unchanged.
+
 Number formats: dense and attention-block weights compute at the rate of ``weights_dtype``, routed
 experts at that of ``experts_dtype``; a format the chip has no tensor units for is weight-only
 quantization: stored narrow, dequantized to the narrowest native wider format, computed at that rate
@@ -468,7 +476,10 @@ class _Gathered:
         """The KV attended, read and stored per sequence at the candidates' context."""
         self.attended = _gsum(self.g_layers, [np.minimum(self.ctx, cap) for cap in self.g_cap])
         indexer = self.idx_b * self.n_layers * self.ctx
-        self.read_per_seq = self.kv_main * self.attended + indexer + 2.0 * self.state  # decode bytes per seq per chip
+        # decode attention reaches half its bandwidth at attention_half_context tokens: each layer's kernel
+        # costs a sequence that many tokens of KV more than it holds
+        half = self.kv_main * self.eff.attention_half_context * _gsum(self.g_layers, [1.0] * len(self.g_layers))
+        self.read_per_seq = self.kv_main * self.attended + half + indexer + 2.0 * self.state  # decode bytes per seq
         self.stored_per_seq = (self.kv_main * _gsum(self.g_stored, [np.minimum(self.ctx, w) for w in self.g_window])
                                + indexer + self.state)
 
@@ -525,18 +536,24 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
 
     attn = _where(prefill, attn_prefill, attn_decode)  # attention FLOPs per sequence
     rate, rate_e, rate_a = g.flops_rate * eff_c, g.experts_rate * eff_c, g.attn_rate * eff_c
-    dense_rank_s = tokens_rank * 2.0 * (g.p_act - g.routed_active) / rate
+    dense_flops = 2.0 * (g.p_act - g.routed_active)  # per token
     attn_s = seqs_kv * attn / rate_a / np.where(g.by_seq, 1.0, g.tp)  # TP splits the heads, or the sequences
     # the slowest expert group sets the step: its routed tokens are the expected maximum over the EP
-    # groups (routing statistics) plus the placement's skew
+    # groups (routing statistics) plus the placement's skew; the share of its experts a token lands on
     load_f, touched_f, received_f = routed_straggler(tokens, g.n_exp, g.top_k, g.ep)
     load_f, received_f = load_f + (g.imbalance - 1.0), received_f + (g.imbalance - 1.0)
-    compute_s = dense_rank_s / g.tp + attn_s + load_f * tokens * 2.0 * g.routed_active / (g.cps * rate_e)
+    touched = np.where(g.n_exp > 0, -np.expm1(tokens * np.log1p(-g.top_k / np.maximum(g.n_exp, 1.0))), 0.0)
+    expert_share = np.minimum(touched * touched_f, 1.0)
+    # a GEMM of m rows takes (m + gemm_half_rows) rows' time (Hockney's half-performance length): once per
+    # dense weight matrix of the rank, once per routed expert the busiest chip multiplies
+    gemm_fixed_s = eff.gemm_half_rows * (dense_flops / (g.tp * rate)
+                                         + 2.0 * g.pp * g.routed_per_chip * expert_share / rate_e)
+    compute_s = (tokens_rank * dense_flops / (g.tp * rate) + attn_s + gemm_fixed_s
+                 + load_f * tokens * 2.0 * g.routed_active / (g.cps * rate_e))
 
     # memory: weights of the stage (routed experts only where a token landed, on the group touching the
     # most) and KV of the batch
-    touched = np.where(g.n_exp > 0, -np.expm1(tokens * np.log1p(-g.top_k / np.maximum(g.n_exp, 1.0))), 0.0)
-    weights_read = g.dense_read + g.routed_bytes_per_chip * np.minimum(touched * touched_f, 1.0)
+    weights_read = g.dense_read + g.routed_bytes_per_chip * expert_share
     kv_bytes = seqs_kv * g.stored_per_seq  # the stage holds PP micro-batches of 1/PP of the layers
     kv_read = _where(prefill, lambda: kv_bytes, lambda: seqs_kv * g.read_per_seq) / g.pp
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -568,6 +585,7 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
     out = {
         "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s, "work": work,
         "tp_s": tp_s, "ep_s": ep_s, "pp_s": pp_s, "kv_bytes": kv_bytes, "seqs_rank": seqs_rank,
+        "gemm_fixed_s": gemm_fixed_s,
         "tokens_rank": tokens_rank, "eff_c": eff_c, "attn": attn, "tokens": tokens,
         "overlap": np.broadcast_to(_f(eff.overlap), step_s.shape),
     }
@@ -590,7 +608,7 @@ def _split_pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool, spl
     one = copy.copy(g)
     one.micro = np.ones_like(n)
     h = _pass(one, batch / n, prefill)
-    for k in ("compute_s", "memory_s", "comm_s", "tp_s", "ep_s", "pp_s", "work"):
+    for k in ("compute_s", "memory_s", "comm_s", "tp_s", "ep_s", "pp_s", "work", "gemm_fixed_s"):
         out[k] = np.where(split, n * h[k], out[k])
     out["step_s"] = np.where(split, np.maximum(out["work"], out["comm_s"]) + g.overhead, out["step_s"])
     out["overlap"] = np.where(split, 1.0, out["overlap"])
@@ -623,7 +641,7 @@ def evaluate_at(cand: Candidates, models: ModelTable, systems: SystemTable, eff:
 
 
 BRIEF_KEYS = ("chips", "compute_s", "memory_s", "comm_s", "step_s", "bound", "overhead_s", "kv_bytes_per_chip",
-              "hbm_bytes_per_chip", "fits", "overlap")
+              "hbm_bytes_per_chip", "fits", "overlap", "gemm_fixed_s")
 """What `evaluate_at` returns: the pass times and the memory check (what request-level physics builds on)."""
 
 
@@ -645,7 +663,8 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.nda
     if brief:
         return {"chips": g.chips, "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s,
                 "bound": bound, "overhead_s": g.overhead * np.ones_like(step_s), "kv_bytes_per_chip": kv_bytes,
-                "hbm_bytes_per_chip": hbm_bytes, "fits": fits, "overlap": r["overlap"]}
+                "hbm_bytes_per_chip": hbm_bytes, "fits": fits, "overlap": r["overlap"],
+                "gemm_fixed_s": r["gemm_fixed_s"] * np.ones_like(step_s)}
 
     # throughput and cost: PP micro-batches are in flight
     seqs_in_flight = g.batch * g.pp
@@ -691,6 +710,7 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.nda
         "ep_comm_s": g.pp * r["ep_s"],
         "pp_comm_s": g.pp * r["pp_s"],
         "overhead_s": g.overhead * np.ones_like(step_s),
+        "gemm_fixed_s": r["gemm_fixed_s"] * np.ones_like(step_s),  # compute_s's share set by gemm_half_rows
         "overlap": r["overlap"],  # share of the shorter of work and communication hidden (1: two-batch overlap)
         "sequences_in_flight": seqs_in_flight,
         "balance_batch": balance_batch,

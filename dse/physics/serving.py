@@ -172,9 +172,18 @@ def _passes(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Eff
     share = req.computed_prompt / req.prompt
     for name in ("prefill", "full_chunk"):
         if name in out:
-            for k in ("compute_s", "comm_s", "step_s"):
-                out[name][k] = out[name][k] * share
+            o = out[name]
+            o["compute_s"] = _scaled_rows(o, share)
+            for k in ("comm_s", "step_s"):
+                o[k] = o[k] * share
     return out
+
+
+def _scaled_rows(p: dict, k: float) -> np.ndarray:
+    """A pass's compute with ``k`` times its rows: what scales is all but the GEMMs' half-performance share
+    (``gemm_fixed_s``, paid once per weight matrix multiplied, however many rows it carries).
+    """
+    return (p["compute_s"] - p["gemm_fixed_s"]) * k + p["gemm_fixed_s"]
 
 
 def _decode_step(mean: dict, req: Request) -> np.ndarray:
@@ -182,7 +191,7 @@ def _decode_step(mean: dict, req: Request) -> np.ndarray:
     pass's own overlap: the calibrated one, or full where two micro-batches hide each other's communication).
     """
     verify = float(req.draft + 1)
-    return combine(mean["compute_s"] * verify, mean["memory_s"], mean["comm_s"] * verify, mean["overhead_s"],
+    return combine(_scaled_rows(mean, verify), mean["memory_s"], mean["comm_s"] * verify, mean["overhead_s"],
                    mean["overlap"])
 
 
@@ -203,7 +212,9 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     t_d = _decode_step(mean, req)
     p_c = req.computed_prompt
     frac = min(req.chunk, p_c) / p_c  # a full chunk's share of one prompt's prefill
-    mixed = combine(mean["compute_s"] * (req.draft + 1) + frac * pre["compute_s"], mean["memory_s"],
+    # the chunk's rows join the decode pass's GEMMs: its half-performance share is not paid again
+    chunk_rows = frac * (pre["compute_s"] - pre["gemm_fixed_s"])
+    mixed = combine(_scaled_rows(mean, req.draft + 1) + chunk_rows, mean["memory_s"],
                     mean["comm_s"] * (req.draft + 1) + frac * pre["comm_s"], mean["overhead_s"], mean["overlap"])
     t_c = mixed - t_d
     chunks = np.ceil(p_c / req.chunk)

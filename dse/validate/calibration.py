@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.calibration import FAMILIES, MEMBERS, family_of
-from dse.catalog.hardware import IDEAL, Efficiency, EfficiencyCatalog
+from dse.catalog.hardware import CURVES, IDEAL, Efficiency, EfficiencyCatalog
 from dse.validate.cases import Cases, Point, TrainPoint
 from dse.validate.decode_factors import FACTORS, DecodeTerms, tpot_at
 from dse.validate.decode_factors import identified as used_by
@@ -17,16 +17,20 @@ from dse.validate.predict import predict, predict_training, summarize, table
 
 # ---- fitting ------------------------------------------------------------------------------------
 # The shares of peak are fitted on the published cases. The fixed times (per collective, per layer, per MoE
-# layer) are not: offline-throughput cases cannot tell a fixed per-layer time from a lower efficiency at
-# large batch. Measured serving runs can (batch 1 to hundreds at one layout): where a family has them
-# (`ServingRows`), its fit is joint, over the cases and the runs' decode passes, and frees FIXED_TIMES too.
+# layer) and the half-performance lengths (`CURVES`: a GEMM's efficiency over its rows, decode attention's over
+# its context) are not: offline-throughput cases at one large batch cannot tell them from a lower efficiency.
+# Measured serving runs can (batch 1 to hundreds, contexts of 1k to 12k, at one layout): where a family has them
+# (`ServingRows`), its fit is joint, over the cases and the runs' decode passes, and frees RUN_FITTED too.
 FITTED = ("compute_prefill", "compute_decode", "memory", "link", "overlap", "hbm_usable")
 FIXED_TIMES = ("latency_scaleup", "latency_scaleout", "layer_overhead", "moe_layer_overhead")
+RUN_FITTED = (*FIXED_TIMES, *CURVES)
+"""What only measured serving runs identify."""
 BOUNDS = {"compute_prefill": (0.05, 1.0), "compute_decode": (0.05, 1.0), "memory": (0.05, 1.0),
           "link": (0.05, 1.0), "overlap": (0.0, 1.0), "hbm_usable": (0.8, 0.98),
           "latency_scaleup": (0.0, 10e-3), "latency_scaleout": (0.0, 10e-3), "layer_overhead": (0.0, 1000e-6),
-          "moe_layer_overhead": (0.0, 1000e-6)}
-SCALE = dict.fromkeys(FIXED_TIMES, 1e-6)  # fit in microseconds
+          "moe_layer_overhead": (0.0, 1000e-6), "gemm_half_rows": (0.0, 4096.0),
+          "attention_half_context": (0.0, 65536.0)}
+SCALE = {**dict.fromkeys(FIXED_TIMES, 1e-6), **dict.fromkeys(CURVES, 1.0)}  # fit in microseconds, rows, tokens
 SERVING_SOFT = 0.1
 """Log error at which a serving run's residual turns from squared to absolute (soft L1, scipy's ``soft_l1``
 shape): the measured runs hold sweeps whose level the physics misses by 50% and more (layouts the file
@@ -47,6 +51,12 @@ MEANING = {
     "layer_overhead": "fixed time per layer of a forward pass (kernel boundaries and synchronization, CUDA graphs)",
     "moe_layer_overhead": "fixed time an MoE layer adds per forward pass (router top-k, token permutation and "
                           "un-permutation, the grouped-GEMM launch)",
+    "gemm_half_rows": "rows at which a GEMM reaches half its asymptotic FLOP rate (tile padding, wave "
+                      "quantization, pipeline fill): each weight matrix multiplied, dense or routed expert, costs "
+                      "this many rows of compute beyond its own",
+    "attention_half_context": "KV tokens at which decode attention reaches half its asymptotic bandwidth (split-KV "
+                              "reduction, launch, occupancy at short sequences): each sequence's attention per "
+                              "layer reads this many tokens of KV beyond its own",
 }
 # Identification of a factor by a set of points (`identified`): a 10% change of the factor must move the
 # prediction of at least MIN_POINTS points by at least SENSITIVITY_MIN x 10% (overlap: a change of 0.1 by
@@ -179,7 +189,7 @@ def identified(points: list[Point], at: Efficiency, serving: ServingRows | None 
     if serving is None:
         return chosen
     runs = set(used_by(serving.terms))
-    return tuple(k for k in (*FITTED, *FIXED_TIMES) if k in chosen or k in runs)
+    return tuple(k for k in (*FITTED, *RUN_FITTED) if k in chosen or k in runs)
 
 
 def _identified_by_points(points: list[Point], at: Efficiency) -> tuple[str, ...]:
@@ -278,7 +288,7 @@ FIXED_POINT_TOL = 1e-3
 def _moved(a: Efficiency, b: Efficiency) -> float:
     """The largest relative change of a fitted factor (fixed times relative to 1 us)."""
     return max(abs(getattr(a, k) - getattr(b, k)) / max(abs(getattr(a, k)), SCALE.get(k, 1e-3))
-               for k in (*FITTED, *FIXED_TIMES))
+               for k in (*FITTED, *RUN_FITTED))
 
 
 def _runs_errors(rows: ServingRows, eff: Efficiency) -> dict:
@@ -372,7 +382,7 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
 
 # ---- storing the fit ------------------------------------------------------------------------------
 UNITS = {"layer_overhead": ("us", 1e6), "moe_layer_overhead": ("us", 1e6), "latency_scaleup": ("us", 1e6),
-         "latency_scaleout": ("us", 1e6)}
+         "latency_scaleout": ("us", 1e6), "gemm_half_rows": ("rows", 1.0), "attention_half_context": ("tokens", 1.0)}
 
 
 def _quantity(name: str, value: float, source: str, date: str, note: str) -> str:
@@ -388,6 +398,9 @@ ESTIMATES = {
     "layer_overhead": "kernel boundaries and synchronization of one layer in decode with CUDA graphs; not fitted",
     "moe_layer_overhead": ("router top-k, token permutation and un-permutation and the grouped-GEMM launch an MoE "
                            "layer adds, about two kernel boundaries; not fitted"),
+    "gemm_half_rows": "a GEMM at its asymptotic rate at any row count, as the roofline takes it; not fitted",
+    "attention_half_context": "decode attention at its asymptotic bandwidth at any context, as the roofline takes "
+                              "it; not fitted",
 }
 """The fixed times' notes where no serving runs fit them (`dse validate --fit` without measured runs)."""
 
@@ -435,7 +448,7 @@ def write_calibration(cal: Calibration, cases_file: str, folder: Path, date: str
 
     def block(eff: Efficiency, indent: str, note: str, fitted_here: tuple[str, ...], unfitted: str = "") -> list[str]:
         out = []
-        for name in (*FITTED, "compute_train", *FIXED_TIMES):
+        for name in (*FITTED, "compute_train", *RUN_FITTED):
             # a fixed time is fitted only where this block's own fit freed it, else it is the estimate
             fitted = name in FITTED or name == "compute_train" or name in fitted_here
             lo, hi = BOUNDS.get(name, (0.05, 1.0))

@@ -36,9 +36,10 @@ groups out and predicts the group left out from fits on the others:
 
 - TPOT: two-batch overlap switched on per (framework, mode) where it lowers that framework's spread of errors
   (`_two_batch_choice`: the data, not a list of framework features, decides; on the measured runs it is off
-  everywhere), then the decode pass's seven efficiency factors (`dse.validate.decode_factors`: achieved
+  everywhere), then the decode pass's nine efficiency factors (`dse.validate.decode_factors`: achieved
   shares of peak compute, HBM and link bandwidth, latency per collective inside and across domains, fixed
-  time per layer and per MoE layer) fitted per hardware family on the rows' decode passes, apart for the
+  time per layer and per MoE layer, a GEMM's half-performance rows and decode attention's half-performance
+  context) fitted per hardware family on the rows' decode passes, apart for the
   disaggregated rows whose worker counts were assumed (`factor_key`); the left-out sweep is predicted with
   the factors refitted without it.
 - TTFT: the physics' TTFT assumes Poisson arrivals (M/D/1 queueing at the prefill servers), a benchmark holds
@@ -343,8 +344,9 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
                  ) -> tuple[DecodeTerms, dict[str, np.ndarray]]:
     """The decode pass of every row (at its mean context, with its batch: the replica's share of the
     concurrency in an aggregated row, the closed loop's decode batch in a disaggregated one; two micro-batches
-    where ``split``) as `DecodeTerms`: times at the peaks and collective and layer counts, read off the
-    physics with every fraction at 1 and each latency probed at 1 us, and ``rest`` = the row's predicted TPOT
+    where ``split``) as `DecodeTerms`: times at the peaks, collective and layer counts and the times per
+    row and per token of the half-performance lengths, read off the physics with every fraction at 1, each
+    latency probed at 1 us and each length at 1 row or token, and ``rest`` = the row's predicted TPOT
     over its pass at the catalog's factors (``factors``, default: the catalog's). Returns the terms and the
     catalog's factors per row.
     """
@@ -354,8 +356,9 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
     models, systems, mt, st = _tables(table, factors)
     peak = {**{k: 1.0 for k in ("compute_prefill", "compute_decode", "compute_train", "memory", "link",
                                 "hbm_usable")}, "overlap": 0.0}
-    probe = 1e-6
-    effs = [Efficiency(**peak)] + [Efficiency(**peak, **{k: probe}) for k in FACTORS[3:]]
+    probe = 1e-6  # s per latency; the half-performance lengths at one row and one token
+    effs = [Efficiency(**peak)] + [Efficiency(**peak, **{k: probe}) for k in FACTORS[3:7]] + [
+        Efficiency(**peak, **{k: 1.0}) for k in FACTORS[7:]]
     pos = pd.Series(np.arange(n), index=table.index)
     for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
         rows = pos[g.index].to_numpy()
@@ -370,8 +373,10 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
         out["comm"][rows] = at_peak["comm_s"]
         for name, p in zip(("n_scaleup", "n_scaleout"), probes[:2], strict=True):
             out[name][rows] = np.rint((p["comm_s"] - at_peak["comm_s"]) / probe)
-        for name, p in zip(("n_layers", "n_moe_layers"), probes[2:], strict=True):
+        for name, p in zip(("n_layers", "n_moe_layers"), probes[2:4], strict=True):
             out[name][rows] = np.rint((p["overhead_s"] - at_peak["overhead_s"]) / probe)
+        out["gemm_rows"][rows] = probes[4]["compute_s"] - at_peak["compute_s"]
+        out["attention_tokens"][rows] = probes[5]["memory_s"] - at_peak["memory_s"]
         out["overlap"][rows] = cat["overlap"]
         out["rest"][rows] = predicted_tpot[rows] / cat["step_s"]
         e = st.efficiency_of(np.asarray(cand.broadcast().system))
@@ -469,6 +474,7 @@ class TpotPasses:
     unsplit: DecodeTerms
     split: DecodeTerms
     ever: np.ndarray
+    decode_batch: pd.Series  # per row, the decode batch of its chosen pass (split: the two-batch closed loop's)
 
     def terms_for(self, split: np.ndarray) -> DecodeTerms:
         """The terms with the rows of ``split`` (among those ever split) run as two micro-batches."""
@@ -486,15 +492,18 @@ def tpot_passes(t: pd.DataFrame, pred: pd.DataFrame, factors: EfficiencyCatalog 
     eligible = t["ep"].to_numpy() > 1  # rows with an expert all-to-all for two micro-batches to hide
     p1 = pred["predicted_tpot_s"].astype(float).to_numpy()
     p2 = p1.copy()
+    batch2 = pred["decode_batch"].copy()  # a disaggregated row's closed loop holds another decode batch when split
     if eligible.any():
-        p2[eligible] = predict_runs(t[eligible], two_batch=True, factors=factors)["predicted_tpot_s"].astype(
-            float).to_numpy()
+        two = predict_runs(t[eligible], two_batch=True, factors=factors)
+        p2[eligible] = two["predicted_tpot_s"].astype(float).to_numpy()
+        batch2[two.index] = two["decode_batch"]
     choice, per_row, without = _two_batch_choice(np.log(p1 / meas), np.log(p2 / meas), fw_mode, kk, gk, eligible)
     unsplit, catalog = decode_terms(t, p1, pred["decode_batch"], np.zeros(len(t), dtype=bool), factors)
     split_modes = [k for k, on in choice.items() if on] + [fw_mode[gk == g][0] for g, on in without.items() if on]
     ever = eligible & np.isin(fw_mode, split_modes)
-    split = decode_terms(t, p2, pred["decode_batch"], ever, factors)[0] if ever.any() else unsplit
-    return TpotPasses(p1, p2, eligible, choice, per_row, without, catalog, unsplit, split, ever)
+    split = decode_terms(t, p2, batch2, ever, factors)[0] if ever.any() else unsplit
+    chosen_batch = batch2.where(per_row & ever, pred["decode_batch"])
+    return TpotPasses(p1, p2, eligible, choice, per_row, without, catalog, unsplit, split, ever, chosen_batch)
 
 
 def serving_tpot_terms(path: Path, factors: EfficiencyCatalog | None = None,
@@ -576,7 +585,8 @@ def validate_runs(runs: Runs) -> RunsValidation:
     if t.empty:
         return RunsValidation(t, {}, runs.skipped, runs.given)
     pred = predict_runs(t)
-    ideal = predict_runs(t, IDEAL, decode_batch=pred["decode_batch"])  # the roofline at the same operating point
+    tp = tpot_passes(t, pred)
+    ideal = predict_runs(t, IDEAL, decode_batch=tp.decode_batch)  # the roofline at the same operating point
     keys, groups = factor_key(t), group_key(t)
     gk, kk = groups.to_numpy(), keys.to_numpy()
     fw_mode = (t["backend"].astype(str) + "|" + t["mode"]).to_numpy()
@@ -598,7 +608,6 @@ def validate_runs(runs: Runs) -> RunsValidation:
 
     # TPOT: two-batch overlap where the data chooses it, then the decode factors refitted per key
     meas = t["measured_tpot_s"].to_numpy()
-    tp = tpot_passes(t, pred)
     scales["two_batch_overlap"], without, per_row = tp.choice, tp.without, tp.per_row
     t["two_batch"] = per_row
     t["predicted_tpot_s"] = np.where(per_row, tp.split_tpot, tp.unsplit_tpot)
