@@ -436,6 +436,7 @@ class _Gathered:
         # per decode step
         self.state = models.state_bytes[m] / np.where(self.by_seq, 1.0, self.tp)
         self.attn_io = models.attn_io[m]
+        self.attn_layers = sum(self.g_layers)  # layers with attention over a KV cache
         self._context_terms()
         # system columns
         self.hbm_cap = systems.hbm_capacity[s]
@@ -478,7 +479,7 @@ class _Gathered:
         indexer = self.idx_b * self.n_layers * self.ctx
         # decode attention reaches half its bandwidth at attention_half_context tokens: each layer's kernel
         # costs a sequence that many tokens of KV more than it holds
-        half = self.kv_main * self.eff.attention_half_context * _gsum(self.g_layers, [1.0] * len(self.g_layers))
+        half = self.kv_main * self.eff.attention_half_context * self.attn_layers
         self.read_per_seq = self.kv_main * self.attended + half + indexer + 2.0 * self.state  # decode bytes per seq
         self.stored_per_seq = (self.kv_main * _gsum(self.g_stored, [np.minimum(self.ctx, w) for w in self.g_window])
                                + indexer + self.state)

@@ -11,7 +11,7 @@ import pandas as pd
 from dse.catalog.calibration import FAMILIES, MEMBERS, family_of
 from dse.catalog.hardware import CURVES, IDEAL, Efficiency, EfficiencyCatalog
 from dse.validate.cases import Cases, Point, TrainPoint
-from dse.validate.decode_factors import FACTORS, DecodeTerms, tpot_at
+from dse.validate.decode_factors import FACTORS, FIXED_TIMES, DecodeTerms, tpot_at
 from dse.validate.decode_factors import identified as used_by
 from dse.validate.predict import predict, predict_training, summarize, table
 
@@ -22,7 +22,6 @@ from dse.validate.predict import predict, predict_training, summarize, table
 # Measured serving runs can (batch 1 to hundreds, contexts of 1k to 12k, at one layout): where a family has them
 # (`ServingRows`), its fit is joint, over the cases and the runs' decode passes, and frees RUN_FITTED too.
 FITTED = ("compute_prefill", "compute_decode", "memory", "link", "overlap", "hbm_usable")
-FIXED_TIMES = ("latency_scaleup", "latency_scaleout", "layer_overhead", "moe_layer_overhead")
 RUN_FITTED = (*FIXED_TIMES, *CURVES)
 """What only measured serving runs identify."""
 BOUNDS = {"compute_prefill": (0.05, 1.0), "compute_decode": (0.05, 1.0), "memory": (0.05, 1.0),

@@ -29,13 +29,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dse.catalog.hardware import CURVES
 from dse.physics.serving import combine
 
-FACTORS = ("compute_decode", "memory", "link", "latency_scaleup", "latency_scaleout", "layer_overhead",
-           "moe_layer_overhead", "gemm_half_rows", "attention_half_context")
 FRACTIONS = ("compute_decode", "memory", "link")
-"""The factors that are shares of a peak (at most 1); the others are latencies (at least 0) and
-half-performance lengths (`CURVES`, at least 0)."""
+"""The factors that are shares of a peak (at most 1)."""
+FIXED_TIMES = ("latency_scaleup", "latency_scaleout", "layer_overhead", "moe_layer_overhead")
+"""The factors that are seconds per collective or per layer (at least 0)."""
+FACTORS = (*FRACTIONS, *FIXED_TIMES, *CURVES)
+"""Every factor of a decode pass; the half-performance lengths (`CURVES`) are rows and tokens (at least 0)."""
 USES = {"compute_decode": "compute", "memory": "memory", "link": "comm", "latency_scaleup": "n_scaleup",
         "latency_scaleout": "n_scaleout", "layer_overhead": "n_layers", "moe_layer_overhead": "n_moe_layers",
         "gemm_half_rows": "gemm_rows", "attention_half_context": "attention_tokens"}

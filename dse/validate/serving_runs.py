@@ -64,7 +64,7 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.calibration import family_of
-from dse.catalog.hardware import IDEAL, Efficiency, EfficiencyCatalog, default_systems
+from dse.catalog.hardware import CURVES, IDEAL, Efficiency, EfficiencyCatalog, default_systems
 from dse.catalog.models import default_models
 from dse.catalog.units import DTYPES, INTEGER_DTYPES
 from dse.errors import InputError
@@ -77,7 +77,16 @@ from dse.physics.serving import (
     disaggregated_closed_loop,
     prefill_pool,
 )
-from dse.validate.decode_factors import FACTORS, FRACTIONS, DecodeTerms, fit_factors, identified, tpot_at
+from dse.validate.decode_factors import (
+    FACTORS,
+    FIXED_TIMES,
+    FRACTIONS,
+    USES,
+    DecodeTerms,
+    fit_factors,
+    identified,
+    tpot_at,
+)
 
 MODEL_IDS = {
     "deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
@@ -339,6 +348,11 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     return out
 
 
+PROBED = {"latency_scaleup": "comm_s", "latency_scaleout": "comm_s", "layer_overhead": "overhead_s",
+          "moe_layer_overhead": "overhead_s", "gemm_half_rows": "compute_s", "attention_half_context": "memory_s"}
+"""The time of the pass each fixed time and half-performance length adds to."""
+
+
 def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: pd.Series,
                  split: np.ndarray, factors: EfficiencyCatalog | None = None,
                  ) -> tuple[DecodeTerms, dict[str, np.ndarray]]:
@@ -356,9 +370,8 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
     models, systems, mt, st = _tables(table, factors)
     peak = {**{k: 1.0 for k in ("compute_prefill", "compute_decode", "compute_train", "memory", "link",
                                 "hbm_usable")}, "overlap": 0.0}
-    probe = 1e-6  # s per latency; the half-performance lengths at one row and one token
-    effs = [Efficiency(**peak)] + [Efficiency(**peak, **{k: probe}) for k in FACTORS[3:7]] + [
-        Efficiency(**peak, **{k: 1.0}) for k in FACTORS[7:]]
+    probe = {**dict.fromkeys(FIXED_TIMES, 1e-6), **dict.fromkeys(CURVES, 1.0)}  # 1 us; one row, one token
+    probes = {k: Efficiency(**peak, **{k: v}) for k, v in probe.items()}
     pos = pd.Series(np.arange(n), index=table.index)
     for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
         rows = pos[g.index].to_numpy()
@@ -367,16 +380,14 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
         cand = _candidates(g, models, systems, "", in_flight.to_numpy() / g["pp"].to_numpy(), context,
                            np.where(split[rows], 2, 1))
         inputs = [{"context": context, "phase": 0}]
-        at_peak, *probes = (evaluate_at(cand, mt, st, e, inputs)[0] for e in effs)
+        at_peak = evaluate_at(cand, mt, st, Efficiency(**peak), inputs)[0]
         cat = evaluate_at(cand, mt, st, None, inputs)[0]
         out["compute"][rows], out["memory"][rows] = at_peak["compute_s"], at_peak["memory_s"]
         out["comm"][rows] = at_peak["comm_s"]
-        for name, p in zip(("n_scaleup", "n_scaleout"), probes[:2], strict=True):
-            out[name][rows] = np.rint((p["comm_s"] - at_peak["comm_s"]) / probe)
-        for name, p in zip(("n_layers", "n_moe_layers"), probes[2:4], strict=True):
-            out[name][rows] = np.rint((p["overhead_s"] - at_peak["overhead_s"]) / probe)
-        out["gemm_rows"][rows] = probes[4]["compute_s"] - at_peak["compute_s"]
-        out["attention_tokens"][rows] = probes[5]["memory_s"] - at_peak["memory_s"]
+        for k, e in probes.items():  # each probe moves one time of the pass by its term x the probe
+            time = PROBED[k]
+            moved = (evaluate_at(cand, mt, st, e, inputs)[0][time] - at_peak[time]) / probe[k]
+            out[USES[k]][rows] = np.rint(moved) if k in FIXED_TIMES else moved  # counts of collectives, layers
         out["overlap"][rows] = cat["overlap"]
         out["rest"][rows] = predicted_tpot[rows] / cat["step_s"]
         e = st.efficiency_of(np.asarray(cand.broadcast().system))
@@ -718,11 +729,12 @@ def as_dict(v: RunsValidation, worst: int = 20) -> dict:
 
 
 def _factor_rows(fits: dict) -> list[dict]:
-    """The fitted decode factors as report rows: shares of a peak as fractions, latencies in us, and those no
-    row identifies marked as the catalog's.
+    """The fitted decode factors as report rows: shares of a peak as fractions, latencies in us, half-performance
+    lengths in rows and tokens, and those no row identifies marked as the catalog's.
     """
     def cell(name: str, value: float, fitted: bool) -> str:
-        text = f"{value:.3f}" if name in FRACTIONS else f"{value * 1e6:.1f} us"
+        text = (f"{value:.3f}" if name in FRACTIONS else f"{value * 1e6:.1f} us" if name in FIXED_TIMES
+                else f"{value:,.0f} {'rows' if name == 'gemm_half_rows' else 'tokens'}")
         return text if fitted else f"{text} (catalog)"
 
     rows = []
