@@ -434,12 +434,14 @@ def _validate_runs(cases: Path, fit: bool, out: Path | None, as_json: bool) -> N
     console = Console()
     t = Table(title=f"{doc['rows_predicted']:,} of {doc['rows_given']:,} rows predicted (coverage "
                     f"{doc['coverage']:.1%}); median absolute error", header_style="bold")
-    for col in ("category", "metric", "n", "shipped physics", "leave-group-out", "within sweep", "in-sample",
-                "ideal roofline", "signed median"):
+    for col in ("category", "metric", "n", "shipped physics", "leave-group-out", "same, factors per family only",
+                "within sweep", "in-sample", "ideal roofline", "signed median"):
         t.add_column(col, justify="left" if col in ("category", "metric") else "right")
     for e in doc["summary"]:
+        family = e.get("loo_family_factors_median_abs_error")
         t.add_row(e["category"], e["metric"], str(e["n"]), f"{e['median_abs_error']:.1%}",
-                  f"{e['loo_median_abs_error']:.1%}", f"{e['within_sweep_median_abs_error']:.1%}",
+                  f"{e['loo_median_abs_error']:.1%}", "-" if family is None else f"{family:.1%}",
+                  f"{e['within_sweep_median_abs_error']:.1%}",
                   f"{e['in_sample_median_abs_error']:.1%}", f"{e['ideal_median_abs_error']:.1%}",
                   f"{e['signed_median']:+.1%}")
     console.print(t)

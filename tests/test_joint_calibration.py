@@ -136,3 +136,14 @@ def test_joint_factors_never_predict_above_the_ideal_roofline(serving):
     for fam in JOINED:
         rows = serving.of(fam)
         assert np.all(rows.log_errors(cat.families[fam]) >= rows.log_errors(IDEAL) - 1e-12)
+
+
+def test_the_catalog_fit_splits_sglangs_disaggregated_decode(serving):
+    """With one factor set per family (the catalog's), the data switch two-batch overlap on for SGLang's
+    disaggregated (wide-EP, DeepEP) decode alone, which SGLang runs with --enable-two-batch-overlap; a set per
+    family and framework (`dse validate --cases`) chooses TRT-LLM's instead (test_validate_runs)."""
+    from dse.validate.serving_runs import map_runs, read_runs
+
+    t = map_runs(read_runs(RUNS)).table
+    assert len(t) == len(serving.split) and serving.split.any()
+    assert set(zip(t.loc[serving.split, "backend"], t.loc[serving.split, "mode"], strict=True)) == {("sglang", "disagg")}

@@ -43,8 +43,13 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     # is the level of whole sweeps
     assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.085  # 7.9%
     assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.18  # 17.6%
-    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.165  # 16.0%
-    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.13  # 12.6%
+    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.145  # 14.2%
+    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.125  # 12.0%
+    # the data demand a decode factor set per framework: one per family, shared by the frameworks, errs more
+    # out of sample (16.0% overall, 12.6% aggregated)
+    for cat in ("all", "agg"):
+        e = by[(cat, "tpot")]
+        assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.005
     assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.365  # 35.9%
     assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.33  # 32.3%
     # the calibrated physics beats the ideal roofline on what it was calibrated for
@@ -55,11 +60,11 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert workers["assumed"] == 583  # disaggregated runs without worker counts (predicted with the stated rule)
     t = full.table
     stated_disagg = t[(t["mode"] == "disagg") & (t["workers"] == "stated")]
-    # 10.4% (12.1% before the kernels' curves; a disaggregated closed loop's decode batch follows the predicted
+    # 10.1% (12.1% before the kernels' curves; a disaggregated closed loop's decode batch follows the predicted
     # prefill, so the catalog's prefill factors move these rows' decode passes)
     assert stated_disagg["tpot_loo_error"].abs().median() <= 0.11
     # the shipped physics (the catalog's factors, fitted jointly on these runs where the workers are stated, and
-    # on offline throughput): 13.4% on the stated rows (14.2% without the kernels' curves, 18.9% with the factors
+    # on offline throughput): 13.7% on the stated rows (14.2% without the kernels' curves, 18.9% with the factors
     # fitted on throughput alone)
     assert t[t["workers"] == "stated"]["tpot_error"].abs().median() <= 0.14
     # the decode factors keep their meaning: shares of a peak in (0, 1], latencies and overheads positive
@@ -74,8 +79,10 @@ def test_a_calibrated_decode_step_is_never_faster_than_the_roofline(full):
     peak at most 1, latencies at least 0), never predict a TPOT below the ideal roofline's."""
     t = full.table
     assert (t["predicted_tpot_s"] >= t["ideal_tpot_s"] * (1 - 1e-9)).all()
-    for kind in ("in_sample", "loo"):
-        assert (t["measured_tpot_s"] * (1 + t[f"tpot_{kind}_error"]) >= t["ideal_tpot_s"] * (1 - 1e-9)).all()
+    assert (t["measured_tpot_s"] * (1 + t["tpot_in_sample_error"]) >= t["ideal_tpot_s"] * (1 - 1e-9)).all()
+    # a left-out sweep whose framework's two-batch choice flips without it is predicted on the other pass
+    assert (t["two_batch_loo"] != t["two_batch"]).any()
+    assert (t["measured_tpot_s"] * (1 + t["tpot_loo_error"]) >= t["ideal_tpot_loo_s"] * (1 - 1e-9)).all()
 
 
 @pytest.mark.parametrize("metric", ["tpot", "ttft"])
@@ -199,11 +206,14 @@ def test_two_batch_overlap_is_found_in_the_frameworks_whose_runs_it_made():
     assert v.table["tpot_loo_error"].abs().quantile(0.95) < 1e-9
 
 
-def test_on_the_measured_runs_only_sglangs_disaggregated_decode_is_split(full):
-    """The data switch two-batch overlap on for SGLang's disaggregated (wide-EP, DeepEP) decode alone, which
-    SGLang runs with --enable-two-batch-overlap, and for no aggregated deployment."""
+def test_on_the_measured_runs_one_disaggregated_decode_is_split(full):
+    """With a decode factor set per family and framework the data switch two-batch overlap on for TRT-LLM's
+    disaggregated (wide-EP) decode alone, and for no aggregated deployment. The choice is weakly identified:
+    with one factor set per family (the catalog's fit) the same runs choose SGLang's disaggregated decode
+    instead (`dse.validate.serving_runs.serving_tpot_terms`, asserted in test_joint_calibration)."""
     chosen = full.scales["two_batch_overlap"]
-    assert len(chosen) > 1 and {k for k, on in chosen.items() if on} == {"sglang|disagg"}
+    assert len(chosen) > 1 and {k for k, on in chosen.items() if on} == {"trtllm|disagg"}
+    assert full.table.loc[full.table["two_batch"], "mode"].eq("disagg").all()
 
 
 def test_an_attention_tp_that_does_not_divide_the_heads_is_not_run_as_stated(tmp_path):
@@ -270,7 +280,7 @@ def test_rows_with_assumed_workers_do_not_calibrate_the_rows_that_state_them():
     assert err[~assumed].max() < 1e-9 and err[assumed].median() < 0.01
     for key, f in v.scales["tpot"].items():
         catalog = efficiency_for(v.table.loc[factor_key(v.table) == key, "system"].iloc[0])
-        if key.endswith("|assumed"):  # decode passes are memory-bound: the HBM share carries the speed-up
+        if "|assumed|" in key:  # decode passes are memory-bound: the HBM share carries the speed-up
             assert f["fitted"]["memory"] > catalog.memory
         else:
             assert f["fitted"]["memory"] == pytest.approx(catalog.memory, rel=1e-6)

@@ -35,13 +35,15 @@ mode, ISL, OSL) group are one concurrency sweep and are correlated, so the headl
 groups out and predicts the group left out from fits on the others:
 
 - TPOT: two-batch overlap switched on per (framework, mode) where it lowers that framework's spread of errors
-  (`_two_batch_choice`: the data, not a list of framework features, decides; on the measured runs it is off
-  everywhere), then the decode pass's nine efficiency factors (`dse.validate.decode_factors`: achieved
-  shares of peak compute, HBM and link bandwidth, latency per collective inside and across domains, fixed
-  time per layer and per MoE layer, a GEMM's half-performance rows and decode attention's half-performance
-  context) fitted per hardware family on the rows' decode passes, apart for the
-  disaggregated rows whose worker counts were assumed (`factor_key`); the left-out sweep is predicted with
-  the factors refitted without it.
+  (`_two_batch_choice`: the data, not a list of framework features, decide; on the measured runs, TRT-LLM's
+  disaggregated decode), then the decode pass's nine efficiency factors (`dse.validate.decode_factors`:
+  achieved shares of peak compute, HBM and link bandwidth, latency per collective inside and across domains,
+  fixed time per layer and per MoE layer, a GEMM's half-performance rows and decode attention's
+  half-performance context) fitted per hardware family and framework on the rows' decode passes, apart for
+  the disaggregated rows whose worker counts were assumed (`factor_key`); the left-out sweep is predicted
+  with the factors refitted without it. A factor set per framework is there because the data demand it: one
+  per family shared by the frameworks (`family_key`, as the catalog's `dse validate --fit` has it) errs more
+  out of sample (``loo_family_factors_median_abs_error``).
 - TTFT: the physics' TTFT assumes Poisson arrivals (M/D/1 queueing at the prefill servers), a benchmark holds
   a fixed number of identical requests in flight instead. Measured TTFT grows linearly with the concurrency
   in nearly every sweep (R^2 > 0.9 in most of the 286 aggregated sweeps with 4 or more concurrencies), at a
@@ -397,15 +399,26 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
 
 
 # ---- errors, leave-group-out scales, summary ------------------------------------------------------------
-def factor_key(table: pd.DataFrame) -> pd.Series:
-    """What a set of fitted decode factors is shared by: the hardware family (the system where it has none),
-    whichever the mode (a decode pass runs the same kernels whether or not prefill runs elsewhere; the request
-    level adds the interference), and apart from it the rows whose worker counts were assumed (``|assumed``):
-    a layout guessed for want of data does not calibrate the layouts a run states (on the measured runs a
-    third of the assumed rows are faster than the ideal roofline of the assumed layout).
+def family_key(table: pd.DataFrame) -> pd.Series:
+    """What the catalog's decode factors are shared by (`dse validate --fit`): the hardware family (the system
+    where it has none), whichever the mode (a decode pass runs the same kernels whether or not prefill runs
+    elsewhere; the request level adds the interference), and apart from it the rows whose worker counts were
+    assumed (``|assumed``): a layout guessed for want of data does not calibrate the layouts a run states (on
+    the measured runs a third of the assumed rows are faster than the ideal roofline of the assumed layout).
     """
     fam = pd.Series([family_of(s) or s for s in table["system"]], index=table.index)
     return fam.where(table["workers"] != "assumed", fam + "|assumed")
+
+
+def factor_key(table: pd.DataFrame) -> pd.Series:
+    """What a set of decode factors refitted by `validate_runs` is shared by: the `family_key` and the
+    framework (``hopper|sglang``, ``blackwell|assumed|trtllm``). Each framework runs its own kernels (GEMM,
+    attention, all-to-all) and its own scheduler, so the shares of peak, the fixed times and the
+    half-performance lengths it reaches are its own; the data demand it: leave-group-out TPOT errs less with
+    a factor set per family and framework than with one per family shared by the frameworks (the summary's
+    ``loo_family_factors_median_abs_error``; 14.2% against 16.0% on the measured runs).
+    """
+    return family_key(table) + "|" + table["backend"].astype(str)
 
 
 def group_key(table: pd.DataFrame) -> pd.Series:
@@ -468,38 +481,57 @@ def _pick(a: DecodeTerms, b: DecodeTerms, use_b: np.ndarray) -> DecodeTerms:
 
 
 @dataclass
+class TwoBatch:
+    """The data's two-batch choice for one set of factor keys (`_two_batch_choice`): per (framework, mode) in
+    ``choice``, per row in ``per_row``, per left-out sweep in ``without``.
+    """
+
+    choice: dict
+    per_row: np.ndarray
+    without: dict
+
+
+@dataclass
 class TpotPasses:
-    """The decode passes of every row, as `validate_runs` fits them: TPOT predicted at the catalog's factors
-    unsplit and with two micro-batches, the data's two-batch choice (per (framework, mode) in ``choice``, per
-    row in ``per_row``, per left-out sweep in ``without``), the catalog's factors per row, and `DecodeTerms`
-    unsplit and split (on the eligible rows of every (framework, mode) that some choice splits).
+    """The decode passes of every row: TPOT predicted at the catalog's factors unsplit and with two
+    micro-batches (their log errors ``log_error`` and ``split_log_error``), the rows an expert all-to-all makes
+    eligible for the split, the catalog's factors per row, `DecodeTerms` unsplit and split, and the decode batch
+    of each (split: the two-batch closed loop's, which holds another batch in a disaggregated row).
     """
 
     unsplit_tpot: np.ndarray
     split_tpot: np.ndarray
+    log_error: np.ndarray
+    split_log_error: np.ndarray
     eligible: np.ndarray
-    choice: dict
-    per_row: np.ndarray
-    without: dict
+    fw_mode: np.ndarray
+    groups: np.ndarray
     catalog: dict[str, np.ndarray]
     unsplit: DecodeTerms
     split: DecodeTerms
-    ever: np.ndarray
-    decode_batch: pd.Series  # per row, the decode batch of its chosen pass (split: the two-batch closed loop's)
+    batch: pd.Series
+    split_batch: pd.Series
+
+    def choose(self, keys: np.ndarray) -> TwoBatch:
+        """Two-batch overlap per (framework, mode) as the data choose it with one factor set per ``keys``."""
+        return TwoBatch(*_two_batch_choice(self.log_error, self.split_log_error, self.fw_mode, keys, self.groups,
+                                           self.eligible))
 
     def terms_for(self, split: np.ndarray) -> DecodeTerms:
-        """The terms with the rows of ``split`` (among those ever split) run as two micro-batches."""
-        return _pick(self.unsplit, self.split, split & self.ever)
+        """The terms with the rows of ``split`` (among the eligible) run as two micro-batches."""
+        return _pick(self.unsplit, self.split, split & self.eligible)
+
+    def decode_batch(self, split: np.ndarray) -> pd.Series:
+        """Per row, the decode batch of its pass with the rows of ``split`` run as two micro-batches."""
+        return self.split_batch.where(split & self.eligible, self.batch)
 
 
 def tpot_passes(t: pd.DataFrame, pred: pd.DataFrame, factors: EfficiencyCatalog | None = None) -> TpotPasses:
-    """Two-batch overlap chosen from the data (`_two_batch_choice`), and every row's decode pass as
-    `DecodeTerms` (`decode_terms`); ``pred`` is `predict_runs` of ``t`` at the catalog's factors (``factors``,
-    default: the catalog's).
+    """Every row's decode pass as `DecodeTerms` (`decode_terms`), unsplit and, where an expert all-to-all could
+    hide behind the other micro-batch, split in two; ``pred`` is `predict_runs` of ``t`` at the catalog's
+    factors (``factors``, default: the catalog's).
     """
     meas = t["measured_tpot_s"].to_numpy()
-    fw_mode = (t["backend"].astype(str) + "|" + t["mode"]).to_numpy()
-    gk, kk = group_key(t).to_numpy(), factor_key(t).to_numpy()
     eligible = t["ep"].to_numpy() > 1  # rows with an expert all-to-all for two micro-batches to hide
     p1 = pred["predicted_tpot_s"].astype(float).to_numpy()
     p2 = p1.copy()
@@ -508,29 +540,28 @@ def tpot_passes(t: pd.DataFrame, pred: pd.DataFrame, factors: EfficiencyCatalog 
         two = predict_runs(t[eligible], two_batch=True, factors=factors)
         p2[eligible] = two["predicted_tpot_s"].astype(float).to_numpy()
         batch2[two.index] = two["decode_batch"]
-    choice, per_row, without = _two_batch_choice(np.log(p1 / meas), np.log(p2 / meas), fw_mode, kk, gk, eligible)
     unsplit, catalog = decode_terms(t, p1, pred["decode_batch"], np.zeros(len(t), dtype=bool), factors)
-    split_modes = [k for k, on in choice.items() if on] + [fw_mode[gk == g][0] for g, on in without.items() if on]
-    ever = eligible & np.isin(fw_mode, split_modes)
-    split = decode_terms(t, p2, batch2, ever, factors)[0] if ever.any() else unsplit
-    chosen_batch = batch2.where(per_row & ever, pred["decode_batch"])
-    return TpotPasses(p1, p2, eligible, choice, per_row, without, catalog, unsplit, split, ever, chosen_batch)
+    split = decode_terms(t, p2, batch2, eligible, factors)[0] if eligible.any() else unsplit
+    return TpotPasses(p1, p2, np.log(p1 / meas), np.log(p2 / meas), eligible,
+                      (t["backend"].astype(str) + "|" + t["mode"]).to_numpy(), group_key(t).to_numpy(), catalog,
+                      unsplit, split, pred["decode_batch"], batch2)
 
 
 def serving_tpot_terms(path: Path, factors: EfficiencyCatalog | None = None,
                        ) -> tuple[DecodeTerms, np.ndarray, np.ndarray, np.ndarray]:
     """The decode passes of a CSV of measured runs as the catalog fit uses them (`dse validate --fit`): the
-    terms of every mapped row with two-batch overlap as the data chooses it, which rows it splits, the
-    measured TPOTs (s), and each row's `factor_key`; what the request level adds to the pass (``rest``) at the
-    efficiency factors ``factors`` (default: the catalog's).
+    terms of every mapped row with two-batch overlap as the data chooses it with one factor set per family,
+    which rows it splits, the measured TPOTs (s), and each row's `family_key`; what the request level adds to
+    the pass (``rest``) at the efficiency factors ``factors`` (default: the catalog's).
     """
     t = map_runs(read_runs(path)).table
     if t.empty:
         empty = np.zeros(0)
         return DecodeTerms(*[empty] * len(DecodeTerms.__dataclass_fields__)), empty.astype(bool), empty, empty
+    keys = family_key(t).to_numpy().astype(object)
     tp = tpot_passes(t, predict_runs(t, factors=factors), factors)
-    return (tp.terms_for(tp.per_row), tp.per_row, t["measured_tpot_s"].to_numpy(),
-            factor_key(t).to_numpy().astype(object))
+    split = tp.choose(keys).per_row
+    return tp.terms_for(split), split, t["measured_tpot_s"].to_numpy(), keys
 
 
 @dataclass
@@ -577,75 +608,96 @@ def _two_batch_choice(lr1: np.ndarray, lr2: np.ndarray, keys: np.ndarray, scale_
     return choice, per_row, without
 
 
+def _refit_tpot(tp: TpotPasses, keys: np.ndarray, meas: np.ndarray,
+                ) -> tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]:
+    """The decode factors fitted per key on its rows' decode passes, with two-batch overlap as the data choose
+    it for those keys: per key the factors the rows identify and those kept from the catalog (no row depends
+    on them), the two-batch choice, TPOT in sample and with each row's sweep left out (factors and two-batch
+    choice re-made without it), and per row whether that left-out prediction split its pass.
+    """
+    gk = tp.groups
+    tb = tp.choose(keys)
+    scales, fitted = {}, {}
+    in_sample = np.full(len(keys), np.nan)
+    chosen = tp.terms_for(tb.per_row)
+    for key in np.unique(keys):
+        rows = np.flatnonzero(keys == key)
+        d = chosen.take(rows)
+        fitted[key] = fit_factors(d, meas[rows], {k: float(np.median(tp.catalog[k][rows])) for k in FACTORS})
+        free = identified(d)
+        scales[key] = {"fitted": {k: v for k, v in fitted[key].items() if k in free},
+                       "kept_from_catalog": {k: v for k, v in fitted[key].items() if k not in free}}
+        in_sample[rows] = tpot_at(d, fitted[key])
+    loo, loo_split = np.full(len(keys), np.nan), np.zeros(len(keys), dtype=bool)
+    for g, idx in pd.Series(np.arange(len(keys))).groupby(gk).groups.items():
+        idx = np.asarray(idx)
+        mine = tp.fw_mode == tp.fw_mode[idx[0]]  # the rows whose choice was re-made without this sweep
+        split = np.where(mine, tp.eligible & tb.without[g], tb.per_row)
+        view = tp.terms_for(split)
+        loo_split[idx] = split[idx]
+        train = np.flatnonzero((gk != g) & (keys == keys[idx[0]]))
+        f = fit_factors(view.take(train), meas[train], fitted[keys[idx[0]]], max_iter=LOO_MAX_ITER, passes=1) \
+            if len(train) else {k: tp.catalog[k][idx] for k in FACTORS}  # a key in no other sweep: the catalog's
+        loo[idx] = tpot_at(view.take(idx), f)
+    return scales, tb, in_sample, loo, loo_split
+
+
 def validate_runs(runs: Runs) -> RunsValidation:
     """Predict every row with the catalog's calibrated factors (``error``), with factors fitted on all rows
     (``in_sample_error``) and fitted with the row's whole concurrency sweep left out (``loo_error``, the
     headline), and with the ideal roofline (``ideal_error``).
 
-    For TPOT, two-batch overlap is first chosen per (framework, mode) from the data (`_two_batch_choice`;
-    ``scales["two_batch_overlap"]``, the row's choice in ``two_batch``, and for the left-out sweep the choice
-    made without it); then the decode pass's efficiency factors are fitted per `factor_key` on the rows'
-    decode passes (`decode_terms`, `dse.validate.decode_factors.fit_factors`; the request level's
-    interference held at the catalog's): ``scales["tpot"]`` holds, per key, the factors the rows identify
-    and those kept from the catalog (no row depends on them). For TTFT the
-    closed-loop benchmark model (`benchmark_ttft`) is fitted per (framework, mode); ``scales["ttft"]`` holds
-    its queue share and fixed latency, and ``benchmark_ttft_s`` / ``benchmark_ttft_loo_s`` its in-sample and
-    leave-group-out predictions.
+    For TPOT, the decode pass's efficiency factors are fitted per `factor_key` (family and framework) on the
+    rows' decode passes (`decode_terms`, `dse.validate.decode_factors.fit_factors`; the request level's
+    interference held at the catalog's), after two-batch overlap is chosen per (framework, mode) from the data
+    (`_two_batch_choice`; ``scales["two_batch_overlap"]``, the row's choice in ``two_batch``, and in
+    ``two_batch_loo`` the choice made without its sweep, with ``ideal_tpot_loo_s`` the roofline of that pass):
+    ``scales["tpot"]`` holds, per key, the factors the rows identify and those kept from the catalog (no row
+    depends on them). ``tpot_loo_family_error`` is the
+    leave-group-out error with one factor set per `family_key` instead, shared by the frameworks (the test of
+    whether the data demand a factor set per framework). For TTFT the closed-loop benchmark model
+    (`benchmark_ttft`) is fitted per (framework, mode); ``scales["ttft"]`` holds its queue share and fixed
+    latency, and ``benchmark_ttft_s`` / ``benchmark_ttft_loo_s`` its in-sample and leave-group-out predictions.
     """
     t = runs.table.copy()
     if t.empty:
         return RunsValidation(t, {}, runs.skipped, runs.given)
     pred = predict_runs(t)
     tp = tpot_passes(t, pred)
-    ideal = predict_runs(t, IDEAL, decode_batch=tp.decode_batch)  # the roofline at the same operating point
-    keys, groups = factor_key(t), group_key(t)
-    gk, kk = groups.to_numpy(), keys.to_numpy()
-    fw_mode = (t["backend"].astype(str) + "|" + t["mode"]).to_numpy()
+    meas = t["measured_tpot_s"].to_numpy()
+    scales = {}
+    scales["tpot"], tb, tpot_in_sample, tpot_loo, loo_split = _refit_tpot(tp, factor_key(t).to_numpy(), meas)
+    tpot_loo_family = _refit_tpot(tp, family_key(t).to_numpy(), meas)[3]
+    ideal = predict_runs(t, IDEAL, decode_batch=tp.decode_batch(tb.per_row))  # the roofline at the same point
+    ideal_loo = ideal["predicted_tpot_s"].to_numpy(dtype=float, copy=True)  # of the left-out prediction's pass
+    flipped = loo_split != tb.per_row  # its sweep left out, the data choose the other pass
+    if flipped.any():
+        ideal_loo[flipped] = predict_runs(t[flipped], IDEAL, decode_batch=tp.decode_batch(loo_split)[flipped]
+                                          )["predicted_tpot_s"].astype(float).to_numpy()
+    groups = group_key(t)
     for col in ("prefill_s", "chunk_share_s", "prompts_per_server", "transfer_s"):
         t[col] = pred[col].astype(float)
     for m in METRICS:
         t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
         t[f"{m}_ideal_error"] = t[f"ideal_{m}_s"] / t[f"measured_{m}_s"] - 1.0
-    scales = {}
 
     # TTFT: the benchmark's closed loop, fitted per framework and mode
-    meas = t["measured_ttft_s"]
+    ttft = t["measured_ttft_s"]
     t["predicted_ttft_s"] = pred["predicted_ttft_s"].astype(float)
-    t["ttft_error"] = t["predicted_ttft_s"] / meas - 1.0
-    scales["ttft"], in_sample, loo = _closed_loop_fits(t, pd.Series(fw_mode, index=t.index), groups)
+    t["ttft_error"] = t["predicted_ttft_s"] / ttft - 1.0
+    scales["ttft"], in_sample, loo = _closed_loop_fits(t, pd.Series(tp.fw_mode, index=t.index), groups)
     t["benchmark_ttft_s"], t["benchmark_ttft_loo_s"] = in_sample, loo
-    t["ttft_in_sample_error"] = in_sample / meas - 1.0
-    t["ttft_loo_error"] = loo / meas - 1.0
+    t["ttft_in_sample_error"] = in_sample / ttft - 1.0
+    t["ttft_loo_error"] = loo / ttft - 1.0
 
-    # TPOT: two-batch overlap where the data chooses it, then the decode factors refitted per key
-    meas = t["measured_tpot_s"].to_numpy()
-    scales["two_batch_overlap"], without, per_row = tp.choice, tp.without, tp.per_row
-    t["two_batch"] = per_row
-    t["predicted_tpot_s"] = np.where(per_row, tp.split_tpot, tp.unsplit_tpot)
+    # TPOT: two-batch overlap where the data chooses it, the decode factors refitted per key
+    scales["two_batch_overlap"] = tb.choice
+    t["two_batch"], t["two_batch_loo"], t["ideal_tpot_loo_s"] = tb.per_row, loo_split, ideal_loo
+    t["predicted_tpot_s"] = np.where(tb.per_row, tp.split_tpot, tp.unsplit_tpot)
     t["tpot_error"] = t["predicted_tpot_s"] / meas - 1.0
-    catalog, terms_for = tp.catalog, tp.terms_for
-    scales["tpot"], fitted = {}, {}
-    in_sample = np.full(len(t), np.nan)
-    chosen = terms_for(per_row)
-    for key in np.unique(kk):
-        rows = np.flatnonzero(kk == key)
-        d = chosen.take(rows)
-        fitted[key] = fit_factors(d, meas[rows], {k: float(np.median(catalog[k][rows])) for k in FACTORS})
-        free = identified(d)
-        scales["tpot"][key] = {"fitted": {k: v for k, v in fitted[key].items() if k in free},
-                               "kept_from_catalog": {k: v for k, v in fitted[key].items() if k not in free}}
-        in_sample[rows] = tpot_at(d, fitted[key])
-    t["tpot_in_sample_error"] = in_sample / meas - 1.0
-    loo = np.full(len(t), np.nan)
-    for g, idx in pd.Series(np.arange(len(t))).groupby(gk).groups.items():
-        idx = np.asarray(idx)
-        mine = fw_mode == fw_mode[idx[0]]  # the rows whose choice was re-made without this sweep
-        view = terms_for(np.where(mine, tp.eligible & without[g], per_row))
-        train = np.flatnonzero((gk != g) & (kk == kk[idx[0]]))
-        f = fit_factors(view.take(train), meas[train], fitted[kk[idx[0]]], max_iter=LOO_MAX_ITER, passes=1) \
-            if len(train) else {k: catalog[k][idx] for k in FACTORS}  # a family in no other sweep: the catalog's
-        loo[idx] = tpot_at(view.take(idx), f)
-    t["tpot_loo_error"] = loo / meas - 1.0
+    t["tpot_in_sample_error"] = tpot_in_sample / meas - 1.0
+    t["tpot_loo_error"] = tpot_loo / meas - 1.0
+    t["tpot_loo_family_error"] = tpot_loo_family / meas - 1.0
     for m in METRICS:  # each sweep's own level removed: what is left is the physics' shape across concurrency
         lr = np.log1p(t[f"{m}_loo_error"])
         t[f"{m}_within_sweep_error"] = np.expm1(lr - lr.groupby(groups).transform("median"))
@@ -664,7 +716,9 @@ def _stats(err: pd.Series) -> dict:
 def summary(v: RunsValidation) -> list[dict]:
     """Per category (all, agg, disagg) and metric: the shipped physics' errors, the leave-group-out one, and
     ``within_sweep_median_abs_error``, the leave-group-out error once each sweep's own median level is removed
-    (the error of the shape across concurrency alone: the floor a better level for each sweep could reach).
+    (the error of the shape across concurrency alone: the floor a better level for each sweep could reach),
+    and for TPOT ``loo_family_factors_median_abs_error``, the leave-group-out error with one decode factor set
+    per hardware family shared by the frameworks (`family_key`) instead of one per family and framework.
     """
     out = []
     t = v.table
@@ -678,6 +732,8 @@ def summary(v: RunsValidation) -> list[dict]:
                  "in_sample_median_abs_error": float(sub[f"{m}_in_sample_error"].abs().median()),
                  "ideal_median_abs_error": float(sub[f"{m}_ideal_error"].abs().median()),
                  "within_sweep_median_abs_error": float(sub[f"{m}_within_sweep_error"].abs().median())}
+            if m == "tpot":
+                e["loo_family_factors_median_abs_error"] = float(sub["tpot_loo_family_error"].abs().median())
             out.append(e)
     return out
 
@@ -797,10 +853,11 @@ def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
              f"<p>{len(v.table):,} of {v.given:,} rows predicted (coverage {v.coverage:.1%}). Errors are predicted / "
              "measured - 1 with the catalog's calibrated physics; leave-group-out errors (the headline figure) "
              "leave the row's whole concurrency sweep out: TPOT refits the decode pass's efficiency factors per "
-             "hardware family on the other sweeps (rows with assumed worker counts apart); TTFT is the closed-loop "
-             "benchmark model (one prompt's prefill, plus a share of the other requests in flight queued ahead of "
-             "it, plus the KV hand-off, plus a fixed latency of the serving stack), its share and latency fitted "
-             "per (framework, mode) on the other sweeps.</p>",
+             "hardware family and framework on the other sweeps (rows with assumed worker counts apart; the summary's "
+             "loo_family_factors_median_abs_error shares one set per family among the frameworks); TTFT is the "
+             "closed-loop benchmark model (one prompt's prefill, plus a share of the other requests in flight "
+             "queued ahead of it, plus the KV hand-off, plus a fixed latency of the serving stack), its share and "
+             "latency fitted per (framework, mode) on the other sweeps.</p>",
              "<h2>Decode factors fitted on TPOT (in sample)</h2>",
              table_html(_factor_rows(v.scales.get("tpot", {}))),
              "<h2>Closed-loop TTFT fits (in sample)</h2>",
