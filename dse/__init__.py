@@ -10,7 +10,8 @@ The public Python API (each function imports what it needs when called, so ``imp
   write its files into ``out`` when given.
 
 Bad input raises ``InputError`` with the message the command line prints; an infeasible
-configuration or study raises ``InfeasibleError`` where `dse` exits 3.
+configuration or study raises ``InfeasibleError`` where `dse` exits 3; a solver stopped at its time
+limit without a solution raises ``SolverLimitError`` where `dse` exits 1.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dse.errors import InfeasibleError, InputError
+from dse.errors import InfeasibleError, InputError, SolverLimitError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
     from dse.studies.base import StudySpec
 
 __version__ = "0.1.0"
-__all__ = ["InfeasibleError", "InputError", "Result", "__version__", "evaluate", "evaluate_frame", "load_study",
-           "run"]
+__all__ = ["InfeasibleError", "InputError", "Result", "SolverLimitError", "__version__", "evaluate", "evaluate_frame",
+           "load_study", "run"]
 
 
 def evaluate(model: str, system: str, batch: int, context: int, *, ideal: bool = False, **config: Any) -> dict:

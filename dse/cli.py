@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dse.catalog.units import DTYPES
-from dse.errors import InfeasibleError, InputError
+from dse.errors import InfeasibleError, InputError, SolverLimitError
 from dse.physics.codes import KV_SHARDS, KV_TIERS, PHASES
 
 app = typer.Typer(
@@ -290,7 +290,7 @@ def run(
                            **({"completed": done} if done is not None else {}))
 
             result = run_study(spec, out=target, storage=storage, progress=progress, where=str(study), force=force)
-    except InputError as exc:
+    except (InputError, SolverLimitError) as exc:
         _fail(exc)
     summary = result.summary
     if as_json:
@@ -667,7 +667,7 @@ def main() -> None:
         return
     try:
         app()
-    except (InputError, InfeasibleError) as exc:  # pragma: no cover - commands catch their own
+    except (InputError, InfeasibleError, SolverLimitError) as exc:  # pragma: no cover - commands catch their own
         Console(stderr=True).print(f"error: {exc}")
         sys.exit(exc.exit_code)
 

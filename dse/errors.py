@@ -18,6 +18,14 @@ class InfeasibleError(RuntimeError):
     exit_code = 3
 
 
+class SolverLimitError(RuntimeError):
+    """The solver reached its time limit without a solution: no answer, yet no proof that there is none; the
+    message names the solver, its limit and what to change (exit code 1).
+    """
+
+    exit_code = 1
+
+
 def close_names(name: str, allowed: Iterable[str], n: int = 3) -> list[str]:
     """Return up to ``n`` names from ``allowed`` that look like ``name``."""
     allowed = list(allowed)

@@ -208,3 +208,26 @@ def test_disaggregated_vs_aggregated_study_answers_its_question(tmp_path):
     for wl in ("rag", "coding"):  # long prompts: splitting pays on 8-GPU nodes
         assert long.loc[(wl, "disaggregated"), "usd_per_s"] < long.loc[(wl, "aggregated"), "usd_per_s"]
     assert len(s["best"]) == 6
+
+
+def test_a_solver_stopped_without_a_solution_says_so_in_one_line(tmp_path):
+    """fleet_day with HiGHS at 0.05 s (it finds no incumbent in 60 s on this instance): exit 1, one line naming
+    the solver, its limit and what to change, no traceback, no result written."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    doc = yaml.safe_load((root / "studies" / "fleet_day.yaml").read_text())
+    doc["solver"] = {"name": "highs", "time_limit_s": 0.05}
+    study = tmp_path / "fleet_day.yaml"
+    study.write_text(yaml.safe_dump(doc))
+    r = subprocess.run([sys.executable, "-m", "dse.cli", "run", str(study), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, env=os.environ.copy(), timeout=600)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "no fleet found within 0.05 s by highs" in r.stderr and "raise solver.time_limit_s" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+    assert {p.name for p in (tmp_path / "out").iterdir()} <= {".dse-output.json"}  # the folder claimed, no results

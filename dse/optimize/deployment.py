@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dse.errors import InfeasibleError
+from dse.errors import InfeasibleError, SolverLimitError
 from dse.optimize.bridge import solve_pyomo
 from dse.optimize.solver import SolveResult
 from formulations.deployment import DeploymentData, build
@@ -61,8 +61,11 @@ def solve_deployment(d: DeploymentData, solver: str = "highs", gdp: str = "bigm"
         raise InfeasibleError(why)
     m = build(d)
     res = solve_pyomo(m, solver, time_limit_s, gdp)
+    if res.status == "infeasible":
+        raise InfeasibleError(f"the deployment program is infeasible ({res.termination})")
     if not res.ok:
-        raise InfeasibleError(f"the deployment program is {res.status} ({res.termination})")
+        raise SolverLimitError(f"no deployment found within {time_limit_s:g} s by {solver} (it stopped with no "
+                               f"solution, status {res.status}); raise solver.time_limit_s")
     reps = np.array([round(m.x[i].value or 0) for i in m.P], dtype=int)
     pools = d.points.assign(replicas=reps)
     pools = pools[pools["replicas"] > 0].reset_index(drop=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from dse.errors import InfeasibleError
+from dse.errors import InfeasibleError, SolverLimitError
 from dse.optimize.bridge import lp_duals, solve_pyomo
 from dse.optimize.solver import SolveResult
 from formulations.fleet import FleetData, build
@@ -77,8 +77,9 @@ def solve_fleet(d: FleetData, solver: str = "highs", time_limit_s: float = 60.0,
     if res.status == "infeasible":
         raise InfeasibleError(diagnose(d, solver))
     if not res.ok:
-        raise RuntimeError(f"no fleet found within {time_limit_s:g} s by {solver} ({res.status}, {res.termination}); "
-                           "raise solver.time_limit_s or try another solver")
+        other = "scip" if solver != "scip" else "highs"
+        raise SolverLimitError(f"no fleet found within {time_limit_s:g} s by {solver} (it stopped with no "
+                               f"solution, status {res.status}); raise solver.time_limit_s or try solver.name: {other}")
     S, T = list(m.S), list(m.T)
     reserved = pd.Series({s: round(m.reserved[s].value or 0) for s in S}, dtype=float)
     hourly = pd.DataFrame([[round(m.hourly[s, t].value or 0) for t in T] for s in S], index=S, columns=T, dtype=float)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linprog
 
+from dse.errors import InfeasibleError, SolverLimitError
 from dse.optimize.solver import solve
 from formulations import expert_placement as fp
 
@@ -52,7 +53,13 @@ def solve_placement(data: fp.PlacementData, time_limit_s: float = 600.0, solver:
         pass
     engine, res1 = solve(pm.model, solver, time_limit_s, node_limit)
     if not res1.ok:
-        raise RuntimeError(f"expert placement: the solver answered {res1.status} within {time_limit_s} s")
+        if res1.status == "infeasible":  # slots per GPU too few for the experts and their replicas
+            raise InfeasibleError(f"expert placement: {data.experts} experts do not fit {data.gpus} GPUs x "
+                                  f"{data.slots} expert slots (short by {data.experts - data.gpus * data.slots} slots)"
+                                  if data.experts > data.gpus * data.slots else
+                                  f"expert placement: {solver} found the program infeasible")
+        raise SolverLimitError(f"expert placement: no placement found within {time_limit_s:g} s by {solver} "
+                               f"({res1.status}); raise solver.time_limit_s")
     peak = float(engine.value(pm.peak))
     x1 = engine.values(pm.x).to_numpy().reshape(data.experts, data.gpus)
     y1 = engine.values(pm.y).to_numpy().reshape(data.experts, data.gpus)
