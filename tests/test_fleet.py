@@ -4,7 +4,12 @@ re-check, its duals, its infeasibility diagnosis and the greedy baseline."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -164,16 +169,16 @@ def test_larger_instances_beat_or_match_the_greedy():
     assert gains
 
 
-def _run(study: str, out):
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+ROOT = Path(__file__).resolve().parent.parent
 
-    root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, "-m", "dse.cli", "run", str(root / "studies" / study), "--out", str(out),
-                        "--json"], capture_output=True, text=True, env=os.environ.copy(), timeout=600)
+
+def _dse_run(study: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dse.cli", "run", str(study), "--out", str(out), *args],
+                          capture_output=True, text=True, env=os.environ.copy(), timeout=600)
+
+
+def _run(study: str, out):
+    r = _dse_run(ROOT / "studies" / study, out, "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
 
@@ -213,20 +218,13 @@ def test_disaggregated_vs_aggregated_study_answers_its_question(tmp_path):
 def test_a_solver_stopped_without_a_solution_says_so_in_one_line(tmp_path):
     """fleet_day with HiGHS at 0.05 s (it finds no incumbent in 60 s on this instance): exit 1, one line naming
     the solver, its limit and what to change, no traceback, no result written."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     import yaml
 
-    root = Path(__file__).resolve().parent.parent
-    doc = yaml.safe_load((root / "studies" / "fleet_day.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "studies" / "fleet_day.yaml").read_text())
     doc["solver"] = {"name": "highs", "time_limit_s": 0.05}
     study = tmp_path / "fleet_day.yaml"
     study.write_text(yaml.safe_dump(doc))
-    r = subprocess.run([sys.executable, "-m", "dse.cli", "run", str(study), "--out", str(tmp_path / "out")],
-                       capture_output=True, text=True, env=os.environ.copy(), timeout=600)
+    r = _dse_run(study, tmp_path / "out")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "no fleet found within 0.05 s by highs" in r.stderr and "raise solver.time_limit_s" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
