@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,25 +102,23 @@ def run_study(study: str | Path | dict | StudySpec, out: str | Path | None = Non
     if storage is not None and not module.USES_STORAGE:
         raise InputError(f"--storage: only {kinds_with('USES_STORAGE')} studies use a storage; {where} "
                          f"is a {spec.kind} study")
-    if target is not None:  # refuse a folder of someone else's files before any work
-        from dse.report.output import prepare
-
-        prepare(target, force)
-    scratch = None
-    if module.USES_STORAGE and storage is None:  # an embedded SQLite file in the output (or a scratch) folder
-        from dse.studies.optuna_sweep import default_storage
-
-        if target is None:
-            scratch = tempfile.TemporaryDirectory(prefix="dse-storage-")
-        storage = default_storage(target if target is not None else Path(scratch.name))
-    try:
-        output = module.run(spec, progress, storage)
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
+    use_storage = module.USES_STORAGE and storage is None  # embedded SQLite in the output (or a scratch) folder
     files: list[str] = []
-    if target is not None:
-        from dse.report.output import write_outputs
+    with ExitStack() as stack:
+        if target is not None:  # one run at a time per folder; refuse someone else's files before any work
+            from dse.report.output import hold, prepare
 
-        files = write_outputs(output, spec, target, force)
+            stack.enter_context(hold(target))
+            prepare(target, force, storage=use_storage)
+        if use_storage:
+            from dse.studies.optuna_sweep import default_storage
+
+            scratch = None if target is not None else stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="dse-storage-"))
+            storage = default_storage(target if target is not None else Path(scratch))
+        output = module.run(spec, progress, storage)
+        if target is not None:
+            from dse.report.output import write_outputs
+
+            files = write_outputs(output, spec, target, force)
     return Result(summary=output.summary, tables=output.tables, files=files, out=target)

@@ -57,20 +57,6 @@ def test_a_folder_of_foreign_files_is_refused_and_force_keeps_them(tmp_path):
     assert r.returncode == 0 and (docs / "budget.xlsx").read_text() == "the user's budget"
 
 
-def test_reruns_swap_the_folder_and_recover_what_a_killed_run_left(tmp_path):
-    out = tmp_path / "kv"
-    assert dse_cli("run", str(KV), "--out", str(out)).returncode == 0
-    first = json.loads((out / "summary.json").read_text())
-    # a run killed after moving the old folder aside, before the new one arrived
-    (tmp_path / ".kv.dse-new-abc").mkdir()
-    (tmp_path / ".kv.dse-new-abc" / "half.csv").write_text("x")
-    out.rename(tmp_path / ".kv.dse-old-abc")
-    r = dse_cli("run", str(KV), "--out", str(out))
-    assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["kv"]
-    assert json.loads((out / "summary.json").read_text())["best"] == first["best"]
-
-
 @pytest.mark.parametrize("name", ["..", "../../x", "/tmp/x", ".hidden", "a/b", ""])
 def test_study_names_must_be_plain(tmp_path, name):
     doc = copy.deepcopy(STUDIES["kv_cache_tiers"])
