@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 from dse.report.export import DEFAULT_CHUNK_TOKENS, export
 
 AGGREGATED = {"model": "deepseek-v3", "workload": "chat", "serving": "aggregated", "system": "h200", "chips": 16,
-              "tp": 1, "ep": 16, "pp": 2, "dp": 8, "batch": 96, "weights_dtype": "fp8", "kv_dtype": "fp8",
+              "tp": 1, "ep": 8, "pp": 2, "dp": 8, "batch": 96, "weights_dtype": "fp8", "kv_dtype": "fp8",
               "context": 6000, "replicas": 7}
 DISAGGREGATED = {"model": "llama-3.1-70b", "workload": "long", "serving": "disaggregated", "context": 130000,
                  "pools": [
@@ -48,11 +49,11 @@ def test_aggregated_flags_carry_the_layout_batch_and_formats():
     assert v["--max-num-seqs"] == str(96 * 2 // 8)  # sequences in flight per data-parallel engine
     assert v["--max-num-batched-tokens"] == str(DEFAULT_CHUNK_TOKENS) and v["--max-model-len"] == "6000"
     (sg,) = [_flags(ln) for ln in _launch_lines(files["launch_sglang.sh"])]
-    assert (sg["--tp-size"], sg["--dp-size"], sg["--ep-size"], sg["--pp-size"]) == ("8", "8", "16", "2")
+    assert (sg["--tp-size"], sg["--dp-size"], sg["--ep-size"], sg["--pp-size"]) == ("8", "8", "8", "2")
     assert sg["--enable-dp-attention"] is True and sg["--max-running-requests"] == "192"
     assert sg["--kv-cache-dtype"] == "fp8_e4m3" and "--disaggregation-mode" not in sg
     (t,) = [_flags(ln) for ln in _launch_lines(files["launch_trtllm.sh"])]
-    assert (t["--tp_size"], t["--pp_size"], t["--ep_size"], t["--max_batch_size"]) == ("8", "2", "16", "24")
+    assert (t["--tp_size"], t["--pp_size"], t["--ep_size"], t["--max_batch_size"]) == ("8", "2", "8", "24")
     assert "enable_attention_dp: true" in files["trtllm_both.yaml"] and "dtype: fp8" in files["trtllm_both.yaml"]
     assert "weights fp8" in files["launch_vllm.sh"] and "spans 2 nodes" in files["launch_sglang.sh"]
 
@@ -109,3 +110,75 @@ def test_context_parallel_prefill_pool_is_stated():
             continue  # the launch scripts carry the comments, not the framework's option files
         assert "context parallel: dse planned each prompt split over this replica's 4 DP ranks" in text, name
     assert not any("context parallel" in t for t in _by_name(DISAGGREGATED).values())
+
+
+def test_a_layout_vllm_cannot_express_is_noted():
+    entry = dict(AGGREGATED, ep=4)  # experts EP4 x expert-TP2 over the 8 chips of a stage
+    text = _by_name(entry)["launch_vllm.sh"]
+    assert "TP x DP = 8; this layout has EP 4: not expressible exactly" in text
+
+
+def test_pools_of_one_role_get_their_own_function_and_options_file():
+    second = dict(DISAGGREGATED["pools"][1], tp=8, dp=1, replicas=1)
+    files = _by_name({**DISAGGREGATED, "pools": [*DISAGGREGATED["pools"], second]})
+    vllm = files["launch_vllm.sh"]
+    assert "launch_decode() {" in vllm and "launch_decode_2() {" in vllm and "launch_decode_2 8102 &" in vllm
+    assert {"trtllm_decode.yaml", "trtllm_decode_2.yaml", "trtllm_prefill.yaml"} <= set(files)
+    assert "--extra_llm_api_options trtllm_decode_2.yaml" in files["launch_trtllm.sh"]
+    assert "num_instances: 2" in files["trtllm_disagg.yaml"]
+
+
+def test_an_entry_is_checked_before_any_script_is_written():
+    from dse.errors import InputError
+
+    bad = {**DISAGGREGATED, "pools": [DISAGGREGATED["pools"][0], dict(DISAGGREGATED["pools"][1], replicas=-3)]}
+    with pytest.raises(InputError, match=r"field 'best\[0\]\.pools\[1\]\.replicas': must be a positive integer, "
+                                         r"got -3"):
+        export(bad, ("vllm",), "org/model")
+    with pytest.raises(InputError, match="--model-path"):
+        export(AGGREGATED, ("vllm",), "org/model\nrm -rf ~")
+
+
+HOSTILE = ["/srv/my weights/it's \"q\" $(touch PWNED) `touch PWNED`; touch PWNED && touch PWNED | touch PWNED",
+           "'; touch PWNED; '", "\"$(touch PWNED)\"", "* ~ a\\", "x=$HOME > PWNED < /dev/null"]
+STUB = """#!{python} -S
+import json, os, sys
+with open(os.path.join(os.environ["STUB_LOG"], str(os.getpid()) + ".json"), "w") as f:
+    json.dump([os.path.basename(sys.argv[0]), *sys.argv[1:]], f)
+"""
+
+
+@pytest.mark.parametrize("entry", [AGGREGATED, DISAGGREGATED], ids=["aggregated", "disaggregated"])
+def test_scripts_run_with_hostile_model_paths_pass_each_as_one_argument(tmp_path, entry):
+    """Each generated script, run for real with the framework binaries replaced by a stub that records its
+    argv: the model path arrives as one argument, and no command hidden in it runs.
+    """
+    stubs, log = tmp_path / "bin", tmp_path / "log"
+    stubs.mkdir()
+    for name in ("vllm", "python", "trtllm-serve"):
+        (stubs / name).write_text(STUB.format(python=sys.executable))
+        (stubs / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "STUB_LOG": str(log)}
+    for i, model_path in enumerate(HOSTILE):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        log.mkdir(exist_ok=True)
+        for old in log.iterdir():
+            old.unlink()
+        scripts = export(entry, ("vllm", "sglang", "trtllm"), model_path)
+        for sc in scripts:
+            (run / sc.name).write_text(sc.text())
+        for sc in scripts:
+            if not sc.name.endswith(".sh"):
+                continue
+            assert subprocess.run(["bash", "-n", sc.name], cwd=run).returncode == 0, (sc.name, model_path)
+            r = subprocess.run(["bash", sc.name], cwd=run, env=env, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, (sc.name, model_path, r.stderr)
+        calls = [json.loads(p.read_text()) for p in log.iterdir()]
+        servers = [c for c in calls if "sglang.launch_server" in c or c[0] == "vllm" or
+                   (c[0] == "trtllm-serve" and c[1] != "disaggregated")]
+        pools = len(entry.get("pools", [entry]))
+        assert len(servers) == 3 * pools, (model_path, calls)
+        for argv in servers:
+            assert argv.count(model_path) == 1, (model_path, argv)
+        assert not list(tmp_path.rglob("PWNED")), model_path
