@@ -58,6 +58,9 @@ groups out and predicts the group left out from fits on the others:
 
 from __future__ import annotations
 
+import codecs
+import csv
+import io
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -128,19 +131,101 @@ class Runs:
     given: int = 0
 
 
-def read_runs(path: Path) -> pd.DataFrame:
-    """Read a CSV of measured runs; a missing column or a non-number where a number belongs is an InputError."""
-    path = Path(path)
+MAX_CSV_BYTES = 256_000_000
+"""Largest measured-runs file read (bytes)."""
+WHOLE = tuple(c for c in NUMERIC if not c.startswith("silicon_"))
+"""Columns that count (tokens, requests, chips, workers): whole numbers (8192 or 8192.0, not 8192.5)."""
+_SHAPE = (f"a measured-runs file is UTF-8 CSV: a header line naming the columns (at least {', '.join(REQUIRED)}) "
+          "and one line per run")
+
+
+def _csv_records(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
+    """The header, the rows (perhaps none) and each row's line number of a CSV file (blank lines skipped); a file
+    that is not UTF-8 CSV with one header of distinct names and rows as wide as it is an InputError naming the
+    line.
+    """
     if not path.exists():
         raise InputError(f"{path}: no such file")
+    if not path.is_file():
+        raise InputError(f"{path}: not a file (a folder?); {_SHAPE}")
     try:
-        raw = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
-        raise InputError(f"{path}: not a readable CSV file ({str(exc).splitlines()[0]})") from None
-    missing = [c for c in REQUIRED if c not in raw.columns]
+        if path.stat().st_size > MAX_CSV_BYTES:
+            raise InputError(f"{path}: file of {path.stat().st_size:,} bytes; at most {MAX_CSV_BYTES:,} are read")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    for bom, name in ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+                      (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16")):
+        if data.startswith(bom):
+            raise InputError(f"{path}: {name} text; save it as UTF-8 ({_SHAPE})")
+    if b"\x00" in data:
+        line = data.count(b"\n", 0, data.index(b"\x00")) + 1
+        raise InputError(f"{path}: line {line}: a NUL byte; not a text file ({_SHAPE})")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path}: line {line}: byte 0x{data[exc.start]:02x} is not UTF-8; save the file as UTF-8"
+                         ) from None
+    if not text.strip():
+        raise InputError(f"{path}: empty file; {_SHAPE}")
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    header: list[str] | None = None
+    rows, lines = [], []
+    while True:
+        line = reader.line_num + 1
+        try:
+            record = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            raise InputError(f"{path}: line {line}: not valid CSV ({exc})") from None
+        if not record:
+            continue  # a blank line
+        if header is None:
+            header = record
+            seen: dict[str, int] = {}
+            for i, name in enumerate(header, 1):
+                if not name.strip():
+                    raise InputError(f"{path}: line {line}: column {i} of the header has no name; {_SHAPE}")
+                if name in seen:
+                    raise InputError(f"{path}: line {line}: column '{name}' given twice in the header (columns "
+                                     f"{seen[name]} and {i}); each column may appear once")
+                seen[name] = i
+            continue
+        if len(record) != len(header):
+            n = len(record)
+            raise InputError(f"{path}: line {line}: {n} field{'' if n == 1 else 's'}, the header has "
+                             f"{len(header)}; each run is one line with a value (or nothing) for every column")
+        rows.append(record)
+        lines.append(line)
+    return header, rows, lines
+
+
+def read_runs(path: Path) -> pd.DataFrame:
+    """Read a CSV of measured runs: UTF-8 (a byte-order mark is skipped), a header of distinct column names with
+    at least the `REQUIRED` ones, every line as wide as the header (blank lines skipped), a distinct non-empty
+    ``id`` per run, and in the `NUMERIC` columns nothing or a finite number >= 0 (a whole one in the `WHOLE`
+    columns). Anything else is an InputError naming the file and the line (``row N`` for a value: N is the
+    line number, the header being row 1) and the column.
+    """
+    path = Path(path)
+    header, rows, lines = _csv_records(path)
+    missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise InputError(f"{path}: missing column(s) {', '.join(missing)}; a measured-runs file has the columns "
                          f"of measured_serving.csv (at least {', '.join(REQUIRED)})")
+    if not rows:
+        raise InputError(f"{path}: a header but no rows; {_SHAPE}")
+    raw = pd.DataFrame(rows, columns=header, dtype=str)
+    first: dict[str, int] = {}
+    for i, run in enumerate(raw["id"]):
+        if not run.strip():
+            raise InputError(f"{path}: line {lines[i]}: column 'id' is empty; each run needs an id")
+        if run in first:
+            raise InputError(f"{path}: line {lines[i]}: column 'id': {run!r} is already the id of line "
+                             f"{lines[first[run]]}; each run has its own id")
+        first[run] = i
     out = raw.copy()
     for col in NUMERIC:
         if col not in raw.columns:
@@ -151,14 +236,29 @@ def read_runs(path: Path) -> pd.DataFrame:
         bad = text.ne("") & values.isna()
         if bad.any():
             i = int(np.flatnonzero(bad.to_numpy())[0])
-            raise InputError(f"{path}: row {i + 2} (id {raw['id'].iloc[i]}), column '{col}': {text.iloc[i]!r} is "
-                             "not a number")
+            raise InputError(f"{path}: row {lines[i]} (id {raw['id'].iloc[i]}), column '{col}': {text.iloc[i]!r} "
+                             "is not a number")
         if ((values < 0) | ~np.isfinite(values.fillna(0))).any():
             i = int(np.flatnonzero(((values < 0) | ~np.isfinite(values.fillna(0))).to_numpy())[0])
-            raise InputError(f"{path}: row {i + 2} (id {raw['id'].iloc[i]}), column '{col}': must be a finite "
+            raise InputError(f"{path}: row {lines[i]} (id {raw['id'].iloc[i]}), column '{col}': must be a finite "
                              f"number >= 0, got {text.iloc[i]!r}")
+        if col in WHOLE and (values.fillna(0) % 1 != 0).any():
+            i = int(np.flatnonzero((values.fillna(0) % 1 != 0).to_numpy())[0])
+            raise InputError(f"{path}: row {lines[i]} (id {raw['id'].iloc[i]}), column '{col}': must be a whole "
+                             f"number, got {text.iloc[i]!r}")
         out[col] = values
     return out
+
+
+def _none_predicted(path: Path, runs: Runs) -> str:
+    """The message for a file none of whose rows the physics can represent: how many, and why."""
+    from collections import Counter
+
+    reasons = Counter(s["reason"] for s in runs.skipped).most_common()
+    shown = "; ".join(f"{reason} ({n} row{'' if n == 1 else 's'})" for reason, n in reasons[:5])
+    more = f"; and {len(reasons) - 5} other reason(s)" if len(reasons) > 5 else ""
+    return (f"{path}: no row of the file could be predicted: {len(runs.skipped)} row"
+            f"{'' if len(runs.skipped) == 1 else 's'} skipped: {shown}{more}")
 
 
 def _layout(r: pd.Series, prefix: str, moe: bool, heads: int) -> tuple[int, int, int, int, int] | str:
@@ -880,5 +980,10 @@ def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
 
 
 def validate_file(path: Path) -> RunsValidation:
-    """Read, map, predict and cross-validate a CSV of measured serving runs."""
-    return validate_runs(map_runs(read_runs(path)))
+    """Read, map, predict and cross-validate a CSV of measured serving runs; a file none of whose rows can be
+    predicted is an InputError saying why each was skipped.
+    """
+    runs = map_runs(read_runs(path))
+    if runs.table.empty:
+        raise InputError(_none_predicted(Path(path), runs))
+    return validate_runs(runs)
