@@ -5,6 +5,7 @@ single candidate, and return plain numbers keyed as in the command-line contract
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -62,6 +63,111 @@ class Config:
     usd_per_chip_hour: float | None = None  # a price the caller supplies (replaces the catalog's)
     allow_beyond_trained_context: bool = False
 
+    def __post_init__(self) -> None:
+        check_config(self)
+
+
+MAX_BATCH = 1_000_000_000
+"""Most sequences one forward pass of a replica may carry (what a study's space reaches: 65,536 per rank on
+16,384 chips)."""
+MAX_TOKENS = 100_000_000
+"""Longest context or prompt, in tokens (a study's longest prompt; a model's published window binds first)."""
+MAX_OUTPUT = 10_000_000
+"""Most output tokens per request (a study's largest)."""
+MAX_CHIPS = 1_048_576
+"""Most chips of one replica, and the largest parallel degree (2**20; a study reaches 64 domains of 9,216)."""
+MAX_CHUNK = 1_048_576
+"""Largest chunked-prefill budget, tokens per DP rank per pass (a study's largest)."""
+MAX_DRAFT = 16
+"""Most speculative draft tokens per decode pass (a study's largest)."""
+MAX_USD_PER_CHIP_HOUR = 1_000_000.0
+"""Highest price per chip-hour accepted (far above any chip's; keeps every cost finite)."""
+
+WHOLE_FIELDS: tuple[tuple[str, int, int, str], ...] = (
+    ("batch", 1, MAX_BATCH, "sequences per forward pass"),
+    ("context", 1, MAX_TOKENS, "tokens"),
+    ("tp", 1, MAX_CHIPS, "attention tensor-parallel degree"),
+    ("ep", 1, MAX_CHIPS, "expert-parallel degree"),
+    ("pp", 1, MAX_CHIPS, "pipeline stages"),
+    ("dp", 1, MAX_CHIPS, "attention data-parallel degree"),
+    ("etp", 1, MAX_CHIPS, "expert tensor-parallel degree"),
+    ("chips", 1, MAX_CHIPS, "chips of the replica"),
+    ("prompt", 1, MAX_TOKENS, "prompt tokens"),
+    ("output", 1, MAX_OUTPUT, "output tokens per request"),
+    ("chunk", 1, MAX_CHUNK, "chunked-prefill tokens per DP rank per pass"),
+    ("draft", 0, MAX_DRAFT, "speculative draft tokens per decode pass"),
+)
+"""Whole-number fields of ``Config``: name, lowest and highest allowed value, what it counts."""
+TEXT_FIELDS = ("model", "system", "phase", "weights_dtype", "kv_dtype", "kv_tier", "kv_shard", "experts_dtype",
+               "price_kind")
+FLAG_FIELDS = ("weight_only", "allow_beyond_trained_context")
+
+
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _shown(value: object) -> str:
+    """A value as a message shows it: numbers plainly (-1, nan, 1e+308), anything else quoted."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return repr(value)
+    return str(int(value)) if isinstance(value, numbers.Integral) else f"{float(value):g}"
+
+
+def _real(value: object) -> float | None:
+    """``value`` as a float when it is a finite real number (not a boolean), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def check_config(cfg: Config) -> None:
+    """Check every field of a configuration against its stated range (one InputError naming the option).
+
+    Whole numbers lie in the ranges of ``WHOLE_FIELDS``; ``cached`` in [0, 1); ``accept`` in [1, draft + 1];
+    ``moe_imbalance`` finite and >= 1 (its upper bound, the EP degree, is checked with the layout in
+    `resolve`); ``micro_batches`` 1 or 2; ``usd_per_chip_hour`` positive and finite, at most
+    ``MAX_USD_PER_CHIP_HOUR``; the names are text and the flags booleans. NaN and infinity are refused
+    everywhere. `dse evaluate`, ``dse.evaluate`` and ``evaluate_frame`` all check through here.
+    """
+    for name in TEXT_FIELDS:
+        value = getattr(cfg, name)
+        if not isinstance(value, str) and not (name == "experts_dtype" and value is None):
+            raise InputError(f"{_option(name)}: must be a name (text), got {_shown(value)}")
+    for name in FLAG_FIELDS:
+        if not isinstance(getattr(cfg, name), bool):
+            raise InputError(f"{_option(name)}: must be true or false, got {_shown(getattr(cfg, name))}")
+    for name, low, high, what in WHOLE_FIELDS:
+        value = getattr(cfg, name)
+        if value is None and name in ("tp", "ep", "pp", "dp", "etp", "chips", "prompt", "output"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+            raise InputError(f"{_option(name)}: must be a whole number from {low:,} to {high:,} ({what}), "
+                             f"got {_shown(value)}")
+    if isinstance(cfg.micro_batches, bool) or cfg.micro_batches not in (1, 2):
+        raise InputError(f"--micro-batches must be 1 (no overlap) or 2 (two-batch overlap), got "
+                         f"{_shown(cfg.micro_batches)}")
+    cached = _real(cfg.cached)
+    if cached is None or not 0.0 <= cached < 1.0:
+        raise InputError(f"--cached: must be a share in [0, 1) (of the prompt served from a prefix cache), "
+                         f"got {_shown(cfg.cached)}")
+    accept = _real(cfg.accept)
+    if accept is None or not 1.0 <= accept <= cfg.draft + 1:
+        raise InputError(f"--accept: must be a number from 1 to draft + 1 = {cfg.draft + 1} (mean tokens emitted "
+                         f"per decode pass), got {_shown(cfg.accept)}")
+    imbalance = _real(cfg.moe_imbalance)
+    if imbalance is None or imbalance < 1.0:
+        raise InputError(f"--moe-imbalance: must be a finite number >= 1 (the most-loaded expert-parallel group's "
+                         f"routed tokens over the mean), got {_shown(cfg.moe_imbalance)}")
+    if cfg.usd_per_chip_hour is not None:
+        usd = _real(cfg.usd_per_chip_hour)
+        if usd is None or not 0.0 < usd <= MAX_USD_PER_CHIP_HOUR:
+            raise InputError(f"--usd-per-chip-hour: must be a positive finite number (USD per chip-hour) up to "
+                             f"{MAX_USD_PER_CHIP_HOUR:,.0f}, got {_shown(cfg.usd_per_chip_hour)}")
+    if cfg.output is not None and cfg.prompt is None:
+        raise InputError("--output needs --prompt (the request's prompt tokens)")
+
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> int:
     if value not in allowed:
@@ -103,8 +209,15 @@ def check_formats(system: System, weights: str, experts: str, kv: str, weight_on
 
 def resolve(cfg: Config) -> Resolved:
     """Check a configuration against the catalogs; raises InputError on bad names, layouts or values."""
-    model = get_model(cfg.model)
-    system = priced(get_system(cfg.system), check_price_kind(cfg.price_kind, "--price-kind"), cfg.usd_per_chip_hour)
+    try:
+        model = get_model(cfg.model)
+    except InputError as exc:
+        raise InputError(f"--model: {exc}") from None
+    try:
+        system = get_system(cfg.system)
+    except InputError as exc:
+        raise InputError(f"--system: {exc}") from None
+    system = priced(system, check_price_kind(cfg.price_kind, "--price-kind"), cfg.usd_per_chip_hour)
     phase = _choice("phase", cfg.phase, PHASES)
     wd = _choice("weights-dtype", cfg.weights_dtype, DTYPES)
     experts = cfg.experts_dtype or cfg.weights_dtype
@@ -113,24 +226,19 @@ def resolve(cfg: Config) -> Resolved:
     check_formats(system, cfg.weights_dtype, experts, cfg.kv_dtype, cfg.weight_only)
     tier = _choice("kv-tier", cfg.kv_tier, KV_TIERS)
     _choice("kv-shard", cfg.kv_shard, KV_SHARDS)
-    if cfg.micro_batches not in (1, 2):
-        raise InputError(f"--micro-batches must be 1 (no overlap) or 2 (two-batch overlap), got {cfg.micro_batches!r}")
-    if not cfg.moe_imbalance >= 1.0:
-        raise InputError(f"--moe-imbalance must be >= 1 (most-loaded GPU over the mean), got {cfg.moe_imbalance}")
-    for name, value in (("batch", cfg.batch), ("context", cfg.context), ("prompt", cfg.prompt or 1),
-                        ("output", cfg.output or 1), ("chunk", cfg.chunk), ("draft", cfg.draft + 1)):
-        if not isinstance(value, int) or value < 1:
-            raise InputError(f"--{name} must be a whole number >= 1, got {value!r}")
-    if not 0.0 <= cfg.cached < 1.0:
-        raise InputError(f"--cached must be a share in [0, 1), got {cfg.cached}")
-    if not 1.0 <= cfg.accept <= cfg.draft + 1:
-        raise InputError(f"--accept must be in [1, draft + 1 = {cfg.draft + 1}], got {cfg.accept}")
-    if cfg.output is not None and cfg.prompt is None:
-        raise InputError("--output needs --prompt (the request's prompt tokens)")
     beyond = model.check_context(cfg.context, cfg.allow_beyond_trained_context, "--context")
     if cfg.prompt is not None:
         beyond |= model.check_context(cfg.prompt, cfg.allow_beyond_trained_context, "--prompt")
     layout: Layout = resolve_layout(model, cfg.tp, cfg.ep, cfg.pp, cfg.dp, cfg.etp, cfg.chips)
+    if layout.chips > MAX_CHIPS:
+        raise InputError(f"--tp, --dp, --ep, --etp, --pp, --chips: layout {layout.describe()} needs {layout.chips:,} "
+                         f"chips; allowed: at most {MAX_CHIPS:,} chips per replica")
+    if not model.is_moe and cfg.moe_imbalance != 1.0:
+        raise InputError(f"--moe-imbalance: {model.id} is dense (no experts), so it must be 1, got "
+                         f"{_shown(cfg.moe_imbalance)}")
+    if cfg.moe_imbalance > layout.ep * (1 + 1e-9):  # the most-loaded group carries at most every routed token
+        raise InputError(f"--moe-imbalance: must be from 1 to EP = {layout.ep} (the most-loaded of {layout.ep} "
+                         f"expert-parallel groups carries at most every routed token), got {_shown(cfg.moe_imbalance)}")
     if tier == 1 and (math.isnan(system.host_memory_capacity) or math.isnan(system.host_offload_bandwidth)):
         raise InputError(
             f"--kv-tier host: the catalog has no host memory capacity and bandwidth for system '{system.id}'; "
@@ -247,9 +355,10 @@ def request_metrics(cand: Candidates, tables: tuple[ModelTable, SystemTable], ef
 
 
 FRAME_COLUMNS = ("model", "system", "batch", "context")
-INT_FIELDS = ("batch", "context", "tp", "ep", "pp", "dp", "etp", "chips", "prompt", "micro_batches")
-"""Whole-number fields: a column pandas turned to floats (because of empty cells) is read back as integers."""
 """Columns `evaluate_frame` needs; the other fields of ``Config`` are optional columns."""
+INT_FIELDS = ("batch", "context", "tp", "ep", "pp", "dp", "etp", "chips", "prompt", "output", "chunk", "draft",
+              "micro_batches")
+"""Whole-number fields: a column pandas turned to floats (because of empty cells) is read back as integers."""
 
 
 def evaluate_frame(frame, ideal: bool = False):

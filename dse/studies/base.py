@@ -7,7 +7,9 @@ the kind's own block, so every mistake gets one message naming the file and the 
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -172,12 +174,12 @@ class StudySpec(_Strict):
             raise ValueError("models: must list at least one model")
         if not self.workloads:
             raise ValueError("workloads: must list at least one workload")
-        names = [w.name for w in self.workloads]
-        if len(set(names)) != len(names):
-            raise ValueError(f"workloads: names must be unique, got {names}")
         for sid, usd in self.prices.items():
             if not usd > 0:
                 raise ValueError(f"prices.{sid}: USD per chip-hour must be > 0, got {usd}")
+        repeat = first_repeat(self)
+        if repeat:
+            raise ValueError(repeat)
         return self
 
     def options(self) -> SpaceOptions:
@@ -206,10 +208,74 @@ def _system_fields(spec: StudySpec) -> list[tuple[str, list[str]]]:
     return out
 
 
+SEQUENCE_FIELDS = frozenset({"demand_curve", "input", "output", "params_b"})
+"""List fields whose items form a sequence (a share per time slice, a price below and above a step, a
+[low, high] range), where a value may recur. Every other list of a study is a set of names or of
+alternatives (models, systems, workloads and classes by name, tornado parameters, formats, degrees,
+factors, skews): a repeat would run the same thing twice and double its rows, so it is refused."""
+
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _check_regular_file(path: Path) -> None:
+    """Refuse a study path that is not a regular file before opening it (a FIFO or a device would block or
+    never end); symbolic links are followed.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such study file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        what = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+        raise InputError(f"{path}: is {what}, not a regular file; a study is a YAML file")
+
+
+def _shown(value: object) -> str:
+    return repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def first_repeat(model: BaseModel, at: str = "") -> str | None:
+    """The first value listed twice in any list of a study (a name twice among named items), outside
+    ``SEQUENCE_FIELDS``, as a message naming the field and the value; None when nothing repeats.
+    """
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        field = f"{at}{name}"
+        if isinstance(value, BaseModel):
+            found = first_repeat(value, field + ".")
+            if found:
+                return found
+            continue
+        if not isinstance(value, list):
+            continue
+        seen: dict = {}
+        for i, item in enumerate(value):
+            if isinstance(item, BaseModel):
+                found = first_repeat(item, f"{field}.{i}.")
+                if found:
+                    return found
+                if "name" not in type(item).model_fields:
+                    continue
+                key, what = item.name, "the name "
+            elif name in SEQUENCE_FIELDS:
+                continue
+            else:
+                key, what = item, ""
+            if key in seen:
+                return (f"field '{field}': {what}{_shown(key)} is given twice (items {seen[key]} and {i}); each may "
+                        "appear once")
+            seen[key] = i
+    return None
+
+
 def load_study(study: str | Path | dict) -> StudySpec:
     """Read and validate a study (a file, or the mapping a file would hold); errors are InputErrors.
 
-    Each message names the file (``<study>`` for a mapping) and the field.
+    Each message names the file (``<study>`` for a mapping) and the field. A path must be a regular file
+    (checked before it is opened); no list names a thing twice (`first_repeat`, checked as the spec is).
     """
     from dse.studies.registry import KINDS, study_module
 
@@ -217,8 +283,7 @@ def load_study(study: str | Path | dict) -> StudySpec:
         where, doc = "<study>", study
     else:
         path = Path(study)
-        if not path.exists():
-            raise InputError(f"{path}: no such study file")
+        _check_regular_file(path)
         where, doc = str(path), read_yaml(path)
     if not isinstance(doc, dict):
         raise InputError(f"{where}: a study file is a mapping with study, kind, models, workloads, ...")
