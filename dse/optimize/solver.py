@@ -37,6 +37,7 @@ class SolveResult:
     solver: str
     values: dict = field(default_factory=dict)
     iterations: int = 1
+    time_limited: bool = False  # stopped short of optimality by its time limit: the answer depends on machine speed
 
     @property
     def ok(self) -> bool:
@@ -44,7 +45,15 @@ class SolveResult:
 
     def as_dict(self) -> dict:
         return {"name": self.solver, "status": self.status, "wall_s": self.wall_s, "gap": self.gap,
-                "objective": self.objective, "bound": self.bound, "iterations": self.iterations}
+                "objective": self.objective, "bound": self.bound, "iterations": self.iterations,
+                "time_limited": self.time_limited}
+
+
+def stopped_by_time(status: str, wall_s: float, time_limit_s: float) -> bool:
+    """Whether a solve that did not prove optimality ran to its time limit (rather than to a node limit or a
+    proof): its answer then depends on the machine's speed and load, and is not reproducible.
+    """
+    return status != "optimal" and wall_s >= 0.98 * time_limit_s
 
 
 def relative_gap(objective: float, bound: float) -> float:
@@ -81,4 +90,5 @@ def solve(model: mb.Model, solver: str = "highs", time_limit_s: float = 60.0,
     else:
         obj = bound = math.nan
     gap = relative_gap(obj, bound) if name in ("optimal", "feasible") else math.inf
-    return engine, SolveResult(name, str(status), obj, bound, gap, wall, solver)
+    return engine, SolveResult(name, str(status), obj, bound, gap, wall, solver,
+                               time_limited=stopped_by_time(name, wall, time_limit_s))

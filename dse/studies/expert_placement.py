@@ -34,10 +34,15 @@ class PlacementSpec(_Strict):
     redundant: int = Field(default=16, ge=0, le=4096)
     extra_slots: int = Field(default=2, ge=0, le=64, description="slots per GPU beyond experts / GPUs")
     experts: int | None = Field(default=None, ge=2, le=4096, description="experts to place (default: the model's)")
-    node_limit: int | None = Field(default=None, ge=1, le=1_000_000, description="branch-and-bound nodes per "
-                                   "stage: a limit that gives the same answer on every machine")
-    time_limit_s: float = Field(default=10.0, gt=0, le=3600, description="seconds per stage; an answer cut by it "
-                                "depends on machine speed and is marked time_limited")
+    node_limit: int | None = Field(default=200, ge=1, le=1_000_000, description="branch-and-bound nodes of stage 1 "
+                                   "(peak load): a limit of work, which gives the same answer on every machine; "
+                                   "null: the time limit alone decides")
+    crossing_node_limit: int | None = Field(default=1, ge=1, le=1_000_000, description="branch-and-bound nodes of "
+                                            "stage 2 (crossing tokens; 1: the root, its cuts and heuristics); null: "
+                                            "the time limit alone decides")
+    time_limit_s: float = Field(default=120.0, gt=0, le=3600, description="seconds per stage, a safety net: an "
+                                "answer cut by it depends on the machine's speed, is marked time_limited and is "
+                                "not reproducible")
     context: int = Field(default=4096, ge=1, le=100_000_000)
 
     @field_validator("skews")
@@ -58,29 +63,41 @@ class Spec(StudySpec):
             raise InputError(f"{path}: field 'models': expert placement needs MoE models")
 
 
+def placement_data(pl: PlacementSpec, model_id: str, skew: float):
+    """The instance of one model at one Zipf skew: its experts' loads (a fixed seed), GPUs, slots, replicas."""
+    from formulations import expert_placement as fp
+
+    f = get_model(model_id).spec.ffn
+    experts = pl.experts or f.n_experts
+    loads = fp.zipf_loads(experts, pl.tokens_per_step * f.top_k, skew, seed=1)
+    return fp.PlacementData(loads, gpus=pl.gpus, domain=pl.domain_gpus, slots=-(-experts // pl.gpus) + pl.extra_slots,
+                            redundant=pl.redundant)
+
+
+def solve_mip(pl: PlacementSpec, data):
+    """The MIP's placement of one instance under the study's limits (`dse.optimize.placement.solve_placement`)."""
+    from dse.optimize.placement import solve_placement
+
+    return solve_placement(data, pl.time_limit_s, node_limit=pl.node_limit, crossing_node_limit=pl.crossing_node_limit)
+
+
 def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
     """Expert placement (MIP) against the EPLB greedy, per load skew, and what it does to decode."""
-    from dse.optimize.placement import greedy, solve_placement
-    from formulations import expert_placement as fp
+    from dse.optimize.placement import greedy
 
     t0 = time.perf_counter()
     pl = spec.placement
-    rows, results = [], []
+    rows = []
     for i, model_id in enumerate(spec.models):
-        model = get_model(model_id)
-        f = model.spec.ffn
-        experts = pl.experts or f.n_experts
-        slots = -(-experts // pl.gpus) + pl.extra_slots
         for j, skew in enumerate(pl.skews):
             if progress:
                 progress(f"{model_id}: skew {skew}", i * len(pl.skews) + j, len(spec.models) * len(pl.skews))
-            loads = fp.zipf_loads(experts, pl.tokens_per_step * f.top_k, skew, seed=1)
-            data = fp.PlacementData(loads, gpus=pl.gpus, domain=pl.domain_gpus, slots=slots, redundant=pl.redundant)
-            mip, base = solve_placement(data, pl.time_limit_s, node_limit=pl.node_limit), greedy(data)
-            results.append(mip.result)
+            data = placement_data(pl, model_id, skew)
+            experts, slots = data.experts, data.slots
+            mip, base = solve_mip(pl, data), greedy(data)
             row = {"model": model_id, "skew": skew, "experts": experts, "gpus": pl.gpus, "slots": slots,
                    "redundant": pl.redundant, "status": mip.status, "time_limited": mip.time_limited,
-                   "gap": mip.gap, "wall_s": mip.wall_s,
+                   "gap": mip.gap, "crossing_gap": mip.crossing_gap, "wall_s": mip.wall_s,
                    "peak_tokens_mip": mip.peak, "peak_tokens_greedy": base.peak,
                    "imbalance_mip": mip.imbalance(data), "imbalance_greedy": base.imbalance(data),
                    "crossing_tokens_mip": mip.crossing, "crossing_tokens_greedy": base.crossing,
@@ -94,15 +111,29 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
                 row[f"usd_per_mtok_{name}"] = ev["usd_per_mtok"]
             rows.append(row)
     table = pd.DataFrame(rows)
+    limited = bool(table["time_limited"].any())
     out = StudyOutput(summary=summary_header(
-        spec, status="optimal" if all(r.status == "optimal" for r in results) else "feasible",
+        spec, status="optimal" if (table["status"] == "optimal").all() else "feasible",
         solver={"name": "scip", "wall_s": time.perf_counter() - t0, "solve_wall_s": float(table["wall_s"].sum()),
-                "solves": 2 * len(table), "gap": float(table["gap"].max())},
-        time_limited=bool(table["time_limited"].any()),
+                "solves": 2 * len(table), "gap": float(table[["gap", "crossing_gap"]].max().max()),
+                "node_limit": pl.node_limit, "crossing_node_limit": pl.crossing_node_limit,
+                "time_limit_s": pl.time_limit_s, "time_limited": limited, "reproducible": not limited},
+        time_limited=limited, reproducible=not limited, limits=_limits(pl, limited),
         mip_never_worse=bool((table["peak_tokens_mip"] <= table["peak_tokens_greedy"] * (1 + 1e-9)).all()),
     ))
     out.tables = {"placement": table}
     return out
+
+
+def _limits(pl: PlacementSpec, limited: bool) -> str:
+    """What stopped the stages, and so whether another machine gets the same answer."""
+    if limited:
+        return (f"a stage stopped at the time limit ({pl.time_limit_s:g} s): its answer depends on the machine's "
+                "speed and load and is not reproducible; raise placement.time_limit_s or lower the node limits")
+    nodes = ", ".join(f"stage {i}: {'no limit' if n is None else f'{n} node' + ('s' if n > 1 else '')}"
+                      for i, n in ((1, pl.node_limit), (2, pl.crossing_node_limit)))
+    return (f"every stage stopped at optimality or at its node limit ({nodes}), never at the time limit: the same "
+            "answer on every machine")
 
 
 def _placement(out: StudyOutput, path: Path) -> None:
@@ -127,7 +158,7 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
     """One line per load skew: the most-loaded GPU over the mean, MIP against the EPLB greedy, and decode's TPOT."""
     lines = []
     for _, r in tables["placement"].iterrows():
-        limited = ", time-limited: depends on machine speed" if r.get("time_limited") else ""
+        limited = ", time-limited: depends on machine speed, not reproducible" if r.get("time_limited") else ""
         lines.append(f"{r['model']}, Zipf skew {r['skew']:g}: imbalance {r['imbalance_mip']:.4f} (MIP, "
                      f"{r['status']}{limited}) vs {r['imbalance_greedy']:.4f} (EPLB greedy); tokens crossing scale-out "
                      f"{r['crossing_tokens_mip']:,.0f} vs {r['crossing_tokens_greedy']:,.0f}; decode TPOT "
