@@ -146,18 +146,16 @@ def evaluate(
     """Roofline step time, throughput, cost and memory of one serving configuration."""
     from dse.physics.evaluate import Config, evaluate_config
 
-    cfg = Config(
-        model=model, system=system, batch=batch, context=context, tp=tp, ep=ep, pp=pp, dp=dp, etp=etp,
-        chips=chips, phase=phase.value, weights_dtype=weights_dtype.value, kv_dtype=kv_dtype.value,
-        kv_tier=kv_tier.value, kv_shard=kv_shard.value, micro_batches=micro_batches, prompt=prompt,
-        moe_imbalance=moe_imbalance, output=output,
-        chunk=chunk,
-        cached=cached, draft=draft, accept=accept,
-        experts_dtype=experts_dtype.value if experts_dtype else None, weight_only=weight_only,
-        price_kind=price_kind, usd_per_chip_hour=usd_per_chip_hour,
-        allow_beyond_trained_context=allow_beyond_trained_context,
-    )
-    try:
+    try:  # Config checks every option against its range (dse.physics.evaluate.check_config)
+        cfg = Config(
+            model=model, system=system, batch=batch, context=context, tp=tp, ep=ep, pp=pp, dp=dp, etp=etp,
+            chips=chips, phase=phase.value, weights_dtype=weights_dtype.value, kv_dtype=kv_dtype.value,
+            kv_tier=kv_tier.value, kv_shard=kv_shard.value, micro_batches=micro_batches, prompt=prompt,
+            moe_imbalance=moe_imbalance, output=output, chunk=chunk, cached=cached, draft=draft, accept=accept,
+            experts_dtype=experts_dtype.value if experts_dtype else None, weight_only=weight_only,
+            price_kind=price_kind, usd_per_chip_hour=usd_per_chip_hour,
+            allow_beyond_trained_context=allow_beyond_trained_context,
+        )
         result = evaluate_config(cfg, ideal=ideal)
     except (InputError, InfeasibleError) as exc:
         _fail(exc)
@@ -340,8 +338,9 @@ def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) ->
     console = Console()
     solver = summary["solver"]
     console.print(f"[bold]{summary['study']}[/] ({summary['kind']}): {summary['status']}, {solver['solves']} solves "
-                  f"in {solver['solve_wall_s']:.3f} s (total {solver['wall_s']:.2f} s), gap {solver['gap']:.2g}",
-                  highlight=False)
+                  f"in {solver['solve_wall_s']:.3f} s (total {solver['wall_s']:.2f} s), gap {solver['gap']:.2g}"
+                  + (", TIME-LIMITED: the answer depends on this machine's speed (not reproducible)"
+                     if solver.get("time_limited") else ""), highlight=False)
     headline = getattr(study_module(summary["kind"]), "headline", None)
     for line in headline(summary, tables) if headline else []:
         console.print(line, highlight=False)
@@ -484,49 +483,27 @@ def export(
     = None,
 ) -> None:
     """Launch commands (vLLM, SGLang, TensorRT-LLM) for an optimum of a study result."""
-    from dse.report.export import FRAMEWORKS
-    from dse.report.export import export as write_scripts
+    from dse.report.export import FRAMEWORKS, check_model_path, choose_entry, read_summary, write_scripts
+    from dse.report.export import export as make_scripts
 
     try:
         summary_path = result / "summary.json" if result.is_dir() else result
-        if not summary_path.is_file():
+        if not summary_path.exists():
             raise InputError(f"{result}: no summary.json of a study run there (run `dse run STUDY --out DIR` first)")
-        try:
-            summary = json.loads(summary_path.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{summary_path}: not a summary.json written by dse run ({exc})") from None
-        best = summary.get("best") if isinstance(summary, dict) else None
-        if not best:
-            raise InputError(f"{summary_path}: field 'best': the study chose no configuration to export")
-        chosen = [e for e in best if (model is None or e["model"] == model)
-                  and (workload is None or e["workload"] == workload)]
-        if len(chosen) != 1:
-            options = ", ".join(f"--model {e['model']} --workload {e['workload']}" for e in best)
-            raise InputError(f"{summary_path}: {len(chosen)} optima match; choose one of: {options}")
-        entry = chosen[0]
-        frameworks = tuple(framework or FRAMEWORKS)
-        bad = [f for f in frameworks if f not in FRAMEWORKS]
-        if bad:
-            raise InputError(f"--framework {bad[0]}: not allowed; allowed: {', '.join(FRAMEWORKS)}")
-        if gpus_per_node < 1:
-            raise InputError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
-        path = model_path or _model_repository(entry["model"])
-        target = out or summary_path.parent / f"export-{entry['model']}-{entry['workload']}"
-        scripts = write_scripts(entry, frameworks, path, gpus_per_node)
-        names = {sc.name for sc in scripts}
-        if target.exists():
-            foreign = sorted(p.name for p in target.iterdir() if p.name not in names)
-            if foreign:
-                raise InputError(f"--out {target}: holds files dse export did not write ({', '.join(foreign[:3])}); "
-                                 "choose an empty or new folder")
-        target.mkdir(parents=True, exist_ok=True)
-        for sc in scripts:
-            (target / sc.name).write_text(sc.text())
-            if sc.name.endswith(".sh"):
-                (target / sc.name).chmod(0o755)
+        plan, index = choose_entry(read_summary(summary_path), str(summary_path), model, workload)
+        if model_path is None:
+            try:
+                model_path = check_model_path(_model_repository(plan.model), f"catalog repository of '{plan.model}'")
+            except InputError as exc:
+                raise InputError(f"{summary_path}: field 'best[{index}].model': {exc}; or name the weights with "
+                                 "--model-path") from None
+        scripts = make_scripts(plan, tuple(framework or FRAMEWORKS), model_path, gpus_per_node)
+        target = out or summary_path.parent / f"export-{plan.model}-{plan.workload}"
+        write_scripts(scripts, target, f"--out {target}" if out else str(target),
+                      inside=None if out else summary_path.parent)
     except InputError as exc:
         _fail(exc)
-    Console().print(f"wrote {', '.join(sc.name for sc in scripts)} to {target}/", highlight=False)
+    Console().print(f"wrote {', '.join(sc.name for sc in scripts)} to {target}/", highlight=False, markup=False)
 
 
 def _model_repository(model_id: str) -> str:
@@ -670,6 +647,10 @@ def main() -> None:
     except (InputError, InfeasibleError, SolverLimitError) as exc:  # pragma: no cover - commands catch their own
         Console(stderr=True).print(f"error: {exc}")
         sys.exit(exc.exit_code)
+    except MemoryError:  # pragma: no cover - the searches stream in bounded chunks; a catalog or model may not
+        Console(stderr=True).print("error: out of memory: the machine's memory ran out before the command finished "
+                                   "(nothing was written)")
+        sys.exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,8 +15,8 @@ from helpers import brute_force_choices, candidates_of, random_space
 from dse.catalog.hardware import IDEAL
 from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
-from dse.optimize.requests import SOLVER_NAME, evaluate_pairs, pairs, request_of, solve_requests
-from dse.optimize.space import SpaceOptions, Workload, build_space
+from dse.optimize.requests import SOLVER_NAME, evaluate_pairs, request_of, solve_requests
+from dse.optimize.space import SpaceOptions, Workload, build_space, pairs
 from dse.physics.roofline import ModelTable, SystemTable
 from dse.physics.serving import Request, aggregated
 

@@ -15,11 +15,14 @@ the TPOT is fixed and the second axis is the decode term plus the prefill term, 
 prefill option gives a dominated point. A point is on the front when no candidate is at least as
 good on both axes and better on one; equal points are reported once. The front is the whole
 non-dominated set (no sampling of TPOT targets), computed by one sort: by TPOT, then by the second
-axis, keeping each point that improves on every point before it. `tests/test_fronts.py` checks it
-against the non-dominated set of an independent enumeration.
+axis, keeping each point that improves on every point before it; the candidates are streamed in chunks
+of whole blocks, each reduced to its own front as it comes, so memory does not grow with the space.
+`tests/test_fronts.py` checks it against the non-dominated set of an independent enumeration.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
@@ -30,11 +33,12 @@ from dse.optimize.requests import (
     PrefillOptions,
     _group_of,
     best_prefill,
+    decode_chunks,
     evaluate_pairs,
     feasible_mask,
-    pairs,
+    prefill_of,
 )
-from dse.optimize.space import Space
+from dse.optimize.space import Space, chunk_size, pair_chunks
 from dse.physics.codes import KV_TIERS
 from dse.physics.serving import Request
 
@@ -55,65 +59,85 @@ def non_dominated(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return order[ys < best_before]
 
 
-def candidates(space: Space, req: Request, aggregated: bool, dis: DisaggregatedTables | None,
-               objective: str) -> pd.DataFrame:
-    """Every feasible configuration of the space as a row: serving, block position, n, prefill option
-    (-1 for aggregated), TPOT, TTFT, USD per request, chips per decode-or-aggregated replica, chip-seconds
-    per output token and the deployment's tokens/s per GPU.
+COLUMNS = ("serving", "pos", "n", "prefill", "tpot_s", "ttft_s", "usd_per_request", "chips", "chip_s_per_token")
+
+
+def candidate_chunks(space: Space, req: Request, aggregated: bool, dis: DisaggregatedTables | PrefillOptions | None,
+                     objective: str, only: np.ndarray | None = None, max_pairs: int | None = None
+                     ) -> Iterator[pd.DataFrame]:
+    """Every feasible configuration of the space (of the blocks at positions ``only``, when given) as rows, in
+    chunks of whole blocks: serving, block position, n, prefill option (-1 for aggregated), TPOT, TTFT, USD per
+    request, chips per decode-or-aggregated replica, chip-seconds per output token and the deployment's tokens/s
+    per GPU. Aggregated rows come first, then disaggregated ones (when ``dis`` gives the prefill options), each
+    block by block and n ascending.
     """
     w = space.workload
     b = space.blocks
-    frames = []
     if aggregated and not b.empty:
-        pos, n = pairs(b)
-        m = evaluate_pairs(space, b, pos, n, req)
-        ok = feasible_mask(m, w.tpot_max, w.ttft_max)
-        chips = b["chips"].to_numpy()[pos]
-        chip_s = chips / (m["requests_per_s"] * req.output)
-        frames.append(pd.DataFrame({
-            "serving": "aggregated", "pos": pos[ok], "n": n[ok], "prefill": -1, "tpot_s": m["tpot_s"][ok],
-            "ttft_s": m["ttft_s"][ok], "usd_per_request": m["usd_per_request"][ok], "chips": chips[ok],
-            "chip_s_per_token": chip_s[ok]}))
-    if dis is not None and len(dis.dpos):
-        pre = dis.pre
-        pre_chip_s = pre.chip_s_per_request
-        score = pre.usd_per_request if objective == "cost" else pre_chip_s
-        bestp = best_prefill(space, pre, score)
-        g = _group_of(space, dis.dpos)
-        j = np.array([bestp.get(int(k), -1) for k in g], dtype=np.int64)
-        ok = dis.dok & (j >= 0)
-        j_ok = j[ok]
-        dm = {k: v[ok] for k, v in dis.dm.items()}
-        lam = dm["requests_per_s"]
+        for pos, n in pair_chunks(b, max_pairs, only):
+            m = evaluate_pairs(space, b, pos, n, req)
+            ok = feasible_mask(m, w.tpot_max, w.ttft_max)
+            chips = b["chips"].to_numpy()[pos]
+            chip_s = chips / (m["requests_per_s"] * req.output)
+            yield _rows(pd.DataFrame({
+                "serving": "aggregated", "pos": pos[ok], "n": n[ok], "prefill": -1, "tpot_s": m["tpot_s"][ok],
+                "ttft_s": m["ttft_s"][ok], "usd_per_request": m["usd_per_request"][ok], "chips": chips[ok],
+                "chip_s_per_token": chip_s[ok]}))
+    if dis is not None and not b.empty:
+        pre = dis.pre if isinstance(dis, DisaggregatedTables) else dis
+        pre_usd, pre_chip_s = pre.usd_per_request, pre.chip_s_per_request
+        bestp = best_prefill(space, pre, pre_usd if objective == "cost" else pre_chip_s)
         ttft = (pre.metrics["prefill_service_s"] * (1 + pre.rho / (2 * (1 - pre.rho))) + pre.metrics["kv_transfer_s"])
-        ratio = lam * pre.metrics["prefill_service_s"][j_ok] / (pre.metrics["servers"][j_ok] * pre.rho[j_ok])
-        frames.append(pd.DataFrame({
-            "serving": "disaggregated", "pos": dis.dpos[ok], "n": dis.dn[ok], "prefill": j_ok, "tpot_s": dm["tpot_s"],
-            "ttft_s": ttft[j_ok], "usd_per_request": dm["usd_per_request"] + pre.usd_per_request[j_ok],
-            "chips": dm["chips"] + ratio * pre.metrics["chips"][j_ok],
-            "chip_s_per_token": (dm["chips"] / lam + pre_chip_s[j_ok]) / req.output}))
-    if frames:
-        out = pd.concat(frames, ignore_index=True)
-    else:
-        out = pd.DataFrame({k: np.zeros(0) for k in ("serving", "pos", "n", "prefill", "tpot_s", "ttft_s",
-                                                      "usd_per_request", "chips", "chip_s_per_token")})
-    out["tokens_per_s_per_gpu"] = 1.0 / out["chip_s_per_token"]
-    out["tokens_per_s_per_user"] = 1.0 / out["tpot_s"]
-    return out
+        for pos, n, dm in decode_chunks(space, req, max_pairs, only):
+            j = prefill_of(bestp, _group_of(space, pos))
+            ok = dm["ok"] & (j >= 0)
+            j_ok = j[ok]
+            dm = {k: v[ok] for k, v in dm.items()}
+            lam = dm["requests_per_s"]
+            ratio = lam * pre.metrics["prefill_service_s"][j_ok] / (pre.metrics["servers"][j_ok] * pre.rho[j_ok])
+            yield _rows(pd.DataFrame({
+                "serving": "disaggregated", "pos": pos[ok], "n": n[ok], "prefill": j_ok, "tpot_s": dm["tpot_s"],
+                "ttft_s": ttft[j_ok], "usd_per_request": dm["usd_per_request"] + pre_usd[j_ok],
+                "chips": dm["chips"] + ratio * pre.metrics["chips"][j_ok],
+                "chip_s_per_token": (dm["chips"] / lam + pre_chip_s[j_ok]) / req.output}))
 
 
-def front(space: Space, req: Request, aggregated: bool, dis: DisaggregatedTables | None,
-          objective: str = "cost") -> pd.DataFrame:
-    """The complete front of ``objective`` over the space's feasible configurations, in increasing TPOT."""
+def _rows(c: pd.DataFrame) -> pd.DataFrame:
+    c["tokens_per_s_per_gpu"] = 1.0 / c["chip_s_per_token"]
+    c["tokens_per_s_per_user"] = 1.0 / c["tpot_s"]
+    return c
+
+
+def _front_of(c: pd.DataFrame, objective: str) -> pd.DataFrame:
+    y = c["usd_per_request"] if objective == "cost" else c["chip_s_per_token"]
+    return c.iloc[non_dominated(c["tpot_s"].to_numpy(), y.to_numpy())]
+
+
+def front(space: Space, req: Request, aggregated: bool, dis: DisaggregatedTables | PrefillOptions | None,
+          objective: str = "cost", max_pairs: int | None = None) -> pd.DataFrame:
+    """The complete front of ``objective`` over the space's feasible configurations, in increasing TPOT.
+
+    The candidates are streamed in chunks of whole blocks; each chunk is reduced to its own front before the next
+    is evaluated (a point off a chunk's front is off the whole front), and the fronts kept are merged whenever
+    they hold more than ``max_pairs`` points, so memory stays bounded by the chunk size and the front itself.
+    """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    c = candidates(space, req, aggregated, dis, objective)
-    y = c["usd_per_request"] if objective == "cost" else c["chip_s_per_token"]
-    keep = non_dominated(c["tpot_s"].to_numpy(), y.to_numpy())
-    f = c.iloc[keep].reset_index(drop=True)
-    f.attrs["candidates"] = len(c)
+    kept: list[pd.DataFrame] = []
+    held = count = 0
+    for c in candidate_chunks(space, req, aggregated, dis, objective, max_pairs=max_pairs):
+        count += len(c)
+        kept.append(_front_of(c, objective))
+        held += len(kept[-1])
+        if held > chunk_size(max_pairs):
+            kept = [_front_of(pd.concat(kept, ignore_index=True), objective)]
+            held = len(kept[0])
+    if kept:
+        f = _front_of(pd.concat(kept, ignore_index=True), objective).reset_index(drop=True)
+    else:
+        f = _rows(pd.DataFrame({k: np.zeros(0) for k in COLUMNS}))
+    f.attrs["candidates"] = count
     return f
-
 
 
 def describe_points(space: Space, f: pd.DataFrame, pre: PrefillOptions | None = None) -> pd.DataFrame:

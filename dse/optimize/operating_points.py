@@ -18,10 +18,10 @@ from dse.optimize.requests import (
     disaggregated_tables,
     evaluate_pairs,
     feasible_mask,
-    pairs,
+    first_min_per_block,
     request_of,
 )
-from dse.optimize.space import Choice, Space, describe_choice
+from dse.optimize.space import Choice, Space, describe_choice, pair_chunks
 from dse.physics.serving import mdl_wait
 
 COLUMNS = ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype",
@@ -38,17 +38,6 @@ def _power(space: Space, pos: np.ndarray, chips: np.ndarray) -> np.ndarray:
 
 def _config(space: Space, pos: int, n: int) -> dict:
     return describe_choice(space, Choice(int(space.blocks.index[pos]), int(n), np.nan, np.nan))
-
-
-def _best_per_block(pos: np.ndarray, rate: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """Index of the highest feasible rate of each block (positions of ``pos`` with ``ok``)."""
-    idx = np.flatnonzero(ok)
-    if not len(idx):
-        return idx
-    order = idx[np.lexsort((-rate[idx], pos[idx]))]
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = pos[order[1:]] != pos[order[:-1]]
-    return order[first]
 
 
 def non_dominated(points: pd.DataFrame) -> pd.DataFrame:
@@ -76,20 +65,20 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
         return pd.DataFrame(columns=list(COLUMNS))
     group = (b["wd"].to_numpy() * 16 + b["kd"].to_numpy()).astype(int)
     if "aggregated" in modes:
-        pos, n = pairs(b)
-        m = evaluate_pairs(space, b, pos, n, req)
-        ok = feasible_mask(m, w.tpot_max, w.ttft_max)
-        for i in _best_per_block(pos, m["requests_per_s"], ok):
-            cfg = _config(space, pos[i], n[i])
-            rows.append({"role": "both", "group": int(group[pos[i]]), **cfg, "usd_per_s": float(m["usd_per_s"][i]),
-                         "requests_per_s": float(m["requests_per_s"][i]), "ttft_s": float(m["ttft_s"][i]),
-                         "tpot_s": float(m["tpot_s"][i]),
-                         "power_w": float(_power(space, pos[[i]], np.array([cfg["chips"]]))[0]),
-                         "context_parallel": False, "prefill_service_s": np.nan, "kv_transfer_s": np.nan,
-                         "utilisation": np.nan})
+        for pos, n in pair_chunks(b):
+            m = evaluate_pairs(space, b, pos, n, req)
+            ok = feasible_mask(m, w.tpot_max, w.ttft_max)
+            for i in first_min_per_block(pos, np.where(ok, -m["requests_per_s"], np.inf)):
+                cfg = _config(space, pos[i], n[i])
+                rows.append({"role": "both", "group": int(group[pos[i]]), **cfg,
+                             "usd_per_s": float(m["usd_per_s"][i]), "requests_per_s": float(m["requests_per_s"][i]),
+                             "ttft_s": float(m["ttft_s"][i]), "tpot_s": float(m["tpot_s"][i]),
+                             "power_w": float(_power(space, pos[[i]], np.array([cfg["chips"]]))[0]),
+                             "context_parallel": False, "prefill_service_s": np.nan, "kv_transfer_s": np.nan,
+                             "utilisation": np.nan})
     if "disaggregated" in modes:
         t = disaggregated_tables(space, req, context_parallel)
-        for i in _best_per_block(t.dpos, t.dm["requests_per_s"], t.dok):
+        for i in first_min_per_block(t.dpos, np.where(t.dok, -t.dm["requests_per_s"], np.inf)):
             cfg = _config(space, t.dpos[i], t.dn[i])
             rows.append({"role": "decode", "group": int(group[t.dpos[i]]), **cfg,
                          "usd_per_s": float(t.dm["usd_per_s"][i]), "requests_per_s": float(t.dm["requests_per_s"][i]),

@@ -14,12 +14,18 @@ under a TTFT target (`tests/test_request_search.py` measures both). So every int
 the block's largest that fits (``n_hi``, at most ``max_batch_per_rank``) is evaluated, vectorized
 over all (block, n) pairs in chunks; the optimum is the argmin, exact within the space. The result
 reports the solver as ``argmin (vectorized enumeration)`` with gap 0.
+
+Bounded memory. Every search here streams the pairs in chunks of whole blocks (`dse.optimize.space.pair_chunks`)
+and keeps, per block, only the pairs some question can choose (its cheapest feasible batch per request, the
+highest feasible request rate, the cheapest whole deployment for a demand): the memory of a search grows with
+the number of blocks, never with the number of configurations.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,12 +35,11 @@ from dse.catalog.hardware import IDEAL
 from dse.errors import InfeasibleError
 from dse.optimize.serving import SOLVER_NAME, diagnose
 from dse.optimize.solver import SolveResult
-from dse.optimize.space import Choice, Space, _candidates, describe_choice, subset
+from dse.optimize.space import Choice, Space, _candidates, chunk_size, describe_choice, pair_chunks, subset
 from dse.physics.roofline import ModelTable, SystemTable
 from dse.physics.serving import Request, aggregated, decode_pool, disaggregated, prefill_pool, rho_for_ttft
 
 TOL = 1e-9
-CHUNK_PAIRS = 100_000
 KEYS = ("usd_per_request", "ttft_s", "tpot_s", "requests_per_s", "usd_per_s", "prefill_share")
 
 
@@ -44,30 +49,20 @@ def request_of(space: Space) -> Request:
     return Request(w.prompt, w.output, w.cached, w.chunk, w.draft, w.accept)
 
 
-def pairs(blocks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Every (block position, n) with 1 <= n_lo <= n <= n_hi: positions into ``blocks`` and n."""
-    lo, hi = blocks["n_lo"].to_numpy(), blocks["n_hi"].to_numpy()
-    counts = np.maximum(hi - lo + 1, 0)
-    pos = np.repeat(np.arange(len(blocks)), counts)
-    n = np.repeat(lo, counts) + np.arange(len(pos)) - np.repeat(np.cumsum(counts) - counts, counts)
-    return pos, n.astype(np.int64)
-
-
 def evaluate_pairs(space: Space, blocks: pd.DataFrame, pos: np.ndarray, n: np.ndarray, req: Request,
-                   chunk: int = CHUNK_PAIRS) -> dict[str, np.ndarray]:
+                   chunk: int | None = None) -> dict[str, np.ndarray]:
     """Request-level metrics (``KEYS`` plus ``fits`` and ``stable``) of each (block, n) pair."""
     mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
     eff = IDEAL if space.ideal else None
     out = {k: np.empty(len(pos)) for k in KEYS}
     out["fits"] = np.zeros(len(pos), dtype=bool)
     out["stable"] = np.zeros(len(pos), dtype=bool)
+    chunk = chunk_size(chunk)
     for s in range(0, len(pos), chunk):
         sl = slice(s, s + chunk)
-        sub = blocks.iloc[pos[sl]]
-        r = aggregated(_candidates(sub, n[sl], space.workload.context), mt, st, req, eff)
-        lam = r["requests_per_s"]
+        r = aggregated(_candidates(blocks, n[sl], space.workload.context, pos=pos[sl]), mt, st, req, eff)
         for k in KEYS:
-            out[k][sl] = r["usd_per_request"] * lam if k == "usd_per_s" else r[k]
+            out[k][sl] = r[k]
         out["fits"][sl] = r["fits"]
         out["stable"][sl] = r["stable"]
     return out
@@ -120,53 +115,67 @@ def _binding(n: int, n_hi: int, cap: int | None, m_next: dict | None, tpot_max, 
     return "the cost per request (a larger batch costs more per request)"
 
 
-def block_optima(space: Space, req: Request | None = None, demand: float | None = None) -> BlockOptima:
+def first_min_per_block(pos: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Per block of ``pos`` (pairs contiguous by block), the index of the first pair with its least finite score;
+    blocks whose every score is infinite have none. Indices in increasing order.
+    """
+    if not len(pos):
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((np.arange(len(pos)), score, pos))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = pos[order[1:]] != pos[order[:-1]]
+    heads = order[first]
+    return np.sort(heads[np.isfinite(score[heads])])
+
+
+def block_optima(space: Space, req: Request | None = None, demand: float | None = None,
+                 max_pairs: int | None = None) -> BlockOptima:
     """Evaluate every (block, n) pair of the space; keep each block's cheapest feasible n per request.
 
     With ``demand`` (output tokens/s), also the configuration meeting it with the fewest USD/s in
-    whole replicas: ceil(demand / (lambda O)) x USD/s per replica, over every pair.
+    whole replicas: ceil(demand / (lambda O)) x USD/s per replica, over every pair. The pairs are streamed in
+    chunks of whole blocks (``max_pairs``), each reduced before the next is evaluated.
     """
     req = req or request_of(space)
     w = space.workload
     b = space.blocks
-    pos, n = pairs(b)
-    m = evaluate_pairs(space, b, pos, n, req)
-    ok = feasible_mask(m, w.tpot_max, w.ttft_max)
-    score = np.where(ok, m["usd_per_request"], np.inf)
     best_n = np.zeros(len(b), dtype=np.int64)
-    best_i = np.full(len(b), -1, dtype=np.int64)
-    if len(pos):
-        # per block, the first position of its minimum score (rows of a block are contiguous, n ascending)
-        order = np.lexsort((np.arange(len(pos)), score, pos))
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = pos[order[1:]] != pos[order[:-1]]
-        heads = order[first]
-        good = np.isfinite(score[heads])
-        best_i[pos[heads[good]]] = heads[good]
-        best_n[pos[heads[good]]] = n[heads[good]]
-    metrics = {k: (np.where(best_i >= 0, v[np.maximum(best_i, 0)], np.nan) if len(v) else np.full(len(b), np.nan))
-               for k, v in m.items() if k not in ("fits", "stable")}
+    metrics = {k: np.full(len(b), np.nan) for k in KEYS}
+    nxt = {"stable": np.ones(len(b), dtype=bool), "tpot_s": np.full(len(b), np.nan),
+           "ttft_s": np.full(len(b), np.nan)}  # the pair at best n + 1, when the block has one
+    dem, evaluated = None, 0
+    for pos, n in pair_chunks(b, max_pairs):
+        m = evaluate_pairs(space, b, pos, n, req)
+        evaluated += len(pos)
+        ok = feasible_mask(m, w.tpot_max, w.ttft_max)
+        heads = first_min_per_block(pos, np.where(ok, m["usd_per_request"], np.inf))
+        at = pos[heads]
+        best_n[at] = n[heads]
+        for k in KEYS:
+            metrics[k][at] = m[k][heads]
+        more = heads[(heads + 1 < len(pos))]
+        more = more[pos[np.minimum(more + 1, len(pos) - 1)] == pos[more]]
+        for k in nxt:
+            nxt[k][pos[more]] = m[k][more + 1]
+        if demand is not None and ok.any():
+            tps = m["requests_per_s"] * req.output
+            total = np.where(ok, np.ceil(demand / tps * (1 - 1e-12)) * m["usd_per_s"], np.inf)
+            i = int(np.argmin(total))
+            if dem is None or total[i] < dem["usd_per_s"]:
+                dem = {"pos": int(pos[i]), "n": int(n[i]), "replicas": int(np.ceil(demand / tps[i] * (1 - 1e-12))),
+                       "usd_per_s": float(total[i])}
     cap = int(space.stats.get("max_batch_per_rank", 0)) or None
-    binding = []
     n_hi = b["n_hi"].to_numpy()
+    binding = []
     for j in range(len(b)):
-        i = best_i[j]
-        if i < 0:
+        if best_n[j] == 0:
             binding.append("")
             continue
-        nxt = None
+        following = None
         if best_n[j] < n_hi[j]:
-            nxt = {"stable": bool(m["stable"][i + 1]), "tpot_s": m["tpot_s"][i + 1], "ttft_s": m["ttft_s"][i + 1]}
-        binding.append(_binding(int(best_n[j]), int(n_hi[j]), cap, nxt,
-                                w.tpot_max, w.ttft_max))
-    dem = None
-    if demand is not None and ok.any():
-        tps = m["requests_per_s"] * req.output
-        total = np.where(ok, np.ceil(demand / tps * (1 - 1e-12)) * m["usd_per_s"], np.inf)
-        i = int(np.argmin(total))
-        dem = {"pos": int(pos[i]), "n": int(n[i]), "replicas": int(np.ceil(demand / tps[i] * (1 - 1e-12))),
-               "usd_per_s": float(total[i])}
-    return BlockOptima(b, best_n, metrics, binding, len(pos), dem)
+            following = {"stable": bool(nxt["stable"][j]), "tpot_s": nxt["tpot_s"][j], "ttft_s": nxt["ttft_s"][j]}
+        binding.append(_binding(int(best_n[j]), int(n_hi[j]), cap, following, w.tpot_max, w.ttft_max))
+    return BlockOptima(b, best_n, metrics, binding, evaluated, dem)
 
 
 def diagnose_requests(space: Space, req: Request) -> str:
@@ -228,22 +237,23 @@ PREFILL_KEYS = ("prefill_service_s", "servers", "kv_transfer_s", "usd_per_prompt
                 "chip_s_per_prompt", "hbm_bytes_per_chip", "ring_s")
 
 
-def decode_pairs(space: Space, req: Request, chunk: int = CHUNK_PAIRS) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Every (block, n) of the space as a decode replica (`dse.physics.serving.decode_pool`): positions into
-    ``space.blocks``, n, and the metrics (``DECODE_KEYS`` plus ``fits``).
+def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only: np.ndarray | None = None
+                  ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+    """Every (block, n) of the space (of the blocks at positions ``only``, when given) as a decode replica
+    (`dse.physics.serving.decode_pool`), in chunks of whole blocks: positions into ``space.blocks``, n, and the
+    metrics (``DECODE_KEYS`` plus ``fits`` and ``ok``: fits and meets the workload's TPOT target).
     """
     mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
     eff = IDEAL if space.ideal else None
-    b = space.blocks
-    pos, n = pairs(b)
-    out = {k: np.empty(len(pos)) for k in DECODE_KEYS}
-    out["fits"] = np.zeros(len(pos), dtype=bool)
-    for s in range(0, len(pos), chunk):
-        sl = slice(s, s + chunk)
-        r = decode_pool(_candidates(b.iloc[pos[sl]], n[sl], space.workload.context), mt, st, req, eff)
-        for k in (*DECODE_KEYS, "fits"):
-            out[k][sl] = r[k]
-    return pos, n, out
+    b, tpot_max = space.blocks, space.workload.tpot_max
+    for pos, n in pair_chunks(b, max_pairs, only):
+        r = decode_pool(_candidates(b, n, space.workload.context, pos=pos), mt, st, req, eff)
+        m = {k: np.asarray(r[k], dtype=np.float64) for k in DECODE_KEYS}
+        m["fits"] = np.asarray(r["fits"], dtype=bool)
+        m["ok"] = m["fits"] & np.isfinite(m["usd_per_request"]) & (m["usd_per_request"] > 0)
+        if tpot_max is not None:
+            m["ok"] &= m["tpot_s"] <= tpot_max * (1 + TOL)
+        yield pos, n, m
 
 
 @dataclass
@@ -314,6 +324,14 @@ def best_prefill(space: Space, pre: PrefillOptions, score: np.ndarray) -> dict[i
     return out
 
 
+def prefill_of(bestp: dict[int, int], groups: np.ndarray) -> np.ndarray:
+    """The prefill option ``bestp`` names for each numerics group in ``groups`` (-1 where it names none)."""
+    table = np.full(max([*bestp, int(groups.max(initial=0))]) + 1, -1, dtype=np.int64)
+    for g, j in bestp.items():
+        table[g] = j
+    return table[groups]
+
+
 @dataclass
 class DisaggregatedResult:
     """The cheapest disaggregated deployment of one workload: a decode configuration and a prefill one."""
@@ -359,7 +377,14 @@ def disaggregated_metrics(space: Space, req: Request, dec_i: int, dpos: np.ndarr
 
 @dataclass
 class DisaggregatedTables:
-    """Every decode pair and every prefill option of a space, evaluated once (masks pick among them)."""
+    """The decode pairs of a space that any question asked of it can choose, and every prefill option.
+
+    Every (block, n) pair is evaluated once, streamed; per block are kept the pairs that are the answer to some
+    question a mask over blocks can ask: its cheapest feasible decode pair per request, its highest feasible
+    request rate, its fastest pair that fits (for the diagnosis) and, with ``demand``, its cheapest whole decode
+    pool for that demand. Each is the first of its block in batch order, so an argmin over the kept pairs equals
+    the argmin over all of them. ``dm['tpot_next_s']`` is the TPOT at one more sequence per rank (what binds).
+    """
 
     req: Request
     dpos: np.ndarray
@@ -367,16 +392,48 @@ class DisaggregatedTables:
     dm: dict[str, np.ndarray]
     dok: np.ndarray  # fits and meets the TPOT target
     pre: PrefillOptions
+    evaluated: int = 0  # decode pairs evaluated
+    demand: float | None = None  # output tokens/s the demand winners were kept for
 
 
-def disaggregated_tables(space: Space, req: Request | None = None,
-                         context_parallel: tuple[bool, ...] = (False, True)) -> DisaggregatedTables:
+def _decode_demand_cost(dm: dict[str, np.ndarray], ok: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Whole decode replicas for a request rate ``lam``, and their USD/s (infinite where not ``ok``)."""
+    replicas = np.ceil(lam / dm["requests_per_s"] * (1 - 1e-12))
+    return replicas, np.where(ok, replicas * dm["usd_per_s"], np.inf)
+
+
+def disaggregated_tables(space: Space, req: Request | None = None, context_parallel: tuple[bool, ...] = (False, True),
+                         demand: float | None = None, max_pairs: int | None = None) -> DisaggregatedTables:
+    """Evaluate every decode pair (streamed, reduced per block) and every prefill option of the space."""
     req = req or request_of(space)
-    dpos, dn, dm = decode_pairs(space, req)
-    dok = dm["fits"] & np.isfinite(dm["usd_per_request"]) & (dm["usd_per_request"] > 0)
-    if space.workload.tpot_max is not None:
-        dok &= dm["tpot_s"] <= space.workload.tpot_max * (1 + TOL)
-    return DisaggregatedTables(req, dpos, dn, dm, dok, prefill_options(space, req, context_parallel))
+    kept: list[tuple[np.ndarray, np.ndarray, dict]] = []
+    evaluated = 0
+    for pos, n, m in decode_chunks(space, req, max_pairs):
+        evaluated += len(pos)
+        ok = m["ok"]
+        picks = [first_min_per_block(pos, np.where(ok, m["usd_per_request"], np.inf)),
+                 first_min_per_block(pos, np.where(ok, -m["requests_per_s"], np.inf)),
+                 first_min_per_block(pos, np.where(m["fits"], m["tpot_s"], np.inf))]
+        if demand is not None:
+            picks.append(first_min_per_block(pos, _decode_demand_cost(m, ok, demand / req.output)[1]))
+        sel = np.unique(np.concatenate(picks))
+        following = np.minimum(sel + 1, len(pos) - 1)
+        same = (sel + 1 < len(pos)) & (pos[following] == pos[sel])
+        tpot_next = np.where(same, m["tpot_s"][following], np.nan)
+        m = {k: v[sel] for k, v in m.items()}
+        m["tpot_next_s"] = tpot_next
+        kept.append((pos[sel], n[sel], m))
+    if kept:
+        dpos = np.concatenate([k[0] for k in kept])
+        dn = np.concatenate([k[1] for k in kept])
+        dm = {k: np.concatenate([c[2][k] for c in kept]) for k in kept[0][2]}
+    else:
+        dpos, dn = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        dm = {k: np.zeros(0) for k in (*DECODE_KEYS, "tpot_next_s")}
+        dm["fits"] = dm["ok"] = np.zeros(0, dtype=bool)
+    dok = dm.pop("ok")
+    return DisaggregatedTables(req, dpos, dn, dm, dok, prefill_options(space, req, context_parallel), evaluated,
+                               demand)
 
 
 def solve_disaggregated(space: Space, req: Request | None = None,
@@ -409,14 +466,14 @@ def pick_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarray | 
     if mask is not None:
         dok = dok & mask[t.dpos]
         pok = pok & mask[pre.pos]
-    bestp = best_prefill(space, pre, np.where(pok, pre.usd_per_request, np.inf))
-    dgroup = _group_of(space, t.dpos)
-    pre_cost = np.array([pre.usd_per_request[bestp[int(g)]] if int(g) in bestp else np.inf for g in dgroup])
-    total = np.where(dok, t.dm["usd_per_request"] + pre_cost, np.inf)
+    pre_usd = pre.usd_per_request
+    bestp = best_prefill(space, pre, np.where(pok, pre_usd, np.inf))
+    jp = prefill_of(bestp, _group_of(space, t.dpos))
+    total = np.where(dok & (jp >= 0), t.dm["usd_per_request"] + pre_usd[jp], np.inf)
     if not np.isfinite(total).any():
         raise InfeasibleError(diagnose_disaggregated(space, t, mask))
     i = int(np.argmin(total))
-    j = bestp[int(dgroup[i])]
+    j = int(jp[i])
     metrics = disaggregated_metrics(space, t.req, i, t.dpos, t.dn, pre, j)
     block = int(space.blocks.index[t.dpos[i]])
     choice = Choice(block, int(t.dn[i]), metrics["tpot_s"], metrics["usd_per_request"])
@@ -424,13 +481,13 @@ def pick_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarray | 
     n_hi = int(space.blocks["n_hi"].iloc[t.dpos[i]])
     nxt = None
     if t.dn[i] < n_hi:
-        nxt = {"stable": True, "tpot_s": t.dm["tpot_s"][i + 1], "ttft_s": 0.0}
+        nxt = {"stable": True, "tpot_s": t.dm["tpot_next_s"][i], "ttft_s": 0.0}
     binding = _binding(int(t.dn[i]), n_hi, int(space.stats.get("max_batch_per_rank", 0)) or None, nxt, w.tpot_max,
                        None)
     res = SolveResult("optimal", "argmin", float(total[i]), float(total[i]), 0.0, time.perf_counter() - t0,
                       SOLVER_NAME)
     return DisaggregatedResult(res, choice, int(space.blocks.index[pre.pos[j]]), bool(pre.cp[j]), metrics, pools,
-                               binding, {"decode_pairs_evaluated": len(t.dpos), "prefill_options": len(pre.pos)})
+                               binding, {"decode_pairs_evaluated": t.evaluated, "prefill_options": len(pre.pos)})
 
 
 def deployment_pools(space: Space, decode: Choice, prefill_block: int, cp: bool, metrics: dict,
@@ -482,19 +539,20 @@ def disaggregated_demand(space: Space, t: DisaggregatedTables, demand: float) ->
     configuration alone, so per format group the optimum is the cheapest decode pair plus the cheapest
     prefill option (None if no pair is feasible).
     """
+    if t.demand != demand:
+        raise ValueError(f"the tables kept each block's cheapest decode pool for a demand of {t.demand} output "
+                         f"tokens/s, not {demand}: build them with disaggregated_tables(..., demand={demand})")
     pre = t.pre
     lam = demand / t.req.output
-    d_n = np.ceil(lam / t.dm["requests_per_s"] * (1 - 1e-12))
-    d_cost = np.where(t.dok, d_n * t.dm["usd_per_s"], np.inf)
+    d_n, d_cost = _decode_demand_cost(t.dm, t.dok, lam)
     p_n = np.ceil(lam * pre.metrics["prefill_service_s"] / (pre.metrics["servers"] * pre.rho) * (1 - 1e-12))
     p_cost = np.where(pre.ok, p_n * pre.metrics["usd_per_s"], np.inf)
-    bestp = best_prefill(space, pre, p_cost)
-    dgroup = _group_of(space, t.dpos)
-    total = d_cost + np.array([p_cost[bestp[int(g)]] if int(g) in bestp else np.inf for g in dgroup])
+    jp = prefill_of(best_prefill(space, pre, p_cost), _group_of(space, t.dpos))
+    total = np.where(jp >= 0, d_cost + p_cost[jp], np.inf)
     if not np.isfinite(total).any():
         return None
     i = int(np.argmin(total))
-    j = bestp[int(dgroup[i])]
+    j = int(jp[i])
     return {"decode_pos": int(t.dpos[i]), "n": int(t.dn[i]), "decode_replicas": int(d_n[i]),
             "prefill_pos": int(pre.pos[j]), "context_parallel": bool(pre.cp[j]), "prefill_replicas": int(p_n[j]),
             "usd_per_s": float(total[i])}

@@ -16,6 +16,7 @@ consider, and `exhaustive` evaluates it at every batch of the space.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +31,11 @@ from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
 from dse.physics.serving import DEFAULT_CHUNK
 
 SATURATION = 1e-12  # an expert left untouched this rarely counts as always read
+CHUNK_PAIRS = 1 << 17
+"""(block, batch) pairs evaluated at once. Every search of a space streams its pairs in chunks of whole
+blocks of about this many and reduces each chunk as it goes (per-block optima, fronts), so its memory is set
+by this number and the number of blocks, never by the number of configurations: the request-level physics
+holds about 1.5 kB per pair in flight, some 0.2 GB per chunk (``scripts/bench_memory.py`` measures the peak)."""
 
 
 @dataclass(frozen=True)
@@ -149,13 +155,19 @@ def why_empty(model: Architecture, systems: list[System], opts: SpaceOptions, no
             f"{', '.join(s.id for s in systems)} (host memory capacity and bandwidth unknown)")
 
 
-def _candidates(blocks: pd.DataFrame, n: np.ndarray, context: int, phase: int = 0) -> Candidates:
+def _candidates(blocks: pd.DataFrame, n: np.ndarray, context: int, phase: int = 0,
+                pos: np.ndarray | None = None) -> Candidates:
+    """The candidates of ``blocks`` (of the rows at positions ``pos``, when given) at n sequences per DP rank."""
+
+    def col(name: str) -> np.ndarray:
+        a = blocks[name].to_numpy()
+        return a if pos is None else a[pos]
+
+    dp = col("dp")
     return Candidates(
-        model=np.zeros(len(blocks), dtype=np.int64), system=blocks["system_idx"].to_numpy(),
-        tp=blocks["tp"].to_numpy(), dp=blocks["dp"].to_numpy(), ep=blocks["ep"].to_numpy(),
-        etp=blocks["etp"].to_numpy(), pp=blocks["pp"].to_numpy(), batch=blocks["dp"].to_numpy() * n,
-        context=context, phase=phase, weights_dtype=blocks["wd"].to_numpy(), kv_dtype=blocks["kd"].to_numpy(),
-        kv_tier=blocks["tier"].to_numpy(),
+        model=np.zeros(len(dp), dtype=np.int64), system=col("system_idx"), tp=col("tp"), dp=dp, ep=col("ep"),
+        etp=col("etp"), pp=col("pp"), batch=dp * n, context=context, phase=phase, weights_dtype=col("wd"),
+        kv_dtype=col("kd"), kv_tier=col("tier"),
     )
 
 
@@ -278,6 +290,45 @@ def step_time(blocks: pd.DataFrame, n: np.ndarray) -> np.ndarray:
     return (alpha + beta * np.asarray(n, dtype=float)[:, None]).max(axis=1)
 
 
+# ---- every (block, batch) pair, streamed in chunks ----------------------------------------------
+def pairs(blocks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Every (block position, n) with 1 <= n_lo <= n <= n_hi: positions into ``blocks`` and n, block by block
+    and n ascending within a block.
+    """
+    lo, hi = blocks["n_lo"].to_numpy(), blocks["n_hi"].to_numpy()
+    counts = np.maximum(hi - lo + 1, 0)
+    pos = np.repeat(np.arange(len(blocks)), counts)
+    n = np.repeat(lo, counts) + np.arange(len(pos)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return pos, n.astype(np.int64)
+
+
+def chunk_size(max_pairs: int | None = None) -> int:
+    """Pairs per chunk: ``max_pairs``, or `CHUNK_PAIRS` as it is set when the search runs."""
+    return int(max_pairs or CHUNK_PAIRS)
+
+
+def pair_chunks(blocks: pd.DataFrame, max_pairs: int | None = None, only: np.ndarray | None = None
+                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The pairs of ``blocks`` (`pairs`; of the blocks at positions ``only``, when given) in chunks of consecutive
+    whole blocks, each of at most ``max_pairs`` pairs (a block with more is a chunk alone): positions into
+    ``blocks`` and n. A block's batches are never split between chunks, so per-block reductions finish within
+    one chunk.
+    """
+    max_pairs = chunk_size(max_pairs)
+    sub = blocks if only is None else blocks.iloc[only]
+    counts = np.maximum(sub["n_hi"].to_numpy() - sub["n_lo"].to_numpy() + 1, 0).astype(np.int64)
+    ends = np.cumsum(counts)
+    start = 0
+    while start < len(sub):
+        before = int(ends[start - 1]) if start else 0
+        end = max(int(np.searchsorted(ends, before + max_pairs, side="right")), start + 1)
+        pos, n = pairs(sub.iloc[start:end])
+        pos += start
+        if len(pos):
+            yield (pos if only is None else np.asarray(only)[pos]), n
+        start = end
+
+
 # ---- the exhaustive reference ----------------------------------------------------------------
 @dataclass(frozen=True)
 class Choice:
@@ -290,7 +341,7 @@ class Choice:
 
 
 def exhaustive(
-    space: Space, tpot_max: float | None, objective: str = "cost", chunk: int = 2_000_000,
+    space: Space, tpot_max: float | None, objective: str = "cost", chunk: int | None = None,
     cost_max: float | None = None,
 ) -> Choice | None:
     """Evaluate the physics at every (block, batch) of the space; return the best feasible one.
@@ -305,20 +356,17 @@ def exhaustive(
     ok_block = np.ones(len(b), dtype=bool)
     if w.ttft_max is not None:
         ok_block &= b["ttft"].to_numpy() <= w.ttft_max
-    lo, hi = b["n_lo"].to_numpy(), b["n_hi"].to_numpy()
-    counts = np.where(ok_block, np.maximum(hi - lo + 1, 0), 0)
     best: Choice | None = None
 
     def consider(idx: np.ndarray, n: np.ndarray) -> None:
         nonlocal best
         if len(idx) == 0:
             return
-        sub = b.iloc[idx]
-        r = evaluate(_candidates(sub, n, w.context), mt, st, IDEAL if space.ideal else None, ttft=False)
+        r = evaluate(_candidates(b, n, w.context, pos=idx), mt, st, IDEAL if space.ideal else None, ttft=False)
         feasible = r["fits"].copy()
         if tpot_max is not None:
             feasible &= r["step_s"] <= tpot_max
-        cost = sub["a"].to_numpy() * r["step_s"] / n
+        cost = b["a"].to_numpy()[idx] * r["step_s"] / n
         if cost_max is not None:
             feasible &= cost <= cost_max
         if not feasible.any():
@@ -329,12 +377,9 @@ def exhaustive(
         if current is None or score[i] < current:
             best = Choice(int(b.index[idx[i]]), int(n[i]), float(r["step_s"][i]), float(cost[i]))
 
-    # affine regions: every integer batch, in chunks
-    order = np.repeat(np.arange(len(b)), counts)
-    offsets = np.arange(len(order)) - np.repeat(np.cumsum(counts) - counts, counts)
-    n_all = np.repeat(lo, counts) + offsets
-    for start in range(0, len(order), chunk):
-        consider(order[start:start + chunk], n_all[start:start + chunk])
+    # every integer batch of every block whose prefill meets the TTFT target, in chunks of whole blocks
+    for pos, n in pair_chunks(b, chunk, only=np.flatnonzero(ok_block)):
+        consider(pos, n)
     return best
 
 

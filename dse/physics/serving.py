@@ -117,15 +117,19 @@ def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v
     h(x) = k x (S q + x S^2 / 2 + m t_d q / w) - C q, w = 1 - v x, is smooth on [0, min(1/S, 1/v)) with
     h(0) = -C < 0, and at the upper end h(1/S) = k / 2 > 0 or h -> +inf as w -> 0; it shares its sign
     with k x R(x) - C there, so the root is bracketed. Newton's method on h, replaced by bisection
-    whenever its step leaves the bracket, converges quadratically near the root and never diverges; it
-    stops when no rate moves by more
-    than ``NEWTON_RTOL`` of itself. (Newton on the unmultiplied equation from a start clipped at the
-    pole only halves its distance to the pole per step and needs tens of steps.)
+    whenever its step leaves the bracket, converges quadratically near the root and never diverges; each
+    rate stops when it moves by no more than ``NEWTON_RTOL`` of itself, so a rate does not depend on which
+    other rates it is solved with, and converged ones cost nothing more. (Newton on the unmultiplied equation
+    from a start clipped at the pole only halves its distance to the pole per step and needs tens of steps.)
     """
+    shape = np.broadcast_shapes(*(np.shape(a) for a in (k, c, s, m_td, v)))
+    k, c, s, m_td, v = (np.array(np.broadcast_to(a, shape), dtype=np.float64).ravel() for a in (k, c, s, m_td, v))
     lo = np.zeros_like(s)
     with np.errstate(divide="ignore"):
         hi = np.minimum(1.0 / s, 1.0 / v)  # whichever pole comes first: the queue's or the interference's
     x = np.minimum(c / (k * (s + m_td)), 0.5 * hi)
+    out = x.copy()
+    idx = np.arange(x.size)  # the rates still moving: each stops on its own, whatever else is solved with it
     for _ in range(NEWTON_STEPS):
         q = 1.0 - x * s
         w = 1.0 - v * x
@@ -136,11 +140,14 @@ def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v
         x_new = x - h / dh
         outside = ~((x_new >= lo) & (x_new <= hi))  # a step that rounds to nothing stays
         x_new = np.where(outside, 0.5 * (lo + hi), x_new)
-        done = not (np.abs(x_new - x) > NEWTON_RTOL * x).any()
-        x = x_new
-        if done:
+        out[idx] = x_new
+        moving = np.abs(x_new - x) > NEWTON_RTOL * x
+        if not moving.any():
             break
-    return x
+        if not moving.all():
+            idx, x_new, lo, hi, k, c, s, m_td, v = (a[moving] for a in (idx, x_new, lo, hi, k, c, s, m_td, v))
+        x = x_new
+    return out.reshape(shape)
 
 
 def prompts_per_chunk(req: Request) -> int:
@@ -262,6 +269,7 @@ def _metrics(serving: str, req: Request, lam: np.ndarray, ttft: np.ndarray, tpot
             "chips": chips,
             "power_w": power_w(chips, power_per_chip),
             "requests_per_s": lam,
+            "usd_per_s": usd_per_s,
             "prefill_share": input_share,
         }
     out.update(extra)

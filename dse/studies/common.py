@@ -29,7 +29,7 @@ from dse.optimize.requests import (
     request_of,
 )
 from dse.optimize.serving import ServingResult
-from dse.optimize.space import Space, build_space, describe_choice
+from dse.optimize.space import Space, build_space, describe_choice, subset
 from dse.physics.evaluate import Config, evaluate_config
 from dse.studies.base import StudySpec
 
@@ -164,9 +164,11 @@ def summary_header(spec: StudySpec, **extra) -> dict:
 def solver_summary(spec: StudySpec, results: list, t0: float, name: str | None = None) -> dict:
     """The ``solver`` block of a summary from the SolveResults of a study."""
     names = sorted({r.solver for r in results})
+    limited = any(r.time_limited for r in results)
     return {"name": name or (", ".join(names) if names else spec.solver.name), "wall_s": time.perf_counter() - t0,
             "solve_wall_s": float(sum(r.wall_s for r in results)), "solves": len(results),
-            "gap": float(max((r.gap for r in results), default=0.0))}
+            "gap": float(max((r.gap for r in results), default=0.0)), "time_limited": limited,
+            "reproducible": not limited}
 
 
 def solved(spec: StudySpec, results: list, t0: float) -> dict:
@@ -238,7 +240,7 @@ def mode_tables(space: Space, spec: StudySpec, demand: float | None = None) -> M
     req = request_of(space)
     agg = block_optima(space, req, demand=demand) if "aggregated" in modes else None
     cps = (False, True) if spec.space.context_parallel else (False,)
-    dis = disaggregated_tables(space, req, cps) if "disaggregated" in modes else None
+    dis = disaggregated_tables(space, req, cps, demand=demand) if "disaggregated" in modes else None
     return ModeTables(agg, dis)
 
 
@@ -266,6 +268,19 @@ def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray |
     return found, reasons
 
 
+def chosen_blocks(space: Space, entries: list[dict]) -> Space:
+    """The space with only the blocks of its chosen entries (what a report explains), so that a study over many
+    spaces keeps no more of each than its answers.
+    """
+    b = space.blocks
+    keep = np.zeros(len(b), dtype=bool)
+    for e in entries:
+        if (e.get("model"), e.get("workload")) == (space.model.id, space.workload.name):
+            keep |= ((b["system"] == e["system"]) & (b["tp"] == e["tp"]) & (b["dp"] == e["dp"])
+                     & (b["ep"] == e["ep"]) & (b["pp"] == e["pp"])).to_numpy()
+    return subset(space, keep)
+
+
 def run_serving(spec: StudySpec, solve_one: Callable[[Space, StudySpec, StudyOutput, bool], None],
                 progress: Progress | None = None) -> StudyOutput:
     """Build the space of every (model, workload) and hand it to ``solve_one``; infeasible pairs are
@@ -275,20 +290,30 @@ def run_serving(spec: StudySpec, solve_one: Callable[[Space, StudySpec, StudyOut
     t0 = time.perf_counter()
     opts = spec.options()
     out = StudyOutput(summary=summary_header(spec, _results=[]))
-    total = len(spec.models) * len(spec.workloads)
-    for i, model_id in enumerate(spec.models):
-        model = get_model(model_id)
-        for j, ws in enumerate(spec.workloads):
-            w = ws.workload()
-            if progress:
-                progress(f"{model_id} / {w.name}", i * len(spec.workloads) + j, total)
-            space = build_space(model, w, opts)
-            out.spaces[(model_id, w.name)] = space
-            out.summary["spaces"].append({"model": model_id, "workload": w.name, **space.stats})
-            try:
-                solve_one(space, spec, out, opts.ideal)
-            except InfeasibleError as exc:
-                out.summary["infeasible"].append({"model": model_id, "workload": w.name, "reason": str(exc)})
+    jobs = [(model_id, ws.workload()) for model_id in spec.models for ws in spec.workloads]
+    sizes = [0] * len(jobs)
+    if progress and len(jobs) > 1:  # the whole search's size up front (each space is small beside its pairs)
+        for k, (model_id, w) in enumerate(jobs):
+            progress(f"counting the configurations of {model_id} / {w.name}", k, len(jobs))
+            sizes[k] = build_space(get_model(model_id), w, opts).size
+    total = sum(sizes)
+    for k, (model_id, w) in enumerate(jobs):
+        space = build_space(get_model(model_id), w, opts)
+        if progress:
+            what = f"{model_id} / {w.name}: {space.size:,} configurations"
+            if len(jobs) > 1:
+                progress(f"{what} (space {k + 1} of {len(jobs)}, {total:,} in all)", sum(sizes[:k]), total)
+            else:
+                sizes[k] = total = space.size
+                progress(what, 0, total)
+        out.summary["spaces"].append({"model": model_id, "workload": w.name, **space.stats})
+        try:
+            solve_one(space, spec, out, opts.ideal)
+        except InfeasibleError as exc:
+            out.summary["infeasible"].append({"model": model_id, "workload": w.name, "reason": str(exc)})
+        out.spaces[(model_id, w.name)] = chosen_blocks(space, out.summary["best"])
+    if progress:
+        progress(f"{total:,} configurations searched", total, total)
     results = out.summary.pop("_results")
     if out.summary["infeasible"]:
         status = "infeasible"

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
+import pandas as pd
 from pydantic import Field, field_validator
 
 from dse.errors import InfeasibleError
-from dse.optimize.fronts import candidates, describe_points
-from dse.optimize.requests import TOL, disaggregated_tables, request_of
+from dse.optimize.fronts import candidate_chunks, describe_points, front
+from dse.optimize.requests import TOL, prefill_options, request_of
 from dse.optimize.space import Space
 from dse.studies.base import MAX_LIST, StudySpec, _Strict
 from dse.studies.common import Plot, Progress, StudyOutput, mode_tables, pick_modes, run_serving
@@ -56,14 +57,18 @@ def solve_one(space: Space, spec: Spec, out: StudyOutput, ideal: bool) -> None:
     out.summary["_results"] += [r.result for _, r in found]
     relaxed = replace(space, workload=replace(w, tpot_max=None))  # slow modes lie above the workload's target
     req = request_of(relaxed)
-    dis = disaggregated_tables(relaxed, req) if "disaggregated" in spec.space.serving else None
-    cand = candidates(relaxed, req, "aggregated" in spec.space.serving, dis, "cost")
+    agg = "aggregated" in spec.space.serving
+    dis = prefill_options(relaxed, req) if "disaggregated" in spec.space.serving else None
+    # the cheapest configuration at TPOT <= any target lies on the cost front of every feasible configuration
+    cand = front(relaxed, req, agg, dis, "cost")
     cost = cand["usd_per_request"].to_numpy()
     tpot = cand["tpot_s"].to_numpy()
     base_i = int(np.argmin(np.where(tpot <= (w.tpot_max or np.inf) * (1 + TOL), cost, np.inf)))
     base = cand.iloc[base_i]
-    same = (cand["pos"].to_numpy() == base["pos"]) & (cand["prefill"].to_numpy() == base["prefill"])
-    same &= (cand["serving"] == base["serving"]).to_numpy()
+    # the lecture's mechanism: the base point's own hardware and layout (and prefill pool), only the batch shrinks
+    agg_base = base["serving"] == "aggregated"
+    same = pd.concat(candidate_chunks(relaxed, req, agg_base, None if agg_base else dis, "cost",
+                                      only=np.array([int(base["pos"])])), ignore_index=True)
     rows = []
     for s in spec.fast_slow.speedups:
         target = base["tpot_s"] / s
@@ -78,15 +83,15 @@ def solve_one(space: Space, spec: Spec, out: StudyOutput, ideal: bool) -> None:
         point = cand.iloc[[i]]
         row.update(status="optimal", reason="", cost_multiplier=cost[i] / base["usd_per_request"],
                    speedup_achieved=base["tpot_s"] / tpot[i])
-        k = np.flatnonzero(same & ok)  # the lecture's mechanism: same hardware and layout, only the batch shrinks
+        k = np.flatnonzero(same["tpot_s"].to_numpy() <= target * (1 + TOL))
         if len(k):
-            j = k[int(np.argmin(cost[k]))]
-            row["cost_multiplier_same_layout"] = cost[j] / base["usd_per_request"]
-            row["batch_same_layout"] = int(cand.iloc[j]["n"]) * int(space.blocks.iloc[int(base["pos"])]["dp"])
+            j = k[int(np.argmin(same["usd_per_request"].to_numpy()[k]))]
+            row["cost_multiplier_same_layout"] = same["usd_per_request"].iloc[j] / base["usd_per_request"]
+            row["batch_same_layout"] = int(same["n"].iloc[j]) * int(space.blocks.iloc[int(base["pos"])]["dp"])
         else:
             row["cost_multiplier_same_layout"] = math.nan
             row["batch_same_layout"] = 0
-        desc = describe_points(relaxed, point, dis.pre if dis is not None else None).iloc[0].to_dict()
+        desc = describe_points(relaxed, point, dis).iloc[0].to_dict()
         row.update(desc)
         row.update({k: float(point[k].iloc[0]) for k in ("tpot_s", "ttft_s", "usd_per_request", "chips",
                                                           "tokens_per_s_per_gpu", "tokens_per_s_per_user")})

@@ -13,6 +13,8 @@ import hashlib
 import json
 import logging
 import math
+import os
+import sqlite3
 import time
 import warnings
 from collections.abc import Callable
@@ -102,6 +104,23 @@ def points_of(spec: SweepStudy) -> list[Point]:
 
 
 WORKER_WAIT_S = 300.0  # how long a worker waits for `dse run` to create the sweep
+STORAGE = "optuna.db"
+"""The sweep's SQLite storage in the output folder (`dse run` without --storage)."""
+STORAGE_APP_ID = 0x64736531
+"""The SQLite ``application_id`` of every storage file `dse run` creates ("dse1"): how an output folder knows its
+storage from a user's file of that name (dse.report.output)."""
+
+
+def create_storage(path: Path) -> None:
+    """Create the SQLite file of a storage at ``path``, marked with dse's application id, unless one is there."""
+    if os.path.lexists(path):
+        return
+    con = sqlite3.connect(path)
+    try:
+        con.execute(f"PRAGMA application_id = {STORAGE_APP_ID}")
+        con.commit()
+    finally:
+        con.close()
 
 
 def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WAIT_S) -> optuna.storages.RDBStorage:
@@ -120,6 +139,9 @@ def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WA
     try:
         import sqlalchemy
 
+        path = url.removeprefix("sqlite:///")
+        if create_tables and url.startswith("sqlite:///") and "?" not in path and path != ":memory:":
+            create_storage(Path(path))  # a new file is marked as dse's: an output folder holding it keeps it
         engine = sqlalchemy.create_engine(engine_url, **kwargs)
         engine.connect().close()
         engine.dispose()
@@ -214,13 +236,15 @@ def fail_dead_trials(study: optuna.Study) -> None:
             storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
 
 
-def enqueue_missing(studies: Studies, points: list[Point]) -> int:
+def enqueue_missing(studies: Studies, points: list[Point], progress: Callable[..., None] | None = None) -> int:
     """Enqueue every point with no COMPLETE, RUNNING or WAITING trial in its study; return how many."""
     for study in studies.values():
         fail_dead_trials(study)
     states = _state_by_point(studies)
     n = 0
-    for p in points:
+    for i, p in enumerate(points):
+        if progress and i % 256 == 0:
+            progress(f"queuing the sweep's {len(points):,} points", i, len(points))
         if not states.get(p.key, set()) & {"COMPLETE", "RUNNING", "WAITING"}:
             studies[(p.model, p.workload)].enqueue_trial(
                 {"parameter": p.parameter, "factor": p.factor},
@@ -270,39 +294,47 @@ def work(spec: SweepStudy, studies: Studies, points: list[Point], progress: Call
     """Solve enqueued points until none wait in any study; return how many this process solved."""
     by_key = {p.key: p for p in points}
     done = 0
+    shown = {"complete": 0, "waiting": 0}
 
     def objective(trial: optuna.Trial) -> float:
+        nonlocal done
         key = trial.user_attrs.get("point_key")
         # the distributions never change, so a sweep whose factors were edited resumes in the same storage
         trial.suggest_categorical("parameter", ALL_PARAMETERS)
         trial.suggest_float("factor", FACTOR_RANGE[0], FACTOR_RANGE[1], log=True)
         if key not in by_key:  # nothing was waiting, or a point an earlier version of the study enqueued
             raise optuna.TrialPruned()
+        if progress:
+            progress(f"{shown['waiting'] - done:,} of {len(points):,} points waiting",
+                     min(shown["complete"] + done, len(points)), len(points))
         attrs = solve_point(spec, by_key[key])
         trial.set_user_attr("result", json.dumps(attrs, default=float))
         for name in CONFIG_ATTRS:  # the configuration, readable in a dashboard
             if name in attrs:
                 trial.set_user_attr(name, attrs[name])
+        done += 1
         cost = attrs["usd_per_request"]
         return cost if math.isfinite(cost) else 1e300
 
     while max_points is None or done < max_points:
+        # one count of the storage per round (not per point: that grows as points^2 on a large sweep); a study
+        # then runs as many trials as it had waiting, and one that another worker took meanwhile is pruned
         waiting = {pair: len(s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
                    for pair, s in studies.items()}
         if not any(waiting.values()):
             break
-        study = studies[next(pair for pair, n in waiting.items() if n)]
         if progress:
-            complete = sum(len(s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-                           for s in studies.values())
-            progress(f"{sum(waiting.values())} points waiting", min(complete, len(points)), len(points))
-        try:
-            study.optimize(objective, n_trials=1)
-        except RuntimeError as exc:  # the trial was failed as stale meanwhile: its point is enqueued again
-            if progress:
-                progress(f"a point was taken back ({exc}); continuing")
-            continue
-        done += 1
+            shown["complete"] = sum(len(s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+                                    for s in studies.values()) - done
+            shown["waiting"] = sum(waiting.values()) + done
+        for pair, n in waiting.items():
+            if not n or (max_points is not None and done >= max_points):
+                continue
+            try:
+                studies[pair].optimize(objective, n_trials=n if max_points is None else min(n, max_points - done))
+            except RuntimeError as exc:  # a trial was failed as stale meanwhile: its point is enqueued again
+                if progress:
+                    progress(f"a point was taken back ({exc}); continuing")
     return done
 
 
@@ -317,7 +349,7 @@ def run_sweep(spec: SweepStudy, storage_url: str, progress: Callable[[str], None
     solved = 0
     while True:
         if create:
-            enqueue_missing(studies, points)
+            enqueue_missing(studies, points, progress)
         else:
             for study in studies.values():
                 fail_dead_trials(study)
@@ -371,7 +403,7 @@ def count_complete(studies: Studies) -> dict[str, int]:
 
 def default_storage(out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(out / 'optuna.db').resolve()}"
+    return f"sqlite:///{(out / STORAGE).resolve()}"
 
 
 def run_sweep_study(spec: SweepStudy, storage_url: str, progress: Callable[[str], None] | None = None,

@@ -1,0 +1,94 @@
+"""The searches stream the (block, batch) pairs in chunks of whole blocks and reduce each chunk as it goes; the
+answers must not depend on the chunk size. Each search is run with one block per chunk, a few blocks per chunk
+and the whole space in one chunk (how it ran before it streamed), and every figure must be identical to the bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dse.catalog.models import get_model
+from dse.optimize.fronts import front
+from dse.optimize.operating_points import operating_points
+from dse.optimize.requests import (
+    block_optima,
+    disaggregated_demand,
+    disaggregated_tables,
+    pick,
+    pick_disaggregated,
+    request_of,
+)
+from dse.optimize.space import SpaceOptions, Workload, build_space, pair_chunks, pairs
+from dse.physics import serving
+
+WHOLE = 10**12
+
+
+@pytest.fixture(scope="module")
+def space():
+    w = Workload("chat", 2000, 300, 0.06, 3.0, demand=2e4)
+    return build_space(get_model("llama-3.1-70b"), w, SpaceOptions(systems=("h100", "mi300x"), pp=(1,),
+                                                                   kv_tiers=("hbm",), max_batch_per_rank=24))
+
+
+def test_chunks_cover_every_pair_once_in_order_without_splitting_a_block(space):
+    pos, n = pairs(space.blocks)
+    for size in (1, 500, WHOLE):
+        chunks = list(pair_chunks(space.blocks, size))
+        assert np.array_equal(np.concatenate([c[0] for c in chunks]), pos)
+        assert np.array_equal(np.concatenate([c[1] for c in chunks]), n)
+        edges = [c[0][-1] for c in chunks[:-1]]
+        assert all(e != c[0][0] for e, c in zip(edges, chunks[1:], strict=True))  # no block split
+        counts = (space.blocks["n_hi"] - space.blocks["n_lo"] + 1).to_numpy()
+        assert all(len(c[0]) <= max(size, counts[c[0][0]]) for c in chunks)
+    with_pairs = np.flatnonzero(counts > 0)
+    only = with_pairs[[1, 5, 6]]
+    got = list(pair_chunks(space.blocks, 1, only))
+    assert [int(c[0][0]) for c in got] == only.tolist()
+    assert [len(c[0]) for c in got] == counts[only].tolist()
+
+
+def _answers(space, max_pairs: int) -> dict:
+    req = request_of(space)
+    opt = block_optima(space, req, demand=2e4, max_pairs=max_pairs)
+    t = disaggregated_tables(space, req, demand=2e4, max_pairs=max_pairs)
+    sys_idx = space.blocks["system_idx"].to_numpy()
+    out = {"n": opt.n.tolist(), "metrics": {k: v.tolist() for k, v in opt.metrics.items()}, "binding": opt.binding,
+           "demand": opt.demand, "evaluated": (opt.evaluated, t.evaluated),
+           "disaggregated_demand": disaggregated_demand(space, t, 2e4)}
+    for si in (None, *range(len(space.systems))):
+        mask = None if si is None else sys_idx == si
+        a, d = pick(space, opt, mask=mask), pick_disaggregated(space, t, mask=mask)
+        out[f"pick {si}"] = (a.config, a.metrics, a.binding, d.metrics, d.pools, d.binding)
+    for objective in ("cost", "throughput"):
+        f = front(space, req, True, t, objective, max_pairs=max_pairs)
+        out[objective] = (f.to_dict("list"), f.attrs["candidates"])
+    return out
+
+
+def test_every_answer_is_the_same_whatever_the_chunk_size(space, monkeypatch):
+    whole = _answers(space, WHOLE)
+    assert whole["evaluated"][0] == space.size > 1000
+    for size in (1, 100):
+        assert repr(_answers(space, size)) == repr(whole)
+    monkeypatch.setattr("dse.optimize.space.CHUNK_PAIRS", 1)  # the operating points stream with the default
+    one = operating_points(space)
+    monkeypatch.setattr("dse.optimize.space.CHUNK_PAIRS", WHOLE)
+    assert repr(one.to_dict("list")) == repr(operating_points(space).to_dict("list"))
+
+
+def test_a_request_rate_does_not_depend_on_the_rates_solved_with_it():
+    rng = np.random.default_rng(7)
+    k = rng.uniform(1, 64, 300)
+    c = k * rng.uniform(1, 200, 300)
+    s = rng.uniform(1e-3, 2.0, 300)
+    m_td = rng.uniform(1e-3, 5.0, 300)
+    v = rng.uniform(0, 0.5, 300)
+    together = serving._solve_rate(k, c, s, m_td, v)
+    alone = np.array([serving._solve_rate(k[i], c[i], s[i], m_td[i], v[i]) for i in range(300)])
+    assert np.array_equal(together, alone)
+    x = together
+    q, w = 1 - x * s, 1 - v * x
+    residual = k * x * (s * q + 0.5 * x * s * s + m_td * q / w) - c * q
+    assert np.all(np.abs(residual) <= 1e-9 * c)
