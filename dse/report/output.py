@@ -38,7 +38,7 @@ import numpy as np
 from dse.errors import InputError
 from dse.studies.base import StudySpec
 from dse.studies.common import StudyOutput
-from dse.studies.optuna_sweep import STORAGE, STORAGE_APP_ID
+from dse.studies.sweep_storage import STORAGE, STORAGE_APP_ID
 
 
 def _jsonable(obj):

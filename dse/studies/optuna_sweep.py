@@ -13,8 +13,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import sqlite3
 import time
 import warnings
 from collections.abc import Callable
@@ -31,6 +29,7 @@ from dse.optimize.serving import SOLVER_NAME
 from dse.optimize.space import build_space
 from dse.studies.base import StudySpec
 from dse.studies.common import StudyOutput, mode_tables, pick_modes, summary_header
+from dse.studies.sweep_storage import STORAGE, create_storage
 
 PARAMETERS = {  # study name -> System field
     "hbm_bandwidth": "hbm_bandwidth", "hbm_capacity": "hbm_capacity", "flops": "flops",
@@ -104,25 +103,6 @@ def points_of(spec: SweepStudy) -> list[Point]:
 
 
 WORKER_WAIT_S = 300.0  # how long a worker waits for `dse run` to create the sweep
-STORAGE = "optuna.db"
-"""The sweep's SQLite storage in the output folder (`dse run` without --storage)."""
-STORAGE_APP_ID = 0x64736531
-"""The SQLite ``application_id`` of every storage file `dse run` creates ("dse1"): how an output folder knows its
-storage from a user's file of that name (dse.report.output)."""
-
-
-def create_storage(path: Path) -> None:
-    """Create the SQLite file of a storage at ``path``, marked with dse's application id, unless one is there."""
-    if os.path.lexists(path):
-        return
-    con = sqlite3.connect(path)
-    try:
-        con.execute(f"PRAGMA application_id = {STORAGE_APP_ID}")
-        con.commit()
-    finally:
-        con.close()
-
-
 def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WAIT_S) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage with heartbeats; a bad URL or an unreachable server is an InputError.
 
