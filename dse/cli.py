@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dse.catalog.units import DTYPES
+from dse.catalog.units import DTYPES, si
 from dse.errors import InfeasibleError, InputError, SolverLimitError
 from dse.physics.codes import KV_SHARDS, KV_TIERS, PHASES
 
@@ -85,15 +85,8 @@ def _fail(exc: Exception) -> None:
 
 
 def _si(value: float | None, unit: str) -> str:
-    if value is None:
-        return "-"
-    if value == 0:
-        return f"0 {unit}"
-    prefixes = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, ""), (1e-3, "m"), (1e-6, "u")]
-    for scale, p in prefixes:
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {p}{unit}"
-    return f"{value:.3g} {unit}"
+    """A figure as the terminal shows it: 3 significant digits, an SI prefix, plain ASCII."""
+    return si(value, unit, micro="u", missing="-")
 
 
 @app.command()

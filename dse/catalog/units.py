@@ -7,6 +7,8 @@ USD per byte-second, seconds, counts).
 
 from __future__ import annotations
 
+import math
+
 from dse.errors import InputError
 
 # unit -> (dimension, factor to SI)
@@ -78,3 +80,21 @@ DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
 INTEGER_DTYPES: tuple[str, ...] = ("int4",)
 """Integer weight formats: no catalog chip computes in them; stored narrow and dequantized to BF16 in the GEMM
 (W4A16, as Marlin and Machete in vLLM and TensorRT-LLM's weight-only kernels run them)."""
+
+
+PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, ""), (1e-3, "m"), (1e-6, "µ"),
+            (1e-9, "n"))
+
+
+def si(value: float | None, unit: str, digits: int = 3, micro: str = "µ", missing: str = "–") -> str:
+    """``value`` with an SI prefix and ``digits`` significant digits: 0.0123 s -> '12.3 ms'; None, NaN or
+    infinity as ``missing``. A terminal passes ``micro="u"`` and ``missing="-"`` (plain ASCII).
+    """
+    if value is None or not math.isfinite(value):
+        return missing
+    if value == 0:
+        return f"0 {unit}"
+    for scale, prefix in PREFIXES:
+        if abs(value) >= scale:
+            return f"{value / scale:.{digits}g} {micro if prefix == 'µ' else prefix}{unit}"
+    return f"{value:.{digits}g} {unit}"

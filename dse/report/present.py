@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from dse.catalog.units import si
 from dse.studies.common import StudyOutput
 from dse.studies.registry import study_module
 
@@ -32,19 +33,6 @@ HEADLINE_KEYS = (  # (key, label, unit kind) of an optimum, shown when the entry
     ("other_serving", "other mode", "text"),
     ("other_serving_usd_per_request", "its USD/request", "usd"),
 )
-
-
-def si(value: float, unit: str, digits: int = 3) -> str:
-    """``value`` with an SI prefix: 0.0123 s -> '12.3 ms'."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    if value == 0:
-        return f"0 {unit}"
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, ""), (1e-3, "m"),
-                          (1e-6, "µ"), (1e-9, "n")):
-        if abs(value) >= scale:
-            return f"{value / scale:.{digits}g} {prefix}{unit}"
-    return f"{value:.{digits}g} {unit}"
 
 
 def cell(column: str, value) -> str:
