@@ -116,6 +116,11 @@ def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: f
     return res
 
 
+DUAL_TIME_LIMIT_S = 30.0
+"""Seconds for the LP behind `lp_duals`: its integers are fixed, so it solves in far less; the limit only stops a
+runaway solve (no duals are reported then)."""
+
+
 def lp_duals(model: pyo.ConcreteModel, fix: tuple[str, ...] | None = None, solver: str = "glop"
              ) -> dict[tuple[str, object], float]:
     """Duals of the LP left when the integer variables (those of components named in ``fix``, or every one)
@@ -131,7 +136,7 @@ def lp_duals(model: pyo.ConcreteModel, fix: tuple[str, ...] | None = None, solve
     try:
         m, _, cmap = compile_model(model, relax=True)
         engine = mb.Solver(solver)
-        engine.set_time_limit_in_seconds(30.0)
+        engine.set_time_limit_in_seconds(DUAL_TIME_LIMIT_S)
         status = engine.solve(m)
         if status != mb.SolveStatus.OPTIMAL:
             return {}

@@ -24,6 +24,11 @@ def write_plots(out: StudyOutput, spec: StudySpec, folder: Path) -> list[str]:
     return files
 
 
+NEAR_TARGET = 0.98
+"""Where an entry names no binding limit, a TPOT within 2% of its target is explained as the target capping the
+batch (a wording threshold of the report, no physics)."""
+
+
 def _fmt_bytes(x: float) -> str:
     return f"{x / 1e9:,.1f} GB"
 
@@ -50,7 +55,7 @@ def explain(e: dict, space) -> str:
         cap = f"What stops the batch at {n} per rank: {e['binding']}"
     elif row is not None and n >= int(row["n_hi"]):
         cap = "HBM capacity caps the batch (one more sequence per rank would not fit)"
-    elif w is not None and w.tpot_max is not None and e["tpot_s"] >= 0.98 * w.tpot_max:
+    elif w is not None and w.tpot_max is not None and e["tpot_s"] >= NEAR_TARGET * w.tpot_max:
         cap = f"the TPOT target of {w.tpot_max * 1e3:g} ms caps the batch"
     else:
         cap = "the batch stops where a larger one no longer lowers the cost per token, or at the study's limit"
