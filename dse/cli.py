@@ -22,9 +22,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dse.catalog.price_kinds import DEFAULT_PRICE_KIND, PRICE_KINDS
 from dse.catalog.units import DTYPES, si
 from dse.errors import InfeasibleError, InputError, SolverLimitError
-from dse.physics.codes import KV_SHARDS, KV_TIERS, PHASES
+from dse.physics.codes import DEFAULT_CHUNK, KV_SHARDS, KV_TIERS, PHASES
 
 app = typer.Typer(
     add_completion=False,
@@ -105,7 +106,7 @@ def evaluate(
     output: Annotated[int | None, typer.Option(
         help="Output tokens per request: adds the request-level metrics of an aggregated replica at "
              "concurrency --batch (needs --prompt).")] = None,
-    chunk: Annotated[int, typer.Option(help="Chunked-prefill budget, tokens per DP rank per pass.")] = 8192,
+    chunk: Annotated[int, typer.Option(help="Chunked-prefill budget, tokens per DP rank per pass.")] = DEFAULT_CHUNK,
     cached: Annotated[float, typer.Option(help="Share of the prompt served from a prefix cache.")] = 0.0,
     draft: Annotated[int, typer.Option(help="Speculative draft tokens verified per decode pass.")] = 0,
     accept: Annotated[float, typer.Option(help="Mean tokens emitted per decode pass (speculation).")] = 1.0,
@@ -127,8 +128,8 @@ def evaluate(
         "--micro-batches", help="Decode micro-batches per pass: 2 overlaps one's communication with the other's "
                                 "compute (two-batch overlap; each re-reads the weights).")] = 1,
     ideal: Annotated[bool, typer.Option("--ideal", help="Every efficiency 1, communication overlapped.")] = False,
-    price_kind: Annotated[str, typer.Option("--price-kind", help="Price kind: tco_hyperscaler, tco_neocloud, "
-                                            "rental_3yr or on_demand (default).")] = "on_demand",
+    price_kind: Annotated[str, typer.Option(
+        "--price-kind", help=f"Price kind: {', '.join(PRICE_KINDS[:-1])} or {PRICE_KINDS[-1]}.")] = DEFAULT_PRICE_KIND,
     usd_per_chip_hour: Annotated[float | None, typer.Option("--usd-per-chip-hour",
                                                             help="Your own price (replaces the catalog's).")] = None,
     allow_beyond_trained_context: Annotated[bool, typer.Option(

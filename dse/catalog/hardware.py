@@ -17,6 +17,7 @@ from dse.catalog.loading import (
     parse_sources,
     read_yaml,
 )
+from dse.catalog.price_kinds import DEFAULT_PRICE_KIND, PRICE_KINDS  # re-exported
 from dse.catalog.units import DTYPES, INTEGER_DTYPES
 from dse.errors import InputError, unknown_name_message
 
@@ -44,11 +45,6 @@ SYSTEM_FIELDS: dict[str, FieldSpec] = {
     "power": FieldSpec("power", False, "chip power (TDP)"),
     "power_all_in": FieldSpec("power", False, "facility power per chip incl. its share of host, network, cooling"),
 }
-PRICE_KINDS = ("tco_hyperscaler", "tco_neocloud", "rental_3yr", "on_demand")
-"""Kinds of price per chip-hour a system may carry; a comparison uses one kind only."""
-DEFAULT_PRICE_KIND = "on_demand"
-"""The kind studies compare at unless they say otherwise: it has the broadest sourced coverage of the
-catalog (12 systems, the TPUs and the A100 among them; the TCO kinds cover 9-10, none of the TPUs)."""
 PRICE_SPEC = FieldSpec("usd_rate", True, "price per chip-hour")
 STATUSES = ("shipping", "announced")
 SYSTEM_KEYS = ("id", "name", "vendor", "scaleup_topology", "status", "kv_dtypes", "prices", *SYSTEM_FIELDS)

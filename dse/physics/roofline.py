@@ -59,12 +59,12 @@ import numpy as np
 from dse.catalog.hardware import Efficiency, System, efficiency_for
 from dse.catalog.models import Architecture
 from dse.catalog.units import DTYPE_BYTES, DTYPES
+from dse.physics.codes import DEFAULT_CHUNK
 
 TOPOLOGY_DIMS = {"switch": 0, "mesh": -1, "torus2d": 2, "torus3d": 3}
 GROUP_SCALE_BYTES = 2.0 / 128  # weight-only quantization: one FP16 scale per 128 weights (Marlin, group 128)
 ACT_BYTES = 2.0  # activations travel and live in bf16
 LOGIT_BYTES = 4.0  # logits in fp32
-PREFILL_CHUNK = 8192  # tokens per DP rank resident at once under chunked prefill
 MAX_GROUPS = 2  # layer groups per model (full attention, sliding window)
 EXACT_MEAN = 32.0  # below this mean the expected maximum of binomial counts is summed exactly
 
@@ -657,7 +657,8 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.nda
     # memory capacity per chip
     weights_bytes = g.wbytes * g.p_dense / (g.tp * g.pp) + g.routed_bytes_per_chip
     kv_bytes = r["kv_bytes"]
-    act_tokens = _where(prefill, lambda: np.minimum(r["tokens_rank"], PREFILL_CHUNK), lambda: r["tokens_rank"])
+    # prefill activations: at most the default chunk budget per DP rank is resident at once (not a workload's own)
+    act_tokens = _where(prefill, lambda: np.minimum(r["tokens_rank"], DEFAULT_CHUNK), lambda: r["tokens_rank"])
     act_bytes = act_tokens * 8.0 * g.d * ACT_BYTES + r["seqs_rank"] * g.vocab / g.tp * LOGIT_BYTES
     hbm_bytes = weights_bytes + np.where(g.on_host, 0.0, kv_bytes) + act_bytes
     fits = (hbm_bytes <= g.hbm_cap * g.eff.hbm_usable) & (~g.on_host | (kv_bytes <= g.host_cap))

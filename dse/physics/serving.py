@@ -61,9 +61,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from dse.catalog.hardware import Efficiency
+from dse.physics.codes import DEFAULT_CHUNK  # re-exported: the default chunk budget (vLLM / SGLang)
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate_at
 
-DEFAULT_CHUNK = 8192  # prefill tokens per DP rank per forward pass (vLLM / SGLang chunked-prefill budget)
 RHO_MAX = 0.9  # highest utilisation a prefill pool is planned at (M/D/1 waits grow as 1 / (1 - rho))
 NEWTON_STEPS = 200  # a cap only: bracketed Newton stops after a handful of steps
 NEWTON_RTOL = 1e-13  # stop once no rate moves by more than this share of itself

@@ -38,9 +38,10 @@ import yaml
 
 from dse.catalog.units import DTYPES
 from dse.errors import InputError
+from dse.physics.codes import DEFAULT_CHUNK
 
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
-DEFAULT_CHUNK_TOKENS = 8192
+DEFAULT_CHUNK_TOKENS = DEFAULT_CHUNK
 """Chunked-prefill size used when the configuration does not state one (tokens per step)."""
 
 DOCS = {

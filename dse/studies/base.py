@@ -19,6 +19,7 @@ from dse.catalog.hardware import DEFAULT_PRICE_KIND, PRICE_KINDS, default_system
 from dse.catalog.loading import read_yaml, validation_message
 from dse.catalog.models import default_models
 from dse.errors import InputError, unknown_name_message
+from dse.optimize.solver import SOLVERS
 from dse.optimize.space import SpaceOptions, Workload
 from dse.physics.serving import DEFAULT_CHUNK
 
@@ -134,7 +135,7 @@ class SpaceSpec(_Strict):
 
 
 class SolverSpec(_Strict):
-    name: Literal["highs", "scip", "sat"] = "highs"
+    name: Literal[SOLVERS] = "highs"  # type: ignore[valid-type]
     time_limit_s: float = Field(default=60.0, gt=0, le=86400)
 
 

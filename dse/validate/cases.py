@@ -24,10 +24,12 @@ from dse.catalog.hardware import hw_dir
 from dse.catalog.loading import read_yaml
 from dse.catalog.models import Architecture, ModelSpec, default_models
 from dse.errors import InputError
+from dse.physics.codes import DEFAULT_CHUNK
 from dse.physics.training import TrainLayout
 
 CATEGORIES = ("serving_throughput", "latency", "training_mfu")
-PREFILL_CHUNK = 8192
+PREFILL_CHUNK = DEFAULT_CHUNK
+"""Prefill tokens per DP rank per pass of the offline benchmarks: the servers' default chunked-prefill budget."""
 
 
 @dataclass(frozen=True)
