@@ -1,6 +1,12 @@
-"""Evaluate single configurations through the vectorized physics, with any System object."""
+"""Shared test helpers: the `dse` command in a process of its own, single configurations evaluated through the
+vectorized physics with any System object, and the brute-force references of the search tests."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from dse.catalog.hardware import IDEAL, Efficiency, System
 from dse.catalog.models import Architecture
@@ -8,6 +14,14 @@ from dse.catalog.units import DTYPES
 from dse.physics.codes import KV_SHARDS, KV_TIERS, PHASES
 from dse.physics.layout import Layout
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
+
+
+def dse(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 300,
+        input: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m dse.cli *args`` with this interpreter, as a user runs it; ``env`` is added to this
+    process's environment. Output is captured as text; a run past ``timeout`` seconds raises TimeoutExpired."""
+    return subprocess.run([sys.executable, "-m", "dse.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=cwd, input=input)
 
 
 def run(

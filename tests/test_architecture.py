@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from helpers import dse as dse_cli  # `dse` here is the package
 
 import dse
 from dse.studies.registry import KINDS, study_module
@@ -31,15 +32,17 @@ def _rank(module: str) -> int | None:
     return None if best is None else best[0]
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """Every module an import statement names (top level and inside functions), with its line."""
+def _imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """Every module an import statement names (top level and inside functions), with its line; ``path`` lies
+    under ``root`` (the repository, or a copy of its layout)."""
     tree = ast.parse(path.read_text())
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    module = _module_name(path, root)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -75,13 +78,11 @@ def test_no_module_imports_from_a_lower_layer():
 def test_the_layer_check_sees_a_wrong_import(tmp_path):
     assert _rank("dse.physics.roofline") < _rank("dse.optimize.space") < _rank("dse.studies.base")
     assert _rank("formulations.kv_tiering") == _rank("dse.optimize.solver")
-    bad = ROOT / "dse" / "physics" / "_probe_for_test.py"
-    try:
-        bad.write_text("def f():\n    from dse.studies.base import StudySpec\n    return StudySpec\n")
-        own = _rank(_module_name(bad))
-        assert any(_rank(n) > own for _, n in _imports(bad))
-    finally:
-        bad.unlink()
+    bad = tmp_path / "dse" / "physics" / "_probe_for_test.py"  # the repository's layout, outside the source tree
+    bad.parent.mkdir(parents=True)
+    bad.write_text("def f():\n    from dse.studies.base import StudySpec\n    return StudySpec\n")
+    own = _rank(_module_name(bad, tmp_path))
+    assert any(_rank(n) > own for _, n in _imports(bad, tmp_path))
 
 
 def test_every_kind_module_has_its_parts_and_every_study_file_a_kind():
@@ -122,17 +123,16 @@ def test_public_api_evaluate_matches_the_frame_and_the_cli():
         single = dse.evaluate(**cfg)
         for key in ("step_s", "tokens_per_s", "usd_per_mtok", "ttft_s", "hbm_bytes_per_chip"):
             assert calibrated.loc[i, key] == pytest.approx(single[key], rel=1e-12), (i, key)
-    r = subprocess.run([sys.executable, "-m", "dse.cli", "evaluate", "--model", "llama-3.1-70b", "--system", "h100",
-                        "--tp", "8", "--batch", "64", "--context", "4096", "--ideal", "--json"],
-                       capture_output=True, text=True, timeout=120)
+    r = dse_cli("evaluate", "--model", "llama-3.1-70b", "--system", "h100", "--tp", "8", "--batch", "64", "--context",
+                "4096", "--ideal", "--json")
     assert r.returncode == 0 and abs(json.loads(r.stdout)["step_s"] / one["step_s"] - 1) < 1e-12
 
 
 def test_public_api_errors_carry_the_cli_message():
     with pytest.raises(dse.InputError) as api:
         dse.evaluate(model="llama-3.1-70b", system="h100", tp=3, batch=1, context=10)
-    r = subprocess.run([sys.executable, "-m", "dse.cli", "evaluate", "--model", "llama-3.1-70b", "--system", "h100",
-                        "--tp", "3", "--batch", "1", "--context", "10"], capture_output=True, text=True, timeout=120)
+    r = dse_cli("evaluate", "--model", "llama-3.1-70b", "--system", "h100", "--tp", "3", "--batch", "1", "--context",
+                "10")
     assert r.returncode == 2 and str(api.value) in " ".join(r.stderr.split())
     with pytest.raises(dse.InputError, match="row 1"):
         dse.evaluate_frame(pd.DataFrame([{"model": "llama-3.1-8b", "system": "h100", "batch": 1, "context": 10},

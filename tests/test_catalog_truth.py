@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import dse
 
 from dse.catalog.hardware import HW_DIR, PRICE_KINDS, default_systems, priced
 from dse.catalog.hf_import import import_config
@@ -21,11 +19,6 @@ from dse.studies.base import load_study
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def dse(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dse.cli", *args], capture_output=True, text=True,
-                          env=os.environ.copy(), timeout=300)
 
 
 def test_no_proxy_price_remains_and_every_price_has_a_kind_source_and_date():

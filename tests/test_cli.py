@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import dse
 
 from dse.catalog.hardware import HW_DIR
 
@@ -19,13 +18,6 @@ CONTRACT_KEYS = {
     "weights_bytes_per_chip", "kv_bytes_per_chip", "fits", "params_total", "params_active", "kv_bytes_per_token",
     "balance_batch", "hbm_drain_s",
 }
-
-
-def dse(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "dse.cli", *args], capture_output=True, text=True, env=full_env, timeout=120
-    )
 
 
 def test_done_when_commands_print_every_contract_key():

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import dse
 
 from dse.report.export import DEFAULT_CHUNK_TOKENS, export
 
@@ -79,18 +80,14 @@ def test_cli_writes_executable_scripts_and_refuses_ambiguous_choices(tmp_path):
     result.mkdir()
     (result / "summary.json").write_text(json.dumps({"best": [AGGREGATED, dict(AGGREGATED, workload="long")]}))
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "dse.cli", "export", str(result), *args], capture_output=True,
-                              text=True, timeout=120)
-
-    r = run()
+    r = dse("export", str(result))
     assert r.returncode == 2 and "--model deepseek-v3 --workload long" in " ".join(r.stderr.split())
-    r = run("--workload", "chat", "--framework", "sglang")
+    r = dse("export", str(result), "--workload", "chat", "--framework", "sglang")
     assert r.returncode == 0, r.stderr
     script = result / "export-deepseek-v3-chat" / "launch_sglang.sh"
     assert script.stat().st_mode & 0o111 and "deepseek-ai/DeepSeek-V3" in script.read_text()
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    assert run("--workload", "chat", "--framework", "tgi").returncode == 2
+    assert dse("export", str(result), "--workload", "chat", "--framework", "tgi").returncode == 2
 
 
 @pytest.mark.parametrize("entry", [AGGREGATED, DISAGGREGATED])

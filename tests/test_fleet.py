@@ -6,14 +6,12 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from formulation_contract import FormulationContract
+from helpers import dse
 
 from dse.errors import InfeasibleError
 from dse.optimize.bridge import compile_model
@@ -172,13 +170,8 @@ def test_larger_instances_beat_or_match_the_greedy():
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _dse_run(study: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dse.cli", "run", str(study), "--out", str(out), *args],
-                          capture_output=True, text=True, env=os.environ.copy(), timeout=600)
-
-
 def _run(study: str, out):
-    r = _dse_run(ROOT / "studies" / study, out, "--json")
+    r = dse("run", str(ROOT / "studies" / study), "--out", str(out), "--json", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
 
@@ -224,7 +217,7 @@ def test_a_solver_stopped_without_a_solution_says_so_in_one_line(tmp_path):
     doc["solver"] = {"name": "highs", "time_limit_s": 0.05}
     study = tmp_path / "fleet_day.yaml"
     study.write_text(yaml.safe_dump(doc))
-    r = _dse_run(study, tmp_path / "out")
+    r = dse("run", str(study), "--out", str(tmp_path / "out"), timeout=600)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "no fleet found within 0.05 s by highs" in r.stderr and "raise solver.time_limit_s" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""

@@ -5,7 +5,8 @@ Every case runs in-process (CliRunner, `--json`) and must either exit 2 with a m
 exit 0 or 3 with JSON whose every number is finite or null and physically sane (costs >= 0, times > 0 where
 defined, `fits` a boolean). A value outside the option's stated range (`dse.physics.evaluate.WHOLE_FIELDS` and
 `check_config`; written out again here) must be refused. No case may end in a traceback. The counts of the
-last run are written to test-artifacts/fuzz_evaluate_counts.json.
+last run are written to fuzz_evaluate_counts.json in pytest's base temporary folder (its path is printed:
+`pytest -s` shows it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import math
 import random
 import re
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -26,7 +26,6 @@ from dse.catalog.models import default_models
 from dse.cli import app
 from dse.errors import InputError
 
-ROOT = Path(__file__).resolve().parent.parent
 RUNNER = CliRunner()
 CASES = 300
 
@@ -178,7 +177,7 @@ def judge(args: tuple[str, ...], mutated: dict[str, str], text: bool = False) ->
     return f"exit {r.exit_code}"
 
 
-def test_300_hostile_argument_sets():
+def test_300_hostile_argument_sets(tmp_path_factory):
     """Each of 300 mutated invocations exits 2 naming the option, or gives sane JSON; 0 tracebacks (every
     fourth is also printed as a table)."""
     counts: Counter = Counter()
@@ -188,9 +187,9 @@ def test_300_hostile_argument_sets():
         counts[verdict] += 1
         if verdict != "ok":
             failures.append(f"{verdict}: {' '.join(repr(a) if not a or ' ' in a else a for a in args)}")
-    artifacts = ROOT / "test-artifacts"
-    artifacts.mkdir(exist_ok=True)
-    (artifacts / "fuzz_evaluate_counts.json").write_text(json.dumps(dict(counts), indent=1) + "\n")
+    path = tmp_path_factory.getbasetemp() / "fuzz_evaluate_counts.json"
+    path.write_text(json.dumps(dict(counts), indent=1) + "\n")
+    print(f"fuzz counts: {path}")
     assert sum(counts.values()) == CASES
     assert not failures, f"{len(failures)} of {CASES} cases failed:\n" + "\n".join(failures[:40])
 

@@ -14,10 +14,10 @@ import math
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import dse
 from typer.testing import CliRunner
 
 from dse.cli import app
@@ -364,8 +364,7 @@ def test_an_unreachable_postgresql_url_shows_neither_secret(tmp_path):
     """Through the real command: the driver fails to connect, and echoes what it parsed as the host."""
     study = Path(__file__).resolve().parent / "fixtures" / "small_sweep.yaml"
     url = "postgresql://u:p%40ss@ssw0rd@127.0.0.1:1/db?password=s3cret"
-    r = subprocess.run([sys.executable, "-m", "dse.cli", "run", str(study), "--out", str(tmp_path / "o"),
-                        "--storage", url], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    r = dse("run", str(study), "--out", str(tmp_path / "o"), "--storage", url, cwd=tmp_path)
     assert r.returncode == 2 and "cannot open the storage" in r.stderr, r.stderr
     written = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file())
     for secret in ("ssw0rd", "p%40ss", "p@ss", "s3cret"):

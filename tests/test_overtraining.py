@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import dse
 
 from dse.optimize.equalization import LOSS_FITS, dense_model, loss, tokens_for_loss, training_options
 from dse.studies.base import load_study
@@ -51,8 +49,7 @@ def test_training_cluster_mip_equals_the_best_feasible_row():
 
 def test_overtraining_study_reproduces_the_lecture(tmp_path):
     out = tmp_path / "ot"
-    r = subprocess.run([sys.executable, "-m", "dse.cli", "run", str(ROOT / "studies" / "overtraining.yaml"), "--out",
-                        str(out), "--json"], capture_output=True, text=True, env=os.environ.copy(), timeout=600)
+    r = dse("run", str(ROOT / "studies" / "overtraining.yaml"), "--out", str(out), "--json", timeout=600)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["lecture"]["inference_tokens_at_50M_per_s_for_60_days"] == pytest.approx(2.592e14)

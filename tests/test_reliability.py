@@ -4,7 +4,7 @@ secrets are never printed; plus a fuzz suite over the study schema and the model
 The fuzz cases are invalid by construction (a boolean, string, NaN, infinity or negative number where a
 number goes, a number where text goes, a scalar where a list or mapping goes, an unknown key); each must
 be refused with an InputError that names the file and the field. The counts of the last run are written
-to test-artifacts/fuzz_counts.json.
+to fuzz_counts.json in pytest's base temporary folder (its path is printed: `pytest -s` shows it).
 """
 
 from __future__ import annotations
@@ -12,13 +12,11 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import dse as dse_cli  # `dse` here is the package
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,11 +29,6 @@ STUDIES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "studie
 KV = ROOT / "studies" / "kv_cache_tiers.yaml"  # a fast study (well under a second)
 SMALL = ROOT / "tests" / "fixtures" / "small_sweep.yaml"
 COUNTS: dict[str, int] = {}
-
-
-def dse_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dse.cli", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 def one_line(text: str) -> str:
@@ -76,7 +69,7 @@ def test_study_names_must_be_plain(tmp_path, name):
 def test_yaml_problems_are_named(tmp_path, text, message):
     path = tmp_path / "s.yaml"
     path.write_text(text)
-    r = dse_cli("run", str(path))
+    r = dse_cli("run", str(path), cwd=tmp_path)
     assert r.returncode == 2 and message in one_line(r.stderr) and "Traceback" not in r.stderr
 
 
@@ -85,7 +78,7 @@ def test_binary_and_utf16_files_are_refused(tmp_path):
                        ("bin.yaml", bytes(range(256)))):
         path = tmp_path / name
         path.write_bytes(data)
-        r = dse_cli("run", str(path))
+        r = dse_cli("run", str(path), cwd=tmp_path)
         assert r.returncode == 2 and "UTF-8" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -291,10 +284,10 @@ def test_fuzzed_model_catalogs_are_refused_with_a_named_field(tmp_path, data):
         raise AssertionError(f"model {i} {path} = {value!r} -> accepted an invalid value")
 
 
-def test_zz_write_fuzz_counts():
-    folder = ROOT / "test-artifacts"
-    folder.mkdir(exist_ok=True)
-    (folder / "fuzz_counts.json").write_text(json.dumps(COUNTS, indent=2, sort_keys=True))
+def test_zz_write_fuzz_counts(tmp_path_factory):
+    path = tmp_path_factory.getbasetemp() / "fuzz_counts.json"
+    path.write_text(json.dumps(COUNTS, indent=2, sort_keys=True))
+    print(f"fuzz counts: {path}")
 
 
 def test_an_edited_space_does_not_reuse_stale_sweep_answers():

@@ -2,7 +2,8 @@
 
 The browser is Debian's Chromium driven by Playwright (CI installs both, as .ci/run says); each report
 must load without console errors, every image and chart must render, and the headline must be
-there. Screenshots are kept in test-artifacts/reports/ for a person to look at.
+there. Screenshots are kept in reports/ in pytest's base temporary folder for a person to look at (its path
+is printed: `pytest -s` shows it).
 """
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import dse
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = sorted((ROOT / "studies").glob("*.yaml"))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-ARTIFACTS = ROOT / "test-artifacts" / "reports"
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,7 @@ def shipped_runs(tmp_path_factory):
 
     def run(study: Path) -> tuple[Path, subprocess.CompletedProcess]:
         out = base / study.stem
-        r = subprocess.run([sys.executable, "-m", "dse.cli", "run", str(study), "--out", str(out), "--json"],
-                           capture_output=True, text=True, timeout=900)
+        r = dse("run", str(study), "--out", str(out), "--json", timeout=900)
         return out, r
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -47,13 +46,15 @@ def test_json_output_parses(shipped_runs, study):
     assert (out / "report.html").exists()
 
 
-def test_every_report_renders_in_chromium(shipped_runs):
+def test_every_report_renders_in_chromium(shipped_runs, tmp_path_factory):
     if CHROMIUM is None:
         if os.environ.get("CI"):
             pytest.fail("Chromium is missing: .ci/run installs Debian's chromium package")
         pytest.skip("no Chromium on this machine (CI installs it)")
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    screenshots = tmp_path_factory.getbasetemp() / "reports"
+    screenshots.mkdir(exist_ok=True)
+    print(f"screenshots: {screenshots}")
     problems = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=[
@@ -72,7 +73,7 @@ def test_every_report_renders_in_chromium(shipped_runs):
             charts = page.evaluate("Array.from(document.querySelectorAll('figure.chart svg'))"
                                    ".map(s => [s.getBoundingClientRect().width, s.querySelectorAll('circle').length])")
             headline = page.inner_text("#headline") if page.query_selector("#headline") else ""
-            page.screenshot(path=str(ARTIFACTS / f"{study}.png"), full_page=True)
+            page.screenshot(path=str(screenshots / f"{study}.png"), full_page=True)
             page.close()
             if errors:
                 problems.append(f"{study}: console errors {errors}")

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from helpers import dse
 
 from dse.physics.evaluate import Config, evaluate_config
 from dse.report.output import write_outputs
@@ -26,11 +24,6 @@ REQUEST_KEYS = {"serving", "ttft_s", "tpot_s", "tokens_per_s_per_gpu", "tokens_p
                 "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended", "chips", "power_w", "price_kind",
                 "pools", "step_tpot_s", "step_ttft_s"}
 POOL_KEYS = ("system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier")
-
-
-def dse(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dse.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=os.environ.copy(), timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -208,5 +201,5 @@ def test_infeasible_study_exits_3_naming_the_resource(tmp_path):
 
 
 def test_missing_study_file_exits_2(tmp_path):
-    r = dse("run", str(tmp_path / "nope.yaml"))
+    r = dse("run", str(tmp_path / "nope.yaml"), cwd=tmp_path)
     assert r.returncode == 2 and "no such study file" in r.stderr

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import copy
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import dse
 from typer.testing import CliRunner
 
 from dse.cli import app
@@ -35,8 +34,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path):
     with pytest.raises(InputError, match=r"study\.yaml: is a FIFO \(named pipe\), not a regular file"):
         load_study(fifo)
     # the command line too, in a process of its own (a regression would block: the timeout ends it)
-    r = subprocess.run([sys.executable, "-m", "dse.cli", "run", str(fifo), "--out", str(tmp_path / "out")],
-                       capture_output=True, text=True, timeout=60)
+    r = dse("run", str(fifo), "--out", str(tmp_path / "out"), timeout=60)
     assert r.returncode == 2 and "is a FIFO (named pipe), not a regular file" in one_line(r.stderr)
     assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
 

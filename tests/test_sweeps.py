@@ -13,6 +13,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+from helpers import dse
 from postgres import find_bin, postgres_server
 
 from dse.catalog.hardware import default_systems
@@ -21,11 +22,6 @@ from dse.studies.optuna_sweep import count_complete, open_storage, points_of
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ROOT / "tests" / "fixtures" / "small_sweep.yaml"
-
-
-def dse(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dse.cli", *args], capture_output=True, text=True,
-                          env=os.environ.copy(), timeout=600, **kw)
 
 
 SMALL_STUDY = "small_sweep/llama-3.1-70b/chat"  # one Optuna study per (model, workload) of a sweep
@@ -39,7 +35,7 @@ def load(url: str, name: str = SMALL_STUDY) -> optuna.Study:
 def hbm_run(tmp_path_factory):
     """The shipped bandwidth sweep, run once for the tests that read it."""
     out = tmp_path_factory.mktemp("sweeps") / "hbm"
-    r = dse("run", str(ROOT / "studies" / "hbm_bandwidth_sensitivity.yaml"), "--out", str(out))
+    r = dse("run", str(ROOT / "studies" / "hbm_bandwidth_sensitivity.yaml"), "--out", str(out), timeout=600)
     assert r.returncode == 0, r.stderr
     return out
 
@@ -64,7 +60,7 @@ def test_hbm_bandwidth_sensitivity_study(hbm_run):
 
 def test_tornado_price_moves_cost_one_for_one(tmp_path):
     out = tmp_path / "t"
-    r = dse("run", str(ROOT / "studies" / "tornado.yaml"), "--out", str(out))
+    r = dse("run", str(ROOT / "studies" / "tornado.yaml"), "--out", str(out), timeout=600)
     assert r.returncode == 0, r.stderr
     t = pd.read_csv(out / "tornado.csv")
     best = json.loads((out / "summary.json").read_text())["best"]
@@ -105,7 +101,7 @@ def test_sweep_killed_midway_resumes_without_losing_or_recomputing(tmp_path):
     done_before = {t.number: t.datetime_complete for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
     points = points_of(load_study(SMALL))
     assert 3 <= len(done_before) < len(points), "the kill must land mid-way"
-    r = dse("run", str(SMALL), "--out", str(out))
+    r = dse("run", str(SMALL), "--out", str(out), timeout=600)
     assert r.returncode == 0, r.stderr
     study = load(url)
     counts = count_complete({("llama-3.1-70b", "chat"): study})
@@ -152,7 +148,8 @@ def test_bad_storage_url_exits_2(tmp_path, url, message):
 
 
 def test_storage_is_refused_for_studies_that_are_not_sweeps(tmp_path):
-    r = dse("run", str(ROOT / "studies" / "pareto_latency_cost.yaml"), "--storage", "sqlite:///x.db")
+    r = dse("run", str(ROOT / "studies" / "pareto_latency_cost.yaml"), "--storage", "sqlite:///x.db",
+            cwd=tmp_path)
     assert r.returncode == 2 and "only sweep, tornado and overtraining studies use a storage" in " ".join(r.stderr.split())
 
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from helpers import dse
 
 from dse.catalog.hardware import IDEAL, default_efficiency_catalog
 from dse.validate import (
@@ -101,8 +99,7 @@ def test_leave_one_out_machinery_on_a_subset(cases):
 
 def test_dse_validate_command(tmp_path):
     out = tmp_path / "v"
-    r = subprocess.run([sys.executable, "-m", "dse.cli", "validate", "--json", "--out", str(out)],
-                       capture_output=True, text=True, env=os.environ.copy(), timeout=300)
+    r = dse("validate", "--json", "--out", str(out))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert {s["category"] for s in doc["summary"]} >= {"serving_throughput", "training_mfu", "latency"}

@@ -4,25 +4,18 @@ level, with leave-group-out cross-validation, errors by partition and the rows i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import dse
 
 from dse.catalog.hardware import efficiency_for
 from dse.validate.serving_runs import GROUP, as_dict, map_runs, read_runs, validate_file, validate_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "hw_catalog" / "calibration" / "published" / "measured_serving.csv"
-
-
-def dse(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dse.cli", *args], capture_output=True, text=True,
-                          env=os.environ.copy(), timeout=300)
 
 
 @pytest.fixture(scope="module")
