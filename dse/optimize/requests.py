@@ -128,6 +128,12 @@ def first_min_per_block(pos: np.ndarray, score: np.ndarray) -> np.ndarray:
     return np.sort(heads[np.isfinite(score[heads])])
 
 
+def has_next(pos: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Whether the pair after each of ``idx`` (pairs contiguous by block, n ascending) is its block's next batch."""
+    after = np.minimum(idx + 1, len(pos) - 1)
+    return (idx + 1 < len(pos)) & (pos[after] == pos[idx])
+
+
 def block_optima(space: Space, req: Request | None = None, demand: float | None = None,
                  max_pairs: int | None = None) -> BlockOptima:
     """Evaluate every (block, n) pair of the space; keep each block's cheapest feasible n per request.
@@ -153,8 +159,7 @@ def block_optima(space: Space, req: Request | None = None, demand: float | None 
         best_n[at] = n[heads]
         for k in KEYS:
             metrics[k][at] = m[k][heads]
-        more = heads[(heads + 1 < len(pos))]
-        more = more[pos[np.minimum(more + 1, len(pos) - 1)] == pos[more]]
+        more = heads[has_next(pos, heads)]
         for k in nxt:
             nxt[k][pos[more]] = m[k][more + 1]
         if demand is not None and ok.any():
@@ -417,9 +422,8 @@ def disaggregated_tables(space: Space, req: Request | None = None, context_paral
         if demand is not None:
             picks.append(first_min_per_block(pos, _decode_demand_cost(m, ok, demand / req.output)[1]))
         sel = np.unique(np.concatenate(picks))
-        following = np.minimum(sel + 1, len(pos) - 1)
-        same = (sel + 1 < len(pos)) & (pos[following] == pos[sel])
-        tpot_next = np.where(same, m["tpot_s"][following], np.nan)
+        same = has_next(pos, sel)
+        tpot_next = np.where(same, m["tpot_s"][np.minimum(sel + 1, len(pos) - 1)], np.nan)
         m = {k: v[sel] for k, v in m.items()}
         m["tpot_next_s"] = tpot_next
         kept.append((pos[sel], n[sel], m))
