@@ -93,6 +93,7 @@ def run_study(study: str | Path | dict | StudySpec, out: str | Path | None = Non
     """``run`` with the place the study came from (``where``) for messages; used by `dse run`."""
     from dse.studies.base import StudySpec
     from dse.studies.base import load_study as _load_study
+    from dse.studies.contract import solve_study
     from dse.studies.registry import kinds_with, study_module
 
     spec = study if isinstance(study, StudySpec) else _load_study(study)
@@ -116,7 +117,7 @@ def run_study(study: str | Path | dict | StudySpec, out: str | Path | None = Non
             scratch = None if target is not None else stack.enter_context(
                 tempfile.TemporaryDirectory(prefix="dse-storage-"))
             storage = default_storage(target if target is not None else Path(scratch))
-        output = module.run(spec, progress, storage)
+        output = solve_study(spec, progress, storage)
         if target is not None:
             from dse.report.output import write_outputs
 

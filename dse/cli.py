@@ -158,12 +158,17 @@ def evaluate(
     else:
         _print_evaluation(result)
     if not result["fits"]:
-        need, have = result["hbm_bytes_per_chip"], result["hbm_capacity_per_chip"]
-        if result["kv_tier"] == "host" and need <= have:
+        need, usable = result["hbm_bytes_per_chip"], result["hbm_usable_per_chip"]
+        where = f"at context {result['context']}"
+        if result.get("fits_request") is False and need <= usable:  # the step fits; the request's peak does not
+            need = result["hbm_bytes_per_chip_request"]
+            where = f"at the request's peak context {result['prompt'] + result['output']}"
+        if result["kv_tier"] == "host" and need <= usable:
             why = "host memory capacity runs out: the KV cache does not fit in the host memory of the chips"
         else:
-            why = (f"HBM capacity runs out: {_si(need, 'B')} per chip needed (weights, KV, activations) against "
-                   f"{_si(have, 'B')} of HBM less the reserve the calibration keeps free")
+            why = (f"HBM capacity runs out {where}: {_si(need, 'B')} per chip needed (weights, KV, activations) "
+                   f"against {_si(usable, 'B')} usable ({_si(result['hbm_capacity_per_chip'], 'B')} of HBM less "
+                   f"the reserve the calibration keeps free), short by {_si(need - usable, 'B')}")
         Console(stderr=True).print(f"[bold red]does not fit:[/] {escape(why)}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)
 
@@ -197,6 +202,9 @@ def _print_evaluation(r: dict) -> None:
     t.add_column("note")
     comm = f"TP {_si(r['tp_comm_s'], 's')}, EP {_si(r['ep_comm_s'], 's')}, PP {_si(r['pp_comm_s'], 's')}"
     fits = "fits" if r["fits"] else "DOES NOT FIT"
+    cap = _si(r["hbm_capacity_per_chip"], "B")
+    usable = (f"{_si(r['hbm_usable_per_chip'], 'B')} usable of {cap}" if r["hbm_usable_per_chip"] < r[
+        "hbm_capacity_per_chip"] else f"of {cap}")
     crossover = "-" if r["kv_crossover_context"] is None else f"{r['kv_crossover_context']:.0f}"
     band_t = band_c = ""
     if r.get("tokens_per_s_band"):
@@ -221,7 +229,7 @@ def _print_evaluation(r: dict) -> None:
         ("energy", "-" if r["joules_per_token"] is None else f"{r['joules_per_token']:.3g} J/token", ""),
         ("weights per chip", _si(r["weights_bytes_per_chip"], "B"), ""),
         ("KV per chip", _si(r["kv_bytes_per_chip"], "B"), f"{_si(r['kv_bytes_per_token'], 'B')} per token of context"),
-        ("HBM used per chip", _si(r["hbm_bytes_per_chip"], "B"), f"of {_si(r['hbm_capacity_per_chip'], 'B')}: {fits}"),
+        ("HBM used per chip", _si(r["hbm_bytes_per_chip"], "B"), f"at context {r['context']}; {usable}: {fits}"),
         ("balance batch", f"{r['balance_batch']:.0f}", "compute time = weight-fetch time"),
         ("HBM drain time", _si(r["hbm_drain_s"], "s"), "HBM capacity / bandwidth"),
         ("KV crossover context", crossover, "KV fetch time = compute time"),
@@ -240,6 +248,11 @@ def _print_evaluation(r: dict) -> None:
              f"{r['usd_per_mtok_blended']:.4g} USD/Mtok; prefill {r['prefill_share']:.0%} of cost"),
             ("power", _si(r["power_w"], "W"), f"{r['chips']} chips, price kind {r['price_kind']}"),
         ]
+        peak = r["prompt"] + r["output"]
+        rows.insert(next(i for i, row in enumerate(rows) if row[0] == "HBM used per chip") + 1,
+                    ("HBM at the request's peak", _si(r["hbm_bytes_per_chip_request"], "B"),
+                     f"at context {peak} (prompt + output); {usable}: "
+                     f"{'fits' if r['fits_request'] else 'DOES NOT FIT'}"))
     for row in rows:
         t.add_row(*row)
     console.print(t)
@@ -409,18 +422,19 @@ def validate(
 
 def _validate_runs(cases: Path, fit: bool, out: Path | None, as_json: bool) -> None:
     """`dse validate --cases FILE.csv`: measured serving runs predicted at request level, cross-validated."""
-    from dse.validate import serving_runs as sr
+    from dse.validate.report import write_runs_report
+    from dse.validate.run import validate_file
 
     try:
         if fit:
             raise InputError(f"{cases}: --fit refits the YAML cases' efficiencies; a CSV of measured runs is always "
                              "cross-validated by leaving whole concurrency sweeps out (drop --fit)")
-        v = sr.validate_file(cases)
+        v = validate_file(cases)
         target = out or Path("results") / "validate_runs"
-        files = sr.write_runs_report(v, target)
+        files = write_runs_report(v, target)
     except InputError as exc:
         _fail(exc)
-    doc = sr.as_dict(v)
+    doc = v.as_dict()
     if as_json:
         typer.echo(json.dumps(_finite(doc), indent=2, default=float))
         return

@@ -1,4 +1,4 @@
-"""The training cluster as a mixed-integer program, and the lifetime cost it feeds.
+"""The training cluster as a mixed-integer program (Pyomo), and the lifetime cost it feeds.
 
 `build_training` chooses one training configuration (system x TP x PP x DP x micro-batch x
 recomputation, each a row whose step time, memory and cost per token come from `dse.physics.training`)
@@ -11,29 +11,25 @@ model (`dse.optimize.equalization`) adds RL and inference to it, as in the lectu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
-from ortools.linear_solver.python import model_builder as mb
+import pyomo.environ as pyo
 
 
-@dataclass
-class TrainingModel:
-    model: mb.Model
-    z: pd.Series
-    options: pd.DataFrame
-
-
-def build_training(options: pd.DataFrame, tokens: float, deadline_s: float, chip_budget: int) -> TrainingModel:
-    """One configuration; its time to train ``tokens`` within the deadline, its chips within budget."""
-    m = mb.Model()
-    z = m.new_bool_var_series("z", options.index)
-    m.add(mb.LinearExpr.sum(list(z)) == 1)
+def build_training(options: pd.DataFrame, tokens: float, deadline_s: float, chip_budget: int) -> pyo.ConcreteModel:
+    """One configuration (``z[r]`` for row position r of ``options``); its time to train ``tokens`` within the
+    deadline, its chips within budget. Memory: only configurations that fit are offered (a row fits or not).
+    """
+    seconds = tokens / options["tokens_per_s"]
+    chips = options["chips"].astype(float)
+    usd = tokens * options["usd_per_token"]
+    m = pyo.ConcreteModel("training_cluster")
+    m.R = pyo.Set(initialize=range(len(options)))
+    m.z = pyo.Var(m.R, domain=pyo.Binary)
+    # Exactly one configuration is chosen.
+    m.one = pyo.Constraint(expr=sum(m.z[r] for r in m.R) == 1)
     # Deadline: tokens / throughput of the chosen configuration <= deadline.
-    hours = tokens / options["tokens_per_s"]
-    m.add(mb.LinearExpr.weighted_sum(list(z), list(hours)) <= deadline_s)
+    m.deadline = pyo.Constraint(expr=sum(float(seconds.iat[r]) * m.z[r] for r in m.R) <= deadline_s)
     # Budget: the chosen configuration's chips.
-    m.add(mb.LinearExpr.weighted_sum(list(z), list(options["chips"].astype(float))) <= chip_budget)
-    # Memory: only configurations that fit are offered (a row either fits or does not).
-    m.minimize(mb.LinearExpr.weighted_sum(list(z), list(tokens * options["usd_per_token"])))
-    return TrainingModel(m, z, options)
+    m.budget = pyo.Constraint(expr=sum(float(chips.iat[r]) * m.z[r] for r in m.R) <= chip_budget)
+    m.cost = pyo.Objective(expr=sum(float(usd.iat[r]) * m.z[r] for r in m.R), sense=pyo.minimize)
+    return m

@@ -1,4 +1,4 @@
-"""MoE expert placement as a mixed-integer program.
+"""MoE expert placement as a mixed-integer program (Pyomo).
 
 Experts with loads (tokens per step) are placed on GPUs grouped in scale-up domains; each GPU has a
 number of expert slots (from its HBM), and a budget of redundant replicas lets hot experts live on
@@ -6,6 +6,10 @@ several GPUs. x[e, g] = 1 places a replica of expert e on GPU g; y[e, g] >= 0 is
 tokens that g serves (only where a replica is). Stage 1 minimizes the most-loaded GPU's tokens
 (the slowest GPU sets the step); stage 2 keeps that and minimizes the tokens that cross the
 scale-out network, counting a token of expert e from domain d as local when d holds a replica.
+
+The constraints live in three blocks (each expert's own, the GPUs' capacity, the domains' locality) declared
+in that order: the bridge compiles blocks in declaration order, so the rows reach the solver expert by expert,
+then GPU by GPU. The study stops SCIP at node limits, where the answer depends on that order.
 """
 
 from __future__ import annotations
@@ -13,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
-from ortools.linear_solver.python import model_builder as mb
+import pyomo.environ as pyo
 
 
 @dataclass(frozen=True)
@@ -39,94 +42,69 @@ class PlacementData:
         return g // self.domain
 
 
-@dataclass
-class PlacementModel:
-    model: mb.Model
-    x: pd.Series
-    y: pd.Series
-    h: pd.Series
-    peak: object
-    data: PlacementData
+def add_sets(m: pyo.ConcreteModel, d: PlacementData) -> None:
+    m.E = pyo.Set(initialize=range(d.experts))
+    m.G = pyo.Set(initialize=range(d.gpus))
+    m.D = pyo.Set(initialize=range(d.domains))
 
 
-def build(data: PlacementData, peak_max: float | None = None) -> PlacementModel:
-    """Stage 1 (peak_max None): minimize the peak GPU load. Stage 2: cap the peak, minimize crossing tokens."""
-    m = mb.Model()
-    idx = pd.MultiIndex.from_product([range(data.experts), range(data.gpus)], names=["expert", "gpu"])
-    x = m.new_bool_var_series("x", idx)
-    y = m.new_num_var_series("y", idx, lower_bounds=0.0, upper_bounds=1.0)
-    didx = pd.MultiIndex.from_product([range(data.experts), range(data.domains)], names=["expert", "domain"])
-    h = m.new_bool_var_series("h", didx)
-    peak = m.new_num_var(0.0, float(data.loads.sum()), "peak")
-    # Every expert has at least one replica, and its tokens are fully served.
-    for e in range(data.experts):
-        m.add(mb.LinearExpr.sum([x[e, g] for g in range(data.gpus)]) >= 1)
-        m.add(mb.LinearExpr.sum([y[e, g] for g in range(data.gpus)]) == 1)
-        for g in range(data.gpus):
-            m.add(y[e, g] <= x[e, g])
-    # Each GPU holds at most its slots; all replicas within the budget.
-    for g in range(data.gpus):
-        m.add(mb.LinearExpr.sum([x[e, g] for e in range(data.experts)]) <= data.slots)
-    m.add(mb.LinearExpr.sum(list(x)) <= data.experts + data.redundant)
-    # The peak is at least every GPU's load.
-    for g in range(data.gpus):
-        m.add(mb.LinearExpr.weighted_sum([y[e, g] for e in range(data.experts)], list(data.loads)) <= peak)
-    # h[e, d] may be 1 only where domain d holds a replica of e.
-    for e in range(data.experts):
-        for d in range(data.domains):
-            members = [x[e, g] for g in range(data.gpus) if data.domain_of(g) == d]
-            m.add(h[e, d] <= mb.LinearExpr.sum(members))
-    if peak_max is None:
-        m.minimize(peak)
-    else:
-        m.add(peak <= peak_max)
-        # tokens of e from domain d (an even share) cross the scale-out network unless d holds e
-        share = 1.0 / data.domains
-        m.minimize(mb.LinearExpr.weighted_sum(list(h), [-data.loads[e] * share for e, _ in didx]))
-    return PlacementModel(m, x, y, h, peak, data)
+def add_variables(m: pyo.ConcreteModel, d: PlacementData) -> None:
+    m.x = pyo.Var(m.E, m.G, domain=pyo.Binary)  # a replica of e on g
+    m.y = pyo.Var(m.E, m.G, domain=pyo.NonNegativeReals, bounds=(0.0, 1.0))  # share of e's tokens served by g
+    m.h = pyo.Var(m.E, m.D, domain=pyo.Binary)  # domain d holds a replica of e
+    m.peak = pyo.Var(domain=pyo.NonNegativeReals, bounds=(0.0, float(d.loads.sum())))
 
 
-def crossing_tokens(data: PlacementData, x: np.ndarray) -> float:
-    """Tokens per step that leave their domain, with tokens routed to a local replica when one exists."""
-    held = np.zeros((data.experts, data.domains), dtype=bool)
-    for g in range(data.gpus):
-        held[:, data.domain_of(g)] |= x[:, g] > 0.5
-    return float((data.loads[:, None] * (1.0 / data.domains) * ~held).sum())
+def add_experts(m: pyo.ConcreteModel, d: PlacementData) -> None:
+    """Every expert has at least one replica, its tokens are fully served, and only by GPUs holding a replica."""
+
+    def expert(b: pyo.Block, e: int) -> None:
+        b.placed = pyo.Constraint(expr=sum(m.x[e, g] for g in m.G) >= 1)
+        b.served = pyo.Constraint(expr=sum(m.y[e, g] for g in m.G) == 1)
+        b.only_where_placed = pyo.Constraint(m.G, rule=lambda _, g: m.y[e, g] <= m.x[e, g])
+
+    m.expert = pyo.Block(m.E, rule=expert)
 
 
-def greedy_eplb(data: PlacementData) -> tuple[np.ndarray, np.ndarray]:
-    """The balanced-packing baseline of DeepSeek's EPLB: give each redundant replica to the expert
-    with the most tokens per replica, split each expert's tokens evenly over its replicas, then place
-    replicas heaviest first on the least-loaded GPU with a free slot. Returns (x, y).
+def add_capacity(m: pyo.ConcreteModel, d: PlacementData) -> None:
+    """Each GPU holds at most its slots, all replicas stay within the budget, and the peak is at least every
+    GPU's load.
     """
-    replicas = np.ones(data.experts, dtype=int)
-    for _ in range(data.redundant):
-        if replicas.sum() >= data.gpus * data.slots:
-            break
-        room = np.where(replicas < data.gpus, data.loads / replicas, -1.0)  # a replica per GPU at most
-        if room.max() < 0:
-            break
-        replicas[int(np.argmax(room))] += 1
-    items = sorted(((data.loads[e] / replicas[e], e) for e in range(data.experts) for _ in range(replicas[e])),
-                   reverse=True)
-    load = np.zeros(data.gpus)
-    used = np.zeros(data.gpus, dtype=int)
-    x = np.zeros((data.experts, data.gpus))
-    y = np.zeros((data.experts, data.gpus))
-    for w, e in items:
-        free = [g for g in range(data.gpus) if used[g] < data.slots and x[e, g] == 0]
-        if not free:
-            raise ValueError("the replicas do not fit in the GPUs' slots")
-        g = min(free, key=lambda k: load[k])
-        x[e, g] = 1
-        y[e, g] = 1.0 / replicas[e]
-        load[g] += w
-        used[g] += 1
-    return x, y
+    loads = [float(w) for w in d.loads]
+
+    def capacity(b: pyo.Block) -> None:
+        b.slots = pyo.Constraint(m.G, rule=lambda _, g: sum(m.x[e, g] for e in m.E) <= d.slots)
+        b.replicas = pyo.Constraint(expr=sum(m.x[e, g] for e in m.E for g in m.G) <= d.experts + d.redundant)
+        b.peak_load = pyo.Constraint(m.G, rule=lambda _, g: m.peak - sum(loads[e] * m.y[e, g] for e in m.E) >= 0)
+
+    m.capacity = pyo.Block(rule=capacity)
 
 
-def zipf_loads(experts: int, tokens: float, skew: float, seed: int = 0) -> np.ndarray:
-    """Tokens per expert drawn from a Zipf law of exponent ``skew`` over a random expert order."""
-    rank = np.random.default_rng(seed).permutation(experts) + 1.0
-    w = rank ** -skew
-    return tokens * w / w.sum()
+def add_locality(m: pyo.ConcreteModel, d: PlacementData) -> None:
+    """h[e, d] may be 1 only where domain d holds a replica of e."""
+
+    def locality(b: pyo.Block) -> None:
+        b.held = pyo.Constraint(m.E, m.D, rule=lambda _, e, k: m.h[e, k] <= sum(
+            m.x[e, g] for g in m.G if d.domain_of(g) == k))
+
+    m.locality = pyo.Block(rule=locality)
+
+
+def build(d: PlacementData, peak_max: float | None = None) -> pyo.ConcreteModel:
+    """Stage 1 (peak_max None): minimize the peak GPU load. Stage 2: cap the peak, minimize crossing tokens
+    (the tokens of e from domain k, an even share of its load, cross the scale-out network unless k holds e).
+    """
+    m = pyo.ConcreteModel("expert_placement")
+    add_sets(m, d)
+    add_variables(m, d)
+    add_experts(m, d)
+    add_capacity(m, d)
+    add_locality(m, d)
+    if peak_max is None:
+        m.cost = pyo.Objective(expr=m.peak, sense=pyo.minimize)
+        return m
+    m.locality.peak_cap = pyo.Constraint(expr=m.peak <= peak_max)
+    share = 1.0 / d.domains
+    m.cost = pyo.Objective(expr=sum(-float(d.loads[e]) * share * m.h[e, k] for e in m.E for k in m.D),
+                           sense=pyo.minimize)
+    return m

@@ -1,4 +1,4 @@
-"""KV-cache tiering as a mixed-integer program.
+"""KV-cache tiering as a mixed-integer program (Pyomo).
 
 Classes of cached prefixes (how many are kept, how long, their size, how often they are hit) are
 each assigned one tier (HBM, host DRAM, NVMe flash, HDD) or recomputation. The cost per second of a
@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
-from ortools.linear_solver.python import model_builder as mb
+import pyomo.environ as pyo
 
 TIERS = ("hbm", "host_dram", "nvme", "hdd", "recompute")
 
@@ -32,51 +31,45 @@ class TieringData:
     capacity: np.ndarray  # per tier, bytes (inf for recompute)
     bandwidth: np.ndarray  # per tier, bytes per second (inf for recompute)
 
-
-@dataclass
-class TieringModel:
-    model: mb.Model
-    z: pd.Series
-    data: TieringData
+    def closed(self, c: int, t: int) -> bool:
+        """Whether tier t cannot serve class c: too slow for its TTFT, or absent (no price)."""
+        return bool(self.load_s[c, t] > self.ttft_s[c] or not np.isfinite(self.cost[c, t]))
 
 
-def build(data: TieringData) -> TieringModel:
-    m = mb.Model()
-    idx = pd.MultiIndex.from_product([range(len(data.classes)), range(len(TIERS))], names=["class", "tier"])
-    z = m.new_bool_var_series("z", idx)
-    # Each class lives on exactly one tier (or is recomputed); tiers too slow for its TTFT are closed.
-    for c in range(len(data.classes)):
-        m.add(mb.LinearExpr.sum([z[c, t] for t in range(len(TIERS))]) == 1)
-        for t in range(len(TIERS)):
-            if data.load_s[c, t] > data.ttft_s[c] or not np.isfinite(data.cost[c, t]):
-                m.add(z[c, t] == 0)
-    # A tier holds at most its capacity and serves at most its bandwidth.
-    for t in range(len(TIERS)):
-        if np.isfinite(data.capacity[t]):
-            m.add(mb.LinearExpr.weighted_sum([z[c, t] for c in range(len(data.classes))], list(data.bytes_kept))
-                  <= float(data.capacity[t]))
-        if np.isfinite(data.bandwidth[t]):
-            m.add(mb.LinearExpr.weighted_sum([z[c, t] for c in range(len(data.classes))], list(data.read_rate))
-                  <= float(data.bandwidth[t]))
-    costs = [float(data.cost[c, t]) if np.isfinite(data.cost[c, t]) else 0.0 for c, t in idx]
-    m.minimize(mb.LinearExpr.weighted_sum(list(z), costs))
-    return TieringModel(m, z, data)
+def add_sets(m: pyo.ConcreteModel, d: TieringData) -> None:
+    m.C = pyo.Set(initialize=range(len(d.classes)))
+    m.T = pyo.Set(initialize=range(len(TIERS)))
 
 
-def exhaustive(data: TieringData) -> float | None:
-    """Cheapest feasible assignment over every tier per class (small instances); None if infeasible."""
-    import itertools
+def add_variables(m: pyo.ConcreteModel, d: TieringData) -> None:
+    m.z = pyo.Var(m.C, m.T, domain=pyo.Binary)  # class c lives on tier t
 
-    best = None
-    for choice in itertools.product(range(len(TIERS)), repeat=len(data.classes)):
-        c = np.arange(len(data.classes))
-        t = np.array(choice)
-        if (data.load_s[c, t] > data.ttft_s).any() or not np.isfinite(data.cost[c, t]).all():
-            continue
-        held = np.bincount(t, weights=data.bytes_kept, minlength=len(TIERS))
-        read = np.bincount(t, weights=data.read_rate, minlength=len(TIERS))
-        if (held > data.capacity).any() or (read > data.bandwidth).any():
-            continue
-        total = float(data.cost[c, t].sum())
-        best = total if best is None else min(best, total)
-    return best
+
+def add_assignment(m: pyo.ConcreteModel, d: TieringData) -> None:
+    """Each class lives on exactly one tier (or is recomputed); tiers too slow for its TTFT are closed."""
+    m.one_tier = pyo.Constraint(m.C, rule=lambda _, c: sum(m.z[c, t] for t in m.T) == 1)
+    shut = [(c, t) for c in m.C for t in m.T if d.closed(c, t)]
+    if shut:
+        m.closed = pyo.Constraint(shut, rule=lambda _, c, t: m.z[c, t] == 0)
+
+
+def add_tier_limits(m: pyo.ConcreteModel, d: TieringData) -> None:
+    """A tier holds at most its capacity and serves at most its read bandwidth (recomputation has neither)."""
+    held = [t for t in m.T if np.isfinite(d.capacity[t])]
+    read = [t for t in m.T if np.isfinite(d.bandwidth[t])]
+    m.capacity = pyo.Constraint(held, rule=lambda _, t: sum(
+        float(d.bytes_kept[c]) * m.z[c, t] for c in m.C) <= float(d.capacity[t]))
+    m.bandwidth = pyo.Constraint(read, rule=lambda _, t: sum(
+        float(d.read_rate[c]) * m.z[c, t] for c in m.C) <= float(d.bandwidth[t]))
+
+
+def build(d: TieringData) -> pyo.ConcreteModel:
+    """The tiering program: minimize USD per second of storage, reads and recomputation."""
+    m = pyo.ConcreteModel("kv_tiering")
+    add_sets(m, d)
+    add_variables(m, d)
+    add_assignment(m, d)
+    add_tier_limits(m, d)
+    cost = {(c, t): float(d.cost[c, t]) if np.isfinite(d.cost[c, t]) else 0.0 for c in m.C for t in m.T}
+    m.cost = pyo.Objective(expr=sum(cost[c, t] * m.z[c, t] for c in m.C for t in m.T), sense=pyo.minimize)
+    return m

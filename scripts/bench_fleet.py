@@ -19,15 +19,17 @@ import pandas as pd
 
 from dse.catalog.hardware import default_systems, shipping_ids
 from dse.catalog.models import get_model
-from dse.optimize.fleet import greedy, replica_nodes, solve_fleet
+from dse.optimize.fleet import FleetData, greedy, replica_nodes, solve_fleet
 from dse.optimize.operating_points import operating_points
-from dse.optimize.space import SpaceOptions, Workload, build_space
-from formulations.fleet import FleetData
+from dse.optimize.space import SpaceOptions, build_space
+from dse.physics.serving import Request
 
 MODELS = ("llama-3.1-8b", "qwen3-32b", "llama-3.1-70b", "llama-3.3-70b", "gpt-oss-120b", "mixtral-8x22b",
           "qwen3-235b-a22b", "llama-4-maverick", "deepseek-v3", "kimi-k2")
-CLASSES = (Workload("chat", 1000, 500, 0.05, 2.0), Workload("rag", 8000, 300, 0.05, 3.0),
-           Workload("coding", 16000, 1500, 0.05, 5.0), Workload("batch", 2000, 2000, 0.2, 30.0))
+CLASSES = (Request(name="chat", prompt=1000, output=500, tpot_max=0.05, ttft_max=2.0),
+           Request(name="rag", prompt=8000, output=300, tpot_max=0.05, ttft_max=3.0),
+           Request(name="coding", prompt=16000, output=1500, tpot_max=0.05, ttft_max=5.0),
+           Request(name="batch", prompt=2000, output=2000, tpot_max=0.2, ttft_max=30.0))
 CURVE = 0.4 + 0.6 * np.sin(np.linspace(0, np.pi, 24)) ** 2
 
 

@@ -18,9 +18,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from dse.catalog.hardware import default_systems  # noqa: E402
 from dse.catalog.models import get_model  # noqa: E402
 from dse.optimize.serving import solve_serving  # noqa: E402
-from dse.optimize.space import SpaceOptions, Workload, build_space, exhaustive  # noqa: E402
+from dse.optimize.space import SpaceOptions, build_space, exhaustive  # noqa: E402
+from dse.physics.serving import Request
 from dse.studies.base import load_study  # noqa: E402
-from dse.studies.registry import study_module  # noqa: E402
+from dse.studies.contract import solve_study  # noqa: E402
 
 SIZES = [
     dict(n_sys=1, tp=(1,), pp=(1,), chips=8, batch=64, wd=("fp8",), kd=("fp8",), tiers=("hbm",)),
@@ -41,7 +42,7 @@ def main() -> None:
     model = get_model(args.model)
     first = ("gb200-nvl72", "h200", "b200")  # the smallest sizes need systems that hold the model
     systems = first + tuple(s for s in default_systems() if s not in first)
-    work = Workload("chat", 2000, 500, tpot_max=0.05)
+    work = Request(name="chat", prompt=2000, output=500, tpot_max=0.05)
     print(f"model {model.id}, workload {work.name} ({work.prompt}+{work.output} tokens, TPOT <= {work.tpot_max} s)")
     print(f"{'size':>4} {'configs':>12} {'blocks':>7} {'build s':>8} {'argmin s':>8} {'exhaustive s':>13} "
           f"{'ratio':>7}  optimum (USD/Mtok) argmin / exhaustive")
@@ -61,10 +62,10 @@ def main() -> None:
         agree = abs(mip.choice.cost - ref.cost) <= 1e-6 * ref.cost
         print(f"{i + 1:>4} {space.size:>12,} {len(space.blocks):>7,} {t_build:>8.3f} {t_mip:>8.3f} {t_ex:>13.3f} "
               f"{t_ex / t_mip:>7.1f}  {mip.choice.cost:.6g} / {ref.cost:.6g} {'(equal)' if agree else '(DIFFER)'}"
-              f"  [{mip.result.status}, gap {mip.result.gap:.1g}, blocks {mip.presolve['evaluated']}]")
+              f"  [{mip.result.status}, gap {mip.result.gap:.1g}, blocks {mip.evaluated}]")
     spec = load_study(os.path.join(os.path.dirname(__file__), "..", "studies", "cheapest_1m_context.yaml"))
     t0 = time.perf_counter()
-    out = study_module(spec.kind).run(spec)
+    out = solve_study(spec)
     total = time.perf_counter() - t0
     s = out.summary["solver"]
     print(f"full-catalog 1M-context study: status {out.summary['status']}, {s['solves']} solves, "

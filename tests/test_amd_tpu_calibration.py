@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import yaml
 
-from dse.catalog.calibration import FAMILIES, family_of, load_fitted
+from dse.catalog.calibration import families, family_of, load_fitted
 from dse.catalog.hardware import IDEAL, default_efficiency_catalog, hw_dir
 from dse.errors import InputError
-from dse.validate.calibration import FITTED, POINTS_PER_FACTOR, RUN_FITTED, fit_family, identified
 from dse.validate.cases import load_cases
+from dse.validate.factors import FITTED, RUN_FITTED
+from dse.validate.fit import POINTS_PER_FACTOR, fit_family, identified
 from dse.validate.predict import _cands, predict
 from dse.validate.published import load_published, published_path
 
@@ -207,7 +208,7 @@ def test_families_group_the_amd_and_tpu_generations():
     assert family_of("tpu-v6e") == family_of("tpu-v7") == "tpu"
     assert family_of("tpu-v5e") is None and family_of("trn2") is None
     cat = default_efficiency_catalog()
-    for fam, members in FAMILIES.items():  # every family of the code is fitted and stored with the same members
+    for fam, members in families().items():  # every family is fitted and stored with the same members
         assert fam in cat.families and {s for s, f in cat.members.items() if f == fam} == set(members)
 
 
@@ -266,3 +267,27 @@ def test_stored_leave_one_out_errors_per_new_family(fitted, published):
             pool = pts[:i] + pts[i + 1:]
             eff, _, _ = fit_family(pool, cat.families[fam], max_nfev=60, at=cat.default)
             assert predict([p], eff)[0] == pytest.approx(stored[p.label], rel=0.02), p.case
+
+
+def test_families_are_defined_in_the_efficiency_catalog_only(tmp_path):
+    """A family added to efficiency.yaml (systems and basis, no fitted factors yet) is a family everywhere: no
+    list in the code has to learn it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from dse.catalog.hardware import hw_dir
+
+    catalog = tmp_path / "hw"
+    shutil.copytree(hw_dir(), catalog)
+    text = (catalog / "efficiency.yaml").read_text()
+    (catalog / "efficiency.yaml").write_text(text.rstrip("\n") + '\n  trainium:\n    systems: [trn2]\n'
+                                             '    basis: "one chip, one compiler"\n    factors: {}\n')
+    probe = ("from dse.catalog.calibration import families, family_of\n"
+             "from dse.catalog.hardware import efficiency_for, default_efficiency\n"
+             "print(family_of('trn2'), families()['trainium'], efficiency_for('trn2') == default_efficiency())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={**os.environ, "DSE_HW_CATALOG": str(catalog)})
+    assert out.stdout.split() == ["trainium", "('trn2',)", "True"]
+    assert family_of("trn2") is None  # the embedded catalog has no such family

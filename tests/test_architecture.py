@@ -85,11 +85,31 @@ def test_the_layer_check_sees_a_wrong_import(tmp_path):
     assert any(_rank(n) > own for _, n in _imports(bad, tmp_path))
 
 
+def test_formulations_are_reached_only_through_optimize():
+    """Studies, reports and the command line reach the mixed-integer programs through `dse.optimize`."""
+    above = [p for p in _sources() if _module_name(p).startswith(("dse.studies", "dse.report", "dse.cli"))]
+    assert any(_module_name(p) == "dse.cli" for p in above)
+    wrong = [f"{p.relative_to(ROOT)}:{line} imports {name}" for p in above for line, name in _imports(p)
+             if name == "formulations" or name.startswith("formulations.")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A name shared between modules is public: no `from dse.x import _name` (nor `formulations`)."""
+    wrong = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("dse", "formulations")):
+                wrong += [f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{a.name}"
+                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_every_kind_module_has_its_parts_and_every_study_file_a_kind():
     for kind, name in KINDS.items():
         module = study_module(kind)
         assert module.__name__ == name
-        for attr in ("Spec", "run", "PLOTS", "USES_STORAGE", "WORKERS"):
+        for attr in ("Spec", "solve", "PLOTS", "USES_STORAGE", "WORKERS"):
             assert hasattr(module, attr), f"{name} lacks {attr}"
         assert module.Spec.model_fields["kind"].annotation is str
     for path in (ROOT / "studies").glob("*.yaml"):

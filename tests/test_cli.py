@@ -105,9 +105,8 @@ def test_configuration_that_does_not_fit_exits_3_with_its_json():
     assert "HBM capacity runs out" in " ".join(r.stderr.split())
 
 
-def test_run_json_stdout_parses_while_native_solver_logs_go_to_stderr(tmp_path):
-    root = Path(__file__).resolve().parent.parent
-    r = dse("run", str(root / "studies" / "pareto_latency_cost.yaml"), "--out", str(tmp_path / "p"), "--json")
+def test_run_json_stdout_parses_while_native_solver_logs_go_to_stderr(shipped):
+    r = shipped("pareto_latency_cost")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["kind"] == "pareto"
 
@@ -122,14 +121,21 @@ def test_native_writes_to_stdout_are_sent_to_stderr(capfd):
     assert out == "own output\n" and "native solver log" in err
 
 
-def test_every_kind_prints_a_headline_that_fits_80_columns(tmp_path):
-    root = Path(__file__).resolve().parent.parent
+def test_every_kind_prints_a_headline_that_fits_80_columns(shipped, monkeypatch, capsys):
+    """What `dse run` prints after a run (`_print_study` of its summary and tables), here of the session's run of
+    each study, in an 80-column terminal."""
+    from dse.cli import _print_study
+
+    monkeypatch.setenv("COLUMNS", "80")
     for study in ("kv_cache_tiers", "api_pricing", "moe_codesign"):
-        r = dse("run", str(root / "studies" / f"{study}.yaml"), "--out", str(tmp_path / study), env={"COLUMNS": "80"})
+        r = shipped(study)
         assert r.returncode == 0, r.stderr
-        lines = r.stdout.splitlines()
-        assert len(lines) >= 3 and all(len(ln) <= 80 for ln in lines), r.stdout
-        assert "…" not in r.stdout
+        tables = {name[:-4]: r.table(name[:-4]) for name in r.files if name.endswith(".csv")}
+        _print_study(r.summary, tables, r.out, r.files)
+        stdout = capsys.readouterr().out
+        lines = stdout.splitlines()
+        assert len(lines) >= 3 and all(len(ln) <= 80 for ln in lines), stdout
+        assert "…" not in stdout
 
 
 def test_progress_counts_move_to_the_total():

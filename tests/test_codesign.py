@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dse.optimize.codesign import effective_params, moe_model
-from dse.report.output import write_outputs
-from dse.studies.base import load_study
-from dse.studies.registry import study_module
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_effective_size_follows_the_lectures_reading_of_clark():
@@ -19,15 +12,13 @@ def test_effective_size_follows_the_lectures_reading_of_clark():
     assert 64 ** (1 / 3) == 4.0 or abs(64 ** (1 / 3) - 4.0) < 1e-12
 
 
-def test_moe_codesign_study(tmp_path):
-    spec = load_study(ROOT / "studies" / "moe_codesign.yaml")
-    out = study_module(spec.kind).run(spec)
-    write_outputs(out, spec, tmp_path / "cd")
-    best = {b["system_domain"]: b for b in out.summary["optimum"]}
+def test_moe_codesign_study(shipped):
+    run = shipped("moe_codesign")
+    best = {b["system_domain"]: b for b in run.summary["optimum"]}
     assert best["h200"]["sparsity"] < best["gb200-nvl72"]["sparsity"]  # the jump
     assert best["gb200-nvl72"]["params_total"] > 3 * best["h200"]["params_total"]
     assert best["gb200-nvl72"]["usd_per_mtok"] < best["h200"]["usd_per_mtok"]
-    t = out.tables["codesign"]
+    t = run.table("codesign")
     h200 = t[t["system_domain"] == "h200"]
     assert (h200[h200["sparsity"] >= 16]["status"] == "infeasible").all()  # too big for 8 GPUs' HBM
-    assert (tmp_path / "cd" / "codesign.png").exists()
+    assert (run.out / "codesign.png").exists()

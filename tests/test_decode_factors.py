@@ -1,5 +1,5 @@
-"""The decode pass as a function of the efficiency factors (`dse.validate.decode_factors`), read off the
-physics, and its fit to measured TPOTs."""
+"""The decode pass as a function of the efficiency factors (`dse.validate.decode`), read off the
+physics, and its fit to measured TPOTs (`dse.validate.fit.fit_factors`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import pytest
 from dse.catalog.hardware import Efficiency, default_systems
 from dse.catalog.models import default_models
 from dse.physics.roofline import ModelTable, SystemTable, evaluate_at
-from dse.validate.decode_factors import FACTORS, decode_step, fit_factors, identified, tpot_at
-from dse.validate.serving_runs import _candidates, decode_terms, map_runs, predict_runs, read_runs
+from dse.validate.decode import decode_step, decode_terms, tpot_at
+from dse.validate.factors import FACTORS
+from dse.validate.fit import fit_factors, used_by
+from dse.validate.predict import predict_runs, run_candidates
+from dse.validate.runs import map_runs, read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "hw_catalog" / "calibration" / "published" / "measured_serving.csv"
@@ -47,7 +50,7 @@ def test_the_terms_give_the_physics_decode_pass_at_any_factors(sample):
     for (mode, isl, osl), g in t.groupby(["mode", "isl", "osl"], sort=False):
         at = rows[t.index.get_indexer(g.index)]
         batch = (g["in_flight"] if mode == "agg" else pred["decode_batch"][g.index]).to_numpy() / g["pp"].to_numpy()
-        cand = _candidates(g, models, systems, "", batch, isl + osl / 2.0, np.where(split[at], 2, 1))
+        cand = run_candidates(g, models, systems, "", batch, isl + osl / 2.0, np.where(split[at], 2, 1))
         physics = evaluate_at(cand, mt, st, eff, [{"context": isl + osl / 2.0, "phase": 0}])[0]["step_s"]
         mine = terms.take(at)
         mine.overlap = np.where(split[at], 1.0, 0.0)  # the physics' own overlap at these factors
@@ -67,7 +70,7 @@ def test_the_fit_recovers_known_factors(sample):
     start = {k: float(np.median(catalog[k])) for k in FACTORS}
     f = fit_factors(terms, measured, start)
     assert np.abs(tpot_at(terms, f) / measured - 1).max() < 1e-3
-    assert set(identified(terms)) == set(FACTORS)
+    assert set(used_by(terms)) == set(FACTORS)
     assert f["memory"] == pytest.approx(OTHER["memory"], rel=1e-2)
     assert f["layer_overhead"] == pytest.approx(OTHER["layer_overhead"], rel=5e-2)
 

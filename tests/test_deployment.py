@@ -17,7 +17,8 @@ from dse.errors import InfeasibleError
 from dse.optimize.bridge import compile_model, lp_duals, solve_pyomo, transform
 from dse.optimize.deployment import check, greedy, solve_deployment
 from dse.optimize.operating_points import operating_points
-from dse.optimize.space import SpaceOptions, Workload, build_space
+from dse.optimize.space import SpaceOptions, build_space
+from dse.physics.serving import Request
 from formulations.deployment import DeploymentData, build
 
 
@@ -116,7 +117,7 @@ def test_infeasible_class_names_its_shortfall():
 def test_operating_points_of_a_real_space_are_non_dominated_and_solve():
     opts = SpaceOptions(systems=("h100",), weights_dtypes=("fp8",), kv_dtypes=("fp8",), kv_tiers=("hbm",),
                         tp=(1, 2), pp=(1,), max_racks=1, max_batch_per_rank=128)
-    w = Workload("chat", 1000, 300, 0.05, 2.0)
+    w = Request(name="chat", prompt=1000, output=300, tpot_max=0.05, ttft_max=2.0)
     space = build_space(get_model("llama-3.1-8b"), w, opts)
     pts = operating_points(space)
     assert set(pts["role"]) == {"both", "prefill", "decode"}

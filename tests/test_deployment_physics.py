@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def answer(tmp_path_factory):
+def answer(shipped):
     spec = dse.load_study(ROOT / "studies" / "disaggregated_vs_aggregated.yaml")
-    return spec, dse.run(spec, out=tmp_path_factory.mktemp("dva") / "out")
+    return spec, shipped("disaggregated_vs_aggregated")
 
 
 def _cand(p: dict) -> Candidates:

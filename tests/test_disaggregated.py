@@ -16,19 +16,19 @@ from helpers import brute_force_pools, random_space
 
 from dse.errors import InfeasibleError
 from dse.optimize.requests import SOLVER_NAME, solve_disaggregated
-from dse.optimize.space import Workload, build_space
-from dse.physics.serving import disaggregated
+from dse.optimize.space import build_space
+from dse.physics.serving import Request, disaggregated
 
 
 def random_case(rng: np.random.Generator, moe: bool | None = None):
     model, opts = random_space(rng, moe)
     tpot = float(rng.choice([0.01, 0.03, 0.1, 0.3])) if rng.random() < 0.7 else None
     ttft = float(rng.choice([0.3, 2.0, 30.0, 600.0])) if rng.random() < 0.7 else None
-    w = Workload("random", int(rng.choice([128, 2000, 32_000, 200_000])), int(rng.choice([16, 500])), tpot, ttft)
+    w = Request(name="random", prompt=int(rng.choice([128, 2000, 32_000, 200_000])), output=int(rng.choice([16, 500])), tpot_max=tpot, ttft_max=ttft)
     return model, w, opts
 
 
-def brute_force(model, w: Workload, opts):
+def brute_force(model, w: Request, opts):
     """The least USD per request of a disaggregated deployment (None if none) and its metrics."""
     t = brute_force_pools(model, w, opts)
     if t is None:
@@ -86,9 +86,9 @@ def test_context_parallel_prefill_serves_long_prompts_faster():
     model = get_model("llama-3.1-8b")
     opts = SpaceOptions(systems=("h100",), weights_dtypes=("fp8",), kv_dtypes=("fp8",), kv_tiers=("hbm",),
                         tp=(1,), pp=(1,), max_racks=1, max_chips_per_stage=8, max_batch_per_rank=64, ideal=True)
-    plain = solve_disaggregated(build_space(model, Workload("long", 120_000, 200), opts), context_parallel=(False,))
+    plain = solve_disaggregated(build_space(model, Request(name="long", prompt=120_000, output=200), opts), context_parallel=(False,))
     target = plain.metrics["prefill_service_s"] * 0.5
-    space = build_space(model, Workload("long", 120_000, 200, None, target), opts)
+    space = build_space(model, Request(name="long", prompt=120_000, output=200, ttft_max=target), opts)
     with pytest.raises(InfeasibleError, match="TTFT target runs out in the prefill pool"):
         solve_disaggregated(space, context_parallel=(False,))
     r = solve_disaggregated(space)
@@ -104,7 +104,7 @@ def test_disaggregated_metrics_recompute_from_their_parts():
     from dse.optimize.space import SpaceOptions
 
     model = get_model("llama-3.1-70b")
-    w = Workload("chat", 4000, 500, 0.05, 5.0)
+    w = Request(name="chat", prompt=4000, output=500, tpot_max=0.05, ttft_max=5.0)
     space = build_space(model, w, SpaceOptions(systems=("h200",), pp=(1,), max_batch_per_rank=128))
     r = solve_disaggregated(space)
     m = r.metrics

@@ -14,19 +14,20 @@ from helpers import brute_force_choices, random_space
 from dse.catalog.hardware import IDEAL
 from dse.catalog.units import DTYPES
 from dse.optimize.serving import SOLVER_NAME, solve_demand, solve_serving
-from dse.optimize.space import SpaceOptions, Workload, build_space
+from dse.optimize.space import SpaceOptions, build_space
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
+from dse.physics.serving import Request
 
 
 def random_case(rng: np.random.Generator, moe_only: bool = False):
     model, opts = random_space(rng, moe=True if moe_only else None)
     tpot = None if rng.random() < 0.2 else float(rng.choice([0.005, 0.02, 0.05, 0.2]))
     ttft = None if rng.random() < 0.6 else float(rng.choice([0.5, 5.0, 60.0]))
-    w = Workload("random", int(rng.choice([128, 2000, 32_000, 200_000])), int(rng.choice([16, 500])), tpot, ttft)
+    w = Request(name="random", prompt=int(rng.choice([128, 2000, 32_000, 200_000])), output=int(rng.choice([16, 500])), tpot_max=tpot, ttft_max=ttft)
     return model, w, opts
 
 
-def brute_force(model, w: Workload, opts: SpaceOptions, objective: str = "cost", demand: float | None = None):
+def brute_force(model, w: Request, opts: SpaceOptions, objective: str = "cost", demand: float | None = None):
     """Best (value, system, tp, dp, ep, pp, batch) over every integer batch of every layout; None if none."""
     systems, choices = brute_force_choices(model, opts)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)

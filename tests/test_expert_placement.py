@@ -6,18 +6,19 @@ import numpy as np
 import pytest
 from formulation_contract import FormulationContract
 
-from dse.optimize.placement import exhaustive, greedy, solve_placement
-from formulations import expert_placement as fp
+from dse.optimize.bridge import compile_model
+from dse.optimize.placement import PlacementData, exhaustive, greedy, solve_placement, zipf_loads
+from formulations.expert_placement import build
 
 
-def random_instance(rng: np.random.Generator) -> fp.PlacementData:
+def random_instance(rng: np.random.Generator) -> PlacementData:
     experts = int(rng.integers(2, 4))
     gpus = int(rng.integers(2, 4))
     slots = int(rng.integers(1, 3))
     while experts > gpus * slots:
         slots += 1
-    loads = fp.zipf_loads(experts, float(rng.integers(50, 500)), float(rng.uniform(0.0, 1.5)), int(rng.integers(1e6)))
-    return fp.PlacementData(loads, gpus=gpus, domain=int(rng.integers(1, gpus + 1)), slots=slots,
+    loads = zipf_loads(experts, float(rng.integers(50, 500)), float(rng.uniform(0.0, 1.5)), int(rng.integers(1e6)))
+    return PlacementData(loads, gpus=gpus, domain=int(rng.integers(1, gpus + 1)), slots=slots,
                             redundant=int(rng.integers(0, 3)))
 
 
@@ -44,7 +45,7 @@ class TestExpertPlacementContract(FormulationContract):
         assert (data.loads[:, None] * y).sum(axis=0).max() == pytest.approx(value, rel=1e-6, abs=1e-6)
 
     def build_model(self, data):
-        return fp.build(data).model
+        return compile_model(build(data), columns="declared")[0]
 
 
 def test_mip_never_loses_to_the_eplb_greedy():
@@ -64,33 +65,44 @@ def test_mip_never_loses_to_the_eplb_greedy():
 
 
 def test_skewed_loads_on_two_domains():
-    data = fp.PlacementData(fp.zipf_loads(32, 32000, 0.8), gpus=8, domain=4, slots=5, redundant=8)
+    data = PlacementData(zipf_loads(32, 32000, 0.8), gpus=8, domain=4, slots=5, redundant=8)
     p, g = solve_placement(data, 60), greedy(data)
     assert p.status == "optimal"
     assert p.peak <= g.peak and p.crossing < g.crossing
     assert p.imbalance(data) >= 1.0
 
 
-def test_expert_placement_study(tmp_path):
-    from dse.report.output import write_outputs
-    from dse.studies.base import load_study
-    from dse.studies.registry import study_module
-
-    spec = load_study(__import__("pathlib").Path(__file__).resolve().parent.parent / "studies" / "expert_placement.yaml")
-    out = study_module(spec.kind).run(spec)
-    write_outputs(out, spec, tmp_path / "ep")
-    t = out.tables["placement"]
-    assert out.summary["mip_never_worse"]
+def test_expert_placement_study(shipped):
+    run = shipped("expert_placement")
+    summary = run.summary
+    t = run.table("placement")
+    assert summary["mip_never_worse"]
     assert (t["imbalance_mip"] <= t["imbalance_greedy"] + 1e-9).all()
     # stage 2 (crossing tokens) runs under the study's time limit: never worse than its greedy start
     assert (t["crossing_tokens_mip"] <= t["crossing_tokens_greedy"] * (1 + 1e-9)).all()
     assert (t["crossing_tokens_mip"] < t["crossing_tokens_greedy"]).any()
     assert (t["tpot_s_mip"] <= t["tpot_s_greedy"] * (1 + 1e-12)).all()
-    assert (tmp_path / "ep" / "placement.png").exists()
+    assert (run.out / "placement.png").exists()
     # its stages stop on node limits, not seconds: the same answer on every machine (two runs under a time limit
     # once crossed 10,602 and 6,339 tokens at the strongest skew); stage 1 proves a perfect balance at every skew
-    assert out.summary["reproducible"] and not t["time_limited"].any()
+    assert summary["reproducible"] and not t["time_limited"].any()
     np.testing.assert_allclose(t["crossing_tokens_mip"], [15360, 14930.094, 12371.163, 6854.780], atol=0.01)
     np.testing.assert_allclose(t["peak_tokens_mip"], 2048, rtol=1e-9)  # the mean load per GPU: a perfect balance
     assert (t["gap"] <= 1e-9).all()
 
+
+
+def test_rows_reach_the_solver_expert_by_expert_and_columns_as_declared():
+    """The order the study's node-limited answers were found in (test_expert_placement_study): each
+    expert's rows together, then the GPUs' capacity, then the domains' locality; columns x, y, h, peak."""
+    data = PlacementData(np.array([3.0, 1.0]), gpus=2, domain=1, slots=2, redundant=1)
+    model, columns, rows = compile_model(build(data, peak_max=2.0), columns="declared")
+    assert [c.name for c in rows][:5] == ["expert[0].placed", "expert[0].served", "expert[0].only_where_placed[0]",
+                                          "expert[0].only_where_placed[1]", "expert[1].placed"]
+    assert [c.name for c in rows][8:] == ["capacity.slots[0]", "capacity.slots[1]", "capacity.replicas",
+                                          "capacity.peak_load[0]", "capacity.peak_load[1]", "locality.held[0,0]",
+                                          "locality.held[0,1]", "locality.held[1,0]", "locality.held[1,1]",
+                                          "locality.peak_cap"]
+    names = [v.parent_component().name for v, _ in columns.values()]
+    assert names == ["x"] * 4 + ["y"] * 4 + ["h"] * 4 + ["peak"]
+    assert model.num_constraints == len(rows)

@@ -170,14 +170,15 @@ def test_larger_instances_beat_or_match_the_greedy():
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(study: str, out):
-    r = dse("run", str(ROOT / "studies" / study), "--out", str(out), "--json", timeout=600)
+def _run(shipped, study: str):
+    """The session's run of a shipped study: its printed summary (`--json`) and the run."""
+    r = shipped(study)
     assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout)
+    return json.loads(r.stdout), r
 
 
-def test_fleet_day_study_lands_in_deepseeks_range_and_writes_fleet_csv(tmp_path):
-    s = _run("fleet_day.yaml", tmp_path / "fd")
+def test_fleet_day_study_lands_in_deepseeks_range_and_writes_fleet_csv(shipped):
+    s, run = _run(shipped, "fleet_day")
     assert s["kind"] == "fleet" and s["status"] == "optimal" and s["objective"] == "usd_per_day"
     assert s["solver"]["gap"] <= 1e-6 and s["solver"]["name"].startswith("pyomo")
     assert s["price_kind"] == {"reserved": "rental_3yr", "hourly": "on_demand"}
@@ -186,7 +187,7 @@ def test_fleet_day_study_lands_in_deepseeks_range_and_writes_fleet_csv(tmp_path)
     # disaggregated units at the TPOT limit, which DeepSeek's one deployment does not
     assert 0.65 * 278 <= s["peak_nodes"]["h800"] <= 1.25 * 278
     assert s["gain_over_greedy"] >= 0
-    fleet = pd.read_csv(tmp_path / "fd" / "fleet.csv")
+    fleet = run.table("fleet")
     assert {"system", "replicas"} <= set(fleet["row"])
     nodes = fleet[fleet["row"] == "system"]
     assert (nodes["nodes"] <= nodes["inventory_nodes"]).all()
@@ -195,10 +196,10 @@ def test_fleet_day_study_lands_in_deepseeks_range_and_writes_fleet_csv(tmp_path)
         assert e["pools"] and all(p["role"] in ("prefill", "decode", "both") for p in e["pools"])
 
 
-def test_disaggregated_vs_aggregated_study_answers_its_question(tmp_path):
-    s = _run("disaggregated_vs_aggregated.yaml", tmp_path / "dva")
+def test_disaggregated_vs_aggregated_study_answers_its_question(shipped):
+    s, run = _run(shipped, "disaggregated_vs_aggregated")
     assert s["kind"] == "deployment" and s["status"] == "optimal" and s["objective"] == "usd_per_s"
-    modes = pd.read_csv(tmp_path / "dva" / "modes.csv")
+    modes = run.table("modes")
     for (_, _), g in modes.groupby(["workload", "group"]):
         cost = g.set_index("mode")["usd_per_s"]
         assert cost["mixed"] <= min(cost["aggregated"], cost["disaggregated"]) * (1 + 1e-9)

@@ -14,12 +14,12 @@ import pytest
 from helpers import brute_force_pools, candidates_of, random_space
 
 from dse.optimize.fronts import front
-from dse.optimize.requests import disaggregated_tables, request_of
-from dse.optimize.space import Workload, build_space
-from dse.physics.serving import aggregated, disaggregated
+from dse.optimize.requests import disaggregated_tables
+from dse.optimize.space import build_space
+from dse.physics.serving import Request, aggregated, disaggregated
 
 
-def reference_points(model, w: Workload, opts) -> dict[str, list[tuple[float, float, float]]]:
+def reference_points(model, w: Request, opts) -> dict[str, list[tuple[float, float, float]]]:
     """(TPOT, USD per request, chip-seconds per output token) of every feasible configuration."""
     t = brute_force_pools(model, w, opts)
     if t is None:
@@ -63,7 +63,7 @@ def random_case(rng):
     model, opts = random_space(rng, moe=bool(rng.random() < 0.6))
     tpot = float(rng.choice([0.03, 0.1, 0.3])) if rng.random() < 0.3 else None
     ttft = float(rng.choice([2.0, 30.0, 600.0])) if rng.random() < 0.6 else None
-    return model, Workload("random", int(rng.choice([128, 2000, 32_000])), int(rng.choice([16, 500])), tpot, ttft), opts
+    return model, Request(name="random", prompt=int(rng.choice([128, 2000, 32_000])), output=int(rng.choice([16, 500])), tpot_max=tpot, ttft_max=ttft), opts
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -79,12 +79,12 @@ def test_fronts_equal_the_non_dominated_set_of_every_configuration(seed):
         if space.blocks.empty:
             assert not ref["agg"] and not ref["dis"]
             continue
-        dis = disaggregated_tables(space, request_of(space))
+        dis = disaggregated_tables(space, space.workload)
         for modes in (("agg",), ("dis",), ("agg", "dis")):
             cand = [p for m in modes for p in ref[m]]
             for objective, k in (("cost", 1), ("throughput", 2)):
                 want = scan_front([(p[0], p[k]) for p in cand])
-                f = front(space, request_of(space), "agg" in modes, dis if "dis" in modes else None, objective)
+                f = front(space, space.workload, "agg" in modes, dis if "dis" in modes else None, objective)
                 y = f["usd_per_request"] if objective == "cost" else 1.0 / f["tokens_per_s_per_gpu"]
                 got = list(zip(f["tpot_s"], y, strict=True))
                 assert len(got) == len(want), (model.id, w, modes, objective)
@@ -100,14 +100,14 @@ def test_front_is_monotone_and_contains_the_cost_optimum():
     from dse.optimize.requests import solve_disaggregated, solve_requests
     from dse.optimize.space import SpaceOptions
 
-    space = build_space(get_model("llama-3.1-70b"), Workload("chat", 2000, 500, None, 2.0),
+    space = build_space(get_model("llama-3.1-70b"), Request(name="chat", prompt=2000, output=500, ttft_max=2.0),
                         SpaceOptions(systems=("h100", "b200"), pp=(1,), max_batch_per_rank=256))
-    dis = disaggregated_tables(space, request_of(space))
-    f = front(space, request_of(space), True, dis, "cost")
+    dis = disaggregated_tables(space, space.workload)
+    f = front(space, space.workload, True, dis, "cost")
     assert len(f) >= 20
     assert (np.diff(f["tpot_s"]) > 0).all() and (np.diff(f["usd_per_request"]) < 0).all()
     best = min(solve_requests(space).metrics["usd_per_request"], solve_disaggregated(space).metrics["usd_per_request"])
     assert f["usd_per_request"].min() == pytest.approx(best, rel=1e-12)
-    t = front(space, request_of(space), True, dis, "throughput")
+    t = front(space, space.workload, True, dis, "throughput")
     user, gpu = t["tokens_per_s_per_user"].to_numpy(), t["tokens_per_s_per_gpu"].to_numpy()
     assert (np.diff(user) <= 1e-12 * user[1:]).all() and (np.diff(gpu) > 0).all()  # equal TPOT up to rounding

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dse.cli import app
-from dse.validate.serving_runs import REQUIRED, read_runs
+from dse.validate.runs import REQUIRED, read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 LINES = (ROOT / "hw_catalog" / "calibration" / "published" / "measured_serving.csv").read_text().splitlines()[:6]

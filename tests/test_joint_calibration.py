@@ -14,18 +14,9 @@ import yaml
 from dse.catalog.calibration import family_of, load_fitted
 from dse.catalog.hardware import IDEAL, default_efficiency_catalog, hw_dir
 from dse.validate import load_cases, load_serving_rows, predict
-from dse.validate.calibration import (
-    BOUNDS,
-    FITTED,
-    FIXED_POINT_TOL,
-    FIXED_TIMES,
-    RUN_FITTED,
-    SERVING_SOFT,
-    UNITS,
-    _soft,
-    fit,
-    identified,
-)
+from dse.validate.calibration import FIXED_POINT_TOL
+from dse.validate.factors import FACTOR, FITTED, FIXED_TIMES, RUN_FITTED
+from dse.validate.fit import SERVING_SOFT, _soft, fit, identified
 
 RUNS = hw_dir() / "calibration" / "published" / "measured_serving.csv"
 JOINED = ("hopper", "blackwell")
@@ -123,10 +114,10 @@ def test_fixed_times_and_curves_are_fitted_only_where_runs_measure_them():
         assert doc["factors"][name]["source"] == "estimate"
         for fam, entry in doc["families"].items():
             q = entry["factors"][name]
-            assert q["unit"] == UNITS[name][0]
+            assert q["unit"] == FACTOR[name].unit
             if fam in JOINED:
                 assert q["source"] == "dse_validate_fit" and " serving TPOTs: " in q["note"], (fam, name)
-                assert 0 <= q["value"] <= BOUNDS[name][1] * UNITS[name][1]
+                assert 0 <= q["value"] <= FACTOR[name].bounds[1] * FACTOR[name].per_si
             else:
                 assert q["source"] == "estimate", (fam, name)
 
@@ -142,7 +133,7 @@ def test_the_catalog_fit_splits_sglangs_disaggregated_decode(serving):
     """With one factor set per family (the catalog's), the data switch two-batch overlap on for SGLang's
     disaggregated (wide-EP, DeepEP) decode alone, which SGLang runs with --enable-two-batch-overlap; a set per
     family and framework (`dse validate --cases`) chooses TRT-LLM's instead (test_validate_runs)."""
-    from dse.validate.serving_runs import map_runs, read_runs
+    from dse.validate.runs import map_runs, read_runs
 
     t = map_runs(read_runs(RUNS)).table
     assert len(t) == len(serving.split) and serving.split.any()

@@ -30,8 +30,8 @@ from dse.cli import app
 from dse.errors import InputError
 from dse.report.output import MARKER, lock_file, recover, write_outputs
 from dse.studies.base import load_study
+from dse.studies.contract import solve_study
 from dse.studies.optuna_sweep import STORAGE, create_storage
-from dse.studies.registry import study_module
 
 ROOT = Path(__file__).resolve().parent.parent
 KV = ROOT / "studies" / "kv_cache_tiers.yaml"  # a fast study (well under a second), no plots
@@ -42,7 +42,7 @@ KV_FILES = [MARKER, "kv_tiers.csv", "report.html", "summary.json", "tiers.csv"]
 @pytest.fixture(scope="module")
 def kv():
     spec = load_study(KV)
-    return spec, study_module(spec.kind).run(spec, None, None)
+    return spec, solve_study(spec)
 
 
 def write(kv, target: Path, force: bool = False, **extra_tables) -> list[str]:

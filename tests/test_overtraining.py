@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import dse
 
 from dse.optimize.equalization import LOSS_FITS, dense_model, loss, tokens_for_loss, training_options
 from dse.studies.base import load_study
@@ -34,10 +33,11 @@ def test_dense_family_hits_requested_sizes():
 
 def test_training_cluster_mip_equals_the_best_feasible_row():
     from dse.optimize.equalization import Lifetime, train_cluster
-    from dse.optimize.space import SpaceOptions, Workload
+    from dse.optimize.space import SpaceOptions
+    from dse.physics.serving import Request
 
     life = Lifetime(1.82, "hoffmann", 5e7, 60, 0.67, 3, 3, 8192, 16e6, 120, 32768, ("h100", "gb200-nvl72"),
-                    Workload("chat", 2000, 500, 0.05), SpaceOptions())
+                    Request(name="chat", prompt=2000, output=500, tpot_max=0.05), SpaceOptions())
     model = dense_model(1e11)
     tokens = tokens_for_loss(model.params_total, 1.82)
     opts = training_options(model, life)
@@ -47,9 +47,9 @@ def test_training_cluster_mip_equals_the_best_feasible_row():
     assert best["chips"] <= 32768
 
 
-def test_overtraining_study_reproduces_the_lecture(tmp_path):
-    out = tmp_path / "ot"
-    r = dse("run", str(ROOT / "studies" / "overtraining.yaml"), "--out", str(out), "--json", timeout=600)
+def test_overtraining_study_reproduces_the_lecture(shipped):
+    r = shipped("overtraining")
+    out = r.out
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["lecture"]["inference_tokens_at_50M_per_s_for_60_days"] == pytest.approx(2.592e14)

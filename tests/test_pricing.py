@@ -2,39 +2,29 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from dse.report.output import write_outputs
-from dse.studies.base import load_study
-from dse.studies.registry import study_module
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def test_api_pricing_study(tmp_path):
-    spec = load_study(ROOT / "studies" / "api_pricing.yaml")
-    out = study_module(spec.kind).run(spec)
-    write_outputs(out, spec, tmp_path / "ap")
-    inv = out.tables["pricing_inverse"]
+def test_api_pricing_study(shipped):
+    run = shipped("api_pricing")
+    inv = run.table("pricing_inverse")
     at100 = inv[(inv["params_active"] == 1e11)]
     assert ((at100["kv_bytes_per_token"] > 1.5e3) & (at100["kv_bytes_per_token"] < 2.1e3)).all()  # ~1.7 KB
     assert set(inv["decode_over_prefill"]) == {8.0, 6.0}
     assert inv["working"].str.contains("B/token").all()
-    ok = out.tables["pricing_consistent"]
+    ok = run.table("pricing_consistent")
     ok100 = ok[(ok["params_active"] == 1e11) & (ok["sheet"] == "gemini-2.5-pro")]
     assert ((ok100["crossover_context"] - 2e5).abs() <= 5e4).all() and len(ok100) >= 1
     # the lecture's reading: 8 KV heads of 128 in FP8 fits a 100B-active model with cross-layer sharing
     assert ((ok100["kv_heads"] == 8) & (ok100["kv_dtype"] == "fp8")).any()
-    fwd = out.tables["pricing_forward"]
+    fwd = run.table("pricing_forward")
     growth = {}
     for model, g in fwd.groupby("model"):
         g = g.sort_values("context")
         assert (np.diff(g["usd_per_mtok"]) >= -1e-12).all()  # longer context never costs less per token
         growth[model] = g["usd_per_mtok"].iloc[-1] / g["usd_per_mtok"].iloc[0]
     assert growth["deepseek-v3.2"] < growth["llama-3.1-70b"]  # sparse attention flattens the curve
-    tiers = out.tables["pricing_tiers"]
+    tiers = run.table("pricing_tiers")
     for model, g in tiers.groupby("model"):
         assert g["price_usd_per_mtok"].is_monotonic_increasing
         inside = fwd[fwd["model"] == model]

@@ -15,8 +15,8 @@ from helpers import brute_force_choices, candidates_of, random_space
 from dse.catalog.hardware import IDEAL
 from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
-from dse.optimize.requests import SOLVER_NAME, evaluate_pairs, request_of, solve_requests
-from dse.optimize.space import SpaceOptions, Workload, build_space, pairs
+from dse.optimize.requests import SOLVER_NAME, evaluate_pairs, solve_requests
+from dse.optimize.space import SpaceOptions, build_space, pairs
 from dse.physics.roofline import ModelTable, SystemTable
 from dse.physics.serving import Request, aggregated
 
@@ -26,11 +26,11 @@ def random_case(rng: np.random.Generator, moe: bool | None = None):
     cap = rng.random()
     tpot = float(rng.choice([0.01, 0.03, 0.1, 0.3])) if cap < 0.7 else None
     ttft = float(rng.choice([0.5, 5.0, 60.0, 600.0])) if cap > 0.4 else None
-    w = Workload("random", int(rng.choice([128, 2000, 32_000, 200_000])), int(rng.choice([16, 500])), tpot, ttft)
+    w = Request(name="random", prompt=int(rng.choice([128, 2000, 32_000, 200_000])), output=int(rng.choice([16, 500])), tpot_max=tpot, ttft_max=ttft)
     return model, w, opts
 
 
-def brute_force(model, w: Workload, opts: SpaceOptions):
+def brute_force(model, w: Request, opts: SpaceOptions):
     """(usd_per_request, system, tp, dp, ep, pp, batch, wd, kd, tier) of the cheapest feasible pair; None if none."""
     systems, choices = brute_force_choices(model, opts)
     rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), int(tier == "host"), n)
@@ -95,7 +95,7 @@ def test_request_cost_is_not_monotone_in_the_batch_but_latencies_are():
         if space.blocks.empty:
             continue
         pos, n = pairs(space.blocks)
-        m = evaluate_pairs(space, space.blocks, pos, n, request_of(space))
+        m = evaluate_pairs(space, space.blocks, pos, n, space.workload)
         same = (pos[1:] == pos[:-1]) & m["stable"][1:] & m["stable"][:-1]
         one_rank = space.blocks["dp"].to_numpy()[pos[1:]] == 1
         for key, where in (("tpot_s", same & one_rank), ("ttft_s", same & one_rank)):

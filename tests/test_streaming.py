@@ -17,17 +17,17 @@ from dse.optimize.requests import (
     disaggregated_tables,
     pick,
     pick_disaggregated,
-    request_of,
 )
-from dse.optimize.space import SpaceOptions, Workload, build_space, pair_chunks, pairs
+from dse.optimize.space import SpaceOptions, build_space, pair_chunks, pairs
 from dse.physics import serving
+from dse.physics.serving import Request
 
 WHOLE = 10**12
 
 
 @pytest.fixture(scope="module")
 def space():
-    w = Workload("chat", 2000, 300, 0.06, 3.0, demand=2e4)
+    w = Request(name="chat", prompt=2000, output=300, tpot_max=0.06, ttft_max=3.0, demand=2e4)
     return build_space(get_model("llama-3.1-70b"), w, SpaceOptions(systems=("h100", "mi300x"), pp=(1,),
                                                                    kv_tiers=("hbm",), max_batch_per_rank=24))
 
@@ -50,7 +50,7 @@ def test_chunks_cover_every_pair_once_in_order_without_splitting_a_block(space):
 
 
 def _answers(space, max_pairs: int) -> dict:
-    req = request_of(space)
+    req = space.workload
     opt = block_optima(space, req, demand=2e4, max_pairs=max_pairs)
     t = disaggregated_tables(space, req, demand=2e4, max_pairs=max_pairs)
     sys_idx = space.blocks["system_idx"].to_numpy()

@@ -11,9 +11,6 @@ import yaml
 from helpers import dse
 
 from dse.physics.evaluate import Config, evaluate_config
-from dse.report.output import write_outputs
-from dse.studies.base import load_study
-from dse.studies.registry import study_module
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ROOT / "studies"
@@ -27,10 +24,9 @@ POOL_KEYS = ("system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weigh
 
 
 @pytest.fixture(scope="module")
-def cheapest_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs") / "cheapest"
-    r = dse("run", str(STUDIES / "cheapest_1m_context.yaml"), "--out", str(out), "--json")
-    return r, out
+def cheapest_run(shipped):
+    r = shipped("cheapest_1m_context")
+    return r, r.out
 
 
 def test_cheapest_1m_context_is_optimal_and_writes_every_output(cheapest_run):
@@ -115,33 +111,30 @@ def test_dse_evaluate_reproduces_the_reported_best(cheapest_run):
         assert ev["prefill_keeps_up"]
 
 
-def test_pareto_front_is_monotone_and_non_dominated(tmp_path):
-    spec = load_study(STUDIES / "pareto_latency_cost.yaml")
-    out = study_module(spec.kind).run(spec)
-    files = write_outputs(out, spec, tmp_path / "p")
+def test_pareto_front_is_monotone_and_non_dominated(shipped):
+    run = shipped("pareto_latency_cost")
+    summary = run.summary
     for name in ("pareto.csv", "pareto.png", "pareto_throughput.csv", "pareto_throughput.png"):
-        assert name in files
-    front = pd.read_csv(tmp_path / "p" / "pareto.csv")
+        assert name in run.files
+    front = run.table("pareto")
     assert len(front) >= 100  # the whole non-dominated set, not a sample of TPOT targets
     assert (front["tpot_s"].diff().dropna() > 0).all()
     assert (front["usd_per_request"].diff().dropna() < 0).all()
     assert "disaggregated" in set(front["serving"]) <= {"aggregated", "disaggregated"}
     assert (front["ttft_s"] <= 2.0 * (1 + 1e-9)).all()
     assert front["label"].str.contains("TP").all()
-    best = out.summary["best"][0]
+    best = summary["best"][0]
     assert front["usd_per_request"].min() == pytest.approx(best["usd_per_request"], rel=1e-12)
-    thr = pd.read_csv(tmp_path / "p" / "pareto_throughput.csv")
+    thr = run.table("pareto_throughput")
     assert (thr["tokens_per_s_per_gpu"].diff().dropna() > 0).all()
-    stats = {f["front"]: f for f in out.summary["fronts"]}
+    stats = {f["front"]: f for f in summary["fronts"]}
     assert stats["cost"]["points"] == len(front) and stats["cost"]["candidates"] > 100_000
-    assert out.summary["status"] == "optimal"
+    assert summary["status"] == "optimal"
 
 
-def test_fast_slow_mode(tmp_path):
-    spec = load_study(STUDIES / "fast_slow_mode.yaml")
-    out = study_module(spec.kind).run(spec)
-    write_outputs(out, spec, tmp_path / "f")
-    table = pd.read_csv(tmp_path / "f" / "fast_slow.csv")
+def test_fast_slow_mode(shipped):
+    run = shipped("fast_slow_mode")
+    table = run.table("fast_slow")
     for _, g in table.groupby("model"):
         g = g.sort_values("speed_multiplier")
         assert (g["cost_multiplier"].diff().dropna() >= -1e-9).all()
@@ -150,7 +143,7 @@ def test_fast_slow_mode(tmp_path):
         assert (g.loc[g["speed_multiplier"] < 1, "cost_multiplier"] <= 1 + 1e-9).all()
         at = g.loc[g["speed_multiplier"] == 2.5, "cost_multiplier"].iloc[0]
         assert 1.0 < at < 3.0  # on-demand prices: ~1.2x (Llama 3.1 70B) and ~1.03x (DeepSeek-V3), far below 6x
-    best = {e["model"]: e for e in out.summary["best"]}
+    best = {e["model"]: e for e in run.summary["best"]}
     base = table[table["speed_multiplier"] == 1.0].set_index("model")
     for model, e in best.items():  # the base point is the request-level optimum under the 50 ms target
         assert base.loc[model, "usd_per_request"] == pytest.approx(e["usd_per_request"], rel=1e-9)

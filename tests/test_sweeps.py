@@ -32,12 +32,11 @@ def load(url: str, name: str = SMALL_STUDY) -> optuna.Study:
 
 
 @pytest.fixture(scope="module")
-def hbm_run(tmp_path_factory):
-    """The shipped bandwidth sweep, run once for the tests that read it."""
-    out = tmp_path_factory.mktemp("sweeps") / "hbm"
-    r = dse("run", str(ROOT / "studies" / "hbm_bandwidth_sensitivity.yaml"), "--out", str(out), timeout=600)
+def hbm_run(shipped):
+    """The output folder of the session's run of the shipped bandwidth sweep, for the tests that read it."""
+    r = shipped("hbm_bandwidth_sensitivity")
     assert r.returncode == 0, r.stderr
-    return out
+    return r.out
 
 
 def test_hbm_bandwidth_sensitivity_study(hbm_run):
@@ -58,9 +57,9 @@ def test_hbm_bandwidth_sensitivity_study(hbm_run):
         assert (out / name).exists()
 
 
-def test_tornado_price_moves_cost_one_for_one(tmp_path):
-    out = tmp_path / "t"
-    r = dse("run", str(ROOT / "studies" / "tornado.yaml"), "--out", str(out), timeout=600)
+def test_tornado_price_moves_cost_one_for_one(shipped):
+    r = shipped("tornado")
+    out = r.out
     assert r.returncode == 0, r.stderr
     t = pd.read_csv(out / "tornado.csv")
     best = json.loads((out / "summary.json").read_text())["best"]

@@ -18,7 +18,7 @@ from dse.validate import (
     predict_training,
     run_validation,
 )
-from dse.validate.calibration import fit_family
+from dse.validate.fit import fit_family
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ import pytest
 from helpers import dse
 
 from dse.catalog.hardware import efficiency_for
-from dse.validate.serving_runs import GROUP, as_dict, map_runs, read_runs, validate_file, validate_runs
+from dse.validate.run import validate_file, validate_runs
+from dse.validate.runs import GROUP, map_runs, read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "hw_catalog" / "calibration" / "published" / "measured_serving.csv"
@@ -26,7 +27,7 @@ def full():
 def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     """Coverage and the leave-group-out errors as they stand (the issue's goals: coverage >= 95%, TPOT <= 15%,
     TTFT <= 25%): the assertions pin what is reached, so a regression shows."""
-    doc = as_dict(full)
+    doc = full.as_dict()
     assert doc["rows_given"] == 3113 and doc["coverage"] >= 0.96
     assert doc["rows_failing_the_memory_check"] <= 0.1 * doc["rows_predicted"]  # a finding, reported
     by = {(e["category"], e["metric"]): e for e in doc["summary"]}
@@ -98,7 +99,7 @@ def test_leave_group_out_never_sees_the_sweep_it_predicts(metric):
 def test_the_closed_loop_ttft_fit_recovers_a_known_queue_share_and_fixed_latency():
     """Measured TTFTs made by the benchmark model itself (xi = 0.2 of the other requests in flight queued ahead,
     tau = 150 ms): the fit finds both, in sample and with each sweep left out, and every error vanishes."""
-    from dse.validate.serving_runs import benchmark_ttft, predict_runs
+    from dse.validate.predict import benchmark_ttft, predict_runs
 
     raw = read_runs(MEASURED)
     runs = map_runs(raw[raw["model_path"].isin(["Qwen/Qwen3-32B", "openai/gpt-oss-120b"])])
@@ -142,7 +143,7 @@ def test_rows_it_cannot_represent_are_counted_with_the_reason(tmp_path):
     raw.loc[2, "gemm_quant_mode"] = "int8_wo"
     path = tmp_path / "odd.csv"
     raw.to_csv(path, index=False)
-    doc = as_dict(validate_file(path))
+    doc = validate_file(path).as_dict()
     reasons = " | ".join(doc["skipped"]["by_reason"])
     assert doc["rows_predicted"] == 3 and doc["skipped"]["count"] == 3
     assert "acme/Unknown-7B" in reasons and "'tpu_v9' is not in the catalog" in reasons and "'int8_wo' is not" in reasons
@@ -181,7 +182,7 @@ def test_two_batch_overlap_is_found_in_the_frameworks_whose_runs_it_made():
     SGLang and not for the others: the choice per (framework, mode) finds exactly that, in sample and for every
     sweep left out, and every error then vanishes. On the real runs no framework's errors shrink with the
     split (its second weight read costs more than the communication it hides), so it is off everywhere."""
-    from dse.validate.serving_runs import predict_runs
+    from dse.validate.predict import predict_runs
 
     raw = read_runs(MEASURED)
     runs = map_runs(raw[raw["model_path"].isin(["deepseek-ai/DeepSeek-R1", "MiniMaxAI/MiniMax-M2.5"])])
@@ -203,7 +204,7 @@ def test_on_the_measured_runs_one_disaggregated_decode_is_split(full):
     """With a decode factor set per family and framework the data switch two-batch overlap on for TRT-LLM's
     disaggregated (wide-EP) decode alone, and for no aggregated deployment. The choice is weakly identified:
     with one factor set per family (the catalog's fit) the same runs choose SGLang's disaggregated decode
-    instead (`dse.validate.serving_runs.serving_tpot_terms`, asserted in test_joint_calibration)."""
+    instead (`dse.validate.calibration.load_serving_rows`, asserted in test_joint_calibration)."""
     chosen = full.scales["two_batch_overlap"]
     assert len(chosen) > 1 and {k for k, on in chosen.items() if on} == {"trtllm|disagg"}
     assert full.table.loc[full.table["two_batch"], "mode"].eq("disagg").all()
@@ -259,7 +260,8 @@ def test_rows_with_assumed_workers_do_not_calibrate_the_rows_that_state_them():
     """Measured TPOTs made by the physics, 20% faster on the rows whose worker counts were assumed (as undisclosed
     speculative decoding would): each class gets its own factors, so the rows that state their layout keep the
     catalog's (every error vanishes) and the assumed rows' refit reads HBM faster."""
-    from dse.validate.serving_runs import factor_key, predict_runs
+    from dse.validate.predict import predict_runs
+    from dse.validate.runs import factor_key
 
     raw = read_runs(MEASURED)
     runs = map_runs(raw[(raw["mode"] == "disagg") & raw["model_path"].str.startswith("deepseek-ai/")])

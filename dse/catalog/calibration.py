@@ -5,30 +5,25 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from dse.catalog.hardware import hw_dir
+from dse.catalog.hardware import default_efficiency_catalog, hw_dir
 from dse.catalog.loading import read_yaml
 from dse.errors import InputError
 
-# Hardware families share one set of fitted efficiency factors (achieved fractions of peak), so a family groups
-# chips whose fractions of peak are set by the same compute units and software stack; the peaks themselves come
-# from the catalog.
-# - hopper, blackwell: NVIDIA generations (same SM architecture and kernel libraries within each).
-# - cdna3: MI300X and MI325X carry the same CDNA3 compute dies (304 CUs, the same dense peaks) in the same 8-GPU
-#   Infinity Fabric mesh, served by the same ROCm kernels; the MI325X differs only in HBM3E capacity and bandwidth,
-#   which the catalog holds.
-# - cdna4: MI355X, a new compute unit (doubled matrix rate per CU, FP4/FP6 units): its fractions need not be CDNA3's.
-# - tpu: TPU v6e (Trillium) and TPU7x (Ironwood), both 256x256-MXU TensorCores compiled by XLA and served by the same
-#   vLLM TPU backend (JAX, Pallas ragged paged attention); TPU v5e/v5p/v4 have no calibration point and stay out.
-FAMILIES = {"hopper": ("h100", "h800", "h200"), "blackwell": ("b200", "b300", "gb200-nvl72", "gb300-nvl72"),
-            "cdna3": ("mi300x", "mi325x"), "cdna4": ("mi355x",), "tpu": ("tpu-v6e", "tpu-v7")}
 
-
-MEMBERS = {system: fam for fam, systems in FAMILIES.items() for system in systems}
-"""System id -> its family (the inverse of FAMILIES)."""
+def families() -> dict[str, tuple[str, ...]]:
+    """Hardware families, family -> its systems, in the order hw_catalog/efficiency.yaml lists them (the one
+    place they are defined, each with the basis for grouping its systems). A family shares one set of fitted
+    efficiency factors (achieved fractions of peak), so it groups chips whose fractions of peak are set by the same
+    compute units and software stack; the peaks themselves come from the systems catalog.
+    """
+    out: dict[str, list[str]] = {}
+    for system, fam in default_efficiency_catalog().members.items():
+        out.setdefault(fam, []).append(system)
+    return {fam: tuple(systems) for fam, systems in out.items()}
 
 
 def family_of(system: str) -> str | None:
-    return MEMBERS.get(system)
+    return default_efficiency_catalog().members.get(system)
 
 
 def load_fitted(path: Path | None = None) -> dict | None:

@@ -325,7 +325,8 @@ class EfficiencyCatalog:
 
     default: Efficiency
     families: dict[str, Efficiency]
-    members: dict[str, str]  # system id -> family
+    members: dict[str, str]  # system id -> family (the one place families are defined: efficiency.yaml)
+    basis: dict[str, str] = field(default_factory=dict)  # family -> why its systems share one set of factors
 
     def for_system(self, system_id: str) -> Efficiency:
         family = self.members.get(system_id)
@@ -358,11 +359,15 @@ def load_efficiency_catalog(path: Path | None = None) -> EfficiencyCatalog:
     default = Efficiency(**{name: quantity.si for name, quantity in base.items()})
     families: dict[str, Efficiency] = {}
     members: dict[str, str] = {}
+    basis: dict[str, str] = {}
     for fam, entry in (doc.get("families") or {}).items():
         where = f"{path}: families.{fam}"
         if not isinstance(entry, dict):
             raise InputError(f"{where}: expected a mapping with systems and factors")
-        check_keys(entry, ("systems", "factors"), where)
+        check_keys(entry, ("systems", "basis", "factors"), where)
+        if not isinstance(entry.get("basis", ""), str):
+            raise InputError(f"{where}: field 'basis': expected a sentence saying why these systems share factors")
+        basis[fam] = entry.get("basis", "")
         systems = entry.get("systems") or []
         if not isinstance(systems, list) or not systems:
             raise InputError(f"{where}: field 'systems': must list at least one system id")
@@ -372,7 +377,7 @@ def load_efficiency_catalog(path: Path | None = None) -> EfficiencyCatalog:
             members[sid] = fam
         q = _factors(entry.get("factors") or {}, sources, f"{where}.factors", base=base)
         families[fam] = replace(default, **{name: quantity.si for name, quantity in q.items()})
-    return EfficiencyCatalog(default, families, members)
+    return EfficiencyCatalog(default, families, members, basis)
 
 
 def load_efficiency(path: Path | None = None) -> Efficiency:

@@ -2,9 +2,13 @@
 (`pyomo.repn.generate_standard_repn`) and build the ``model_builder`` model directly, no files.
 
 A model with `pyomo.gdp` disjunctions is first transformed by a named transformation (``bigm`` or
-``hull``, Pyomo's registered ``gdp.<name>``). `solve_pyomo` returns the project's `SolveResult` with the
-values of every variable (keyed by the Pyomo component's name and index); `lp_duals` fixes the
-integers at their values, solves the remaining LP and gives each constraint's dual.
+``hull``, Pyomo's registered ``gdp.<name>``). Rows follow Pyomo's order of the constraints (a block's own, in
+declaration order, then its sub-blocks'); columns follow the variables' first use in those rows (``first_use``)
+or their declaration (``declared``), chosen by name. That order is part of the model the solver sees: it picks
+among tied optima and sets a node-limited solver's path. `solve_pyomo` returns the project's `SolveResult` with
+the values of every variable (keyed by the Pyomo component's name and index), optionally warm-started from the
+variables' current values; `lp_duals` fixes the integers at their values, solves the remaining LP and gives each
+constraint's dual.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dse.errors import InputError
 from dse.optimize.solver import SolveResult, solve
 
 TRANSFORMATIONS = ("bigm", "hull")
+COLUMN_ORDERS = ("first_use", "declared")
 
 
 def transform(model: pyo.ConcreteModel, name: str = "bigm") -> pyo.ConcreteModel:
@@ -37,11 +42,15 @@ def _key(v) -> tuple[str, object]:
     return parent.name, v.index()
 
 
-def compile_model(model: pyo.ConcreteModel, relax: bool = False) -> tuple[mb.Model, dict, dict]:
+def compile_model(model: pyo.ConcreteModel, relax: bool = False, columns: str = "first_use"
+                  ) -> tuple[mb.Model, dict, dict]:
     """The model_builder model of a (transformed) Pyomo model: (model, Pyomo var -> mb var, Pyomo con -> mb con).
 
-    With ``relax`` every variable is continuous. Fixed variables enter as constants.
+    With ``relax`` every variable is continuous. Fixed variables enter as constants. ``columns`` names the order
+    of the columns (`COLUMN_ORDERS`); variables that appear in no row come last either way.
     """
+    if columns not in COLUMN_ORDERS:
+        raise InputError(f"column order '{columns}' is not allowed; allowed: {', '.join(COLUMN_ORDERS)}")
     m = mb.Model()
     vmap: dict = {}
 
@@ -55,6 +64,9 @@ def compile_model(model: pyo.ConcreteModel, relax: bool = False) -> tuple[mb.Mod
             vmap[id(v)] = (v, m.new_var(lb, ub, integer, v.name))
         return vmap[id(v)][1]
 
+    if columns == "declared":
+        for v in model.component_data_objects(pyo.Var, active=True, descend_into=True):
+            var(v)
     cmap: dict = {}
     for c in model.component_data_objects(pyo.Constraint, active=True, descend_into=True):
         repn = generate_standard_repn(c.body, compute_values=True)
@@ -100,11 +112,21 @@ def _add_bounded(m: mb.Model, expr, lo: float, hi: float):
 
 
 def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: float = 60.0,
-                gdp: str = "bigm") -> SolveResult:
-    """Transform the disjunctions by name, compile, solve; values keyed (component name, index)."""
+                gdp: str = "bigm", node_limit: int | None = None, settings: tuple[str, ...] = (),
+                warm_start: bool = False, columns: str = "first_use") -> SolveResult:
+    """Transform the disjunctions by name, compile, solve; values keyed (component name, index).
+
+    ``node_limit`` and ``settings`` go to `dse.optimize.solver.solve`; ``columns`` to `compile_model`. With
+    ``warm_start``, every variable that holds a value (a greedy solution, or an earlier stage's) is passed to the
+    solver as a hint, in column order.
+    """
     transform(model, gdp)
-    m, vmap, _ = compile_model(model)
-    engine, res = solve(m, solver, time_limit_s)
+    m, vmap, _ = compile_model(model, columns=columns)
+    if warm_start:
+        for v, x in vmap.values():
+            if v.value is not None and not v.fixed:
+                m.add_hint(x, float(v.value))
+    engine, res = solve(m, solver, time_limit_s, node_limit, settings)
     if res.ok:
         vals = engine.values([x for _, x in vmap.values()])
         for (v, _), val in zip(vmap.values(), vals, strict=True):

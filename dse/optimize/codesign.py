@@ -16,7 +16,8 @@ import math
 from dse.catalog.models import Architecture, ModelSpec
 from dse.errors import InfeasibleError
 from dse.optimize.requests import solve_cheapest
-from dse.optimize.space import SpaceOptions, Workload, build_space
+from dse.optimize.space import SpaceOptions, build_space
+from dse.physics.serving import Request
 
 TOP_K = 8
 
@@ -51,7 +52,7 @@ def smallest_reaching(n_eff: float, sparsity: int, gamma: float) -> Architecture
     return None
 
 
-def codesign_point(n_eff: float, sparsity: int, gamma: float, workload: Workload, opts: SpaceOptions,
+def codesign_point(n_eff: float, sparsity: int, gamma: float, workload: Request, opts: SpaceOptions,
                    solver: str = "highs") -> dict:
     """The serving optimum of the smallest model of this sparsity that reaches the quality."""
     m = smallest_reaching(n_eff, sparsity, gamma)

@@ -16,15 +16,15 @@ import math
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from dse.catalog.hardware import default_systems
 from dse.catalog.models import Architecture, ModelSpec
-from dse.errors import InfeasibleError
+from dse.errors import InfeasibleError, SolverLimitError
+from dse.optimize.bridge import solve_pyomo
 from dse.optimize.requests import solve_cheapest
-from dse.optimize.solver import solve
-from dse.optimize.space import SpaceOptions, Workload, build_space, describe_choice
+from dse.optimize.space import SpaceOptions, build_space, describe_choice
+from dse.physics.serving import Request
 from dse.physics.training import TrainLayout, train_step
 from formulations.compute_equalization import build_training
 
@@ -89,7 +89,7 @@ class Lifetime:
     deadline_days: float
     chip_budget: int
     train_systems: tuple[str, ...]
-    workload: Workload
+    workload: Request
     serving: SpaceOptions
 
 
@@ -137,10 +137,14 @@ def train_cluster(model: Architecture, life: Lifetime, tokens: float) -> dict:
         raise InfeasibleError(f"{model.id}: pre-training {tokens:.3g} tokens takes {need:.0f} days on the fastest "
                               f"configuration within {life.chip_budget} chips, over the {life.deadline_days:g}-day "
                               "deadline")
-    tm = build_training(options.reset_index(drop=True), tokens, deadline, life.chip_budget)
-    engine, res = solve(tm.model, "highs")
-    j = int(engine.values(tm.z).idxmax())
-    row = tm.options.loc[j].to_dict()
+    options = options.reset_index(drop=True)
+    m = build_training(options, tokens, deadline, life.chip_budget)
+    res = solve_pyomo(m, "highs")
+    if not res.ok:
+        raise SolverLimitError(f"{model.id}: the training-cluster program stopped without a configuration "
+                               f"(status {res.status})")
+    j = max(m.R, key=lambda r: m.z[r].value)
+    row = options.loc[j].to_dict()
     row["solver_status"] = res.status
     return row
 
@@ -183,13 +187,3 @@ def equalization_heuristic(life: Lifetime, n_params: float) -> dict:
     d_inf = life.demand_tokens_per_s * life.deployment_days * 86400
     return {"inference_tokens": d_inf, "pretrain_tokens": d_inf,
             "overtraining_ratio": d_inf / (CHINCHILLA_TOKENS_PER_PARAM * n_params), "params": n_params}
-
-
-def grid(life: Lifetime, sizes: np.ndarray) -> pd.DataFrame:
-    rows = []
-    for n in sizes:
-        try:
-            rows.append(lifetime_cost(float(n), life))
-        except InfeasibleError as exc:
-            rows.append({"params": float(n), "lifetime_usd": math.inf, "reason": str(exc)})
-    return pd.DataFrame(rows)

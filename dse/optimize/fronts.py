@@ -31,11 +31,11 @@ from dse.catalog.units import DTYPES
 from dse.optimize.requests import (
     DisaggregatedTables,
     PrefillOptions,
-    _group_of,
     best_prefill,
     decode_chunks,
     evaluate_pairs,
     feasible_mask,
+    numerics_group,
     prefill_of,
 )
 from dse.optimize.space import Space, chunk_size, pair_chunks
@@ -89,7 +89,7 @@ def candidate_chunks(space: Space, req: Request, aggregated: bool, dis: Disaggre
         bestp = best_prefill(space, pre, pre_usd if objective == "cost" else pre_chip_s)
         ttft = (pre.metrics["prefill_service_s"] * (1 + pre.rho / (2 * (1 - pre.rho))) + pre.metrics["kv_transfer_s"])
         for pos, n, dm in decode_chunks(space, req, max_pairs, only):
-            j = prefill_of(bestp, _group_of(space, pos))
+            j = prefill_of(bestp, numerics_group(space, pos))
             ok = dm["ok"] & (j >= 0)
             j_ok = j[ok]
             dm = {k: v[ok] for k, v in dm.items()}

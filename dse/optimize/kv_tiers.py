@@ -1,9 +1,11 @@
-"""KV-cache tiers from the catalogs: per-tier capacity, bandwidth, drain time and price, and the
-costs the tiering program compares (storage, reads, recomputation).
+"""KV-cache tiers from the catalogs: per-tier capacity, bandwidth, drain time and price, the costs the
+tiering program (`formulations.kv_tiering`) compares (storage, reads, recomputation), its solve through the
+bridge and an exhaustive reference.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -11,8 +13,10 @@ import numpy as np
 
 from dse.catalog.hardware import System, get_system, load_memory_tiers
 from dse.catalog.models import get_model
+from dse.optimize.bridge import solve_pyomo
+from dse.optimize.solver import SolveResult
 from dse.physics.evaluate import Config, evaluate_config
-from formulations.kv_tiering import TIERS, TieringData
+from formulations.kv_tiering import TIERS, TieringData, build
 
 
 @dataclass(frozen=True)
@@ -91,3 +95,33 @@ def tiering_data(model_id: str, system_id: str, chips: int, serve: dict, classes
     data = TieringData([c.name for c in classes], kept, read, cost, load, np.array([c.ttft_s for c in classes]),
                        np.nan_to_num(capacity, nan=0.0), np.nan_to_num(bandwidth, nan=0.0))
     return data, {"tiers": tiers, "prefill": prefill, "kv_bytes_per_token": per_token}
+
+
+def solve_tiering(data: TieringData, solver: str = "highs", time_limit_s: float = 60.0
+                  ) -> tuple[SolveResult, np.ndarray | None]:
+    """Solve the tiering program: the solver's answer and each class's tier (an index into TIERS; None when
+    no assignment was found).
+    """
+    m = build(data)
+    res = solve_pyomo(m, solver, time_limit_s)
+    if not res.ok:
+        return res, None
+    z = np.array([[m.z[c, t].value for t in m.T] for c in m.C], dtype=float)
+    return res, z.argmax(axis=1)
+
+
+def exhaustive(data: TieringData) -> float | None:
+    """Cheapest feasible assignment over every tier per class (small instances); None if infeasible."""
+    best = None
+    for choice in itertools.product(range(len(TIERS)), repeat=len(data.classes)):
+        c = np.arange(len(data.classes))
+        t = np.array(choice)
+        if (data.load_s[c, t] > data.ttft_s).any() or not np.isfinite(data.cost[c, t]).all():
+            continue
+        held = np.bincount(t, weights=data.bytes_kept, minlength=len(TIERS))
+        read = np.bincount(t, weights=data.read_rate, minlength=len(TIERS))
+        if (held > data.capacity).any() or (read > data.bandwidth).any():
+            continue
+        total = float(data.cost[c, t].sum())
+        best = total if best is None else min(best, total)
+    return best

@@ -19,7 +19,6 @@ from dse.optimize.requests import (
     evaluate_pairs,
     feasible_mask,
     first_min_per_block,
-    request_of,
 )
 from dse.optimize.space import Choice, Space, describe_choice, pair_chunks
 from dse.physics.serving import mdl_wait
@@ -59,7 +58,7 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
                      context_parallel: tuple[bool, ...] = (False, True)) -> pd.DataFrame:
     """The non-dominated operating points of one (model, workload) space, one row per point (``COLUMNS``)."""
     w, b = space.workload, space.blocks
-    req = request_of(space)
+    req = space.workload
     rows: list[dict] = []
     if b.empty:
         return pd.DataFrame(columns=list(COLUMNS))

@@ -35,18 +35,12 @@ from dse.catalog.hardware import IDEAL
 from dse.errors import InfeasibleError
 from dse.optimize.serving import SOLVER_NAME, diagnose
 from dse.optimize.solver import SolveResult
-from dse.optimize.space import Choice, Space, _candidates, chunk_size, describe_choice, pair_chunks, subset
+from dse.optimize.space import Choice, Space, block_candidates, chunk_size, describe_choice, pair_chunks, subset
 from dse.physics.roofline import ModelTable, SystemTable
 from dse.physics.serving import Request, aggregated, decode_pool, disaggregated, prefill_pool, rho_for_ttft
 
 TOL = 1e-9
 KEYS = ("usd_per_request", "ttft_s", "tpot_s", "requests_per_s", "usd_per_s", "prefill_share")
-
-
-def request_of(space: Space) -> Request:
-    """The request of a space's workload: lengths, prefix-cache share, prefill chunk and speculation."""
-    w = space.workload
-    return Request(w.prompt, w.output, w.cached, w.chunk, w.draft, w.accept)
 
 
 def evaluate_pairs(space: Space, blocks: pd.DataFrame, pos: np.ndarray, n: np.ndarray, req: Request,
@@ -60,7 +54,7 @@ def evaluate_pairs(space: Space, blocks: pd.DataFrame, pos: np.ndarray, n: np.nd
     chunk = chunk_size(chunk)
     for s in range(0, len(pos), chunk):
         sl = slice(s, s + chunk)
-        r = aggregated(_candidates(blocks, n[sl], space.workload.context, pos=pos[sl]), mt, st, req, eff)
+        r = aggregated(block_candidates(blocks, n[sl], space.workload.context, pos=pos[sl]), mt, st, req, eff)
         for k in KEYS:
             out[k][sl] = r[k]
         out["fits"][sl] = r["fits"]
@@ -142,7 +136,7 @@ def block_optima(space: Space, req: Request | None = None, demand: float | None 
     whole replicas: ceil(demand / (lambda O)) x USD/s per replica, over every pair. The pairs are streamed in
     chunks of whole blocks (``max_pairs``), each reduced before the next is evaluated.
     """
-    req = req or request_of(space)
+    req = req or space.workload
     w = space.workload
     b = space.blocks
     best_n = np.zeros(len(b), dtype=np.int64)
@@ -217,7 +211,7 @@ def pick(space: Space, opt: BlockOptima, mask: np.ndarray | None = None, t0: flo
         cost = np.where(mask, cost, np.inf)
     if not np.isfinite(cost).any():
         sub = space if mask is None else subset(space, mask)
-        raise InfeasibleError(diagnose_requests(sub, req or request_of(space)))
+        raise InfeasibleError(diagnose_requests(sub, req or space.workload))
     j = int(np.argmin(cost))
     metrics = {k: float(v[j]) for k, v in opt.metrics.items()}
     choice = Choice(int(opt.blocks.index[j]), int(opt.n[j]), metrics["tpot_s"], metrics["usd_per_request"])
@@ -252,7 +246,7 @@ def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only
     eff = IDEAL if space.ideal else None
     b, tpot_max = space.blocks, space.workload.tpot_max
     for pos, n in pair_chunks(b, max_pairs, only):
-        r = decode_pool(_candidates(b, n, space.workload.context, pos=pos), mt, st, req, eff)
+        r = decode_pool(block_candidates(b, n, space.workload.context, pos=pos), mt, st, req, eff)
         m = {k: np.asarray(r[k], dtype=np.float64) for k in DECODE_KEYS}
         m["fits"] = np.asarray(r["fits"], dtype=bool)
         m["ok"] = m["fits"] & np.isfinite(m["usd_per_request"]) & (m["usd_per_request"] > 0)
@@ -300,7 +294,7 @@ def prefill_options(space: Space, req: Request, context_parallel: tuple[bool, ..
         return PrefillOptions(pos, cp, empty, np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool))
     mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
     sub = b.iloc[pos]
-    r = prefill_pool(_candidates(sub, np.ones(len(pos)), req.prompt), mt, st, req, cp,
+    r = prefill_pool(block_candidates(sub, np.ones(len(pos)), req.prompt), mt, st, req, cp,
                      IDEAL if space.ideal else None)
     metrics = {k: np.asarray(r[k], dtype=np.float64) for k in PREFILL_KEYS}
     rho = rho_for_ttft(metrics["prefill_service_s"], metrics["kv_transfer_s"], space.workload.ttft_max)
@@ -308,7 +302,7 @@ def prefill_options(space: Space, req: Request, context_parallel: tuple[bool, ..
     return PrefillOptions(pos, cp, metrics, rho, ok, np.asarray(r["fits"], dtype=bool))
 
 
-def _group_of(space: Space, pos: np.ndarray) -> np.ndarray:
+def numerics_group(space: Space, pos: np.ndarray) -> np.ndarray:
     """The numerics group (weights format, KV format) of blocks: both pools of a deployment must share it (the
     same checkpoint computes both phases, and the KV crosses without conversion).
     """
@@ -318,7 +312,7 @@ def _group_of(space: Space, pos: np.ndarray) -> np.ndarray:
 
 def best_prefill(space: Space, pre: PrefillOptions, score: np.ndarray) -> dict[int, int]:
     """Per numerics group, the prefill option with the least ``score`` among those that are ``ok``."""
-    g = _group_of(space, pre.pos)
+    g = numerics_group(space, pre.pos)
     out: dict[int, int] = {}
     s = np.where(pre.ok, score, np.inf)
     for key in np.unique(g):
@@ -371,9 +365,9 @@ def disaggregated_metrics(space: Space, req: Request, dec_i: int, dpos: np.ndarr
     mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
     eff = IDEAL if space.ideal else None
     b = space.blocks
-    dec = decode_pool(_candidates(b.iloc[[dpos[dec_i]]], np.array([dn[dec_i]]), space.workload.context), mt, st,
+    dec = decode_pool(block_candidates(b.iloc[[dpos[dec_i]]], np.array([dn[dec_i]]), space.workload.context), mt, st,
                       req, eff)
-    pr = prefill_pool(_candidates(b.iloc[[pre.pos[pre_i]]], np.ones(1), req.prompt), mt, st, req,
+    pr = prefill_pool(block_candidates(b.iloc[[pre.pos[pre_i]]], np.ones(1), req.prompt), mt, st, req,
                       np.array([pre.cp[pre_i]]), eff)
     m = disaggregated(dec, pr, req, np.array([pre.rho[pre_i]]))
     return {k: (float(np.asarray(v).ravel()[0]) if np.ndim(v) or isinstance(v, (float, int, np.number)) else v)
@@ -410,7 +404,7 @@ def _decode_demand_cost(dm: dict[str, np.ndarray], ok: np.ndarray, lam: float) -
 def disaggregated_tables(space: Space, req: Request | None = None, context_parallel: tuple[bool, ...] = (False, True),
                          demand: float | None = None, max_pairs: int | None = None) -> DisaggregatedTables:
     """Evaluate every decode pair (streamed, reduced per block) and every prefill option of the space."""
-    req = req or request_of(space)
+    req = req or space.workload
     kept: list[tuple[np.ndarray, np.ndarray, dict]] = []
     evaluated = 0
     for pos, n, m in decode_chunks(space, req, max_pairs):
@@ -472,7 +466,7 @@ def pick_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarray | 
         pok = pok & mask[pre.pos]
     pre_usd = pre.usd_per_request
     bestp = best_prefill(space, pre, np.where(pok, pre_usd, np.inf))
-    jp = prefill_of(bestp, _group_of(space, t.dpos))
+    jp = prefill_of(bestp, numerics_group(space, t.dpos))
     total = np.where(dok & (jp >= 0), t.dm["usd_per_request"] + pre_usd[jp], np.inf)
     if not np.isfinite(total).any():
         raise InfeasibleError(diagnose_disaggregated(space, t, mask))
@@ -551,7 +545,7 @@ def disaggregated_demand(space: Space, t: DisaggregatedTables, demand: float) ->
     d_n, d_cost = _decode_demand_cost(t.dm, t.dok, lam)
     p_n = np.ceil(lam * pre.metrics["prefill_service_s"] / (pre.metrics["servers"] * pre.rho) * (1 - 1e-12))
     p_cost = np.where(pre.ok, p_n * pre.metrics["usd_per_s"], np.inf)
-    jp = prefill_of(best_prefill(space, pre, p_cost), _group_of(space, t.dpos))
+    jp = prefill_of(best_prefill(space, pre, p_cost), numerics_group(space, t.dpos))
     total = np.where(jp >= 0, d_cost + p_cost[jp], np.inf)
     if not np.isfinite(total).any():
         return None

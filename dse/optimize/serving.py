@@ -23,7 +23,7 @@ solver as ``argmin (vectorized enumeration)`` with gap 0.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -31,7 +31,7 @@ import pandas as pd
 from dse.catalog.hardware import IDEAL
 from dse.errors import InfeasibleError
 from dse.optimize.solver import SolveResult
-from dse.optimize.space import Choice, Space, _candidates, describe_choice
+from dse.optimize.space import Choice, Space, block_candidates, describe_choice
 from dse.physics.roofline import ModelTable, SystemTable, evaluate
 
 SOLVER_NAME = "argmin (vectorized enumeration)"
@@ -45,14 +45,15 @@ class ServingResult:
     result: SolveResult
     choice: Choice
     config: dict
-    presolve: dict = field(default_factory=dict)
+    evaluated: int = 0  # blocks evaluated: those meeting the TPOT target, each at its largest batch
 
 
 def block_physics(space: Space, blocks: pd.DataFrame, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact step time, cost (USD per Mtok of output) and fit of each block at n sequences per rank."""
     mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
     n = np.asarray(n, dtype=float)
-    r = evaluate(_candidates(blocks, n, space.workload.context), mt, st, IDEAL if space.ideal else None, ttft=False)
+    eff = IDEAL if space.ideal else None
+    r = evaluate(block_candidates(blocks, n, space.workload.context), mt, st, eff, ttft=False)
     cost = blocks["a"].to_numpy() * r["step_s"] / n
     return r["step_s"], cost, r["fits"].astype(bool)
 
@@ -111,14 +112,13 @@ def _result(value: float, wall: float) -> SolveResult:
     return SolveResult("optimal", "argmin", value, value, 0.0, wall, SOLVER_NAME)
 
 
-def _at_largest_batch(space: Space, tpot_max: float | None) -> tuple[pd.DataFrame, np.ndarray, dict]:
+def _at_largest_batch(space: Space, tpot_max: float | None) -> tuple[pd.DataFrame, np.ndarray]:
     """The blocks that can serve under the TPOT target, each at its largest feasible batch per rank (where, by
     the monotonicity above, its cost per token is least); InfeasibleError names what runs out.
     """
     if space.blocks.empty:
         raise InfeasibleError(f"{space.model.id} / {space.workload.name}: {space.empty_reason}")
     blocks = _feasible_blocks(space)
-    stats = {"blocks_feasible": len(blocks)}
     if blocks.empty:
         raise InfeasibleError(diagnose(space, tpot_max))
     n = largest_batch(space, blocks, tpot_max)
@@ -126,7 +126,7 @@ def _at_largest_batch(space: Space, tpot_max: float | None) -> tuple[pd.DataFram
     blocks, n = blocks[ok], n[ok]
     if blocks.empty:
         raise InfeasibleError(diagnose(space, tpot_max))
-    return blocks, n, stats
+    return blocks, n
 
 
 def solve_serving(
@@ -134,7 +134,6 @@ def solve_serving(
     tpot_max: float | None = None,
     objective: str = "cost",
     solver: str | None = None,
-    prune: bool = True,
     time_limit_s: float | None = None,
     cost_max: float | None = None,
     start: Choice | None = None,
@@ -143,11 +142,11 @@ def solve_serving(
 
     ``objective`` "cost" minimizes USD per output token (each block at its largest feasible batch);
     "latency" minimizes the step time (each block at its smallest batch, or under ``cost_max`` the
-    smallest batch whose cost meets the cap). ``solver``, ``prune``, ``time_limit_s`` and ``start``
+    smallest batch whose cost meets the cap). ``solver``, ``time_limit_s`` and ``start``
     are accepted for compatibility and unused: the argmin needs none of them.
     """
     t0 = time.perf_counter()
-    blocks, hi, stats = _at_largest_batch(space, tpot_max)
+    blocks, hi = _at_largest_batch(space, tpot_max)
     if objective == "cost":
         n = hi
     else:
@@ -165,9 +164,8 @@ def solve_serving(
     score = cost if objective == "cost" else step
     i = int(np.argmin(score))
     choice = Choice(int(blocks.index[i]), int(n[i]), float(step[i]), float(cost[i]))
-    stats["evaluated"] = int(len(blocks))
     res = _result(float(score[i]), time.perf_counter() - t0)
-    return ServingResult(res, choice, describe_choice(space, choice), stats)
+    return ServingResult(res, choice, describe_choice(space, choice), int(len(blocks)))
 
 
 @dataclass
@@ -188,7 +186,7 @@ def solve_demand(space: Space, demand: float, tpot_max: float | None, solver: st
     of ceil(demand / throughput) x USD/s per replica.
     """
     t0 = time.perf_counter()
-    blocks, n, _ = _at_largest_batch(space, tpot_max)
+    blocks, n = _at_largest_batch(space, tpot_max)
     step, cost, _ = block_physics(space, blocks, n)
     tps = blocks["dp"].to_numpy() * n * blocks["pp"].to_numpy() / step
     price = np.array([space.systems[i].price_per_s for i in blocks["system_idx"]])

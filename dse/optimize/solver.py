@@ -64,11 +64,13 @@ def relative_gap(objective: float, bound: float) -> float:
 
 
 def solve(model: mb.Model, solver: str = "highs", time_limit_s: float = 60.0,
-          node_limit: int | None = None) -> tuple[mb.Solver, SolveResult]:
+          node_limit: int | None = None, settings: tuple[str, ...] = ()) -> tuple[mb.Solver, SolveResult]:
     """Solve a model_builder model with a named OR-Tools back end.
 
     ``node_limit`` bounds the branch-and-bound nodes: unlike a time limit, it gives the same answer on
     any machine (single-threaded solvers are deterministic), so it is the limit that should decide.
+    ``settings`` are further solver-specific parameters, one per line in the back end's own syntax (SCIP:
+    ``separating/maxroundsroot = 2``), set before the node limit.
     """
     if solver not in SOLVERS:
         raise InputError(f"solver '{solver}' is not allowed; allowed: {', '.join(SOLVERS)}")
@@ -77,10 +79,13 @@ def solve(model: mb.Model, solver: str = "highs", time_limit_s: float = 60.0,
         raise InputError(f"solver '{solver}' is not available in this OR-Tools build; allowed: {', '.join(SOLVERS)}")
     engine.set_time_limit_in_seconds(time_limit_s)
     if solver == "highs":
-        nodes = f"\nmip_max_nodes={node_limit}" if node_limit else ""
-        engine.set_solver_specific_parameters("output_flag=false\nmip_rel_gap=1e-9" + nodes)
-    elif solver == "scip" and node_limit:
-        engine.set_solver_specific_parameters(f"limits/nodes = {node_limit}")
+        nodes = (f"mip_max_nodes={node_limit}",) if node_limit else ()
+        engine.set_solver_specific_parameters("\n".join(("output_flag=false", "mip_rel_gap=1e-9", *settings, *nodes)))
+    elif solver == "scip" and (node_limit or settings):
+        nodes = (f"limits/nodes = {node_limit}",) if node_limit else ()
+        engine.set_solver_specific_parameters("\n".join((*settings, *nodes)))
+    elif settings:
+        engine.set_solver_specific_parameters("\n".join(settings))
     t0 = time.perf_counter()
     status = engine.solve(model)
     wall = time.perf_counter() - t0

@@ -7,9 +7,7 @@ largest that fits (``n_hi``). A batch that is not a multiple of DP is dominated:
 carries ceil(B / DP) sequences, so the step is that of DP x ceil(B / DP) with fewer tokens.
 
 HBM bytes are affine in n (weights fixed, KV and activations per sequence), so ``n_hi`` is read
-off two evaluations of the physics. Above expert saturation (n >= n_sat: every routed expert is
-read at almost every step) the step is also affine in n, and `pieces` gives those coefficients
-(used for diagnostics only); the optimizers evaluate the physics itself at every batch they
+off two evaluations of the physics. The optimizers evaluate the physics itself at every batch they
 consider, and `exhaustive` evaluates it at every batch of the space.
 """
 
@@ -28,7 +26,7 @@ from dse.catalog.units import DTYPES
 from dse.physics.codes import KV_TIERS
 from dse.physics.layout import Layout, layouts_for
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
-from dse.physics.serving import DEFAULT_CHUNK
+from dse.physics.serving import Request
 
 SATURATION = 1e-12  # an expert left untouched this rarely counts as always read
 CHUNK_PAIRS = 1 << 17
@@ -36,27 +34,6 @@ CHUNK_PAIRS = 1 << 17
 blocks of about this many and reduces each chunk as it goes (per-block optima, fronts), so its memory is set
 by this number and the number of blocks, never by the number of configurations: the request-level physics
 holds about 1.5 kB per pair in flight, some 0.2 GB per chunk (``scripts/bench_memory.py`` measures the peak)."""
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Requests of one kind: prompt and output lengths and the service targets (seconds)."""
-
-    name: str
-    prompt: int
-    output: int
-    tpot_max: float | None = None
-    ttft_max: float | None = None
-    demand: float | None = None  # output tokens per second the deployment must serve
-    cached: float = 0.0  # share of the prompt served from a prefix cache (not recomputed by the prefill)
-    chunk: int = DEFAULT_CHUNK  # chunked-prefill budget per DP rank per forward pass (aggregated serving)
-    draft: int = 0  # speculative / MTP draft tokens verified per decode pass
-    accept: float = 1.0  # mean tokens emitted per decode pass (1 <= accept <= draft + 1)
-
-    @property
-    def context(self) -> int:
-        """KV length at the last output token: the context the decode cost is quoted at."""
-        return self.prompt + self.output
 
 
 @dataclass(frozen=True)
@@ -86,7 +63,7 @@ class Space:
     """Blocks (one row each); every integer batch per rank from 1 to ``n_hi`` belongs to each."""
 
     model: Architecture
-    workload: Workload
+    workload: Request
     systems: list[System]
     blocks: pd.DataFrame
     ideal: bool
@@ -155,7 +132,7 @@ def why_empty(model: Architecture, systems: list[System], opts: SpaceOptions, no
             f"{', '.join(s.id for s in systems)} (host memory capacity and bandwidth unknown)")
 
 
-def _candidates(blocks: pd.DataFrame, n: np.ndarray, context: int, phase: int = 0,
+def block_candidates(blocks: pd.DataFrame, n: np.ndarray, context: int, phase: int = 0,
                 pos: np.ndarray | None = None) -> Candidates:
     """The candidates of ``blocks`` (of the rows at positions ``pos``, when given) at n sequences per DP rank."""
 
@@ -171,7 +148,7 @@ def _candidates(blocks: pd.DataFrame, n: np.ndarray, context: int, phase: int = 
     )
 
 
-def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> Space:
+def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> Space:
     """Enumerate the blocks of the space and read their batch-affine physics off the engine."""
     catalog = default_systems(opts.price_kind)
     ids = opts.systems or tuple(catalog)
@@ -203,7 +180,7 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     blocks = pd.DataFrame(rows, columns=cols)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
     if blocks.empty:  # no valid combination (or no system with a price of the study's kind): no rows
-        blocks = pd.DataFrame(columns=[*cols, "n_sat", "c", "c0", "m1", "m0", "q", "q0", "o", "n_hi", "n_lo",
+        blocks = pd.DataFrame(columns=[*cols, "n_sat", "n_hi", "n_lo",
                                        "hbm_base", "hbm_per_seq", "overlap", "hbm_usable", "ttft", "chips", "racks",
                                        "a", "system"])
         space = Space(model, workload, systems, blocks, opts.ideal,
@@ -220,16 +197,9 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
         n_sat = np.ones_like(dp)
     blocks["n_sat"] = n_sat.astype(np.int64)
 
-    # affine coefficients of compute, memory, communication and HBM bytes in n, from two evaluations
-    r1 = evaluate(_candidates(blocks, n_sat, workload.context), mt, st, eff, ttft=False)
-    r2 = evaluate(_candidates(blocks, n_sat + 1, workload.context), mt, st, eff, ttft=False)
-    blocks["c"] = r2["compute_s"] - r1["compute_s"]
-    blocks["c0"] = np.maximum(r1["compute_s"] - blocks["c"] * n_sat, 0.0)
-    blocks["m1"] = r2["memory_s"] - r1["memory_s"]
-    blocks["m0"] = r1["memory_s"] - blocks["m1"] * n_sat
-    blocks["q"] = r2["comm_s"] - r1["comm_s"]
-    blocks["q0"] = np.maximum(r1["comm_s"] - blocks["q"] * n_sat, 0.0)
-    blocks["o"] = r1["overhead_s"]
+    # HBM bytes are affine in n: read off two evaluations
+    r1 = evaluate(block_candidates(blocks, n_sat, workload.context), mt, st, eff, ttft=False)
+    r2 = evaluate(block_candidates(blocks, n_sat + 1, workload.context), mt, st, eff, ttft=False)
     hbm_slope = r2["hbm_bytes_per_chip"] - r1["hbm_bytes_per_chip"]
     hbm_base = r1["hbm_bytes_per_chip"] - hbm_slope * n_sat
     kv_slope = r2["kv_bytes_per_chip"] - r1["kv_bytes_per_chip"]
@@ -249,7 +219,7 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     blocks["hbm_usable"] = block_eff.hbm_usable
 
     # TTFT: prefill of one prompt on the block's layout
-    pre = evaluate(_candidates(blocks, np.ones_like(dp) / dp, workload.prompt, phase=1), mt, st, eff, ttft=False)
+    pre = evaluate(block_candidates(blocks, np.ones_like(dp) / dp, workload.prompt, phase=1), mt, st, eff, ttft=False)
     blocks["ttft"] = pre["step_s"]
     blocks["chips"] = (blocks["tp"] * blocks["dp"] * blocks["pp"]).astype(np.int64)
     domain = st.domain[blocks["system_idx"]]
@@ -262,32 +232,6 @@ def build_space(model: Architecture, workload: Workload, opts: SpaceOptions) -> 
     space.stats = {"blocks": len(blocks), "configurations": space.size, "max_batch_per_rank": opts.max_batch_per_rank,
                    "no_price": no_price}
     return space
-
-
-# ---- the step time of a block as the max of affine pieces -------------------------------------
-def pieces(blocks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Intercepts and slopes (blocks x 6) of the affine pieces whose max is the step time.
-
-    step = ov x max(comm, work) + (1 - ov) x (comm + work) + overhead, work = max(compute, memory);
-    expanding the maxima gives six affine functions of n, and the step is their maximum.
-    """
-    ov = blocks["overlap"].to_numpy()
-    c0, c, m0, m1, q0, q, o = (blocks[k].to_numpy() for k in ("c0", "c", "m0", "m1", "q0", "q", "o"))
-    terms = {"compute": (c0, c), "memory": (m0, m1), "comm": (q0, q)}
-    alphas, betas = [], []
-    for x in ("compute", "memory", "comm"):
-        for y in ("compute", "memory"):
-            ax, bx = terms[x]
-            ay, by = terms[y]
-            alphas.append(ov * ax + (1 - ov) * (q0 + ay) + o)
-            betas.append(ov * bx + (1 - ov) * (q + by))
-    return np.stack(alphas, axis=1), np.stack(betas, axis=1)
-
-
-def step_time(blocks: pd.DataFrame, n: np.ndarray) -> np.ndarray:
-    """Step time of each block at batch n per rank (affine region)."""
-    alpha, beta = pieces(blocks)
-    return (alpha + beta * np.asarray(n, dtype=float)[:, None]).max(axis=1)
 
 
 # ---- every (block, batch) pair, streamed in chunks ----------------------------------------------
@@ -362,7 +306,7 @@ def exhaustive(
         nonlocal best
         if len(idx) == 0:
             return
-        r = evaluate(_candidates(b, n, w.context, pos=idx), mt, st, IDEAL if space.ideal else None, ttft=False)
+        r = evaluate(block_candidates(b, n, w.context, pos=idx), mt, st, IDEAL if space.ideal else None, ttft=False)
         feasible = r["fits"].copy()
         if tpot_max is not None:
             feasible &= r["step_s"] <= tpot_max

@@ -66,6 +66,12 @@ class Config:
     def __post_init__(self) -> None:
         check_config(self)
 
+    def request(self) -> Request:
+        """The request these options describe (``prompt`` and ``output`` given)."""
+        assert self.prompt is not None and self.output is not None
+        return Request(prompt=self.prompt, output=self.output, cached=self.cached, chunk=self.chunk,
+                       draft=self.draft, accept=self.accept)
+
 
 MAX_BATCH = 1_000_000_000
 """Most sequences one forward pass of a replica may carry (what a study's space reaches: 65,536 per rank on
@@ -262,7 +268,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
         model=0, system=0, tp=layout.tp, dp=layout.dp, ep=layout.ep, etp=layout.etp, pp=layout.pp,
         batch=cfg.batch, context=cfg.context, phase=phase, weights_dtype=wd, kv_dtype=kd, kv_tier=tier,
         imbalance=cfg.moe_imbalance, experts_dtype=r.experts_dtype, kv_shard=KV_SHARDS.index(cfg.kv_shard),
-        micro_batches=cfg.micro_batches,
+        micro_batches=cfg.micro_batches, chunk=cfg.chunk,
     )
     tables = ModelTable.build([model]), SystemTable.build([system])
     raw = evaluate(cand, *tables, eff)
@@ -306,8 +312,10 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
             out[key] = int(v)
         else:
             out[key] = None if (isinstance(v, float) and math.isnan(v)) else (None if v == math.inf else float(v))
+    out["hbm_usable_per_chip"] = system.hbm_capacity * eff.hbm_usable  # what the engine may fill
     if cfg.output is not None and cfg.prompt is not None:
         out.update(request_metrics(cand, tables, eff, cfg))
+        out["fits"] = out["fits"] and out["fits_request"]  # both the step at --context and the request's peak
     out["params_total"] = model.params_total
     out["params_active"] = model.params_active
     out["params_embedding"] = model.params_embedding
@@ -341,15 +349,14 @@ def request_metrics(cand: Candidates, tables: tuple[ModelTable, SystemTable], ef
 
     They replace the step-level ``tpot_s`` and ``ttft_s`` (the decode step alone stays in ``step_s``).
     """
-    assert cfg.prompt is not None and cfg.output is not None
-    req = Request(cfg.prompt, cfg.output, cfg.cached, cfg.chunk, cfg.draft, cfg.accept)
-    r = aggregated(replace(cand, phase=0), *tables, req, eff)
+    r = aggregated(replace(cand, phase=0), *tables, cfg.request(), eff)
     out: dict = {"serving": "aggregated", "price_kind": cfg.price_kind, "output": cfg.output, "chunk": cfg.chunk}
     for key in (*REQUEST_KEYS[1:-1], "requests_per_s", "prefill_share", "decode_step_s", "chunk_extra_s",
                 "prefill_service_s", "queue_wait_s"):
         out[key] = float(np.asarray(r[key]))
     out["chips"] = int(out["chips"])
-    out["fits"] = bool(np.asarray(r["fits"]))  # memory at the peak context P + O
+    out["fits_request"] = bool(np.asarray(r["fits"]))  # memory at the request's peak context P + O
+    out["hbm_bytes_per_chip_request"] = float(np.asarray(r["hbm_bytes_per_chip"]))
     out["prefill_keeps_up"] = bool(np.asarray(r["stable"]))
     return out
 
@@ -406,6 +413,7 @@ def evaluate_frame(frame, ideal: bool = False):
         experts_dtype=np.array([r.experts_dtype for r in rows]),
         kv_shard=np.array([KV_SHARDS.index(c.kv_shard) for c in configs]),
         micro_batches=np.array([c.micro_batches for c in configs]),
+        chunk=np.array([c.chunk for c in configs], dtype=np.float64),
         imbalance=(frame["moe_imbalance"].fillna(1.0).to_numpy(dtype=float) if "moe_imbalance" in frame
                    else 1.0),
     )

@@ -45,7 +45,11 @@ the pass costs max(2 W_h, 2 M_h) + overhead with W_h and M_h one half's work and
 
 Pipeline parallelism as in the lecture: weights per chip fall as 1/PP; the stage holds KV for PP
 micro-batches of its layers, so KV per chip does not fall; latency is unchanged; PP micro-batches
-are in flight, so throughput per replica is batch x PP / step. Everything is SI (s, bytes, FLOP).
+are in flight, so throughput per replica is batch x PP / step. A stage holds whole layers: the best
+contiguous split of L layers into PP stages leaves ceil(L / PP) on the busiest one (61 layers on PP 4: 16),
+and that stage sets the pass (PP x its time), the weights and KV per chip; every layer counts as the model's
+average layer, as everywhere in this roofline. Where PP divides L nothing changes. Everything is SI (s,
+bytes, FLOP).
 """
 
 from __future__ import annotations
@@ -64,6 +68,11 @@ from dse.physics.codes import DEFAULT_CHUNK
 TOPOLOGY_DIMS = {"switch": 0, "mesh": -1, "torus2d": 2, "torus3d": 3}
 GROUP_SCALE_BYTES = 2.0 / 128  # weight-only quantization: one FP16 scale per 128 weights (Marlin, group 128)
 ACT_BYTES = 2.0  # activations travel and live in bf16
+ACT_WIDTH = 8.0
+"""Activation values live per token at the peak of one layer's forward pass, in units of d_model: the residual
+stream and its normalized copy, Q, K, V and the attention output, and the MLP's gate and up projections (the
+largest term); an estimate of the working set, not fitted (only prefill, thousands of tokens per rank, makes it
+matter beside the weights and KV cache)."""
 LOGIT_BYTES = 4.0  # logits in fp32
 MAX_GROUPS = 2  # layer groups per model (full attention, sliding window)
 EXACT_MEAN = 32.0  # below this mean the expected maximum of binomial counts is summed exactly
@@ -322,6 +331,7 @@ class Candidates:
     experts_dtype: np.ndarray | int = -1
     kv_shard: np.ndarray | int = 0  # KV_SHARDS code: TP ranks split the KV by head (0) or by sequence (1)
     micro_batches: np.ndarray | int = 1  # a decode pass split into this many micro-batches (2: two-batch overlap)
+    chunk: np.ndarray | float = DEFAULT_CHUNK  # chunked-prefill budget: prompt tokens per DP rank resident at once
 
     def broadcast(self) -> Candidates:
         arrays = np.broadcast_arrays(*(np.asarray(getattr(self, f.name)) for f in fields(self)))
@@ -384,6 +394,13 @@ def dispatch_copies(n_exp, top_k, ep, etp, tp, chips, domain) -> tuple[np.ndarra
     return scaleup, np.where(domains > 1, hit * (domains - 1.0) / domains, 0.0)
 
 
+def busiest_stage_layers(layers: object, pp: object) -> np.ndarray:
+    """Layers on the busiest stage of the best split of ``layers`` whole layers, in order, into ``pp`` contiguous
+    stages: ceil(layers / pp) (some stage holds at least that many; stages of ceil or floor size reach it).
+    """
+    return np.ceil(_f(layers) / _f(pp))
+
+
 def _causal(context: np.ndarray, cap: np.ndarray) -> np.ndarray:
     """Sum over positions 1..L of min(position, cap)."""
     c = np.minimum(context, cap)
@@ -415,6 +432,7 @@ class _Gathered:
         self.on_host = np.asarray(c.kv_tier) == 1
         self.imbalance = _f(c.imbalance)
         self.micro = _f(c.micro_batches)
+        self.chunk = _f(c.chunk)
         # model columns
         self.p_act, self.p_dense, self.p_emb = models.p_active[m], models.p_dense[m], models.p_embedding[m]
         self.p_exp, self.moe_l = models.p_expert[m], models.moe_layers[m]
@@ -451,10 +469,15 @@ class _Gathered:
         self.power = systems.power_all_in[s]
         # layout-only quantities shared by every pass
         self.experts_per_chip = np.ceil(self.n_exp / self.ep)
-        self.routed_per_chip = self.moe_l / self.pp * self.experts_per_chip * self.p_exp / self.etp
+        # whole layers per stage: the busiest of PP stages holds ceil(L / PP) of the L layers, as many as each of
+        # pp_even = L / ceil(L / PP) even stages would (pp_even is PP where PP divides L); the pipeline's pass is
+        # PP times that stage's time, ``stretch`` = PP / pp_even times an even split's
+        self.pp_even = self.n_layers / busiest_stage_layers(self.n_layers, self.pp)
+        self.stretch = self.pp / self.pp_even
+        self.routed_per_chip = self.moe_l / self.pp_even * self.experts_per_chip * self.p_exp / self.etp
         self.routed_bytes_per_chip = self.ebytes * self.routed_per_chip
         self.routed_active = self.moe_l * self.top_k * self.p_exp
-        self.dense_read = self.wbytes * (self.p_dense - self.p_emb) / (self.tp * self.pp)
+        self.dense_read = self.wbytes * (self.p_dense - self.p_emb) / (self.tp * self.pp_even)
         local = np.minimum(self.cps, self.domain)
         self.inter = np.maximum(self.cps - self.domain, 0.0) / self.cps
         self.copies_scaleup, self.copies_scaleout = dispatch_copies(
@@ -471,7 +494,7 @@ class _Gathered:
         self.lat_tp = np.where(self.tp > 1, tp_latency, 0.0)
         self.lat_ep = np.where(self.inter > 0, eff.latency_scaleout, eff.latency_scaleup)
         self.lat_pp = np.where(self.chips <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
-        self.overhead = self.n_layers * eff.layer_overhead + self.moe_l * eff.moe_layer_overhead
+        self.overhead = (self.n_layers * eff.layer_overhead + self.moe_l * eff.moe_layer_overhead) * self.stretch
 
     def _context_terms(self) -> None:
         """The KV attended, read and stored per sequence at the candidates' context."""
@@ -547,16 +570,17 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
     expert_share = np.minimum(touched * touched_f, 1.0)
     # a GEMM of m rows takes (m + gemm_half_rows) rows' time (Hockney's half-performance length): once per
     # dense weight matrix of the rank, once per routed expert the busiest chip multiplies
-    gemm_fixed_s = eff.gemm_half_rows * (dense_flops / (g.tp * rate)
+    # (the layer work of the whole model, stretched to PP passes through the busiest stage)
+    gemm_fixed_s = eff.gemm_half_rows * (dense_flops / (g.tp * rate) * g.stretch
                                          + 2.0 * g.pp * g.routed_per_chip * expert_share / rate_e)
-    compute_s = (tokens_rank * dense_flops / (g.tp * rate) + attn_s + gemm_fixed_s
-                 + load_f * tokens * 2.0 * g.routed_active / (g.cps * rate_e))
+    compute_s = (tokens_rank * dense_flops / (g.tp * rate) * g.stretch + attn_s * g.stretch + gemm_fixed_s
+                 + load_f * tokens * 2.0 * g.routed_active / (g.cps * rate_e) * g.stretch)
 
     # memory: weights of the stage (routed experts only where a token landed, on the group touching the
     # most) and KV of the batch
     weights_read = g.dense_read + g.routed_bytes_per_chip * expert_share
-    kv_bytes = seqs_kv * g.stored_per_seq  # the stage holds PP micro-batches of 1/PP of the layers
-    kv_read = _where(prefill, lambda: kv_bytes, lambda: seqs_kv * g.read_per_seq) / g.pp
+    kv_bytes = seqs_kv * g.stored_per_seq * g.stretch  # the stage holds PP micro-batches of its layers
+    kv_read = _where(prefill, lambda: kv_bytes, lambda: seqs_kv * g.read_per_seq * g.stretch) / g.pp
     with np.errstate(divide="ignore", invalid="ignore"):
         kv_time = np.where(g.on_host, np.where(kv_read > 0, kv_read / g.host_bw, 0.0), kv_read / g.hbm_bw)
         memory_s = g.pp * (weights_read / g.hbm_bw + kv_time)
@@ -565,18 +589,19 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
         msg = tokens_rank * g.d * ACT_BYTES
         tp_bw = np.where(g.tp <= g.domain, g.su * g.tp_link, g.so)
         allreduce = np.where(g.tp > 1, 2.0 * (g.tp - 1) / g.tp * msg / tp_bw + g.lat_tp, 0.0)
-        tp_s = 2.0 * g.n_layers / g.pp * allreduce
+        tp_s = 2.0 * g.n_layers / g.pp_even * allreduce
         # KV split by sequence: queries to the rank holding their sequence's KV, outputs back (two all-to-alls)
         if g.by_seq.any():
             io = tokens_rank * g.attn_io * ACT_BYTES / g.tp * (g.tp - 1.0) / g.tp
-            tp_s = tp_s + np.where(g.by_seq, g.n_layers / g.pp * (io / (tp_bw * g.tp_a2a) + 2.0 * g.lat_tp), 0.0)
+            tp_s = tp_s + np.where(g.by_seq, g.n_layers / g.pp_even * (io / (tp_bw * g.tp_a2a) + 2.0 * g.lat_tp),
+                                   0.0)
         disp = np.where(g.ebytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
         # each TP chip sends 1/TP of its rank's tokens; the busiest group receives received_f x the mean
         token_bytes = received_f * tokens_rank / g.tp * g.d * (disp + ACT_BYTES)
         scaleout = np.where(g.inter > 0, token_bytes * g.copies_scaleout / g.so, 0.0)
         a2a = np.maximum(token_bytes * g.copies_scaleup / g.a2a_bw, scaleout) + 2.0 * g.lat_ep  # dispatch and combine
         dispatch = (g.n_exp > 0) & (g.copies_scaleup + g.copies_scaleout > 0)
-        ep_s = np.where(dispatch, g.moe_l / g.pp * a2a, 0.0)
+        ep_s = np.where(dispatch, g.moe_l / g.pp_even * a2a, 0.0)
         hand_bw = np.where(g.chips <= g.domain, g.su * g.p2p_link, g.so)
         pp_s = np.where(g.pp > 1, tokens * g.d * ACT_BYTES / g.cps / hand_bw + g.lat_pp, 0.0)
     comm_s = g.pp * (tp_s + ep_s + pp_s)
@@ -655,11 +680,11 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.nda
     bound = np.where(comm_s > r["work"], 2, np.where(memory_s > compute_s, 1, 0))
 
     # memory capacity per chip
-    weights_bytes = g.wbytes * g.p_dense / (g.tp * g.pp) + g.routed_bytes_per_chip
+    weights_bytes = g.wbytes * g.p_dense / (g.tp * g.pp_even) + g.routed_bytes_per_chip
     kv_bytes = r["kv_bytes"]
-    # prefill activations: at most the default chunk budget per DP rank is resident at once (not a workload's own)
-    act_tokens = _where(prefill, lambda: np.minimum(r["tokens_rank"], DEFAULT_CHUNK), lambda: r["tokens_rank"])
-    act_bytes = act_tokens * 8.0 * g.d * ACT_BYTES + r["seqs_rank"] * g.vocab / g.tp * LOGIT_BYTES
+    # prefill activations: at most the chunked-prefill budget per DP rank is resident at once
+    act_tokens = _where(prefill, lambda: np.minimum(r["tokens_rank"], g.chunk), lambda: r["tokens_rank"])
+    act_bytes = act_tokens * ACT_WIDTH * g.d * ACT_BYTES + r["seqs_rank"] * g.vocab / g.tp * LOGIT_BYTES
     hbm_bytes = weights_bytes + np.where(g.on_host, 0.0, kv_bytes) + act_bytes
     fits = (hbm_bytes <= g.hbm_cap * g.eff.hbm_usable) & (~g.on_host | (kv_bytes <= g.host_cap))
     if brief:
@@ -677,7 +702,7 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.nda
     # derived figures
     rate, rate_a = g.flops_rate * r["eff_c"], g.attn_rate * r["eff_c"]
     weights_read_all = g.dense_read + g.routed_bytes_per_chip
-    balance_batch = weights_read_all / g.hbm_bw * g.cps * rate / (2.0 * g.p_act / g.pp)
+    balance_batch = weights_read_all / g.hbm_bw * g.cps * rate / (2.0 * g.p_act / g.pp_even)
     unbounded_layers = _gsum(g.g_layers, [np.isinf(cap) for cap in g.g_cap])
     capped = _gsum(g.g_layers, [np.where(np.isinf(cap), 0.0, cap) for cap in g.g_cap])
     rate_rank, attn_rank = g.tp * rate, g.tp * rate_a  # FLOP/s serving one DP rank's sequences

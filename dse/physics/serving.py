@@ -56,7 +56,7 @@ usd_per_mtok_blended = usd_per_request / (P + O) x 1e6.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, replace
 
 import numpy as np
 
@@ -71,14 +71,28 @@ NEWTON_RTOL = 1e-13  # stop once no rate moves by more than this share of itself
 
 @dataclass(frozen=True)
 class Request:
-    """One kind of request: prompt and output tokens, prefix-cache share, chunk budget, speculation."""
+    """One kind of request and what is asked of its serving: prompt and output tokens, the prefix-cache
+    share, the chunked-prefill budget, speculation, the TTFT and TPOT targets and the demand (seconds,
+    output tokens per second). Built once, by keyword, from a study's workload or `dse evaluate`'s options,
+    and carried unchanged from the space down to the physics.
+    """
 
     prompt: int
     output: int
-    cached: float = 0.0  # share of the prompt served from a prefix cache (not recomputed)
-    chunk: int = DEFAULT_CHUNK
-    draft: int = 0  # speculative draft tokens verified per decode pass
+    _: KW_ONLY
+    name: str = ""
+    cached: float = 0.0  # share of the prompt served from a prefix cache (not recomputed by the prefill)
+    chunk: int = DEFAULT_CHUNK  # chunked-prefill budget per DP rank per forward pass (aggregated serving)
+    draft: int = 0  # speculative / MTP draft tokens verified per decode pass
     accept: float = 1.0  # mean tokens emitted per decode pass (1 <= accept <= draft + 1)
+    tpot_max: float | None = None  # TPOT target, seconds
+    ttft_max: float | None = None  # TTFT target, seconds
+    demand: float | None = None  # output tokens per second the deployment must serve
+
+    @property
+    def context(self) -> int:
+        """KV length at the last output token: the context the decode cost is quoted at."""
+        return self.prompt + self.output
 
     @property
     def computed_prompt(self) -> float:
@@ -175,7 +189,8 @@ def _passes(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Eff
     if full_chunk:
         names.append("full_chunk")
         inputs.append({"batch": dp * prompts_per_chunk(req), "context": req.prompt, "phase": 1, "kv_tier": 0})
-    out = dict(zip(names, evaluate_at(cand, models, systems, eff, inputs), strict=True))
+    out = dict(zip(names, evaluate_at(replace(cand, chunk=float(req.chunk)), models, systems, eff, inputs),
+                   strict=True))
     share = req.computed_prompt / req.prompt
     for name in ("prefill", "full_chunk"):
         if name in out:

@@ -46,11 +46,6 @@ class TrainLayout:
         return self.tp * self.pp * self.dp * self.cp
 
 
-def model_flops_per_token(model: Architecture, seq: int) -> float:
-    """6 N + 3 x the causal attention forward FLOPs: the numerator of MFU."""
-    return 6.0 * model.params_active + 3.0 * model.attention_flops_per_token(seq, "prefill")
-
-
 def train_step(model: Architecture, system: System, lay: TrainLayout, global_batch: int, seq: int,
                eff: Efficiency | None = None, ideal: bool = False) -> dict:
     """Time of one optimizer step of ``global_batch`` sequences of ``seq`` tokens, memory per chip, MFU."""

@@ -241,11 +241,6 @@ def check_entry(entry: object, source: str = "summary.json", path: str = "best[0
     return Plan(model, workload, serving, max_len, tuple(labelled))
 
 
-def pools_of(entry: dict) -> list[Pool]:
-    """The checked pools of a ``best`` entry of summary.json (see ``check_entry``)."""
-    return list(check_entry(entry).pools)
-
-
 def read_summary(path: Path) -> dict:
     """A summary.json read and parsed; an InputError names the file and what is wrong with it."""
     if not path.is_file():

@@ -10,7 +10,7 @@ import pandas as pd
 
 from dse.report.present import STYLE, headline_html, interactive_charts, table_html
 from dse.studies.base import StudySpec
-from dse.studies.common import StudyOutput
+from dse.studies.contract import Optimum, StudyOutput
 from dse.studies.registry import study_module
 
 
@@ -38,8 +38,9 @@ def _band(e: dict) -> str:
     return "" if not band else f" (80% band {band[0]:.3g}-{band[1]:.3g}, from the leave-one-out errors of dse validate)"
 
 
-def explain(e: dict, space) -> str:
+def explain(o: Optimum, space) -> str:
     """Why this configuration: which resource binds, the time and the memory breakdown."""
+    e = o.entry
     parts = {"compute": e["compute_s"], "memory (HBM bandwidth)": e["memory_s"], "communication": e["comm_s"]}
     binding = max(parts, key=parts.get)
     times = ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in parts.items())
@@ -68,20 +69,21 @@ def explain(e: dict, space) -> str:
         f"Memory per chip: weights {_fmt_bytes(e['weights_bytes_per_chip'])}, KV {_fmt_bytes(e['kv_bytes_per_chip'])}, "
         f"activations {_fmt_bytes(e['activation_bytes_per_chip'])}, free {_fmt_bytes(free)} of "
         f"{_fmt_bytes(e['hbm_capacity_per_chip'])}. Cost {e['usd_per_mtok']:.4g} USD per million output tokens"
-        f"{'' if 'step_tpot_s' in e else _band(e)} at {e.get('usd_per_chip_hour') or float('nan'):.3g} USD per "
+        f"{'' if o.request_level else _band(e)} at {e.get('usd_per_chip_hour') or float('nan'):.3g} USD per "
         f"chip-hour ({e.get('price_kind', '')}{', <b>ESTIMATE</b>' if e.get('price_is_estimate') else ''}), "
         f"{e['usd_per_mtok_input']:.4g} per million input tokens "
-        f"({'its share of the request by time on prefill' if 'step_tpot_s' in e else 'prefill one prompt at a time'}); "
-        f"TPOT {e['tpot_s'] * 1e3:.3g} ms, TTFT {e['ttft_s']:.3g} s.{_request(e)}{_power(e)}"
+        f"({'its share of the request by time on prefill' if o.request_level else 'prefill one prompt at a time'}); "
+        f"TPOT {e['tpot_s'] * 1e3:.3g} ms, TTFT {e['ttft_s']:.3g} s.{_request(o)}{_power(e)}"
         + (f" <b>Context {e['context']:,} is beyond the model's published maximum of {e['max_context']:,} tokens "
            "(allow_beyond_trained_context).</b>" if e.get("beyond_trained_context") else "")
         + "</p>"
     )
 
 
-def _request(e: dict) -> str:
-    if "usd_per_request" not in e or "step_tpot_s" not in e:
+def _request(o: Optimum) -> str:
+    if not o.request_level:
         return ""
+    e = o.entry
     return (f" Request level ({e['serving']}, prefill counted): {e['usd_per_request']:.4g} USD per request, "
             f"prefill {e['prefill_share']:.0%} of it; the decode step alone takes {e['step_tpot_s'] * 1e3:.3g} ms.")
 
@@ -106,18 +108,19 @@ def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[st
         f"<p><b>Status:</b> {s['status']} &middot; solver {s['solver']['name']}, {s['solver']['solves']} solves, "
         f"{s['solver']['solve_wall_s']:.3f} s solving, {s['solver']['wall_s']:.3f} s in all, "
         f"largest gap {s['solver']['gap']:.2g}</p>",
-        f"<p><b>Prices:</b> {html.escape(str(s.get('price_kind', '')))} (USD per chip-hour of that kind; estimates "
+        f"<p><b>Prices:</b> {html.escape(str(s['price_kind']))} (USD per chip-hour of that kind; estimates "
         "are marked). <b>No price</b> of this kind, left out of cost comparisons: "
-        f"{html.escape(', '.join(s.get('no_price') or []) or 'none')}.</p>",
+        f"{html.escape(', '.join(s['no_price']) or 'none')}.</p>",
     ]
-    if s["best"]:
+    solved = out.solved
+    if solved.best:
         parts.append("<h2>Chosen configurations</h2>")
-        for e in s["best"]:
-            parts.append(explain(e, out.spaces.get((e["model"], e["workload"]))))
-    if s["infeasible"]:
+        for o in solved.best:
+            parts.append(explain(o, solved.spaces.get((o.entry["model"], o.entry["workload"]))))
+    if solved.infeasible:
         parts.append("<h2>Infeasible</h2><ul>")
         parts += [f"<li>{html.escape(i['model'])} / {html.escape(i['workload'])}: {html.escape(i['reason'])}</li>"
-                  for i in s["infeasible"]]
+                  for i in solved.infeasible]
         parts.append("</ul>")
     for name in plots:
         path = folder / name
@@ -125,12 +128,12 @@ def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[st
             data = base64.b64encode(path.read_bytes()).decode()
             title = name.removesuffix(".png").replace("_", " ")
             parts.append(f"<h2>{title}</h2><img src='data:image/png;base64,{data}'>")
-    parts.append(interactive_charts(out))
-    for name, table in out.tables.items():
+    parts.append(interactive_charts(out, spec.kind))
+    for name, table in solved.tables.items():
         parts.append(f"<h2>{name}.csv</h2>")
         parts.append(table_html(table))
-    if s.get("spaces"):
+    if solved.space_stats:
         parts.append("<h2>Search spaces</h2>")
-        parts.append(table_html(pd.DataFrame(s["spaces"])))
+        parts.append(table_html(pd.DataFrame(solved.space_stats)))
     parts.append("</body></html>")
     (folder / "report.html").write_text("\n".join(parts))

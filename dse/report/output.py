@@ -37,7 +37,7 @@ import numpy as np
 
 from dse.errors import InputError
 from dse.studies.base import StudySpec
-from dse.studies.common import StudyOutput
+from dse.studies.contract import StudyOutput
 from dse.studies.sweep_storage import STORAGE, STORAGE_APP_ID
 
 
@@ -201,11 +201,6 @@ def survey(folder: Path) -> Survey:
             continue
         result.foreign.append(name)
     return result
-
-
-def foreign_files(target: Path) -> list[str]:
-    """Files (and folders) in ``target`` that dse did not write, or that changed since it wrote them."""
-    return survey(_real(Path(target))).foreign
 
 
 def _shown(names: list[str]) -> str:

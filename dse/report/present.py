@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.units import si
-from dse.studies.common import StudyOutput
+from dse.studies.contract import Chart, Optimum, StudyOutput
 from dse.studies.registry import study_module
 
 HEADLINE_KEYS = (  # (key, label, unit kind) of an optimum, shown when the entry has them
@@ -80,9 +80,15 @@ def table_html(table: pd.DataFrame, max_rows: int = 200) -> str:
             f"{more}")
 
 
-def _configuration(e: dict) -> str:
-    if e.get("serving") == "disaggregated" and len(e.get("pools") or []) == 2:
-        pre, dec = e["pools"]
+def _configuration(o: Optimum) -> str:
+    """The chosen configuration in words: a prefill pool with a decode pool by their roles, else the entry's own
+    (one replica, or the largest pool of several).
+    """
+    e = o.entry
+    pools = e["pools"] if o.request_level else []  # a request-level entry lists its pools
+    roles = {p["role"]: p for p in pools} if len(pools) == 2 else {}
+    if roles.keys() == {"prefill", "decode"}:
+        pre, dec = roles["prefill"], roles["decode"]
         cp = ", context parallel" if pre.get("context_parallel") else ""
         return (f"disaggregated: {pre['replicas']} prefill replica(s) of {pre['chips']} x {pre['system']} "
                 f"TP{pre['tp']} DP{pre['dp']} EP{pre['ep']}{cp} at {pre.get('utilisation', float('nan')):.0%} "
@@ -102,10 +108,11 @@ def headline_html(out: StudyOutput, kind: str) -> str:
         lines = headline(out.summary, out.tables)
     if lines:
         parts.append("<ul>" + "".join(f"<li>{html.escape(ln)}</li>" for ln in lines) + "</ul>")
-    best = out.summary.get("best") or []
+    best = out.solved.best
     if best:
         rows = []
-        for e in best:
+        for o in best:
+            e = o.entry
             estimate = " <span class='estimate'>(price is an estimate)</span>" if e.get("price_is_estimate") else ""
             if e.get("calibration") == "uncalibrated family":
                 estimate += (" <span class='estimate'>(uncalibrated family: no published measurement fits its "
@@ -113,7 +120,7 @@ def headline_html(out: StudyOutput, kind: str) -> str:
             metrics = [f"{label} <b>{html.escape(cell(key, e[key]) if unit != 's' else si(e[key], 's'))}</b>"
                        for key, label, unit in HEADLINE_KEYS if key in e and e[key] is not None]
             rows.append(f"<li><b>{html.escape(e['model'])} / {html.escape(e['workload'])}</b>: "
-                        f"{html.escape(_configuration(e))}{estimate}<br>{' &middot; '.join(metrics)}</li>")
+                        f"{html.escape(_configuration(o))}{estimate}<br>{' &middot; '.join(metrics)}</li>")
         parts.append("<ul class='optima'>" + "".join(rows) + "</ul>")
     if not lines and not best:
         parts.append("<p>No configuration was chosen: see the infeasible list below.</p>")
@@ -161,21 +168,18 @@ def scatter_svg(table: pd.DataFrame, x: str, y: str, label: str, title: str, wid
             f"viewBox='0 0 {width} {height}' role='img'>{axes}{''.join(dots)}</svg></figure>")
 
 
-def interactive_charts(out: StudyOutput) -> str:
-    """Hover charts for the tables a person explores point by point (a front, the best of each system)."""
-    charts = []
-    if "pareto" in out.tables and not out.tables["pareto"].empty:
-        charts.append(scatter_svg(out.tables["pareto"], "tpot_s", "usd_per_request", "label",
-                                  "Pareto front: TPOT against USD per request"))
-    if "pareto_throughput" in out.tables and not out.tables["pareto_throughput"].empty:
-        charts.append(scatter_svg(out.tables["pareto_throughput"], "tokens_per_s_per_user", "tokens_per_s_per_gpu",
-                                  "label", "Pareto front: tokens/s per user against tokens/s per GPU"))
-    if "systems" in out.tables and "usd_per_mtok" in out.tables["systems"]:
-        t = out.tables["systems"].dropna(subset=["usd_per_mtok"]).copy()
-        if not t.empty:
-            t["label"] = t["model"] + " / " + t["workload"] + " on " + t["system"]
-            charts.append(scatter_svg(t, "tpot_s", "usd_per_mtok", "label",
-                                      "Best configuration of each system: TPOT against cost"))
+def chart_svg(chart: Chart, tables: dict[str, pd.DataFrame]) -> str:
+    """One hover chart a kind declares, drawn where its table has rows and both columns (else nothing)."""
+    table = tables.get(chart.table)
+    if table is None or table.empty or chart.x not in table or chart.y not in table:
+        return ""
+    points = pd.DataFrame({chart.x: table[chart.x], chart.y: table[chart.y], "label": chart.label(table)})
+    return scatter_svg(points, chart.x, chart.y, "label", chart.title)
+
+
+def interactive_charts(out: StudyOutput, kind: str) -> str:
+    """The kind's hover charts (``CHARTS``) for the tables a person explores point by point."""
+    charts = (chart_svg(c, out.tables) for c in getattr(study_module(kind), "CHARTS", ()))
     return "\n".join(c for c in charts if c)
 
 

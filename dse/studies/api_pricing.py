@@ -4,7 +4,6 @@ to price context tiers from the serving optimum at each context.
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -17,14 +16,15 @@ from dse.catalog.models import get_model
 from dse.errors import InfeasibleError, InputError
 from dse.optimize.serving import solve_serving
 from dse.optimize.space import build_space
-from dse.studies.base import MAX_LIST, StudySpec, _Strict
-from dse.studies.common import Progress, StudyOutput, entry, solved, summary_header
+from dse.studies.base import MAX_LIST, Strict, StudySpec
+from dse.studies.common import entry
+from dse.studies.contract import Progress, Solved, status_of
 
 USES_STORAGE = False
 WORKERS = False
 
 
-class SheetSpec(_Strict):
+class SheetSpec(Strict):
     name: str
     step_context: float = Field(gt=0, le=1e9)
     input: list[float]  # [below the step, above]
@@ -38,7 +38,7 @@ class SheetSpec(_Strict):
         return v
 
 
-class PricingSpec(_Strict):
+class PricingSpec(Strict):
     """Inverse: what price sheets imply; forward: tier prices for a model on the study's space."""
 
     sheets: list[SheetSpec] = Field(min_length=1, max_length=MAX_LIST)
@@ -69,12 +69,11 @@ class Spec(StudySpec):
             raise InputError(f"{path}: missing required field 'pricing' (price sheets and the forward contexts)")
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """Inverse reading of price sheets; forward tier prices from the serving optimum at each context."""
     from dse.catalog.hardware import get_system
     from dse.optimize.pricing import PriceSheet, consistent_architectures, inverse, tier_prices
 
-    t0 = time.perf_counter()
     pr = spec.pricing
     system = get_system(pr.system)
     inv, consistent = [], []
@@ -107,11 +106,9 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
             costs.append(e["usd_per_mtok"])
         for t in tier_prices(np.array(pr.contexts, dtype=float), np.array(costs), pr.tier_boundaries, pr.margin):
             tiers.append({"model": model_id, **t})
-    out = StudyOutput(summary=summary_header(spec, **solved(spec, results, t0)))
-    out.tables = {"pricing_inverse": pd.DataFrame(inv), "pricing_consistent": pd.DataFrame(consistent),
-                  "pricing_forward": pd.DataFrame(fwd),
-                  "pricing_tiers": pd.DataFrame(tiers)}
-    return out
+    tables = {"pricing_inverse": pd.DataFrame(inv), "pricing_consistent": pd.DataFrame(consistent),
+              "pricing_forward": pd.DataFrame(fwd), "pricing_tiers": pd.DataFrame(tiers)}
+    return Solved(status=status_of(results, []), tables=tables, results=results)
 
 
 PLOTS = ()

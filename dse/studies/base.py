@@ -20,11 +20,11 @@ from dse.catalog.loading import read_yaml, validation_message
 from dse.catalog.models import default_models
 from dse.errors import InputError, unknown_name_message
 from dse.optimize.solver import SOLVERS
-from dse.optimize.space import SpaceOptions, Workload
-from dse.physics.serving import DEFAULT_CHUNK
+from dse.optimize.space import SpaceOptions
+from dse.physics.serving import DEFAULT_CHUNK, Request
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     """Strict fields: no unknown keys, no booleans or strings as numbers, no NaN or infinity."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
@@ -46,7 +46,7 @@ def plain_name(v: str) -> str:
     return v
 
 
-class WorkloadSpec(_Strict):
+class WorkloadSpec(Strict):
     """One kind of request and its service targets."""
 
     name: str
@@ -74,27 +74,33 @@ class WorkloadSpec(_Strict):
                              f"({self.draft_tokens + 1})")
         return self
 
-    def workload(self) -> Workload:
-        return Workload(self.name, self.prompt, self.output, self.tpot_max_s, self.ttft_max_s, self.demand_tokens_per_s,
-                        self.cached_prompt_share, self.chunk_tokens, self.draft_tokens, self.accept_length)
+    def workload(self) -> Request:
+        """The request this workload describes, built by keyword and carried unchanged down to the physics."""
+        return Request(prompt=self.prompt, output=self.output, name=self.name, cached=self.cached_prompt_share,
+                       chunk=self.chunk_tokens, draft=self.draft_tokens, accept=self.accept_length,
+                       tpot_max=self.tpot_max_s, ttft_max=self.ttft_max_s, demand=self.demand_tokens_per_s)
 
 
-class SpaceSpec(_Strict):
+_OPTS = SpaceOptions()
+"""The defaults of the space's choices, defined once (in `SpaceOptions`)."""
+
+
+class SpaceSpec(Strict):
     """The discrete choices to search."""
 
     systems: list[str] | Literal["all"] = Field(default="all", max_length=MAX_LIST)
-    weights_dtypes: list[Literal["bf16", "fp8", "fp4"]] = Field(default=["bf16", "fp8", "fp4"], max_length=MAX_LIST)
-    kv_dtypes: list[Literal["bf16", "fp8", "fp4"]] = Field(default=["bf16", "fp8"], max_length=MAX_LIST)
-    kv_tiers: list[Literal["hbm", "host"]] = Field(default=["hbm", "host"], max_length=MAX_LIST)
-    tp: list[Degree] = Field(default=[1, 2, 4, 8], max_length=MAX_LIST)
-    pp: list[Annotated[int, Field(ge=1, le=256)]] = Field(default=[1, 2, 4], max_length=MAX_LIST)
-    max_racks: int = Field(default=4, ge=1, le=64, description="scale-up domains per replica (bounded so the "
-                           "layouts stay enumerable)")
-    max_chips_per_stage: int = Field(default=1024, ge=1, le=16384)
-    min_chips_per_stage: int = Field(default=1, ge=1, le=16384)
-    max_batch_per_rank: int = Field(default=1024, ge=1, le=65536)
-    ideal: bool = False
-    weight_only: bool = False
+    weights_dtypes: list[Literal["bf16", "fp8", "fp4"]] = Field(default=list(_OPTS.weights_dtypes), max_length=MAX_LIST)
+    kv_dtypes: list[Literal["bf16", "fp8", "fp4"]] = Field(default=list(_OPTS.kv_dtypes), max_length=MAX_LIST)
+    kv_tiers: list[Literal["hbm", "host"]] = Field(default=list(_OPTS.kv_tiers), max_length=MAX_LIST)
+    tp: list[Degree] = Field(default=list(_OPTS.tp), max_length=MAX_LIST)
+    pp: list[Annotated[int, Field(ge=1, le=256)]] = Field(default=list(_OPTS.pp), max_length=MAX_LIST)
+    max_racks: int = Field(default=_OPTS.max_racks, ge=1, le=64, description="scale-up domains per replica (bounded "
+                           "so the layouts stay enumerable)")
+    max_chips_per_stage: int = Field(default=_OPTS.max_chips_per_stage, ge=1, le=16384)
+    min_chips_per_stage: int = Field(default=_OPTS.min_chips_per_stage, ge=1, le=16384)
+    max_batch_per_rank: int = Field(default=_OPTS.max_batch_per_rank, ge=1, le=65536)
+    ideal: bool = _OPTS.ideal
+    weight_only: bool = _OPTS.weight_only
     """Offer weight formats a chip has no tensor units for (weight-only quantization, dequantized)."""
     serving: list[Literal["aggregated", "disaggregated"]] = Field(default=["aggregated", "disaggregated"],
                                                                    min_length=1, max_length=2)
@@ -134,12 +140,12 @@ class SpaceSpec(_Strict):
         )
 
 
-class SolverSpec(_Strict):
+class SolverSpec(Strict):
     name: Literal[SOLVERS] = "highs"  # type: ignore[valid-type]
     time_limit_s: float = Field(default=60.0, gt=0, le=86400)
 
 
-class StudySpec(_Strict):
+class StudySpec(Strict):
     """The fields of every study file; a kind's ``Spec`` subclasses it and adds its own block."""
 
     study: str = Field(description="a plain name: it names the output folder")

@@ -16,16 +16,8 @@ from dse.errors import InfeasibleError
 from dse.optimize.requests import disaggregated_demand
 from dse.optimize.space import Choice, Space, describe_choice
 from dse.studies.base import StudySpec
-from dse.studies.common import (
-    CONFIG_KEYS,
-    METRICS,
-    Plot,
-    Progress,
-    StudyOutput,
-    mode_tables,
-    pick_modes,
-    run_serving,
-)
+from dse.studies.common import CONFIG_KEYS, METRICS, Found, mode_tables, optimum, pick_modes, run_serving
+from dse.studies.contract import Chart, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import TIME_BREAKDOWN, plt, save
 
 USES_STORAGE = False
@@ -70,32 +62,32 @@ def _demand(space: Space, tables, e: dict, demand: float) -> None:
         e["demand_chips"] = d["decode_replicas"] * dec["chips"] + d["prefill_replicas"] * pre["chips"]
 
 
-def solve_one(space: Space, spec: StudySpec, out: StudyOutput, ideal: bool) -> None:
+def solve_one(space: Space, spec: StudySpec, ideal: bool, found: Found) -> None:
     w = space.workload
     if space.blocks.empty:
         raise InfeasibleError(f"{space.model.id} / {w.name}: {space.empty_reason}")
     tables = mode_tables(space, spec, demand=w.demand)  # every (block, batch) pair, evaluated once per mode
-    found, reasons = pick_modes(space, tables, ideal)
-    if not found:
+    picked, reasons = pick_modes(space, tables, ideal)
+    if not picked:
         raise InfeasibleError("; ".join(reasons))
-    out.summary["_results"] += [r.result for _, r in found]
-    e = found[0][0]
-    if len(found) > 1:
-        alt = found[1][0]
+    found.results += [r.result for _, r in picked]
+    e = picked[0][0]
+    if len(picked) > 1:
+        alt = picked[1][0]
         e["other_serving"] = alt["serving"]
         e["other_serving_usd_per_request"] = alt["usd_per_request"]
     if w.demand is not None:
         _demand(space, tables, e, w.demand)
-    out.summary["best"].append(e)
+    found.best.append(optimum(*picked[0]))
     modes = []
-    for me, _ in found:
+    for me, _ in picked:
         modes.append({"model": space.model.id, "workload": w.name, "status": "optimal", "reason": "",
                       "system": me["system"], **{k: me.get(k) for k in (*ROW_KEYS, *MODE_KEYS)},
                       "pools": "; ".join(_pool_text(p) for p in me["pools"])})
     for reason in reasons:
         modes.append({"model": space.model.id, "workload": w.name, "serving": reason.split(":")[0],
                       "status": "infeasible", "reason": reason})
-    out.tables.setdefault("serving", []).extend(modes)
+    found.rows.setdefault("serving", []).extend(modes)
     rows = []
     sys_idx = space.blocks["system_idx"].to_numpy()
     for si, system in enumerate(space.systems):
@@ -105,11 +97,11 @@ def solve_one(space: Space, spec: StudySpec, out: StudyOutput, ideal: bool) -> N
             row.update(status="infeasible", reason="; ".join(why))
         else:
             se, r = got[0]
-            out.summary["_results"].append(r.result)
+            found.results.append(r.result)
             row.update(status=r.result.status, reason="")
             row.update({k: se.get(k) for k in ROW_KEYS})
         rows.append(row)
-    out.tables.setdefault("systems", []).extend(rows)
+    found.rows.setdefault("systems", []).extend(rows)
 
 
 def _pool_text(p: dict) -> str:
@@ -118,7 +110,7 @@ def _pool_text(p: dict) -> str:
             f"PP{p['pp']} batch {p['batch']}{cp}")
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """Solve every (model, workload), then every system on its own."""
     return run_serving(spec, solve_one, progress)
 
@@ -148,3 +140,5 @@ def _cost_by_system(out: StudyOutput, path: Path) -> None:
 
 
 PLOTS = (Plot("systems", "cost_by_system.png", _cost_by_system, needs="usd_per_request"), TIME_BREAKDOWN)
+CHARTS = (Chart("systems", "tpot_s", "usd_per_mtok", "Best configuration of each system: TPOT against cost",
+                label=lambda t: t["model"] + " / " + t["workload"] + " on " + t["system"]),)

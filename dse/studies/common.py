@@ -1,20 +1,17 @@
-"""What every study kind shares: the output type, optima as `dse evaluate` reports them, the summary
-header, solver statistics, and the loop over (model, workload) of the serving kinds.
+"""What the serving study kinds share: optima as `dse evaluate` reports them, the searched modes of a space, and
+the loop over (model, workload) that gathers each one's optima, solves and rows into a `Solved`.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from dse.catalog.calibration import family_of
-from dse.catalog.hardware import System, default_systems
+from dse.catalog.hardware import System
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError
 from dse.optimize.requests import (
@@ -26,15 +23,13 @@ from dse.optimize.requests import (
     disaggregated_tables,
     pick,
     pick_disaggregated,
-    request_of,
 )
 from dse.optimize.serving import ServingResult
+from dse.optimize.solver import SolveResult
 from dse.optimize.space import Space, build_space, describe_choice, subset
 from dse.physics.evaluate import Config, evaluate_config
 from dse.studies.base import StudySpec
-
-Progress = Callable[..., None]
-"""``progress(what, done=None, total=None)``: what is being solved, and how many of how many are done."""
+from dse.studies.contract import Optimum, Progress, Solved, status_of
 
 METRICS = ("tpot_s", "ttft_s", "usd_per_mtok", "tokens_per_s", "hbm_bytes_per_chip")
 EXTRA = (
@@ -49,34 +44,8 @@ REQUEST_EXTRA = (
     "tokens_per_s_per_gpu", "tokens_per_s_per_user", "power_w", "price_kind", "prefill_share",
 )
 CONFIG_KEYS = ("system", "chips", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier")
-
-
-@dataclass
-class StudyOutput:
-    """Everything a study produced, before it is written."""
-
-    summary: dict
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    spaces: dict[tuple[str, str], Space] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Plot:
-    """One figure of a study's report: drawn from the output into ``file`` when ``table`` has a row whose
-    ``needs`` column holds a finite value above 0 (a figure of infeasible points only is not drawn).
-    """
-
-    table: str
-    file: str
-    draw: Callable[[StudyOutput, Path], None]
-    needs: str = "usd_per_mtok"
-
-    def has_data(self, out: StudyOutput) -> bool:
-        table = out.tables.get(self.table)
-        if table is None or table.empty or self.needs not in table:
-            return False
-        values = pd.to_numeric(table[self.needs], errors="coerce").to_numpy(dtype=float)
-        return bool((np.isfinite(values) & (values > 0)).any())
+LAYOUT_KEYS = ("system", "batch", "context", "tp", "ep", "pp", "dp", "etp", "weights_dtype", "kv_dtype", "kv_tier")
+"""The fields of a configuration that `Config` takes as they are."""
 
 
 def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: bool,
@@ -99,31 +68,16 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
     request-level figures, the step-level ones move to `step_ttft_s`, `step_tpot_s`,
     `step_usd_per_mtok` and `step_tokens_per_s`, and `pools` lists the one aggregated pool.
     """
-    ev = evaluate_config(
-        Config(
-            model=model, system=cfg["system"], batch=cfg["batch"], context=cfg["context"], tp=cfg["tp"],
-            ep=cfg["ep"], pp=cfg["pp"], dp=cfg["dp"], etp=cfg["etp"], weights_dtype=cfg["weights_dtype"],
-            kv_dtype=cfg["kv_dtype"], kv_tier=cfg["kv_tier"], prompt=prompt, weight_only=weight_only,
-            allow_beyond_trained_context=True,
-            **({} if system is None else {"price_kind": system.price_kind,
-                                          "usd_per_chip_hour": system.price_per_s * 3600}),
-        ),
-        ideal=ideal,
-    )
+    price = {} if system is None else {"price_kind": system.price_kind, "usd_per_chip_hour": system.price_per_s * 3600}
+    config = Config(model=model, prompt=prompt, weight_only=weight_only, allow_beyond_trained_context=True,
+                    **{k: cfg[k] for k in LAYOUT_KEYS}, **price)
+    ev = evaluate_config(config, ideal=ideal)
     if system is not None:
         ev["price_is_estimate"] = system.price_is_estimate
     ev["usd_per_mtok_input"] = ev["chips"] * ev["usd_per_chip_hour"] / 3600 * ev["ttft_s"] / prompt * 1e6
     req: dict = {}
     if output is not None:
-        rq = evaluate_config(
-            Config(model=model, system=cfg["system"], batch=cfg["batch"], context=cfg["context"], tp=cfg["tp"],
-                   ep=cfg["ep"], pp=cfg["pp"], dp=cfg["dp"], etp=cfg["etp"], weights_dtype=cfg["weights_dtype"],
-                   kv_dtype=cfg["kv_dtype"], kv_tier=cfg["kv_tier"], prompt=prompt, output=output,
-                   weight_only=weight_only, allow_beyond_trained_context=True,
-                   **({} if system is None else {"price_kind": system.price_kind,
-                                                 "usd_per_chip_hour": system.price_per_s * 3600})),
-            ideal=ideal,
-        )
+        rq = evaluate_config(replace(config, output=output), ideal=ideal)
         req = {k: rq[k] for k in REQUEST_EXTRA}
         req["request_ttft_s"], req["request_tpot_s"] = rq["ttft_s"], rq["tpot_s"]
     keys = ("system", "chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context", "weights_dtype",
@@ -145,36 +99,6 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
     out["calibration"] = family_of(cfg["system"]) or "uncalibrated family"
     out["price_is_estimate"] = bool(ev.get("price_is_estimate", False))
     return out
-
-
-def no_price(spec: StudySpec) -> list[str]:
-    """Systems of the study's space without a price of its kind (and none supplied): left out of costs."""
-    opts = spec.options()
-    catalog = default_systems(spec.price)
-    return [s for s in opts.systems if s in catalog and math.isnan(catalog[s].price_per_s) and s not in spec.prices]
-
-
-def summary_header(spec: StudySpec, **extra) -> dict:
-    """The keys every summary.json starts with; ``extra`` adds or replaces keys."""
-    return {"study": spec.study, "kind": spec.kind, "description": spec.description.strip(),
-            "expect": spec.expect.strip(), "price_kind": spec.price, "no_price": no_price(spec),
-            "best": [], "infeasible": [], "spaces": [], **extra}
-
-
-def solver_summary(spec: StudySpec, results: list, t0: float, name: str | None = None) -> dict:
-    """The ``solver`` block of a summary from the SolveResults of a study."""
-    names = sorted({r.solver for r in results})
-    limited = any(r.time_limited for r in results)
-    return {"name": name or (", ".join(names) if names else spec.solver.name), "wall_s": time.perf_counter() - t0,
-            "solve_wall_s": float(sum(r.wall_s for r in results)), "solves": len(results),
-            "gap": float(max((r.gap for r in results), default=0.0)), "time_limited": limited,
-            "reproducible": not limited}
-
-
-def solved(spec: StudySpec, results: list, t0: float) -> dict:
-    """Status and solver statistics from the SolveResults of a study."""
-    return {"status": "optimal" if all(r.status == "optimal" for r in results) else "feasible",
-            "solver": solver_summary(spec, results, t0)}
 
 
 def entry(space: Space, res: ServingResult | RequestResult, ideal: bool) -> dict:
@@ -237,7 +161,7 @@ class ModeTables:
 def mode_tables(space: Space, spec: StudySpec, demand: float | None = None) -> ModeTables:
     """Evaluate the space once per deployment mode the study searches (``space.serving``)."""
     modes = spec.space.serving
-    req = request_of(space)
+    req = space.workload
     agg = block_optima(space, req, demand=demand) if "aggregated" in modes else None
     cps = (False, True) if spec.space.context_parallel else (False,)
     dis = disaggregated_tables(space, req, cps, demand=demand) if "disaggregated" in modes else None
@@ -268,6 +192,11 @@ def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray |
     return found, reasons
 
 
+def optimum(e: dict, res: ServingResult | RequestResult | DisaggregatedResult) -> Optimum:
+    """An entry of `entry` or `disaggregated_entry` at the level its result's type gives its figures."""
+    return Optimum(e, request_level=isinstance(res, (RequestResult, DisaggregatedResult)))
+
+
 def chosen_blocks(space: Space, entries: list[dict]) -> Space:
     """The space with only the blocks of its chosen entries (what a report explains), so that a study over many
     spaces keeps no more of each than its answers.
@@ -281,15 +210,33 @@ def chosen_blocks(space: Space, entries: list[dict]) -> Space:
     return subset(space, keep)
 
 
-def run_serving(spec: StudySpec, solve_one: Callable[[Space, StudySpec, StudyOutput, bool], None],
-                progress: Progress | None = None) -> StudyOutput:
-    """Build the space of every (model, workload) and hand it to ``solve_one``; infeasible pairs are
-    recorded, not raised. ``solve_one`` appends its optima to ``summary['best']``, its SolveResults to
-    ``summary['_results']`` and its rows to ``tables`` (lists of dicts, framed here).
+def best_table(best: list[Optimum]) -> pd.DataFrame:
+    """The ``best`` table: each optimum's flat figures (its pools and other nested keys left to summary.json)."""
+    return pd.DataFrame([{k: v for k, v in o.entry.items() if not isinstance(v, (dict, list))} for o in best])
+
+
+@dataclass
+class Found:
+    """What the serving kinds' ``solve_one`` gathers over the spaces: optima, solve results, the rows of each table
+    (framed once every space is solved) and the kind's own summary keys.
     """
-    t0 = time.perf_counter()
+
+    best: list[Optimum] = field(default_factory=list)
+    results: list[SolveResult] = field(default_factory=list)
+    rows: dict[str, list[dict]] = field(default_factory=dict)
+    facts: dict = field(default_factory=dict)
+
+
+def run_serving(spec: StudySpec, solve_one: Callable[[Space, StudySpec, bool, Found], None],
+                progress: Progress | None = None) -> Solved:
+    """Build the space of every (model, workload) and hand it to ``solve_one``, which adds what it finds to a
+    `Found`; infeasible pairs are recorded, not raised. The tables are framed here, with ``best`` last.
+    """
     opts = spec.options()
-    out = StudyOutput(summary=summary_header(spec, _results=[]))
+    found = Found()
+    infeasible: list[dict] = []
+    stats: list[dict] = []
+    spaces: dict[tuple[str, str], Space] = {}
     jobs = [(model_id, ws.workload()) for model_id in spec.models for ws in spec.workloads]
     sizes = [0] * len(jobs)
     if progress and len(jobs) > 1:  # the whole search's size up front (each space is small beside its pairs)
@@ -306,25 +253,16 @@ def run_serving(spec: StudySpec, solve_one: Callable[[Space, StudySpec, StudyOut
             else:
                 sizes[k] = total = space.size
                 progress(what, 0, total)
-        out.summary["spaces"].append({"model": model_id, "workload": w.name, **space.stats})
+        stats.append({"model": model_id, "workload": w.name, **space.stats})
         try:
-            solve_one(space, spec, out, opts.ideal)
+            solve_one(space, spec, opts.ideal, found)
         except InfeasibleError as exc:
-            out.summary["infeasible"].append({"model": model_id, "workload": w.name, "reason": str(exc)})
-        out.spaces[(model_id, w.name)] = chosen_blocks(space, out.summary["best"])
+            infeasible.append({"model": model_id, "workload": w.name, "reason": str(exc)})
+        spaces[(model_id, w.name)] = chosen_blocks(space, [o.entry for o in found.best])
     if progress:
         progress(f"{total:,} configurations searched", total, total)
-    results = out.summary.pop("_results")
-    if out.summary["infeasible"]:
-        status = "infeasible"
-    elif all(r.status == "optimal" for r in results):
-        status = "optimal"
-    else:
-        status = "feasible"
-    out.summary["status"] = status
-    out.summary["solver"] = solver_summary(spec, results, t0)
-    out.tables = {k: pd.DataFrame(v) for k, v in out.tables.items()}
-    if out.summary["best"]:
-        flat = [{k: v for k, v in e.items() if not isinstance(v, (dict, list))} for e in out.summary["best"]]
-        out.tables["best"] = pd.DataFrame(flat)
-    return out
+    tables = {k: pd.DataFrame(v) for k, v in found.rows.items()}
+    if found.best:
+        tables["best"] = best_table(found.best)
+    return Solved(status=status_of(found.results, infeasible), best=found.best, infeasible=infeasible,
+                  tables=tables, results=found.results, spaces=spaces, space_stats=stats, facts=found.facts)

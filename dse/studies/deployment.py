@@ -7,7 +7,6 @@ The table ``modes`` says when splitting prefill from decode pays and at what poo
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -20,8 +19,9 @@ from dse.errors import InfeasibleError, InputError
 from dse.optimize.deployment import check, data_of, greedy, solve_deployment
 from dse.optimize.operating_points import operating_points
 from dse.optimize.space import build_space
-from dse.studies.base import MAX_LIST, StudySpec, _Strict
-from dse.studies.common import Plot, Progress, StudyOutput, config_entry, solver_summary, summary_header
+from dse.studies.base import MAX_LIST, Strict, StudySpec
+from dse.studies.common import best_table, config_entry
+from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput, status_of
 from dse.studies.plotting import plt, save
 
 USES_STORAGE = False
@@ -32,12 +32,12 @@ POOL_KEYS = ("role", "system", "replicas", "chips", "racks", "tp", "ep", "pp", "
              "tpot_s", "power_w")
 
 
-class SystemGroup(_Strict):
+class SystemGroup(Strict):
     name: str
     systems: list[str] = Field(min_length=1, max_length=MAX_LIST)
 
 
-class DeploymentSpec(_Strict):
+class DeploymentSpec(Strict):
     """Which groups of systems to compare, and how the program is built."""
 
     groups: list[SystemGroup] = Field(min_length=1, max_length=MAX_LIST)
@@ -65,7 +65,8 @@ class Spec(StudySpec):
                 raise InputError(f"{path}: field 'workloads.{j}.demand_tokens_per_s': a deployment needs a demand")
 
 
-def _entry(spec: Spec, model: str, w, pools: pd.DataFrame, systems: dict, usd_per_s: float, mode: str) -> dict:
+def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: dict, usd_per_s: float,
+           mode: str) -> Optimum:
     """The contract's entry: the largest pool's configuration evaluated as `dse evaluate` does, the deployment's
     request-level figures, and every pool.
     """
@@ -97,16 +98,18 @@ def _entry(spec: Spec, model: str, w, pools: pd.DataFrame, systems: dict, usd_pe
     e["mode_searched"] = mode
     e["pools"] = [{k: (v.item() if hasattr(v, "item") else v) for k, v in p.items() if k in POOL_KEYS}
                   for p in pools.to_dict("records")]
-    return e
+    e["group"] = group
+    return Optimum(e, request_level=True)
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """Per model, workload (or the mix) and group of systems: operating points, then the program in each mode."""
-    t0 = time.perf_counter()
-    out = StudyOutput(summary=summary_header(spec))
     dep = spec.deployment
     opts = spec.options()
     results, rows = [], []
+    best: list[Optimum] = []
+    infeasible: list[dict] = []
+    spaces = {}
     from dse.catalog.hardware import default_systems, priced
 
     catalog = default_systems(spec.price)
@@ -124,7 +127,7 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
                 for w in ws:
                     o = replace(opts, systems=tuple(g.systems))
                     space = build_space(model, w.workload(), o)
-                    out.spaces[(model_id, w.name)] = space
+                    spaces[(model_id, w.name)] = space
                     pts[w.name] = operating_points(space, context_parallel=(False, True) if spec.space.context_parallel
                                                    else (False,))
                 demand = {w.name: w.demand_tokens_per_s / w.output for w in ws}
@@ -165,25 +168,17 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
                     for w in ws:
                         pools = r.pools[r.pools["cls"] == w.name]
                         if len(pools):
-                            e = _entry(spec, model_id, w, pools, systems, float(
-                                (pools["usd_per_s"] * pools["replicas"]).sum()), mode)
-                            e["workload"] = w.name
-                            e["group"] = g.name
-                            out.summary["best"].append(e)
+                            best.append(_entry(spec, model_id, w, g.name, pools, systems, float(
+                                (pools["usd_per_s"] * pools["replicas"]).sum()), mode))
                 else:
-                    out.summary["infeasible"].append({"model": model_id, "workload": label,
-                                                      "reason": f"{g.name}: no mode is feasible"})
-    table = pd.DataFrame(rows)
-    out.tables["modes"] = table
-    out.summary["objective"] = "usd_per_s"
-    out.summary["gdp_transformation"] = dep.gdp
-    out.summary["status"] = ("infeasible" if out.summary["infeasible"] else
-                             "optimal" if all(r.status == "optimal" for r in results) else "feasible")
-    out.summary["solver"] = solver_summary(spec, results, t0, name=f"pyomo+gdp.{dep.gdp} -> ortools {spec.solver.name}")
-    if out.summary["best"]:
-        flat = [{k: v for k, v in e.items() if not isinstance(v, (dict, list))} for e in out.summary["best"]]
-        out.tables["best"] = pd.DataFrame(flat)
-    return out
+                    infeasible.append({"model": model_id, "workload": label,
+                                       "reason": f"{g.name}: no mode is feasible"})
+    tables = {"modes": pd.DataFrame(rows)}
+    if best:
+        tables["best"] = best_table(best)
+    return Solved(status=status_of(results, infeasible), best=best, infeasible=infeasible, tables=tables,
+                  results=results, solver_name=f"pyomo+gdp.{dep.gdp} -> ortools {spec.solver.name}", spaces=spaces,
+                  facts={"objective": "usd_per_s", "gdp_transformation": dep.gdp})
 
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -15,15 +14,15 @@ from pydantic import Field, field_validator
 from dse.catalog.models import get_model
 from dse.errors import InputError
 from dse.physics.evaluate import Config, evaluate_config
-from dse.studies.base import MAX_LIST, StudySpec, _Strict
-from dse.studies.common import Plot, Progress, StudyOutput, summary_header
+from dse.studies.base import MAX_LIST, Strict, StudySpec
+from dse.studies.contract import Plot, Progress, Solved, SolverStats, StudyOutput
 from dse.studies.plotting import plt, save
 
 USES_STORAGE = False
 WORKERS = False
 
 
-class PlacementSpec(_Strict):
+class PlacementSpec(Strict):
     """Expert placement for one MoE model on one system: load skews and a replica budget."""
 
     system: str = "gb200-nvl72"
@@ -65,12 +64,12 @@ class Spec(StudySpec):
 
 def placement_data(pl: PlacementSpec, model_id: str, skew: float):
     """The instance of one model at one Zipf skew: its experts' loads (a fixed seed), GPUs, slots, replicas."""
-    from formulations import expert_placement as fp
+    from dse.optimize.placement import PlacementData, zipf_loads
 
     f = get_model(model_id).spec.ffn
     experts = pl.experts or f.n_experts
-    loads = fp.zipf_loads(experts, pl.tokens_per_step * f.top_k, skew, seed=1)
-    return fp.PlacementData(loads, gpus=pl.gpus, domain=pl.domain_gpus, slots=-(-experts // pl.gpus) + pl.extra_slots,
+    loads = zipf_loads(experts, pl.tokens_per_step * f.top_k, skew, seed=1)
+    return PlacementData(loads, gpus=pl.gpus, domain=pl.domain_gpus, slots=-(-experts // pl.gpus) + pl.extra_slots,
                             redundant=pl.redundant)
 
 
@@ -81,11 +80,10 @@ def solve_mip(pl: PlacementSpec, data):
     return solve_placement(data, pl.time_limit_s, node_limit=pl.node_limit, crossing_node_limit=pl.crossing_node_limit)
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """Expert placement (MIP) against the EPLB greedy, per load skew, and what it does to decode."""
     from dse.optimize.placement import greedy
 
-    t0 = time.perf_counter()
     pl = spec.placement
     rows = []
     for i, model_id in enumerate(spec.models):
@@ -112,17 +110,15 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
             rows.append(row)
     table = pd.DataFrame(rows)
     limited = bool(table["time_limited"].any())
-    out = StudyOutput(summary=summary_header(
-        spec, status="optimal" if (table["status"] == "optimal").all() else "feasible",
-        solver={"name": "scip", "wall_s": time.perf_counter() - t0, "solve_wall_s": float(table["wall_s"].sum()),
-                "solves": 2 * len(table), "gap": float(table[["gap", "crossing_gap"]].max().max()),
-                "node_limit": pl.node_limit, "crossing_node_limit": pl.crossing_node_limit,
-                "time_limit_s": pl.time_limit_s, "time_limited": limited, "reproducible": not limited},
-        time_limited=limited, reproducible=not limited, limits=_limits(pl, limited),
-        mip_never_worse=bool((table["peak_tokens_mip"] <= table["peak_tokens_greedy"] * (1 + 1e-9)).all()),
-    ))
-    out.tables = {"placement": table}
-    return out
+    stats = SolverStats("scip", solves=2 * len(table), solve_wall_s=float(table["wall_s"].sum()),
+                        gap=float(table[["gap", "crossing_gap"]].max().max()),
+                        more={"node_limit": pl.node_limit, "crossing_node_limit": pl.crossing_node_limit,
+                              "time_limit_s": pl.time_limit_s, "time_limited": limited, "reproducible": not limited})
+    return Solved(status="optimal" if (table["status"] == "optimal").all() else "feasible",
+                  tables={"placement": table}, stats=stats,
+                  facts={"time_limited": limited, "reproducible": not limited, "limits": _limits(pl, limited),
+                         "mip_never_worse": bool((table["peak_tokens_mip"] <= table["peak_tokens_greedy"]
+                                                  * (1 + 1e-9)).all())})
 
 
 def _limits(pl: PlacementSpec, limited: bool) -> str:

@@ -16,17 +16,18 @@ from pydantic import Field, field_validator
 
 from dse.errors import InfeasibleError
 from dse.optimize.fronts import candidate_chunks, describe_points, front
-from dse.optimize.requests import TOL, prefill_options, request_of
+from dse.optimize.requests import TOL, prefill_options
 from dse.optimize.space import Space
-from dse.studies.base import MAX_LIST, StudySpec, _Strict
-from dse.studies.common import Plot, Progress, StudyOutput, mode_tables, pick_modes, run_serving
+from dse.studies.base import MAX_LIST, Strict, StudySpec
+from dse.studies.common import Found, mode_tables, optimum, pick_modes, run_serving
+from dse.studies.contract import Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import TIME_BREAKDOWN, plt, save
 
 USES_STORAGE = False
 WORKERS = False
 
 
-class FastSlowSpec(_Strict):
+class FastSlowSpec(Strict):
     """Speed multipliers (TPOT of the base point / TPOT) to price; below 1 is a slow mode."""
 
     speedups: list[Annotated[float, Field(gt=0, le=100)]] = Field(default=[0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0],
@@ -44,19 +45,18 @@ class Spec(StudySpec):
     fast_slow: FastSlowSpec = FastSlowSpec()
 
 
-def solve_one(space: Space, spec: Spec, out: StudyOutput, ideal: bool) -> None:
+def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
     """Every speed multiplier priced from all feasible configurations (the complete cost front's candidates):
     the cheapest at TPOT <= base TPOT / multiplier, re-provisioned or on the base point's own layout.
     """
     w = space.workload
-    found, reasons = pick_modes(space, mode_tables(space, spec), ideal)
-    if not found:
+    picked, reasons = pick_modes(space, mode_tables(space, spec), ideal)
+    if not picked:
         raise InfeasibleError("; ".join(reasons))
-    best, res = found[0]
-    out.summary["best"].append(best)
-    out.summary["_results"] += [r.result for _, r in found]
+    found.best.append(optimum(*picked[0]))
+    found.results += [r.result for _, r in picked]
     relaxed = replace(space, workload=replace(w, tpot_max=None))  # slow modes lie above the workload's target
-    req = request_of(relaxed)
+    req = relaxed.workload
     agg = "aggregated" in spec.space.serving
     dis = prefill_options(relaxed, req) if "disaggregated" in spec.space.serving else None
     # the cheapest configuration at TPOT <= any target lies on the cost front of every feasible configuration
@@ -96,10 +96,10 @@ def solve_one(space: Space, spec: Spec, out: StudyOutput, ideal: bool) -> None:
         row.update({k: float(point[k].iloc[0]) for k in ("tpot_s", "ttft_s", "usd_per_request", "chips",
                                                           "tokens_per_s_per_gpu", "tokens_per_s_per_user")})
         rows.append(row)
-    out.tables.setdefault("fast_slow", []).extend(rows)
+    found.rows.setdefault("fast_slow", []).extend(rows)
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """Price every speed multiplier of every (model, workload)."""
     return run_serving(spec, solve_one, progress)
 

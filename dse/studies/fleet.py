@@ -7,7 +7,6 @@ program). Writes ``fleet.csv``: nodes per system and replicas per configuration 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal
@@ -19,14 +18,14 @@ from pydantic import Field
 from dse.catalog.hardware import PRICE_KINDS, default_systems, priced
 from dse.catalog.models import get_model
 from dse.errors import InputError
-from dse.optimize.fleet import check, greedy, replica_nodes, solve_fleet
+from dse.optimize.fleet import FleetData, check, greedy, replica_nodes, solve_fleet
 from dse.optimize.operating_points import operating_points
 from dse.optimize.requests import unit_replicas
 from dse.optimize.space import build_space
-from dse.studies.base import MAX_LIST, StudySpec, _Strict
-from dse.studies.common import Plot, Progress, StudyOutput, config_entry, solver_summary, summary_header
+from dse.studies.base import MAX_LIST, Strict, StudySpec
+from dse.studies.common import config_entry
+from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import plt, save
-from formulations.fleet import FleetData
 
 USES_STORAGE = False
 WORKERS = False
@@ -41,7 +40,7 @@ Usd = Annotated[float, Field(gt=0, le=1e6)]
 Watts = Annotated[float, Field(gt=0, le=1e6)]
 
 
-class FleetSpec(_Strict):
+class FleetSpec(Strict):
     """The fleet's systems, inventory, prices, power, budget and the day's demand curve."""
 
     systems: list[str] = Field(min_length=1, max_length=MAX_LIST)
@@ -187,13 +186,10 @@ def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData,
                            "power_source": power_src}
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """Options from the physics, the fleet program, its re-check, duals and the greedy baseline; fleet.csv."""
-    t0 = time.perf_counter()
     f = spec.fleet
     d, options, info = fleet_data(spec, progress)
-    out = StudyOutput(summary=summary_header(spec, objective="usd_per_day", **info,
-                                             price_kind={"reserved": f.reserved_price, "hourly": f.hourly_price}))
     r = solve_fleet(d, spec.solver.name, spec.solver.time_limit_s)
     bad = check(d, r)
     if bad:
@@ -228,21 +224,19 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
                          "configuration": "; ".join(f"{p['role']} x{p['replicas']}: {p['chips']} x {p['system']} "
                                                     f"TP{p['tp']} DP{p['dp']} EP{p['ep']} batch {p['batch']}"
                                                     for p in o["pools"])})
-    fleet = pd.DataFrame(rows)
-    out.tables["fleet"] = fleet
-    out.tables["systems"] = pd.DataFrame([{"system": s, **d.systems.loc[s].to_dict(), "reserved_nodes": r.reserved[s],
-                                           "peak_nodes": float((r.reserved[s] + r.hourly.loc[s]).max())}
-                                          for s in d.systems.index])
-    out.summary.update(status=r.result.status, cost=r.cost, greedy_usd_per_day=g,
-                       gain_over_greedy=1 - r.result.objective / g if math.isfinite(g) else None,
-                       solver=solver_summary(spec, [r.result], t0, name=f"pyomo -> ortools {spec.solver.name}"),
-                       marginal={"usd_per_day_per_kw": {str(t): v for t, v in r.duals.get("usd_per_day_per_kw",
-                                                                                             {}).items()},
-                                 "usd_per_day_per_node": {f"{s}@{t}": v for (s, t), v in
-                                                          r.duals.get("usd_per_day_per_node", {}).items() if v}},
-                       peak_nodes={s: float((r.reserved[s] + r.hourly.loc[s]).max()) for s in d.systems.index},
-                       mean_nodes={s: float((r.reserved[s] + r.hourly.loc[s]).mean()) for s in d.systems.index})
-    out.summary["solver"]["gap"] = r.result.gap
+    tables = {"fleet": pd.DataFrame(rows),
+              "systems": pd.DataFrame([{"system": s, **d.systems.loc[s].to_dict(), "reserved_nodes": r.reserved[s],
+                                        "peak_nodes": float((r.reserved[s] + r.hourly.loc[s]).max())}
+                                       for s in d.systems.index])}
+    facts = {"objective": "usd_per_day", **info, "price_kind": {"reserved": f.reserved_price, "hourly": f.hourly_price},
+             "cost": r.cost, "greedy_usd_per_day": g,
+             "gain_over_greedy": 1 - r.result.objective / g if math.isfinite(g) else None,
+             "marginal": {"usd_per_day_per_kw": {str(t): v for t, v in r.duals.get("usd_per_day_per_kw", {}).items()},
+                          "usd_per_day_per_node": {f"{s}@{t}": v for (s, t), v in
+                                                   r.duals.get("usd_per_day_per_node", {}).items() if v}},
+             "peak_nodes": {s: float((r.reserved[s] + r.hourly.loc[s]).max()) for s in d.systems.index},
+             "mean_nodes": {s: float((r.reserved[s] + r.hourly.loc[s]).mean()) for s in d.systems.index}}
+    best: list[Optimum] = []
     peak = int(np.argmax(d.demand.sum(axis=0).to_numpy()))
     systems_priced = {s: priced(default_systems()[s], f.hourly_price,
                                 float(d.systems.loc[s, "hourly_usd_per_node_h"] / d.systems.loc[s, "node_chips"]))
@@ -265,8 +259,9 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
                  pools=[{k2: (v.item() if hasattr(v, "item") else v) for k2, v in {**p, "replicas": p["replicas"] * n
                                                                                   }.items()} for p in o["pools"]],
                  usd_per_request=usd_h / 3600 / o["requests_per_s"], price_kind=f.hourly_price)
-        out.summary["best"].append(e)
-    return out
+        best.append(Optimum(e, request_level=True))  # config_entry(request_level=True) above
+    return Solved(status=r.result.status, best=best, tables=tables, results=[r.result],
+                  solver_name=f"pyomo -> ortools {spec.solver.name}", facts=facts)
 
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:

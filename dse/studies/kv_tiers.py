@@ -4,7 +4,6 @@ prefixes belongs on (a MIP), with drain times and the cost of a cache hit agains
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Literal
 
@@ -12,14 +11,14 @@ import pandas as pd
 from pydantic import Field
 
 from dse.errors import InfeasibleError, InputError
-from dse.studies.base import MAX_LIST, StudySpec, _Strict
-from dse.studies.common import Progress, StudyOutput, solved, summary_header
+from dse.studies.base import MAX_LIST, Strict, StudySpec
+from dse.studies.contract import Progress, Solved, status_of
 
 USES_STORAGE = False
 WORKERS = False
 
 
-class PrefixClassSpec(_Strict):
+class PrefixClassSpec(Strict):
     name: str
     prefix_tokens: int = Field(gt=0, le=100_000_000)
     prefixes_kept: int = Field(gt=0, le=1_000_000_000)
@@ -28,7 +27,7 @@ class PrefixClassSpec(_Strict):
     ttft_s: float = Field(gt=0, le=86400)
 
 
-class KVTiersSpec(_Strict):
+class KVTiersSpec(Strict):
     """Cached-prefix classes on one serving node's memory tiers."""
 
     system: str = "h100"
@@ -50,13 +49,10 @@ class Spec(StudySpec):
             raise InputError(f"{path}: missing required field 'kv_tiers' (classes of cached prefixes and the node)")
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """Assign each class of cached prefixes a tier (MIP); drain times; cache-hit against cache-write cost."""
-    from dse.optimize.kv_tiers import PrefixClass, tiering_data
-    from dse.optimize.solver import solve
-    from formulations import kv_tiering as fk
+    from dse.optimize.kv_tiers import TIERS, PrefixClass, solve_tiering, tiering_data
 
-    t0 = time.perf_counter()
     kt = spec.kv_tiers
     classes = [PrefixClass(c.name, c.prefix_tokens, c.prefixes_kept, c.lifetime_s, c.hits_per_s, c.ttft_s)
                for c in kt.classes]
@@ -67,31 +63,27 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
             progress(model_id)
         serve = {"tp": kt.tp, "chips": kt.chips, "weights_dtype": kt.weights_dtype}
         data, info = tiering_data(model_id, kt.system, kt.chips, serve, classes, kt.nvme_drives, kt.hdd_drives)
-        tm = fk.build(data)
-        engine, res = solve(tm.model, spec.solver.name)
+        res, tier = solve_tiering(data, spec.solver.name)
         results.append(res)
-        if not res.ok:
+        if tier is None:
             raise InfeasibleError(f"{model_id}: no tier assignment fits the tiers' capacity, bandwidth and TTFT")
-        z = engine.values(tm.z).to_numpy().reshape(len(classes), len(fk.TIERS))
         tiers_info = {k: {"capacity": v.capacity, "bandwidth": v.bandwidth, "drain_s": v.drain_s,
                           "usd_per_gb_hour": v.usd_per_byte_s * 1e9 * 3600} for k, v in info["tiers"].items()}
         for i, c in enumerate(classes):
-            j = int(z[i].argmax())
-            recompute = fk.TIERS.index("recompute")
+            j = int(tier[i])
+            recompute = TIERS.index("recompute")
             write = data.cost[i, recompute] / c.hits_per_s if c.hits_per_s else float("nan")  # one prefill
             hit = data.cost[i, j] / c.hits_per_s if c.hits_per_s and j != recompute else write
             drains = {t: tiers_info[t]["drain_s"] for t in tiers_info}
             rows.append({"model": model_id, "class": c.name, "prefix_tokens": c.prefix_tokens,
-                         "lifetime_s": c.lifetime_s, "hits_per_s": c.hits_per_s, "tier": fk.TIERS[j],
+                         "lifetime_s": c.lifetime_s, "hits_per_s": c.hits_per_s, "tier": TIERS[j],
                          "usd_per_hour": data.cost[i, j] * 3600, "load_s": data.load_s[i, j],
-                         "tier_drain_s": drains.get(fk.TIERS[j], float("nan")),
+                         "tier_drain_s": drains.get(TIERS[j], float("nan")),
                          "usd_per_cache_write": write, "usd_per_cache_hit": hit,
                          "write_over_hit": write / hit if hit else float("nan"),
                          "gb_kept": data.bytes_kept[i] / 1e9})
-    table = pd.DataFrame(rows)
-    out = StudyOutput(summary=summary_header(spec, tiers=tiers_info, **solved(spec, results, t0)))
-    out.tables = {"kv_tiers": table, "tiers": pd.DataFrame([{"tier": k, **v} for k, v in tiers_info.items()])}
-    return out
+    tables = {"kv_tiers": pd.DataFrame(rows), "tiers": pd.DataFrame([{"tier": k, **v} for k, v in tiers_info.items()])}
+    return Solved(status=status_of(results, []), tables=tables, results=results, facts={"tiers": tiers_info})
 
 
 PLOTS = ()

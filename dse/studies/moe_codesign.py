@@ -12,15 +12,15 @@ from typing import Annotated
 import pandas as pd
 from pydantic import Field
 
-from dse.studies.base import MAX_LIST, StudySpec, _Strict
-from dse.studies.common import Plot, Progress, StudyOutput, summary_header
+from dse.studies.base import MAX_LIST, Strict, StudySpec
+from dse.studies.contract import Plot, Progress, Solved, SolverStats, StudyOutput
 from dse.studies.plotting import plt, save
 
 USES_STORAGE = False
 WORKERS = False
 
 
-class CodesignSpec(_Strict):
+class CodesignSpec(Strict):
     """Fixed quality (effective dense size), the sparsities to weigh, the scale-up domains to serve on."""
 
     effective_params_b: float = Field(default=700, gt=0, le=1e5)
@@ -38,7 +38,7 @@ class Spec(StudySpec):
     system_fields = ("codesign.systems",)
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """For each scale-up domain, the serving cost of each sparsity at fixed quality; the optimum per domain."""
     from dse.optimize.codesign import codesign_point
 
@@ -75,13 +75,10 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     infeasible = [{"model": f"sparsity {int(r['sparsity'])}", "workload": w.name,
                    "reason": f"one {r['system_domain']} domain: {r['reason']}"}
                   for _, r in table.iterrows() if r["status"] == "infeasible"] if solved.empty else []
-    out = StudyOutput(summary=summary_header(
-        spec, optimum=best, status=status, infeasible=infeasible,
-        solver={"name": spec.solver.name, "wall_s": time.perf_counter() - t0, "solves": len(rows),
-                "solve_wall_s": time.perf_counter() - t0, "gap": 0.0},
-    ))
-    out.tables = {"codesign": table, "codesign_best": pd.DataFrame(best)}
-    return out
+    return Solved(status=status, infeasible=infeasible,
+                  tables={"codesign": table, "codesign_best": pd.DataFrame(best)},
+                  stats=SolverStats(spec.solver.name, solves=len(rows), solve_wall_s=time.perf_counter() - t0),
+                  facts={"optimum": best})
 
 
 def _codesign(out: StudyOutput, path: Path) -> None:

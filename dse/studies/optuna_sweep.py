@@ -28,7 +28,8 @@ from dse.errors import InputError, mask_in, mask_url
 from dse.optimize.serving import SOLVER_NAME
 from dse.optimize.space import build_space
 from dse.studies.base import StudySpec
-from dse.studies.common import StudyOutput, mode_tables, pick_modes, summary_header
+from dse.studies.common import mode_tables, pick_modes
+from dse.studies.contract import Optimum, Solved, SolverStats
 from dse.studies.sweep_storage import STORAGE, create_storage
 
 PARAMETERS = {  # study name -> System field
@@ -386,37 +387,32 @@ def default_storage(out: Path) -> str:
     return f"sqlite:///{(out / STORAGE).resolve()}"
 
 
-def run_sweep_study(spec: SweepStudy, storage_url: str, progress: Callable[[str], None] | None = None,
-                    max_points: int | None = None) -> StudyOutput | None:
-    """A sweep or tornado study on Optuna; None when stopped early (``max_points``)."""
-    t0 = time.perf_counter()
-    studies, points, solved = run_sweep(spec, storage_url, progress, create=True, max_points=max_points)
+def run_sweep_study(spec: SweepStudy, storage_url: str, progress: Callable[[str], None] | None = None) -> Solved:
+    """A sweep or tornado study on Optuna: every point, solved here or by workers sharing the storage."""
+    studies, points, solved = run_sweep(spec, storage_url, progress, create=True)
     df = results(studies, points)
-    if len(df) < len(points):
-        return None
-    out = StudyOutput(summary=summary_header(spec, storage=mask_url(storage_url), points=len(points),
-                                             points_solved_here=solved))
+    best: list[Optimum] = []
+    infeasible: list[dict] = []
     per_system = []
     for _, r in df.iterrows():
         for system, cost in (r.get("per_system") or {}).items():
             per_system.append({"model": r["model"], "workload": r["workload"], "parameter": r["parameter"],
                                "factor": r["factor"], "system": system, "usd_per_request": cost})
         if r["status"] == "infeasible":
-            out.summary["infeasible"].append({"model": r["model"], "workload": r["workload"],
-                                              "reason": f"{r['parameter']} x {r['factor']:g}: {r['reason']}"})
+            infeasible.append({"model": r["model"], "workload": r["workload"],
+                               "reason": f"{r['parameter']} x {r['factor']:g}: {r['reason']}"})
         elif isinstance(r.get("entry"), dict):  # the catalog itself (factor 1): the optimum as a study reports it
-            out.summary["best"].append(r["entry"])
+            best.append(Optimum(r["entry"], request_level=True))  # `solve_point` keeps `pick_modes`' optimum
     table = df.drop(columns=[c for c in ("per_system", "entry") if c in df])
-    out.tables = {spec.kind: table}
+    tables = {spec.kind: table}
     if per_system:
-        out.tables["sweep_systems"] = pd.DataFrame(per_system)
+        tables["sweep_systems"] = pd.DataFrame(per_system)
     statuses = set(table["status"])
-    out.summary["status"] = "infeasible" if "infeasible" in statuses and statuses == {"infeasible"} else (
+    status = "infeasible" if "infeasible" in statuses and statuses == {"infeasible"} else (
         "optimal" if statuses <= {"optimal", "infeasible"} else "feasible")
-    out.summary["solver"] = {
-        "name": f"{SOLVER_NAME} per point, on Optuna's storage", "wall_s": time.perf_counter() - t0,
-        "solve_wall_s": float(table["solve_wall_s"].sum()), "solves": len(table),
-        "per_point_s": float(table["solve_wall_s"].mean()),
-        "gap": float(table["gap"].fillna(0).max()) if "gap" in table else 0.0,
-    }
-    return out
+    stats = SolverStats(f"{SOLVER_NAME} per point, on Optuna's storage", solves=len(table),
+                        solve_wall_s=float(table["solve_wall_s"].sum()),
+                        gap=float(table["gap"].fillna(0).max()) if "gap" in table else 0.0,
+                        more={"per_point_s": float(table["solve_wall_s"].mean())})
+    return Solved(status=status, best=best, infeasible=infeasible, tables=tables, stats=stats,
+                  facts={"storage": mask_url(storage_url), "points": len(points), "points_solved_here": solved})

@@ -5,7 +5,6 @@ of pre-training, RL and inference at a target loss, searched over model size by 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -14,15 +13,15 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from dse.errors import InfeasibleError, mask_url
-from dse.studies.base import MAX_LIST, StudySpec, _Strict
-from dse.studies.common import Plot, Progress, StudyOutput, summary_header
+from dse.studies.base import MAX_LIST, Strict, StudySpec
+from dse.studies.contract import Plot, Progress, Solved, SolverStats, StudyOutput
 from dse.studies.plotting import plt, save
 
 USES_STORAGE = True
 WORKERS = False
 
 
-class OvertrainingSpec(_Strict):
+class OvertrainingSpec(Strict):
     """Lifetime cost at a target loss: pre-training, RL and inference, searched over model size."""
 
     target_loss: float = Field(default=1.82, gt=0)
@@ -57,7 +56,7 @@ class Spec(StudySpec):
     system_fields = ("overtraining.train_systems",)
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """Optuna over model size (TPE, seeded), one study per inference demand, in the given storage."""
     import math as _math
 
@@ -70,7 +69,6 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
     rdb = open_storage(storage)
     workload = spec.workloads[0].workload()
     rows, best, infeasible = [], [], []
-    t0 = time.perf_counter()
     lo, hi = _math.log10(o.params_b[0] * 1e9), _math.log10(o.params_b[1] * 1e9)
     for k, demand in enumerate(o.demands_tokens_per_s):
         life = Lifetime(o.target_loss, o.loss_fit, demand, o.deployment_days, o.rl_tokens_per_pretrain_token,
@@ -117,16 +115,12 @@ def run(spec: Spec, progress: Progress | None = None, storage: str | None = None
         best.append({"model": f"dense {b['params'] / 1e9:.0f}B", "workload": workload.name,
                      "demand_tokens_per_s": demand, **b,
                      "heuristic_overtraining_ratio": heuristic["overtraining_ratio"]})
-    out = StudyOutput(summary=summary_header(
-        spec, optimum=best, storage=mask_url(storage), status="feasible" if best else "infeasible",
-        infeasible=infeasible,
-        solver={"name": f"optuna TPE + {spec.solver.name}", "wall_s": time.perf_counter() - t0,
-                   "solve_wall_s": float(sum(r.get("solve_wall_s", 0.0) for r in rows)), "solves": len(rows),
-                   "gap": 0.0},
-        lecture={"inference_tokens_at_50M_per_s_for_60_days": 50e6 * 60 * 86400},
-    ))
-    out.tables = {"overtraining": pd.DataFrame(rows), "overtraining_best": pd.DataFrame(best)}
-    return out
+    return Solved(status="feasible" if best else "infeasible", infeasible=infeasible,
+                  tables={"overtraining": pd.DataFrame(rows), "overtraining_best": pd.DataFrame(best)},
+                  stats=SolverStats(f"optuna TPE + {spec.solver.name}", solves=len(rows),
+                                    solve_wall_s=float(sum(r.get("solve_wall_s", 0.0) for r in rows))),
+                  facts={"optimum": best, "storage": mask_url(storage),
+                         "lecture": {"inference_tokens_at_50M_per_s_for_60_days": 50e6 * 60 * 86400}})
 
 
 def _overtraining(out: StudyOutput, path: Path) -> None:

@@ -17,10 +17,10 @@ from pydantic import Field
 
 from dse.errors import InfeasibleError
 from dse.optimize.fronts import OBJECTIVES, describe_points, front
-from dse.optimize.requests import request_of
 from dse.optimize.space import Space
-from dse.studies.base import StudySpec, _Strict
-from dse.studies.common import Plot, Progress, StudyOutput, mode_tables, pick_modes, run_serving
+from dse.studies.base import Strict, StudySpec
+from dse.studies.common import Found, mode_tables, optimum, pick_modes, run_serving
+from dse.studies.contract import Chart, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import TIME_BREAKDOWN, plt, save
 
 USES_STORAGE = False
@@ -28,7 +28,7 @@ WORKERS = False
 TABLES = {"cost": "pareto", "throughput": "pareto_throughput"}
 
 
-class ParetoSpec(_Strict):
+class ParetoSpec(Strict):
     """Which fronts to compute and how many points to label on each plot."""
 
     fronts: list[Literal["cost", "throughput"]] = Field(default=list(OBJECTIVES), min_length=1, max_length=2)
@@ -39,18 +39,18 @@ class Spec(StudySpec):
     pareto: ParetoSpec = ParetoSpec()
 
 
-def solve_one(space: Space, spec: Spec, out: StudyOutput, ideal: bool) -> None:
+def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
     tables = mode_tables(space, spec)
-    found, reasons = pick_modes(space, tables, ideal)
-    out.summary["labels"] = spec.pareto.labels
-    if not found:
+    picked, reasons = pick_modes(space, tables, ideal)
+    found.facts["labels"] = spec.pareto.labels
+    if not picked:
         raise InfeasibleError("; ".join(reasons))
-    out.summary["best"].append(found[0][0])
-    out.summary["_results"] += [r.result for _, r in found]
-    req = request_of(space)
+    found.best.append(optimum(*picked[0]))
+    found.results += [r.result for _, r in picked]
+    req = space.workload
     w = space.workload
     dis = tables.disaggregated
-    stats = out.summary.setdefault("fronts", [])
+    stats = found.facts.setdefault("fronts", [])
     for objective in spec.pareto.fronts:
         f = front(space, req, tables.aggregated is not None, dis, objective)
         desc = describe_points(space, f, dis.pre if dis is not None else None)
@@ -65,7 +65,7 @@ def solve_one(space: Space, spec: Spec, out: StudyOutput, ideal: bool) -> None:
         stats.append({"model": space.model.id, "workload": w.name, "front": objective, "points": len(rows),
                       "candidates": int(f.attrs.get("candidates", 0)),
                       "aggregated_points": int((rows["serving"] == "aggregated").sum())})
-        out.tables.setdefault(TABLES[objective], []).extend(rows.to_dict(orient="records"))
+        found.rows.setdefault(TABLES[objective], []).extend(rows.to_dict(orient="records"))
 
 
 def _label(r: dict) -> str:
@@ -76,7 +76,7 @@ def _label(r: dict) -> str:
     return text
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """The fronts of every (model, workload)."""
     return run_serving(spec, solve_one, progress)
 
@@ -124,6 +124,9 @@ def _throughput(out: StudyOutput, path: Path) -> None:
 
 PLOTS = (TIME_BREAKDOWN, Plot("pareto", "pareto.png", _cost, needs="usd_per_request"),
          Plot("pareto_throughput", "pareto_throughput.png", _throughput, needs="tokens_per_s_per_gpu"))
+CHARTS = (Chart("pareto", "tpot_s", "usd_per_request", "Pareto front: TPOT against USD per request"),
+          Chart("pareto_throughput", "tokens_per_s_per_user", "tokens_per_s_per_gpu",
+                "Pareto front: tokens/s per user against tokens/s per GPU"))
 
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dse.studies.common import Plot, StudyOutput  # noqa: E402
+from dse.studies.contract import Plot, StudyOutput  # noqa: E402
 
 __all__ = ["TIME_BREAKDOWN", "plt", "save"]
 

@@ -1,10 +1,12 @@
 """The study kinds: a study file's ``kind:`` names one module of ``dse.studies``.
 
-Each module defines ``Spec`` (the strict study spec with the kind's own block), ``run(spec,
-progress, storage) -> StudyOutput``, ``PLOTS`` (the report's figures) and, where the kind has a
-headline beyond its optima, ``headline(summary) -> list[str]``. ``USES_STORAGE`` says whether the
-kind keeps an Optuna storage, ``WORKERS`` whether `dse worker` can join it. Adding a kind adds one
-module and one line here.
+Each module defines ``Spec`` (the strict study spec with the kind's own block), ``solve(spec,
+progress=None, storage=None) -> Solved`` (`dse.studies.contract`: what it found, from which
+`solve_study` makes the summary), ``PLOTS`` (the report's figures, `Plot`), where it has them
+``CHARTS`` (the report's hover charts, `Chart`) and, where the kind has a headline beyond its
+optima, ``headline(summary, tables) -> list[str]``. ``USES_STORAGE`` says whether the kind keeps
+an Optuna storage, ``WORKERS`` whether `dse worker` can join it. Adding a kind adds one module
+and one line here.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
-from dse.studies.base import MAX_LIST, _Strict
-from dse.studies.common import Plot, Progress, StudyOutput
+from dse.studies.base import MAX_LIST, Strict
+from dse.studies.contract import Plot, Progress, Solved, StudyOutput
 from dse.studies.optuna_sweep import SweepStudy, run_sweep_study
 from dse.studies.plotting import plt, save
 
@@ -22,7 +22,7 @@ Parameter = Literal["hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth
                     "scaleup_domain", "price"]
 
 
-class SweepSpec(_Strict):
+class SweepSpec(Strict):
     """One catalog parameter scaled by each factor (1 = the catalog), for some systems or all."""
 
     parameter: Parameter = "hbm_bandwidth"
@@ -54,7 +54,7 @@ class Spec(SweepStudy):
         return self.sweep.per_system
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """Every point of the sweep, solved here or by workers sharing the storage."""
     return run_sweep_study(spec, storage, progress)
 

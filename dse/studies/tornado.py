@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from dse.studies.base import _Strict
-from dse.studies.common import Plot, Progress, StudyOutput
+from dse.studies.base import Strict
+from dse.studies.contract import Plot, Progress, Solved, StudyOutput
 from dse.studies.optuna_sweep import SweepStudy, run_sweep_study
 from dse.studies.plotting import plt, save
 from dse.studies.sweep import Parameter
@@ -22,7 +22,7 @@ PARAMETERS = ("hbm_bandwidth", "hbm_capacity", "flops", "scaleup_bandwidth", "sc
               "scaleup_domain", "price")
 
 
-class TornadoSpec(_Strict):
+class TornadoSpec(Strict):
     """Each parameter at a low and a high factor around the catalog value."""
 
     parameters: list[Parameter] = Field(default=list(PARAMETERS), max_length=len(PARAMETERS))
@@ -46,7 +46,7 @@ class Spec(SweepStudy):
         return [(t.parameters[0], 1.0)] + [(p, f) for p in t.parameters for f in (t.low, t.high)]
 
 
-def run(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> StudyOutput:
+def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """The base point and every parameter at its low and high factor."""
     return run_sweep_study(spec, storage, progress)
 

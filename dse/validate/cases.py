@@ -1,93 +1,19 @@
-"""Published measurements turned into points the physics can predict (`dse validate`).
-
-The published cases (hw_catalog/calibration/cases.yaml, each with its source) are turned into
-*points*: one measured figure, the configuration that produced it, and how to predict it with the
+"""The published cases (hw_catalog/calibration/cases.yaml, each with its source) read into points
+(`dse.validate.points`): one measured figure, the configuration that produced it, and how to predict it with the
 physics. Cases the model cannot represent are listed as skipped with the reason.
-
-Kinds of prediction:
-- ``offline``: maximum output throughput of a replica serving requests of ISL prompt and OSL output
-  tokens (benchmarks at infinite request rate): the batch is as large as HBM allows with every
-  request's KV reserved at ISL + OSL, decode runs at the mean context ISL + OSL / 2, and each
-  request's prefill (in chunks of 8,192 tokens) shares the chips: out = 1 / (ISL / (OSL P) + 1 / D).
-- ``static``: end-to-end latency of one batch of B prompts prefilled together and then decoded in lock-step for
-  OSL - 1 steps (vLLM ``benchmark_latency``).
-- ``decode`` / ``prefill``: tokens per second at a stated batch and context.
-- ``dispatch``: time of one MoE dispatch (all-to-all) of one layer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from dse.catalog.hardware import hw_dir
 from dse.catalog.loading import read_yaml
 from dse.catalog.models import Architecture, ModelSpec, default_models
 from dse.errors import InputError
-from dse.physics.codes import DEFAULT_CHUNK
 from dse.physics.training import TrainLayout
-
-CATEGORIES = ("serving_throughput", "latency", "training_mfu")
-PREFILL_CHUNK = DEFAULT_CHUNK
-"""Prefill tokens per DP rank per pass of the offline benchmarks: the servers' default chunked-prefill budget."""
-
-
-@dataclass(frozen=True)
-class Point:
-    """One measured figure and the configuration behind it."""
-
-    case: str
-    category: str
-    label: str
-    kind: str  # offline | static | decode | prefill | dispatch
-    model: str
-    system: str
-    tp: int
-    dp: int
-    ep: int
-    pp: int
-    weights_dtype: str
-    kv_dtype: str
-    measured: float
-    unit: str
-    isl: int = 0
-    osl: int = 0
-    batch: int = 0
-    context: int = 0
-    divide_by: float = 1.0  # e.g. nodes, for per-node figures
-    max_batch: int = 4096
-    source: str = ""
-
-
-@dataclass(frozen=True)
-class Skipped:
-    case: str
-    category: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class TrainPoint:
-    """One published training measurement: the layout, and MFU or TFLOP/s per GPU."""
-
-    case: str
-    label: str
-    model: Architecture
-    system: str
-    layout: TrainLayout
-    global_batch: int
-    seq: int
-    measured: float
-    unit: str  # "MFU" or "TFLOP/s per GPU (Megatron counting)"
-    category: str = "training_mfu"
-    source: str = ""
-
-
-@dataclass
-class Cases:
-    points: list[Point] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
-    training: list[TrainPoint] = field(default_factory=list)
+from dse.validate.points import Cases, Point, Skipped, TrainPoint
+from dse.validate.published import load_published
 
 
 def cases_path() -> Path:
@@ -118,7 +44,7 @@ def load_cases(path: Path | None = None) -> Cases:
     """
     path = Path(path) if path else cases_path()
     if path.suffix.lower() == ".csv":
-        raise InputError(f"{path}: a CSV of measured serving runs is read by dse.validate.serving_runs, not as YAML "
+        raise InputError(f"{path}: a CSV of measured serving runs is read by dse.validate.runs, not as YAML "
                          "cases")
     if not path.exists():
         raise InputError(f"{path}: no such cases file")
@@ -141,8 +67,6 @@ def _load_case(case: dict, out: Cases, folder: Path) -> None:
     """Append the points of one case to ``out`` (or record why it is skipped)."""
     cid, cat = case["id"], case.get("category", "")
     if "file" in case:  # a table of published runs, one point (or skipped row) per row
-        from dse.validate.published import load_published
-
         rows = load_published(folder / case["file"])
         out.points += rows.points
         out.skipped += rows.skipped

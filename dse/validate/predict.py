@@ -1,4 +1,6 @@
-"""Predictions of validation points with the physics, and their errors."""
+"""The physics' predictions of the published points (`dse.validate.points`) and of measured serving runs
+(`dse.validate.runs`), and the table of the points' errors.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +9,24 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from dse.catalog.hardware import IDEAL, Efficiency, default_systems, efficiency_for
+from dse.catalog.hardware import IDEAL, Efficiency, EfficiencyCatalog, default_systems, efficiency_for
 from dse.catalog.models import default_models
 from dse.catalog.units import DTYPE_BYTES, DTYPES
+from dse.physics.codes import DEFAULT_CHUNK
 from dse.physics.roofline import ACT_BYTES, Candidates, ModelTable, SystemTable, evaluate
+from dse.physics.serving import (
+    Request,
+    aggregated,
+    decode_pool,
+    decode_share_closed_loop,
+    disaggregated_closed_loop,
+    prefill_pool,
+)
 from dse.physics.training import train_step
-from dse.validate.cases import PREFILL_CHUNK, Point, TrainPoint
+from dse.validate.points import Point, TrainPoint
+
+PREFILL_CHUNK = DEFAULT_CHUNK
+"""Prefill tokens per DP rank per pass of the offline benchmarks: the servers' default chunked-prefill budget."""
 
 
 def megatron_flops(tp: TrainPoint) -> float:
@@ -36,7 +50,7 @@ def predict_training(points: list[TrainPoint], eff: Efficiency | None = None) ->
     return np.array(out)
 
 
-# ---- predictions --------------------------------------------------------------------------------
+# ---- the published points --------------------------------------------------------------------------------------------
 def _cands(points: list[Point], batch, context, phase: int) -> tuple[Candidates, ModelTable, SystemTable]:
     models = default_models()
     systems = default_systems()
@@ -130,9 +144,10 @@ def _static(pts: list[Point], eff: Efficiency | None) -> np.ndarray:
     return prefill + steps * decode / STATIC_NODES
 
 
-# ---- errors -------------------------------------------------------------------------------------
-def table(points: list[Point], predicted: np.ndarray, ideal: np.ndarray, loo: np.ndarray | None = None) -> pd.DataFrame:
-    """One row per point: measured, predicted, the ideal roofline, errors."""
+# ---- errors of the points --------------------------------------------------------------------------------------------
+def table(points: list[Point] | list[TrainPoint], predicted: np.ndarray, ideal: np.ndarray,
+          loo: np.ndarray | None = None) -> pd.DataFrame:
+    """One row per point (published or training): measured, predicted, the ideal roofline, errors."""
     df = pd.DataFrame({
         "case": [p.case for p in points], "category": [p.category for p in points], "label": [p.label for p in points],
         "unit": [p.unit for p in points], "measured": [p.measured for p in points], "predicted": predicted,
@@ -145,17 +160,99 @@ def table(points: list[Point], predicted: np.ndarray, ideal: np.ndarray, loo: np
     return df
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Median and 90th-percentile absolute error by category (in-sample and leave-one-out)."""
-    rows = []
-    for cat, g in df.groupby("category"):
-        row = {"category": cat, "points": len(g),
-               "median_abs_error": float(g["error"].abs().median()),
-               "p90_abs_error": float(g["error"].abs().quantile(0.9))}
-        if "loo_error" in g:
-            row["loo_median_abs_error"] = float(g["loo_error"].abs().median())
-            row["loo_p90_abs_error"] = float(g["loo_error"].abs().quantile(0.9))
-        rows.append(row)
-    return pd.DataFrame(rows)
+
+# ---- measured serving runs -------------------------------------------------------------------------------------------
+def run_tables(table: pd.DataFrame, factors: EfficiencyCatalog | None = None,
+               ) -> tuple[list[str], list[str], ModelTable, SystemTable]:
+    """The table's model and system ids (sorted: the candidates' indices) and their catalog columns, the
+    systems calibrated by ``factors`` (default: the catalog's efficiency factors).
+    """
+    models, systems = sorted(set(table["model"])), sorted(set(table["system"]))
+    catalog_m, catalog_s = default_models(), default_systems()
+    effs = [factors.for_system(s) for s in systems] if factors else None
+    return (models, systems, ModelTable.build([catalog_m[m] for m in models]),
+            SystemTable.build([catalog_s[s] for s in systems], effs))
 
 
+def run_candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefix: str, batch: np.ndarray,
+                   context: float, micro_batches: np.ndarray | int = 1) -> Candidates:
+    a = np.asarray
+    return Candidates(
+        model=a([models.index(m) for m in t["model"]]), system=a([systems.index(s) for s in t["system"]]),
+        tp=t[prefix + "tp"].to_numpy(), dp=t[prefix + "dp"].to_numpy(), ep=t[prefix + "ep"].to_numpy(),
+        etp=t[prefix + "etp"].to_numpy(), pp=t[prefix + "pp"].to_numpy(), batch=batch, context=context,
+        weights_dtype=a([DTYPES.index(w) for w in t["wd"]]), kv_dtype=a([DTYPES.index(k) for k in t["kd"]]),
+        experts_dtype=a([DTYPES.index(e) for e in t["ed"]]),
+        kv_tier=0, micro_batches=micro_batches)
+
+
+def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: bool = False,
+                 decode_batch: pd.Series | None = None, factors: EfficiencyCatalog | None = None) -> pd.DataFrame:
+    """Predicted TTFT and TPOT (seconds) and whether the configuration fits, per mapped row (same index), with
+    what the benchmark's TTFT model needs: ``prefill_s`` (one prompt's prefill on one prefill server),
+    ``chunk_share_s`` (a prompt's share of a pass carrying a full chunk of prompts: what each queued prompt
+    costs), ``prompts_per_server`` (requests in flight per prefill server) and ``transfer_s`` (the KV
+    hand-off).
+    ``two_batch`` runs every row's decode passes as two overlapped micro-batches
+    (`dse.physics.roofline._split_pass`). A disaggregated row's decode replicas hold the requests
+    past their prefill (`decode_share_closed_loop`; their batch per replica in ``decode_batch``), or
+    ``decode_batch`` where it is given (the ideal roofline at the calibrated physics' operating point).
+    ``factors``: the efficiency factors per system where ``eff`` is None (default: the catalog's).
+    """
+    out = pd.DataFrame(index=table.index, columns=["predicted_ttft_s", "predicted_tpot_s", "fits", "prefill_s",
+                                                   "chunk_share_s", "prompts_per_server", "transfer_s",
+                                                   "decode_batch"], dtype=float)
+    if table.empty:
+        return out
+    models, systems, mt, st = run_tables(table, factors)
+    for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
+        req = Request(int(isl), int(osl))
+        per_stage = g["in_flight"].to_numpy() / g["pp"].to_numpy()  # sequences per micro-batch of a replica
+        cand = run_candidates(g, models, systems, "", per_stage, isl + osl, 2 if two_batch else 1)
+        if mode == "agg":
+            r = aggregated(cand, mt, st, req, eff)
+            ttft = r["ttft_s"]
+            tpot, fits = r["tpot_s"], r["fits"]
+            pre = prefill_pool(cand, mt, st, req, False, eff, full_chunk=True)  # the replica's layout prefills
+            servers = pre["servers"]
+            transfer = np.zeros(len(g))
+        else:
+            pre_t = g[["model", "system", "wd", "ed", "kd"]].assign(**{k: g[f"p_{k}"] for k in ("tp", "dp", "ep", "etp",
+                                                                                          "pp")})
+            pcand = run_candidates(pre_t, models, systems, "", np.ones(len(g)), isl)
+            pre = prefill_pool(pcand, mt, st, req, False, eff, full_chunk=True)
+            pp = g["pp"].to_numpy()
+
+            def decode_at(n: np.ndarray, cand=cand, pp=pp, req=req) -> dict:
+                return decode_pool(replace(cand, batch=n / pp), mt, st, req, eff)
+
+            if decode_batch is None:
+                r, dec = decode_share_closed_loop(decode_at, pre, req, g["concurrency"].to_numpy(),
+                                                  g["p_replicas"].to_numpy(), g["replicas"].to_numpy())
+            else:
+                dec = decode_at(decode_batch[g.index].to_numpy())
+                r = disaggregated_closed_loop(dec, pre, req, g["concurrency"].to_numpy(), g["p_replicas"].to_numpy())
+                r["decode_batch"] = decode_batch[g.index].to_numpy()
+            out.loc[g.index, "decode_batch"] = r["decode_batch"]
+            ttft, tpot, fits = r["ttft_s"], r["tpot_s"], dec["fits"] & pre["fits"]
+            servers = pre["servers"] * g["p_replicas"].to_numpy()
+            transfer = pre["kv_transfer_s"]
+        out.loc[g.index, "prefill_s"] = pre["prefill_service_s"]
+        out.loc[g.index, "chunk_share_s"] = pre["chunk_share_s"]
+        out.loc[g.index, "prompts_per_server"] = g["concurrency"].to_numpy() / g["replicas"].to_numpy() / servers \
+            if mode == "agg" else g["concurrency"].to_numpy() / servers
+        out.loc[g.index, "transfer_s"] = transfer
+        out.loc[g.index, "predicted_ttft_s"] = ttft
+        out.loc[g.index, "predicted_tpot_s"] = tpot
+        out.loc[g.index, "fits"] = np.asarray(fits, dtype=float)
+    return out
+
+
+def benchmark_ttft(prefill_s, chunk_share_s, prompts_per_server, transfer_s, share, fixed_s):
+    """TTFT of a closed-loop benchmark: S + xi max(n - 1, 0) S_b + transfer + tau, with S one prompt's prefill
+    on its server, n the requests in flight per prefill server, xi the share of them queued ahead
+    (`dse.validate.fit.QUEUE_SHARES`), S_b what each queued prompt costs (its share of a pass carrying a full
+    chunk of prompts: queued prompts are prefilled together, sharing the weight reads and fixed latencies of a
+    pass) and tau the stack's fixed latency (`dse.validate.fit.FIXED_LATENCIES`).
+    """
+    return prefill_s + share * np.maximum(prompts_per_server - 1.0, 0.0) * chunk_share_s + transfer_s + fixed_s

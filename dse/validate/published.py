@@ -1,7 +1,7 @@
 """Published AMD Instinct and Google TPU serving measurements (a CSV with explicit columns) turned into points.
 
 The file (hw_catalog/calibration/published/amd_tpu_serving.csv, its columns explained in the README beside it) holds
-one measured run per row. Each row becomes one `Point` of `dse.validate.cases`, or a `Skipped` with its reason:
+one measured run per row. Each row becomes one `Point` of `dse.validate.points`, or a `Skipped` with its reason:
 
 - ``mlperf_offline``: every sample queued at once, each replica keeps up to ``max_num_seqs`` (``batch_size``) in
   flight: the ``offline`` kind with that batch cap, at the dataset's mean input and output lengths.
@@ -25,10 +25,11 @@ import csv
 import math
 from pathlib import Path
 
+from dse.catalog.hardware import hw_dir
 from dse.catalog.models import default_models
 from dse.catalog.units import DTYPES
 from dse.errors import InputError
-from dse.validate.cases import Cases, Point, Skipped
+from dse.validate.points import Cases, Point, Skipped
 
 # catalog id of each system name the file uses
 SYSTEMS = {"mi300x": "mi300x", "mi325x": "mi325x", "mi355x": "mi355x", "tpu_v5e": "tpu-v5e", "tpu_v6e": "tpu-v6e",
@@ -51,8 +52,6 @@ POSITIVE = ("concurrency", "batch_size", "tp_size", "moe_ep_size", "num_chips", 
 
 
 def published_path() -> Path:
-    from dse.catalog.hardware import hw_dir
-
     return hw_dir() / "calibration" / "published" / "amd_tpu_serving.csv"
 
 

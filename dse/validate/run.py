@@ -1,8 +1,35 @@
-"""A validation run: every point predicted with the stored factors, summarized and reported."""
+"""The two validations of `dse validate`: the published points predicted with the catalog's factors
+(`run_validation`), and measured serving runs predicted at request level and cross-validated
+(`validate_file`).
+
+Errors are predicted / measured - 1 of the median TTFT and TPOT. Rows of one (model, system, framework,
+mode, ISL, OSL) group are one concurrency sweep and are correlated, so the headline figure leaves whole
+groups out and predicts the group left out from fits on the others:
+
+- TPOT: two-batch overlap switched on per (framework, mode) where it lowers that framework's spread of errors
+  (`dse.validate.fit.choose_two_batch`: the data, not a list of framework features, decide; on the measured
+  runs, TRT-LLM's disaggregated decode), then the decode pass's nine efficiency factors (`dse.validate.decode`,
+  `dse.validate.factors`: achieved shares of peak compute, HBM and link bandwidth, latency per collective inside
+  and across domains, fixed time per layer and per MoE layer, a GEMM's half-performance rows and decode
+  attention's half-performance context) fitted per hardware family and framework on the rows' decode passes,
+  apart for the disaggregated rows whose worker counts were assumed (`factor_key`); the left-out sweep is
+  predicted with the factors refitted without it. A factor set per framework is there because the data demand
+  it: one per family shared by the frameworks (`family_key`, as the catalog's `dse validate --fit` has it) errs
+  more out of sample (``loo_family_factors_median_abs_error``).
+- TTFT: the physics' TTFT assumes Poisson arrivals (M/D/1 queueing at the prefill servers), a benchmark holds a
+  fixed number of identical requests in flight instead. Measured TTFT grows linearly with the concurrency in
+  nearly every sweep (R^2 > 0.9 in most of the 286 aggregated sweeps with 4 or more concurrencies), at a slope
+  of a fraction of one prompt's prefill per request in flight, from an intercept of one prefill plus a fixed
+  latency. `dse.validate.predict.benchmark_ttft` models that: one prompt's prefill S on its server, plus the
+  prompts of a share xi of the other requests in flight on that server queued ahead of it, each costing its
+  share of a pass that carries a full chunk of prompts (queued prompts are prefilled together), plus the KV
+  hand-off (disaggregated), plus the serving stack's fixed latency tau; (xi, tau) are fitted per (framework,
+  mode) on grids (xi in [0, 1/2]: 1/2 is a synchronized wave) by least absolute log error. ``error`` (the
+  shipped physics) stays the M/D/1 prediction.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -10,24 +37,13 @@ import pandas as pd
 
 from dse.catalog.calibration import family_of, load_fitted
 from dse.catalog.hardware import IDEAL
-from dse.validate.cases import Cases, Skipped
-from dse.validate.predict import predict, predict_training, summarize, table
-
-
-# ---- the validation report -----------------------------------------------------------------------
-@dataclass
-class Validation:
-    table: pd.DataFrame
-    summary: pd.DataFrame
-    skipped: list[Skipped]
-
-    def as_dict(self) -> dict:
-        clean = self.table.astype(object).where(self.table.notna(), None)
-        return {
-            "points": clean.to_dict(orient="records"),
-            "summary": self.summary.to_dict(orient="records"),
-            "skipped": [{"case": s.case, "category": s.category, "reason": s.reason} for s in self.skipped],
-        }
+from dse.errors import InputError
+from dse.validate.decode import tpot_passes
+from dse.validate.fit import fit_closed_loop, refit_tpot
+from dse.validate.points import Cases
+from dse.validate.predict import predict, predict_runs, predict_training, table
+from dse.validate.report import RunsValidation, Validation, summarize
+from dse.validate.runs import METRICS, Runs, factor_key, family_key, group_key, map_runs, nothing_predicted, read_runs
 
 
 def run_validation(cases: Cases, use_stored_loo: bool = True) -> Validation:
@@ -37,10 +53,7 @@ def run_validation(cases: Cases, use_stored_loo: bool = True) -> Validation:
     df["family"] = [family_of(p.system) or "default" for p in pts]
     if cases.training:
         tr = cases.training
-        tdf = pd.DataFrame({"case": [p.case for p in tr], "category": "training_mfu", "label": [p.label for p in tr],
-                            "unit": [p.unit for p in tr], "measured": [p.measured for p in tr],
-                            "predicted": predict_training(tr, None), "ideal": predict_training(tr, IDEAL)})
-        tdf["error"] = tdf["predicted"] / tdf["measured"] - 1.0
+        tdf = table(tr, predict_training(tr, None), predict_training(tr, IDEAL))
         tdf["family"] = "training"
         df = pd.concat([df, tdf], ignore_index=True)
     fitted = load_fitted() if use_stored_loo else None
@@ -51,52 +64,74 @@ def run_validation(cases: Cases, use_stored_loo: bool = True) -> Validation:
     return Validation(df, summarize(df), cases.skipped)
 
 
-def write_validation_report(report: Validation, folder: Path) -> None:
-    """validate.csv, summary.json, the predicted-vs-measured scatter and report.html (self-contained)."""
-    import base64
-    import html
-    import json
+def validate_runs(runs: Runs) -> RunsValidation:
+    """Predict every row with the catalog's calibrated factors (``error``), with factors fitted on all rows
+    (``in_sample_error``) and fitted with the row's whole concurrency sweep left out (``loo_error``, the
+    headline), and with the ideal roofline (``ideal_error``).
 
-    import matplotlib
+    For TPOT, the decode pass's efficiency factors are fitted per `factor_key` (family and framework) on the rows'
+    decode passes (`dse.validate.decode.decode_terms`, `dse.validate.fit.refit_tpot`; the request level's
+    interference held at the catalog's), after two-batch overlap is chosen per (framework, mode) from the data
+    (`dse.validate.fit.choose_two_batch`; ``scales["two_batch_overlap"]``, the row's choice in ``two_batch``, and in
+    ``two_batch_loo`` the choice made without its sweep, with ``ideal_tpot_loo_s`` the roofline of that pass):
+    ``scales["tpot"]`` holds, per key, the factors the rows identify and those kept from the catalog (no row depends
+    on them). ``tpot_loo_family_error`` is the leave-group-out error with one factor set per `family_key` instead,
+    shared by the frameworks (the test of whether the data demand a factor set per framework). For TTFT the
+    closed-loop benchmark model (`dse.validate.predict.benchmark_ttft`) is fitted per (framework, mode)
+    (`dse.validate.fit.fit_closed_loop`); ``scales["ttft"]`` holds its queue share and fixed latency, and
+    ``benchmark_ttft_s`` / ``benchmark_ttft_loo_s`` its in-sample and leave-group-out predictions.
+    """
+    t = runs.table.copy()
+    if t.empty:
+        return RunsValidation(t, {}, runs.skipped, runs.given)
+    pred = predict_runs(t)
+    tp = tpot_passes(t, pred)
+    meas = t["measured_tpot_s"].to_numpy()
+    scales = {}
+    scales["tpot"], tb, tpot_in_sample, tpot_loo, loo_split = refit_tpot(tp, factor_key(t).to_numpy(), meas)
+    tpot_loo_family = refit_tpot(tp, family_key(t).to_numpy(), meas)[3]
+    ideal = predict_runs(t, IDEAL, decode_batch=tp.decode_batch(tb.per_row))  # the roofline at the same point
+    ideal_loo = ideal["predicted_tpot_s"].to_numpy(dtype=float, copy=True)  # of the left-out prediction's pass
+    flipped = loo_split != tb.per_row  # its sweep left out, the data choose the other pass
+    if flipped.any():
+        ideal_loo[flipped] = predict_runs(t[flipped], IDEAL, decode_batch=tp.decode_batch(loo_split)[flipped]
+                                          )["predicted_tpot_s"].astype(float).to_numpy()
+    groups = group_key(t)
+    for col in ("prefill_s", "chunk_share_s", "prompts_per_server", "transfer_s"):
+        t[col] = pred[col].astype(float)
+    for m in METRICS:
+        t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
+        t[f"{m}_ideal_error"] = t[f"ideal_{m}_s"] / t[f"measured_{m}_s"] - 1.0
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # TTFT: the benchmark's closed loop, fitted per framework and mode
+    ttft = t["measured_ttft_s"]
+    t["predicted_ttft_s"] = pred["predicted_ttft_s"].astype(float)
+    t["ttft_error"] = t["predicted_ttft_s"] / ttft - 1.0
+    scales["ttft"], in_sample, loo = fit_closed_loop(t, pd.Series(tp.fw_mode, index=t.index), groups)
+    t["benchmark_ttft_s"], t["benchmark_ttft_loo_s"] = in_sample, loo
+    t["ttft_in_sample_error"] = in_sample / ttft - 1.0
+    t["ttft_loo_error"] = loo / ttft - 1.0
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    report.table.to_csv(folder / "validate.csv", index=False)
-    (folder / "summary.json").write_text(json.dumps(report.as_dict(), indent=2, default=float))
-    fig, ax = plt.subplots(figsize=(7, 6))
-    thr = report.table[report.table["category"] == "serving_throughput"]
-    for fam, g in thr.groupby("family"):
-        ax.scatter(g["measured"], g["predicted"], s=18, label=f"{fam}: calibrated")
-        ax.scatter(g["measured"], g["ideal"], s=14, facecolors="none", edgecolors="grey", linewidths=0.6)
-    lo, hi = thr[["measured", "predicted"]].min().min() / 1.5, thr[["measured", "ideal"]].max().max() * 1.5
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-    ax.plot([lo, hi], [lo * 1.15, hi * 1.15], "k:", lw=0.6)
-    ax.plot([lo, hi], [lo / 1.15, hi / 1.15], "k:", lw=0.6)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured (tokens/s)")
-    ax.set_ylabel("predicted (tokens/s); hollow: ideal roofline")
-    ax.set_title("Serving throughput: predicted against measured (dotted: +-15%)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(folder / "scatter.png", dpi=110)
-    plt.close(fig)
-    img = base64.b64encode((folder / "scatter.png").read_bytes()).decode()
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>dse validate</title>",
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
-        "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>",
-        "<h1>Predictions against published measurements</h1>",
-        "<p>Calibrated predictions use the factors of hw_catalog/efficiency.yaml; leave-one-out errors come from "
-        "refitting without each point (hw_catalog/calibration/fitted.yaml).</p>",
-        "<h2>Error by category</h2>", report.summary.to_html(index=False, float_format=lambda v: f"{v:.3f}"),
-        f"<h2>Predicted against measured</h2><img src='data:image/png;base64,{img}'>",
-        "<h2>Every point</h2>", report.table.to_html(index=False, float_format=lambda v: f"{v:.4g}"),
-        "<h2>Skipped</h2><ul>",
-        *[f"<li>{html.escape(s.case)} ({s.category}): {html.escape(s.reason)}</li>" for s in report.skipped],
-        "</ul></body></html>",
-    ]
-    (folder / "report.html").write_text("\n".join(parts))
+    # TPOT: two-batch overlap where the data chooses it, the decode factors refitted per key
+    scales["two_batch_overlap"] = tb.choice
+    t["two_batch"], t["two_batch_loo"], t["ideal_tpot_loo_s"] = tb.per_row, loo_split, ideal_loo
+    t["predicted_tpot_s"] = np.where(tb.per_row, tp.split_tpot, tp.unsplit_tpot)
+    t["tpot_error"] = t["predicted_tpot_s"] / meas - 1.0
+    t["tpot_in_sample_error"] = tpot_in_sample / meas - 1.0
+    t["tpot_loo_error"] = tpot_loo / meas - 1.0
+    t["tpot_loo_family_error"] = tpot_loo_family / meas - 1.0
+    for m in METRICS:  # each sweep's own level removed: what is left is the physics' shape across concurrency
+        lr = np.log1p(t[f"{m}_loo_error"])
+        t[f"{m}_within_sweep_error"] = np.expm1(lr - lr.groupby(groups).transform("median"))
+    t["fits"] = pred["fits"].astype(bool)  # the memory check; a measured run that "does not fit" is a finding
+    return RunsValidation(t, scales, runs.skipped, runs.given)
+
+
+def validate_file(path: Path) -> RunsValidation:
+    """Read, map, predict and cross-validate a CSV of measured serving runs; a file none of whose rows can be
+    predicted is an InputError saying why each was skipped.
+    """
+    runs = map_runs(read_runs(path))
+    if runs.table.empty:
+        raise InputError(nothing_predicted(Path(path), runs))
+    return validate_runs(runs)

@@ -1,0 +1,197 @@
+"""The decode pass of a measured run as a function of the efficiency factors: its terms read off the physics,
+and TPOT from them.
+
+A decode pass of the roofline (`dse.physics.roofline`) is, for fixed layout, batch and context, a known
+function of the efficiency factors: with C, M and K its compute, memory and communication-bandwidth times at
+the peaks, n_u and n_o its collectives inside and across scale-up domains, L its layers and E its MoE layers,
+
+    step = combine(C / f_c, M / f_m, K / f_l + n_u lat_u + n_o lat_o, L o_l + E o_e, overlap)
+
+(`dse.physics.serving.combine`: max of compute and memory, communication serialized by 1 - overlap, then
+the fixed overheads), with C and M grown by the half-performance lengths (`dse.catalog.hardware.CURVES`):
+C + G n_g and M + A n_a, G the compute time at the peak of one more row in every GEMM the pass multiplies
+and A the memory time at the peak of one more token of KV per sequence and attention layer. `decode_terms`
+reads C, M, K, G, A and the counts off the physics itself (one pass at the peaks, one per latency at 1 us,
+one per length at 1 row or token); TPOT = step x rest, where ``rest`` is what the request level adds to the
+pass at the catalog's factors (prefill interference 1 / (1 - u) in an aggregated replica), held fixed while
+`dse.validate.fit` fits the factors of `dse.validate.factors.FACTORS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from dse.catalog.hardware import Efficiency, EfficiencyCatalog
+from dse.physics.roofline import evaluate_at
+from dse.physics.serving import combine
+from dse.validate.factors import FACTOR, FACTORS, FIXED_TIMES, RUN_FITTED
+from dse.validate.predict import predict_runs, run_candidates, run_tables
+from dse.validate.runs import group_key
+
+
+@dataclass
+class DecodeTerms:
+    """Per row: the decode pass's times at the peaks (s), its collective and layer counts, the compute time at
+    the peak of one row more in every GEMM (``gemm_rows``) and the memory time at the peak of one token more of
+    KV per sequence and attention layer (``attention_tokens``), its overlap, and ``rest`` (the measured-run
+    TPOT the physics predicts over its decode pass at the catalog's factors).
+    """
+
+    compute: np.ndarray
+    memory: np.ndarray
+    comm: np.ndarray
+    n_scaleup: np.ndarray
+    n_scaleout: np.ndarray
+    n_layers: np.ndarray
+    n_moe_layers: np.ndarray
+    gemm_rows: np.ndarray
+    attention_tokens: np.ndarray
+    overlap: np.ndarray
+    rest: np.ndarray
+
+    def take(self, rows: np.ndarray) -> DecodeTerms:
+        return DecodeTerms(**{k: getattr(self, k)[rows] for k in self.__dataclass_fields__})
+
+
+def decode_step(d: DecodeTerms, f: dict) -> np.ndarray:
+    """The decode pass at factors ``f`` (each a scalar or an array over the rows)."""
+    comm = d.comm / f["link"] + d.n_scaleup * f["latency_scaleup"] + d.n_scaleout * f["latency_scaleout"]
+    overhead = d.n_layers * f["layer_overhead"] + d.n_moe_layers * f["moe_layer_overhead"]
+    compute = (d.compute + d.gemm_rows * f["gemm_half_rows"]) / f["compute_decode"]
+    memory = (d.memory + d.attention_tokens * f["attention_half_context"]) / f["memory"]
+    return combine(compute, memory, comm, overhead, d.overlap)
+
+
+def tpot_at(d: DecodeTerms, f: dict) -> np.ndarray:
+    """TPOT at factors ``f``: the decode pass times what the request level adds (``rest``)."""
+    return decode_step(d, f) * d.rest
+
+
+@dataclass
+class ServingRows:
+    """Measured serving runs as the joint fit sees them (`dse.validate.calibration.load_serving_rows`): each
+    row's decode pass as `DecodeTerms`, whether it runs as two micro-batches (its overlap is then the split's,
+    else the catalog's ``overlap``), its measured TPOT (s) and the family whose factors it calibrates (""
+    where it calibrates none: a layout with assumed worker counts, a system of no family).
+    """
+
+    terms: DecodeTerms
+    split: np.ndarray
+    measured: np.ndarray
+    family: np.ndarray
+
+    def of(self, family: str) -> ServingRows | None:
+        """The rows of ``family``; None where there are none."""
+        rows = np.flatnonzero(self.family == family)
+        if not len(rows):
+            return None
+        return ServingRows(self.terms.take(rows), self.split[rows], self.measured[rows], self.family[rows])
+
+    def log_errors(self, eff: Efficiency) -> np.ndarray:
+        """log(predicted / measured) TPOT at the factors ``eff``."""
+        d = replace(self.terms, overlap=np.where(self.split, self.terms.overlap, eff.overlap))
+        return np.log(tpot_at(d, {k: getattr(eff, k) for k in FACTORS}) / self.measured)
+
+
+# ---- the terms read off the physics ----------------------------------------------------------------------------------
+def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: pd.Series,
+                 split: np.ndarray, factors: EfficiencyCatalog | None = None,
+                 ) -> tuple[DecodeTerms, dict[str, np.ndarray]]:
+    """The decode pass of every row (at its mean context, with its batch: the replica's share of the
+    concurrency in an aggregated row, the closed loop's decode batch in a disaggregated one; two micro-batches
+    where ``split``) as `DecodeTerms`: times at the peaks, collective and layer counts and the times per
+    row and per token of the half-performance lengths, read off the physics with every fraction at 1, each
+    latency probed at 1 us and each length at 1 row or token, and ``rest`` = the row's predicted TPOT
+    over its pass at the catalog's factors (``factors``, default: the catalog's). Returns the terms and the
+    catalog's factors per row.
+    """
+    n = len(table)
+    out = {k: np.zeros(n) for k in DecodeTerms.__dataclass_fields__}
+    catalog = {k: np.zeros(n) for k in FACTORS}
+    models, systems, mt, st = run_tables(table, factors)
+    peak = {**{k: 1.0 for k in ("compute_prefill", "compute_decode", "compute_train", "memory", "link",
+                                "hbm_usable")}, "overlap": 0.0}
+    probe = {k: FACTOR[k].scale for k in RUN_FITTED}  # 1 us; one row, one token
+    probes = {k: Efficiency(**peak, **{k: v}) for k, v in probe.items()}
+    pos = pd.Series(np.arange(n), index=table.index)
+    for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
+        rows = pos[g.index].to_numpy()
+        in_flight = g["in_flight"] if mode == "agg" else decode_batch[g.index]
+        context = isl + osl / 2.0
+        cand = run_candidates(g, models, systems, "", in_flight.to_numpy() / g["pp"].to_numpy(), context,
+                              np.where(split[rows], 2, 1))
+        inputs = [{"context": context, "phase": 0}]
+        at_peak = evaluate_at(cand, mt, st, Efficiency(**peak), inputs)[0]
+        cat = evaluate_at(cand, mt, st, None, inputs)[0]
+        out["compute"][rows], out["memory"][rows] = at_peak["compute_s"], at_peak["memory_s"]
+        out["comm"][rows] = at_peak["comm_s"]
+        for k, e in probes.items():  # each probe moves one time of the pass by its term x the probe
+            time = FACTOR[k].probe
+            moved = (evaluate_at(cand, mt, st, e, inputs)[0][time] - at_peak[time]) / probe[k]
+            out[FACTOR[k].term][rows] = np.rint(moved) if k in FIXED_TIMES else moved  # counts of collectives, layers
+        out["overlap"][rows] = cat["overlap"]
+        out["rest"][rows] = predicted_tpot[rows] / cat["step_s"]
+        e = st.efficiency_of(np.asarray(cand.broadcast().system))
+        for k in FACTORS:
+            catalog[k][rows] = getattr(e, k)
+    return DecodeTerms(**out), catalog
+
+
+def _pick(a: DecodeTerms, b: DecodeTerms, use_b: np.ndarray) -> DecodeTerms:
+    """Row by row, the terms of ``b`` where ``use_b``, else those of ``a``."""
+    return DecodeTerms(**{k: np.where(use_b, getattr(b, k), getattr(a, k)) for k in DecodeTerms.__dataclass_fields__})
+
+
+@dataclass
+class TpotPasses:
+    """The decode passes of every row: TPOT predicted at the catalog's factors unsplit and with two
+    micro-batches (their log errors ``log_error`` and ``split_log_error``), the rows an expert all-to-all makes
+    eligible for the split, the catalog's factors per row, `DecodeTerms` unsplit and split, and the decode batch
+    of each (split: the two-batch closed loop's, which holds another batch in a disaggregated row).
+    """
+
+    unsplit_tpot: np.ndarray
+    split_tpot: np.ndarray
+    log_error: np.ndarray
+    split_log_error: np.ndarray
+    eligible: np.ndarray
+    fw_mode: np.ndarray
+    groups: np.ndarray
+    catalog: dict[str, np.ndarray]
+    unsplit: DecodeTerms
+    split: DecodeTerms
+    batch: pd.Series
+    split_batch: pd.Series
+
+    def terms_for(self, split: np.ndarray) -> DecodeTerms:
+        """The terms with the rows of ``split`` (among the eligible) run as two micro-batches."""
+        return _pick(self.unsplit, self.split, split & self.eligible)
+
+    def decode_batch(self, split: np.ndarray) -> pd.Series:
+        """Per row, the decode batch of its pass with the rows of ``split`` run as two micro-batches."""
+        return self.split_batch.where(split & self.eligible, self.batch)
+
+
+def tpot_passes(t: pd.DataFrame, pred: pd.DataFrame, factors: EfficiencyCatalog | None = None) -> TpotPasses:
+    """Every row's decode pass as `DecodeTerms` (`decode_terms`), unsplit and, where an expert all-to-all could
+    hide behind the other micro-batch, split in two; ``pred`` is `predict_runs` of ``t`` at the catalog's
+    factors (``factors``, default: the catalog's).
+    """
+    meas = t["measured_tpot_s"].to_numpy()
+    eligible = t["ep"].to_numpy() > 1  # rows with an expert all-to-all for two micro-batches to hide
+    p1 = pred["predicted_tpot_s"].astype(float).to_numpy()
+    p2 = p1.copy()
+    batch2 = pred["decode_batch"].copy()  # a disaggregated row's closed loop holds another decode batch when split
+    if eligible.any():
+        two = predict_runs(t[eligible], two_batch=True, factors=factors)
+        p2[eligible] = two["predicted_tpot_s"].astype(float).to_numpy()
+        batch2[two.index] = two["decode_batch"]
+    unsplit, catalog = decode_terms(t, p1, pred["decode_batch"], np.zeros(len(t), dtype=bool), factors)
+    split = decode_terms(t, p2, batch2, eligible, factors)[0] if eligible.any() else unsplit
+    return TpotPasses(p1, p2, np.log(p1 / meas), np.log(p2 / meas), eligible,
+                      (t["backend"].astype(str) + "|" + t["mode"]).to_numpy(), group_key(t).to_numpy(), catalog,
+                      unsplit, split, pred["decode_batch"], batch2)
+

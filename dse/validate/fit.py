@@ -1,0 +1,406 @@
+"""Every fit of the validation: the efficiency factors of the catalog (least squares on the published points,
+jointly with the decode passes of measured serving runs), which factors a set of points identifies, the
+leave-one-out refits, the training matmul efficiency, the decode factors of measured runs per key with their
+leave-group-out refits, the two-batch choice, and the closed-loop TTFT model's queue share and fixed latency.
+
+The factors, their ranges and meaning are those of `dse.validate.factors`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from dse.catalog.calibration import family_of
+from dse.catalog.hardware import Efficiency
+from dse.validate.decode import DecodeTerms, ServingRows, TpotPasses, tpot_at
+from dse.validate.factors import FACTOR, FACTORS, FITTED, RUN_FITTED
+from dse.validate.points import Point, TrainPoint
+from dse.validate.predict import benchmark_ttft, predict, predict_training
+
+# ---- least squares on the published points, jointly with measured runs -----------------------------------------------
+# The shares of peak are fitted on the published cases. The fixed times (per collective, per layer, per MoE
+# layer) and the half-performance lengths (`CURVES`: a GEMM's efficiency over its rows, decode attention's over
+# its context) are not: offline-throughput cases at one large batch cannot tell them from a lower efficiency.
+# Measured serving runs can (batch 1 to hundreds, contexts of 1k to 12k, at one layout): where a family has them
+# (`ServingRows`), its fit is joint, over the cases and the runs' decode passes, and frees RUN_FITTED too.
+SERVING_SOFT = 0.1
+"""Log error at which a serving run's residual turns from squared to absolute (soft L1, scipy's ``soft_l1``
+shape): the measured runs hold sweeps whose level the physics misses by 50% and more (layouts the file
+leaves out), and a squared loss would let them pull the factors of every other run."""
+
+
+def _soft(r: np.ndarray, c: float = SERVING_SOFT) -> np.ndarray:
+    """A residual whose square is the soft-L1 loss of ``r`` (r^2 below c, 2 c |r| above)."""
+    return c * np.sign(r) * np.sqrt(2.0 * (np.sqrt(1.0 + (r / c) ** 2) - 1.0))
+
+
+def _to_eff(theta: np.ndarray, base: Efficiency, names: tuple[str, ...] = FITTED) -> Efficiency:
+    return replace(base, **{k: float(v) * FACTOR[k].scale for k, v in zip(names, theta, strict=True)})
+
+
+def _from_eff(eff: Efficiency, names: tuple[str, ...] = FITTED) -> np.ndarray:
+    return np.array([getattr(eff, k) / FACTOR[k].scale for k in names])
+
+
+def _fit(points: list[Point], start: Efficiency, max_nfev: int, names: tuple[str, ...],
+         serving: ServingRows | None) -> tuple[Efficiency, float, float]:
+    """`fit`, and the objective it reached (its ``cost``)."""
+    from scipy.optimize import least_squares
+
+    measured = np.array([p.measured for p in points])
+    n_cases, n_runs = len(points), len(serving.measured) if serving else 0
+
+    def residuals(eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
+        r = np.log(np.maximum(predict(points, eff), 1e-30) / measured)
+        if not n_runs:
+            return r, r
+        return r, np.concatenate([r / np.sqrt(n_cases), _soft(serving.log_errors(eff)) / np.sqrt(n_runs)])
+
+    if not names:
+        r, w = residuals(start)
+        return start, float(np.sqrt(np.mean(r**2))), float(0.5 * np.sum(w**2))
+    lo = np.array([FACTOR[k].bounds[0] / FACTOR[k].scale for k in names])
+    hi = np.array([FACTOR[k].bounds[1] / FACTOR[k].scale for k in names])
+    x0 = np.clip(_from_eff(start, names), lo + 1e-9, hi - 1e-9)
+    res = least_squares(lambda x: residuals(_to_eff(x, start, names))[1], x0, bounds=(lo, hi), max_nfev=max_nfev,
+                        x_scale="jac")
+    eff = _to_eff(res.x, start, names)
+    return eff, float(np.sqrt(np.mean(residuals(eff)[0] ** 2))), float(res.cost)
+
+
+def fit(points: list[Point], start: Efficiency, max_nfev: int = 400, names: tuple[str, ...] = FITTED,
+        serving: ServingRows | None = None) -> tuple[Efficiency, float]:
+    """Least squares on log(predicted / measured) over the points; returns factors and RMS log error (of the
+    points). Only the factors in ``names`` move; the others keep their values in ``start``.
+
+    With ``serving`` rows the fit is joint: the objective is the mean squared log error of the points plus the
+    mean soft-L1 loss (`SERVING_SOFT`) of the rows' log TPOT errors, so each data set weighs the same
+    whatever its size.
+    """
+    eff, rms, _ = _fit(points, start, max_nfev, names, serving)
+    return eff, rms
+
+
+# ---- identifiability -------------------------------------------------------------------------------------------------
+# Identification of a factor by a set of points (`identified`): a 10% change of the factor must move the
+# prediction of at least MIN_POINTS points by at least SENSITIVITY_MIN x 10% (overlap: a change of 0.1 by
+# SENSITIVITY_MIN x 0.1); the factors fitted together must not be (nearly) collinear: the condition number of
+# their unit-norm sensitivity columns stays at or below MAX_CONDITION (past 100, two digits of the fitted values
+# are lost to the direction the points cannot see); and a family never fits more than one factor per
+# POINTS_PER_FACTOR points. Factors are taken most informative first (largest sensitivity norm).
+SENSITIVITY_STEP = 0.1
+SENSITIVITY_MIN = 0.05
+MIN_POINTS = 2
+MAX_CONDITION = 100.0
+POINTS_PER_FACTOR = 2
+
+
+def sensitivities(points: list[Point], at: Efficiency) -> np.ndarray:
+    """Sensitivity d log(prediction) / d log(factor) of every point (rows) to every fitted factor (columns), by
+    finite differences; for ``overlap`` (which may be 0), d log(prediction) / d overlap.
+    """
+    base = np.log(np.maximum(predict(points, at), 1e-30))
+    cols = []
+    for name in FITTED:
+        value = getattr(at, name)
+        lo, hi = FACTOR[name].bounds
+        if name == "overlap":
+            step = SENSITIVITY_STEP if value + SENSITIVITY_STEP <= hi else -SENSITIVITY_STEP
+            moved, scale = value + step, 1.0 / step
+        else:
+            moved = value * (1.0 - SENSITIVITY_STEP) if value * (1.0 - SENSITIVITY_STEP) >= lo else value * (
+                1.0 + SENSITIVITY_STEP)
+            scale = 1.0 / np.log(moved / value)
+        shifted = np.log(np.maximum(predict(points, replace(at, **{name: moved})), 1e-30))
+        cols.append((shifted - base) * scale)
+    return np.column_stack(cols)
+
+
+def identified(points: list[Point], at: Efficiency, serving: ServingRows | None = None) -> tuple[str, ...]:
+    """The factors these points identify (the rule above SENSITIVITY_STEP), in FITTED order; with ``serving``
+    rows, also every factor of their decode passes some row depends on (`used_by`), fixed times last.
+    """
+    chosen = _identified_by_points(points, at)
+    if serving is None:
+        return chosen
+    runs = set(used_by(serving.terms))
+    return tuple(k for k in (*FITTED, *RUN_FITTED) if k in chosen or k in runs)
+
+
+def _identified_by_points(points: list[Point], at: Efficiency) -> tuple[str, ...]:
+    """The rule above SENSITIVITY_STEP on the points alone."""
+    jac = sensitivities(points, at)
+    strong = (np.abs(jac) >= SENSITIVITY_MIN).sum(axis=0)
+    norms = np.linalg.norm(jac, axis=0)
+    chosen: list[int] = []
+    for k in sorted((k for k in range(len(FITTED)) if strong[k] >= MIN_POINTS), key=lambda k: -norms[k]):
+        if len(chosen) + 1 > len(points) // POINTS_PER_FACTOR:
+            break
+        trial = [*chosen, k]
+        if np.linalg.cond(jac[:, trial] / norms[trial]) <= MAX_CONDITION:
+            chosen = trial
+    return tuple(FITTED[k] for k in sorted(chosen))
+
+
+def used_by(d: DecodeTerms) -> tuple[str, ...]:
+    """The factors of a decode pass (`FACTORS`) some row's pass depends on: the only ones measured TPOTs can
+    move (a run with no collective across domains or no MoE layer says nothing of their fixed times). Unlike
+    `identified`, no sensitivity threshold or collinearity test applies: the decode fit's loss is absolute.
+    """
+    return tuple(k for k in FACTORS if np.any(getattr(d, FACTOR[k].term) > 0))
+
+
+def fit_family(points: list[Point], start: Efficiency, max_nfev: int = 400, at: Efficiency | None = None,
+               also: tuple[Efficiency, ...] = (), serving: ServingRows | None = None,
+               ) -> tuple[Efficiency, float, tuple[str, ...]]:
+    """Fit the factors the family's points (and ``serving`` rows, jointly) identify at ``at`` (default:
+    ``start``); the others stay at ``start``. Returns the factors, the points' RMS log error and the names fitted.
+
+    ``also``: further starting points (e.g. the family's stored factors); the fit with the lowest objective wins,
+    since the capacity limit (``hbm_usable``) makes the error surface piecewise and a single start can stop in a
+    worse local minimum.
+    """
+    names = identified(points, at or start, serving)
+    best = _fit(points, start, max_nfev, names, serving)
+    for other in also:
+        # the identified factors start from ``other``; the rest keep ``start``'s (global) values
+        trial = _fit(points, replace(start, **{k: getattr(other, k) for k in names}), max_nfev, names, serving)
+        if trial[2] < best[2]:
+            best = trial
+    return best[0], best[1], names
+
+
+# ---- leave one out of the published points, and the training fit -----------------------------------------------------
+LOO_MAX_NFEV = 60
+"""Least-squares evaluations of a leave-one-out refit (it starts from the family's own fit)."""
+
+
+def leave_one_out(points: list[Point], default: Efficiency, families: dict[str, Efficiency],
+                  serving: dict[str, ServingRows], progress=None) -> np.ndarray:
+    """Each point predicted from a fit without it: for a point of a fitted family, the family's whole procedure
+    again on its other points (which factors they identify, jointly with the family's ``serving`` rows), from
+    the family's factors; for a point of no fitted family, the global fit on every other point.
+    ``progress(i, n)`` is called before each point.
+    """
+    out = np.empty(len(points))
+    for i, p in enumerate(points):
+        if progress:
+            progress(i, len(points))
+        fam = family_of(p.system)
+        pool = [q for j, q in enumerate(points) if j != i and (fam not in families or family_of(q.system) == fam)]
+        if fam in families:  # the family's whole procedure again: which factors its other points identify
+            e, _, _ = fit_family(pool, families[fam], max_nfev=LOO_MAX_NFEV, at=default, serving=serving.get(fam))
+        else:
+            e, _ = fit(pool, default, max_nfev=LOO_MAX_NFEV)
+        out[i] = predict([p], e)[0]
+    return out
+
+
+def fit_training(points: list[TrainPoint], default: Efficiency, families: dict[str, Efficiency], loo: bool,
+                 ) -> tuple[float, np.ndarray, np.ndarray | None]:
+    """The training matmul efficiency (``compute_train``, one value for every system, the other factors each
+    system's) fitted on the training points by least squares on log(predicted / measured); the points'
+    predictions at it, and with ``loo`` each point predicted from the value fitted without it.
+    """
+    from scipy.optimize import minimize_scalar
+
+    measured = np.array([p.measured for p in points])
+
+    def effs(value: float, pts: list[TrainPoint]) -> list[Efficiency]:
+        return [replace(families.get(family_of(p.system), default), compute_train=value) for p in pts]
+
+    def predict_with(value: float, pts: list[TrainPoint]) -> np.ndarray:
+        return np.array([predict_training([p], e)[0] for p, e in zip(pts, effs(value, pts), strict=True)])
+
+    def best(pts: list[TrainPoint], meas: np.ndarray) -> float:
+        res = minimize_scalar(lambda v: float(np.sum(np.log(predict_with(v, pts) / meas) ** 2)),
+                              bounds=FACTOR["compute_train"].bounds, method="bounded", options={"xatol": 1e-5})
+        return float(res.x)
+
+    value = best(points, measured)
+    loo_pred = None
+    if loo:
+        loo_pred = np.array([
+            predict_with(best([q for j, q in enumerate(points) if j != i], np.delete(measured, i)), [p])[0]
+            for i, p in enumerate(points)
+        ])
+    return value, predict_with(value, points), loo_pred
+
+
+# ---- the decode factors of measured runs -----------------------------------------------------------------------------
+# The nine factors of a decode pass fitted to measured TPOTs (`dse.validate.decode`): each keeps its physical
+# meaning and range (`dse.validate.factors`); a factor no row depends on (no collective across domains, no MoE
+# layer) stays at its catalog value. The fit minimizes the sum of absolute log errors (Nelder-Mead on
+# log-transformed factors, restarted from its own optimum while that still gains).
+MAX_ITER = 4000
+MAX_PASSES = 12
+RESTART_GAIN = 1e-6
+"""Nelder-Mead restarts from its own optimum while one lowers the loss by more than this share of it: the
+shares of peak compute and the GEMM's half-performance rows trade along a narrow valley that one run's
+shrunken simplex crawls along."""
+
+
+def _unpack(x: np.ndarray, free: tuple[str, ...], fixed: dict) -> dict:
+    f = dict(fixed)
+    for name, v in zip(free, x, strict=True):
+        lo, hi = FACTOR[name].log_range
+        f[name] = float(np.exp(np.clip(v, lo, hi)))
+    return f
+
+
+def _pack(f: dict, free: tuple[str, ...]) -> np.ndarray:
+    return np.array([np.log(f[name] if f[name] > 0 else FACTOR[name].seed) for name in free])
+
+
+def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, max_iter: int = MAX_ITER,
+                passes: int = MAX_PASSES) -> dict:
+    """The factors minimizing sum |log(tpot / measured)| over the rows' decode passes, from ``start`` (every
+    factor of `FACTORS`), each searched in logs within its ``log_range``; those no row uses (`used_by`) keep
+    their start value. Nelder-Mead runs again from its last optimum while a run still lowers
+    the loss by more than RESTART_GAIN of it, ``passes`` runs at most.
+    """
+    from scipy.optimize import minimize
+
+    free = used_by(d)
+    fixed = {k: start[k] for k in FACTORS if k not in free}
+    log_meas = np.log(measured)
+
+    def loss(x: np.ndarray) -> float:
+        return float(np.abs(np.log(tpot_at(d, _unpack(x, free, fixed))) - log_meas).sum())
+
+    x = _pack(start, free)
+    best = loss(x)
+    for _ in range(passes):  # a restart from the optimum re-spreads the simplex Nelder-Mead shrank
+        res = minimize(loss, x, method="Nelder-Mead", options={"maxiter": max_iter, "xatol": 1e-4, "fatol": 1e-7})
+        gain = best - res.fun
+        x, best = (res.x, res.fun) if res.fun < best else (x, best)
+        if gain <= RESTART_GAIN * best:
+            break
+    return _unpack(x, free, fixed)
+
+
+# ---- two-batch overlap, chosen by the data ---------------------------------------------------------------------------
+@dataclass
+class TwoBatch:
+    """The data's two-batch choice for one set of factor keys (`choose_two_batch`): per (framework, mode) in
+    ``choice``, per row in ``per_row``, per left-out sweep in ``without``.
+    """
+
+    choice: dict
+    per_row: np.ndarray
+    without: dict
+
+
+def choose_two_batch(tp: TpotPasses, keys: np.ndarray) -> TwoBatch:
+    """Two-batch overlap per (framework, mode) as the data choose it with one factor set per ``keys``."""
+    return TwoBatch(*_two_batch_choice(tp.log_error, tp.split_log_error, tp.fw_mode, keys, tp.groups, tp.eligible))
+
+
+def _two_batch_choice(lr1: np.ndarray, lr2: np.ndarray, keys: np.ndarray, scale_keys: np.ndarray,
+                      groups: np.ndarray, eligible: np.ndarray) -> tuple[dict, np.ndarray, dict]:
+    """Whether each (framework, mode) runs two-batch overlap, decided from the data: on where splitting the
+    decode passes of its rows with an expert all-to-all lowers the sum of its rows' absolute log errors around
+    the median of their key's rows (what remains once one scale per key is fitted; the other frameworks'
+    rows as predicted without the split).
+
+    Returns the in-sample choice per key, the in-sample choice per row, and per left-out group the choice for
+    its key made without that group's rows (no eligible rows left: off, the physics' default).
+    """
+    def spread(rows: np.ndarray, use: np.ndarray, split: bool) -> float:
+        lr = np.where(rows & eligible, lr2, lr1) if split else lr1
+        return float(sum(np.abs(lr[rows & (scale_keys == sk)] - np.median(lr[use & (scale_keys == sk)])).sum()
+                         for sk in np.unique(scale_keys[rows])))
+
+    def on(k: str, use: np.ndarray) -> bool:
+        rows = (keys == k) & use
+        return bool((rows & eligible).any()) and spread(rows, use, True) < spread(rows, use, False)
+
+    everything = np.ones(len(keys), dtype=bool)
+    choice = {k: on(k, everything) for k in np.unique(keys)}
+    per_row = eligible & np.array([choice[k] for k in keys], dtype=bool)
+    without = {}
+    for name in np.unique(groups):
+        mine = groups == name
+        k = keys[mine][0]
+        without[name] = on(k, ~mine) if (eligible & mine).any() else choice[k]
+    return choice, per_row, without
+
+
+# ---- the decode factors refitted per key, with each sweep left out ---------------------------------------------------
+LOO_MAX_ITER = 600
+"""Nelder-Mead iterations of a leave-group-out refit (it starts from the in-sample factors, a few percent of
+the rows away)."""
+
+
+def refit_tpot(tp: TpotPasses, keys: np.ndarray, meas: np.ndarray,
+               ) -> tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]:
+    """The decode factors fitted per key on its rows' decode passes, with two-batch overlap as the data choose
+    it for those keys: per key the factors the rows identify and those kept from the catalog (no row depends
+    on them), the two-batch choice, TPOT in sample and with each row's sweep left out (factors and two-batch
+    choice re-made without it), and per row whether that left-out prediction split its pass.
+    """
+    gk = tp.groups
+    tb = choose_two_batch(tp, keys)
+    scales, fitted = {}, {}
+    in_sample = np.full(len(keys), np.nan)
+    chosen = tp.terms_for(tb.per_row)
+    for key in np.unique(keys):
+        rows = np.flatnonzero(keys == key)
+        d = chosen.take(rows)
+        fitted[key] = fit_factors(d, meas[rows], {k: float(np.median(tp.catalog[k][rows])) for k in FACTORS})
+        free = used_by(d)
+        scales[key] = {"fitted": {k: v for k, v in fitted[key].items() if k in free},
+                       "kept_from_catalog": {k: v for k, v in fitted[key].items() if k not in free}}
+        in_sample[rows] = tpot_at(d, fitted[key])
+    loo, loo_split = np.full(len(keys), np.nan), np.zeros(len(keys), dtype=bool)
+    for g, idx in pd.Series(np.arange(len(keys))).groupby(gk).groups.items():
+        idx = np.asarray(idx)
+        mine = tp.fw_mode == tp.fw_mode[idx[0]]  # the rows whose choice was re-made without this sweep
+        split = np.where(mine, tp.eligible & tb.without[g], tb.per_row)
+        view = tp.terms_for(split)
+        loo_split[idx] = split[idx]
+        train = np.flatnonzero((gk != g) & (keys == keys[idx[0]]))
+        f = fit_factors(view.take(train), meas[train], fitted[keys[idx[0]]], max_iter=LOO_MAX_ITER, passes=1) \
+            if len(train) else {k: tp.catalog[k][idx] for k in FACTORS}  # a key in no other sweep: the catalog's
+        loo[idx] = tpot_at(view.take(idx), f)
+    return scales, tb, in_sample, loo, loo_split
+
+
+# ---- the closed-loop TTFT model --------------------------------------------------------------------------------------
+QUEUE_SHARES = np.linspace(0.0, 0.5, 51)
+"""Grid of xi, the share of the other requests in flight on a prefill server whose prompts a new prompt waits
+behind in a closed-loop benchmark: 0 when arrivals are staggered (each prompt finds its server free), 1/2 when
+they come in synchronized waves (identical requests started together finish together; the median request of a
+wave waits for half of it)."""
+FIXED_LATENCIES = np.linspace(0.0, 0.6, 61)
+"""Grid of tau (seconds), the serving stack's fixed latency per request outside the forward passes (HTTP,
+tokenization, scheduling, the first token's detokenization and streaming)."""
+
+
+def fit_closed_loop(t: pd.DataFrame, keys: pd.Series, groups: pd.Series) -> tuple[dict, pd.Series, pd.Series]:
+    """Per key, (xi, tau) of `dse.validate.predict.benchmark_ttft` minimizing the mean |log(predicted /
+    measured)| TTFT on the grids, fitted on all rows (in sample) and with each row's concurrency sweep left out;
+    returns the in-sample fits and both predictions.
+    """
+    fits, in_sample, loo = {}, pd.Series(np.nan, index=t.index), pd.Series(np.nan, index=t.index)
+    xi, tau = QUEUE_SHARES[:, None, None], FIXED_LATENCIES[None, :, None]
+    for key, idx in keys.groupby(keys).groups.items():
+        g = t.loc[idx]
+        pred = benchmark_ttft(*(g[c].to_numpy()[None, None, :] for c in ("prefill_s", "chunk_share_s",
+                                                                          "prompts_per_server", "transfer_s")),
+                              xi, tau)
+        err = np.abs(np.log(pred / g["measured_ttft_s"].to_numpy()[None, None, :]))
+        total = err.sum(axis=-1)
+        i, j = np.unravel_index(np.argmin(total), total.shape)
+        fits[key] = {"queue_share": float(QUEUE_SHARES[i]), "fixed_latency_s": float(FIXED_LATENCIES[j])}
+        in_sample[idx] = pred[i, j]
+        gk = groups[idx].to_numpy()
+        for name in np.unique(gk):
+            mine = gk == name
+            rest = total - err[:, :, mine].sum(axis=-1)
+            i, j = np.unravel_index(np.argmin(rest), rest.shape) if (~mine).any() else (0, 0)  # nothing else: physics
+            loo[idx[mine]] = pred[i, j, mine]
+    return fits, in_sample, loo

@@ -1,0 +1,349 @@
+"""Measured serving runs (the columns of ``shared/data/measured_serving.csv``) read and mapped onto the physics:
+catalog ids, number formats and layouts, and the keys that group the rows.
+
+A row is one benchmark run: ``concurrency`` requests of ``isl`` prompt and ``osl`` output tokens kept in
+flight (a closed loop: each request is replaced as it completes) against one deployment. How a row maps to
+the physics (`dse.physics.serving`):
+
+- Model and system: ``model_path`` (a Hugging Face id; quantized re-releases map to their base model) and
+  ``system`` map to catalog ids (`MODEL_IDS`, `SYSTEM_IDS`); a row of another model or system is skipped
+  with the reason.
+- Number formats: ``gemm_quant_mode`` / ``precision`` give the weights format (``fp8`` and ``fp8_block``
+  -> fp8, ``nvfp4`` / ``fp4`` -> fp4, ``int4_wo`` -> int4, none -> bf16). An int4 MoE checkpoint holds its
+  routed experts in int4 and the rest in BF16 (as Kimi-K2.5's release does: W4A16 experts), computed in
+  BF16 after dequantization (`INTEGER_DTYPES`). The KV format is not in the data: fp8 where the weights are
+  fp8 or fp4, else bf16 (the frameworks' FP8 recipes quantize the KV cache with the weights).
+- Layout (agg, and each pool of disagg): attention runs as ``tp_size`` x ``attention_dp_size`` and experts
+  as ``moe_ep_size`` x ``moe_tp_size`` over the same chips (the two products must agree; a dense model has
+  no expert split), ``pp_size`` stages. A missing degree is 1. Attention TP must divide the model's heads (no
+  framework runs it otherwise, and `dse evaluate` refuses it): where it does not and attention DP is left
+  empty, the chips run attention DP; where attention DP is stated, the row contradicts itself and is skipped.
+- agg: ``batch_size`` is the configured sequences per attention-DP rank, so a replica holds
+  batch_size x attention_dp_size sequences; a concurrency above that is spread over
+  concurrency / (batch_size x attention_dp_size) replicas. Each replica is `aggregated` at its share of
+  the requests in flight (in-flight batching with chunked prefill, closed loop by Little's law).
+- disagg: ``prefill_num_workers`` prefill replicas serve one prompt per DP rank (`prefill_pool`);
+  ``decode_num_workers`` decode replicas share the requests in flight that are past their prefill: of C in
+  flight, lambda TTFT are queued, prefilling or handing off their KV (`decode_share_closed_loop`, Little's law
+  over both stages); the closed loop gives the request rate, and with it the prefill queueing in TTFT.
+  Where the file leaves the worker counts empty: one prefill worker, and as many decode workers as
+  concurrency / (decode_batch_size x attention DP) (the rows that state all three satisfy it exactly).
+- Rows whose concurrency is missing take the layout's batch in flight.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dse.catalog.calibration import family_of
+from dse.catalog.hardware import default_systems
+from dse.catalog.models import default_models
+from dse.catalog.units import INTEGER_DTYPES
+from dse.errors import InputError
+
+MODEL_IDS = {
+    "deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+    "nvidia/DeepSeek-V3.1-NVFP4": "deepseek-v3",  # V3.1 keeps the V3 architecture
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b", "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b", "openai/gpt-oss-120b": "gpt-oss-120b",
+    "MiniMaxAI/MiniMax-M2.5": "minimax-m2.5", "Qwen/Qwen3-32B": "qwen3-32b", "nvidia/Qwen3-32B-NVFP4": "qwen3-32b",
+    "Qwen/Qwen3.5-397B-A17B": "qwen3.5-397b-a17b", "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b",
+    "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b", "moonshotai/Kimi-K2.5": "kimi-k2.5", "zhipuai/GLM-5": "glm-5",
+    "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b", "amd/Llama-3.1-70B-Instruct-FP8-KV": "llama-3.1-70b",
+    "amd/Llama-3.1-405B-Instruct-FP8-KV": "llama-3.1-405b", "Qwen/Qwen3.5-397B-A17B-FP8": "qwen3.5-397b-a17b",
+}
+"""Hugging Face ids of the measured models -> catalog ids (quantized re-releases keep their architecture)."""
+SYSTEM_IDS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300", "gb200": "gb200-nvl72",
+              "mi300x": "mi300x", "mi325x": "mi325x", "mi355x": "mi355x", "tpu_v5e": "tpu-v5e", "tpu_v6e": "tpu-v6e",
+              "tpu_v7": "tpu-v7"}
+WEIGHTS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "fp4": "fp4", "bf16": "bf16", "float16": "bf16",
+           "fp16": "bf16", "int4_wo": "int4", "int4": "int4"}
+REQUIRED = ("id", "model_path", "system", "mode", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms")
+NUMERIC = ("concurrency", "isl", "osl", "batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
+           "moe_ep_size", "prefill_batch_size", "prefill_num_workers", "prefill_tp_size", "prefill_pp_size",
+           "prefill_attention_dp_size", "prefill_moe_tp_size", "prefill_moe_ep_size", "decode_batch_size",
+           "decode_num_workers", "decode_tp_size", "decode_pp_size", "decode_attention_dp_size",
+           "decode_moe_tp_size", "decode_moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms")
+GROUP = ("model", "system", "backend", "mode", "isl", "osl")
+"""One concurrency sweep: the unit left out by the cross-validation."""
+METRICS = ("ttft", "tpot")
+"""The measured metrics of a run: time to first token and time per output token."""
+
+
+
+@dataclass
+class Runs:
+    """The rows the physics can represent (one per row, mapped) and the others with their reasons."""
+
+    table: pd.DataFrame
+    skipped: list[dict] = field(default_factory=list)
+    given: int = 0
+
+
+MAX_CSV_BYTES = 256_000_000
+"""Largest measured-runs file read (bytes)."""
+WHOLE = tuple(c for c in NUMERIC if not c.startswith("silicon_"))
+"""Columns that count (tokens, requests, chips, workers): whole numbers (8192 or 8192.0, not 8192.5)."""
+_SHAPE = (f"a measured-runs file is UTF-8 CSV: a header line naming the columns (at least {', '.join(REQUIRED)}) "
+          "and one line per run")
+
+
+def _csv_records(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
+    """The header, the rows (perhaps none) and each row's line number of a CSV file (blank lines skipped); a file
+    that is not UTF-8 CSV with one header of distinct names and rows as wide as it is an InputError naming the
+    line.
+    """
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if not path.is_file():
+        raise InputError(f"{path}: not a file (a folder?); {_SHAPE}")
+    try:
+        if path.stat().st_size > MAX_CSV_BYTES:
+            raise InputError(f"{path}: file of {path.stat().st_size:,} bytes; at most {MAX_CSV_BYTES:,} are read")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    for bom, name in ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+                      (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16")):
+        if data.startswith(bom):
+            raise InputError(f"{path}: {name} text; save it as UTF-8 ({_SHAPE})")
+    if b"\x00" in data:
+        line = data.count(b"\n", 0, data.index(b"\x00")) + 1
+        raise InputError(f"{path}: line {line}: a NUL byte; not a text file ({_SHAPE})")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path}: line {line}: byte 0x{data[exc.start]:02x} is not UTF-8; save the file as UTF-8"
+                         ) from None
+    if not text.strip():
+        raise InputError(f"{path}: empty file; {_SHAPE}")
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    header: list[str] | None = None
+    rows, lines = [], []
+    while True:
+        line = reader.line_num + 1
+        try:
+            record = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            raise InputError(f"{path}: line {line}: not valid CSV ({exc})") from None
+        if not record:
+            continue  # a blank line
+        if header is None:
+            header = record
+            seen: dict[str, int] = {}
+            for i, name in enumerate(header, 1):
+                if not name.strip():
+                    raise InputError(f"{path}: line {line}: column {i} of the header has no name; {_SHAPE}")
+                if name in seen:
+                    raise InputError(f"{path}: line {line}: column '{name}' given twice in the header (columns "
+                                     f"{seen[name]} and {i}); each column may appear once")
+                seen[name] = i
+            continue
+        if len(record) != len(header):
+            n = len(record)
+            raise InputError(f"{path}: line {line}: {n} field{'' if n == 1 else 's'}, the header has "
+                             f"{len(header)}; each run is one line with a value (or nothing) for every column")
+        rows.append(record)
+        lines.append(line)
+    return header, rows, lines
+
+
+def read_runs(path: Path) -> pd.DataFrame:
+    """Read a CSV of measured runs: UTF-8 (a byte-order mark is skipped), a header of distinct column names with
+    at least the `REQUIRED` ones, every line as wide as the header (blank lines skipped), a distinct non-empty
+    ``id`` per run, and in the `NUMERIC` columns nothing or a finite number >= 0 (a whole one in the `WHOLE`
+    columns). Anything else is an InputError naming the file and the line (``row N`` for a value: N is the
+    line number, the header being row 1) and the column.
+    """
+    path = Path(path)
+    header, rows, lines = _csv_records(path)
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}; a measured-runs file has the columns "
+                         f"of measured_serving.csv (at least {', '.join(REQUIRED)})")
+    if not rows:
+        raise InputError(f"{path}: a header but no rows; {_SHAPE}")
+    raw = pd.DataFrame(rows, columns=header, dtype=str)
+    first: dict[str, int] = {}
+    for i, run in enumerate(raw["id"]):
+        if not run.strip():
+            raise InputError(f"{path}: line {lines[i]}: column 'id' is empty; each run needs an id")
+        if run in first:
+            raise InputError(f"{path}: line {lines[i]}: column 'id': {run!r} is already the id of line "
+                             f"{lines[first[run]]}; each run has its own id")
+        first[run] = i
+    out = raw.copy()
+    for col in NUMERIC:
+        if col not in raw.columns:
+            out[col] = np.nan
+            continue
+        text = raw[col].str.strip()
+        values = pd.to_numeric(text.where(text != "", None), errors="coerce")
+        bad = text.ne("") & values.isna()
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise InputError(f"{path}: row {lines[i]} (id {raw['id'].iloc[i]}), column '{col}': {text.iloc[i]!r} "
+                             "is not a number")
+        if ((values < 0) | ~np.isfinite(values.fillna(0))).any():
+            i = int(np.flatnonzero(((values < 0) | ~np.isfinite(values.fillna(0))).to_numpy())[0])
+            raise InputError(f"{path}: row {lines[i]} (id {raw['id'].iloc[i]}), column '{col}': must be a finite "
+                             f"number >= 0, got {text.iloc[i]!r}")
+        if col in WHOLE and (values.fillna(0) % 1 != 0).any():
+            i = int(np.flatnonzero((values.fillna(0) % 1 != 0).to_numpy())[0])
+            raise InputError(f"{path}: row {lines[i]} (id {raw['id'].iloc[i]}), column '{col}': must be a whole "
+                             f"number, got {text.iloc[i]!r}")
+        out[col] = values
+    return out
+
+
+def nothing_predicted(path: Path, runs: Runs) -> str:
+    """The message for a file none of whose rows the physics can represent: how many, and why."""
+    from collections import Counter
+
+    reasons = Counter(s["reason"] for s in runs.skipped).most_common()
+    shown = "; ".join(f"{reason} ({n} row{'' if n == 1 else 's'})" for reason, n in reasons[:5])
+    more = f"; and {len(reasons) - 5} other reason(s)" if len(reasons) > 5 else ""
+    return (f"{path}: no row of the file could be predicted: {len(runs.skipped)} row"
+            f"{'' if len(runs.skipped) == 1 else 's'} skipped: {shown}{more}")
+
+
+def _layout(r: pd.Series, prefix: str, moe: bool, heads: int) -> tuple[int, int, int, int, int] | str:
+    """(tp, dp, ep, etp, pp) of one worker, or the reason it is not a dse layout."""
+    def deg(name: str) -> int:
+        v = r.get(prefix + name)
+        return 1 if v is None or not np.isfinite(v) or v < 1 else int(v)
+    tp, dp, pp = deg("tp_size"), deg("attention_dp_size"), deg("pp_size")
+    ep, etp = deg("moe_ep_size"), deg("moe_tp_size")
+    if heads % tp:
+        if np.isfinite(r.get(prefix + "attention_dp_size", np.nan)):  # stated: the row contradicts itself
+            return (f"attention TP{tp} does not divide the model's {heads} heads (no framework runs it) and "
+                    f"attention DP is stated as {dp}")
+        tp, dp = 1, tp  # DP not stated: the run used attention DP over those chips
+    chips = tp * dp
+    if not moe:
+        return tp, dp, 1, chips, pp
+    if ep * etp != chips:
+        return (f"expert layout EP{ep} x TP{etp} = {ep * etp} chips does not match attention TP{tp} x DP{dp} = "
+                f"{chips} chips")
+    return tp, dp, ep, etp, pp
+
+
+def map_runs(raw: pd.DataFrame) -> Runs:
+    """Map each row to catalog ids, formats and layouts; rows that cannot be represented are listed with why."""
+    models, systems = default_models(), default_systems()
+    rows, skipped = [], []
+    for _, r in raw.iterrows():
+        def skip(reason: str, row_id: str = r["id"]) -> None:
+            skipped.append({"id": row_id, "reason": reason})
+        model = MODEL_IDS.get(r["model_path"])
+        system = SYSTEM_IDS.get(r["system"])
+        if model is None or model not in models:
+            skip(f"model {r['model_path']!r} is not in the catalog")
+            continue
+        if system is None or system not in systems:
+            skip(f"system {r['system']!r} is not in the catalog")
+            continue
+        if r["mode"] not in ("agg", "disagg"):
+            skip(f"mode {r['mode']!r} is neither agg nor disagg")
+            continue
+        if not (r["silicon_ttft_ms"] > 0 and r["silicon_tpot_ms"] > 0):
+            skip("no measured TTFT and TPOT (a throughput-only row)")
+            continue
+        if not (r["isl"] >= 1 and r["osl"] >= 1):
+            skip("ISL or OSL missing")
+            continue
+        quant = r.get("gemm_quant_mode") or r.get("precision") or "bf16"
+        if quant not in WEIGHTS:
+            skip(f"weights format {quant!r} is not a catalog number format (allowed: {', '.join(WEIGHTS)})")
+            continue
+        wd = ed = WEIGHTS[quant]  # a format the chip has no tensor units for runs weight-only (dequantized)
+        kd = "fp8" if wd in ("fp8", "fp4") else "bf16"
+        arch = models[model]
+        if wd in INTEGER_DTYPES and arch.is_moe:
+            wd = "bf16"  # integer MoE checkpoints quantize the routed experts only (W4A16 experts, the rest BF16)
+        if r["isl"] + r["osl"] > arch.max_context:
+            skip(f"ISL + OSL = {int(r['isl'] + r['osl']):,} exceeds {model}'s trained window")
+            continue
+        row = {"id": r["id"], "model": model, "system": system, "backend": r.get("backend", ""), "mode": r["mode"],
+               "workers": "stated",
+               "isl": int(r["isl"]), "osl": int(r["osl"]), "wd": wd, "ed": ed, "kd": kd,
+               "measured_ttft_s": r["silicon_ttft_ms"] / 1e3, "measured_tpot_s": r["silicon_tpot_ms"] / 1e3}
+        if r["mode"] == "agg":
+            lay = _layout(r, "", arch.is_moe, arch.spec.attention.n_heads)
+            if isinstance(lay, str):
+                skip(lay)
+                continue
+            tp, dp, ep, etp, pp = lay
+            per_rank = r["batch_size"] if np.isfinite(r["batch_size"]) and r["batch_size"] >= 1 else np.nan
+            conc = r["concurrency"] if np.isfinite(r["concurrency"]) and r["concurrency"] >= 1 else per_rank * dp
+            if not np.isfinite(conc):
+                skip("neither concurrency nor batch_size is given")
+                continue
+            replicas = max(1.0, conc / (per_rank * dp)) if np.isfinite(per_rank) else 1.0
+            row.update(concurrency=float(conc), tp=tp, dp=dp, ep=ep, etp=etp, pp=pp, replicas=replicas,
+                       in_flight=float(conc) / replicas, chips=tp * dp * pp * replicas)
+        else:
+            pre = _layout(r, "prefill_", arch.is_moe, arch.spec.attention.n_heads)
+            dec = _layout(r, "decode_", arch.is_moe, arch.spec.attention.n_heads)
+            if isinstance(pre, str) or isinstance(dec, str):
+                skip(f"{'prefill' if isinstance(pre, str) else 'decode'} pool: {pre if isinstance(pre, str) else dec}")
+                continue
+            pw, dw = r["prefill_num_workers"], r["decode_num_workers"]
+            row["workers"] = "stated" if np.isfinite(pw) and np.isfinite(dw) else "assumed"
+            pw = pw if np.isfinite(pw) and pw >= 1 else 1.0  # not stated: one prefill worker
+            conc = r["concurrency"]
+            per_rank = r["decode_batch_size"]
+            if not (np.isfinite(dw) and dw >= 1):  # not stated: as many decode workers as hold the concurrency
+                known = np.isfinite(conc) and conc >= 1 and np.isfinite(per_rank) and per_rank >= 1
+                dw = max(1.0, math.ceil(conc / (per_rank * dec[1]))) if known else 1.0
+            if not (np.isfinite(conc) and conc >= 1):
+                per_rank = r["decode_batch_size"]
+                if not (np.isfinite(per_rank) and per_rank >= 1):
+                    skip("neither concurrency nor decode_batch_size is given")
+                    continue
+                conc = per_rank * dec[1] * dw
+            row.update(concurrency=float(conc), tp=dec[0], dp=dec[1], ep=dec[2], etp=dec[3], pp=dec[4],
+                       replicas=float(dw), in_flight=float(conc) / dw, p_tp=pre[0], p_dp=pre[1], p_ep=pre[2],
+                       p_etp=pre[3], p_pp=pre[4], p_replicas=float(pw),
+                       chips=dec[0] * dec[1] * dec[4] * dw + pre[0] * pre[1] * pre[4] * pw)
+        rows.append(row)
+    return Runs(pd.DataFrame(rows), skipped, len(raw))
+
+
+
+def family_key(table: pd.DataFrame) -> pd.Series:
+    """What the catalog's decode factors are shared by (`dse validate --fit`): the hardware family (the system
+    where it has none), whichever the mode (a decode pass runs the same kernels whether or not prefill runs
+    elsewhere; the request level adds the interference), and apart from it the rows whose worker counts were
+    assumed (``|assumed``): a layout guessed for want of data does not calibrate the layouts a run states (on
+    the measured runs a third of the assumed rows are faster than the ideal roofline of the assumed layout).
+    """
+    fam = pd.Series([family_of(s) or s for s in table["system"]], index=table.index)
+    return fam.where(table["workers"] != "assumed", fam + "|assumed")
+
+
+def factor_key(table: pd.DataFrame) -> pd.Series:
+    """What a set of decode factors refitted by `validate_runs` is shared by: the `family_key` and the
+    framework (``hopper|sglang``, ``blackwell|assumed|trtllm``). Each framework runs its own kernels (GEMM,
+    attention, all-to-all) and its own scheduler, so the shares of peak, the fixed times and the
+    half-performance lengths it reaches are its own; the data demand it: leave-group-out TPOT errs less with
+    a factor set per family and framework than with one per family shared by the frameworks (the summary's
+    ``loo_family_factors_median_abs_error``; 14.2% against 16.0% on the measured runs).
+    """
+    return family_key(table) + "|" + table["backend"].astype(str)
+
+
+def group_key(table: pd.DataFrame) -> pd.Series:
+    return table[list(GROUP)].astype(str).agg("|".join, axis=1)
+

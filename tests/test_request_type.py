@@ -1,0 +1,59 @@
+"""One request type from the study file down to the physics, the space's defaults defined once, and the
+chunked-prefill budget of the request setting the prefill activations held in HBM."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import dse
+from dse.catalog.models import get_model
+from dse.optimize.space import SpaceOptions, build_space
+from dse.physics.serving import Request
+from dse.studies.base import SpaceSpec, WorkloadSpec
+
+
+def test_workload_spec_builds_the_request_with_every_field():
+    spec = WorkloadSpec(name="rag", prompt=8000, output=300, tpot_max_s=0.05, ttft_max_s=3.0,
+                        demand_tokens_per_s=2e4, cached_prompt_share=0.25, chunk_tokens=2048, draft_tokens=3,
+                        accept_length=2.5)
+    assert spec.workload() == Request(prompt=8000, output=300, name="rag", cached=0.25, chunk=2048, draft=3,
+                                      accept=2.5, tpot_max=0.05, ttft_max=3.0, demand=2e4)
+    # every field of the request comes from the study file (none left at a default the spec cannot set)
+    assert {f.name for f in dataclasses.fields(Request) if f.name != "_"} == {
+        "prompt", "output", "name", "cached", "chunk", "draft", "accept", "tpot_max", "ttft_max", "demand"}
+
+
+def test_the_space_carries_the_request_unchanged():
+    req = Request(prompt=2000, output=300, name="chat", chunk=1024, tpot_max=0.06)
+    space = build_space(get_model("llama-3.1-8b"), req, SpaceOptions(systems=("h100",), tp=(1,), pp=(1,)))
+    assert space.workload is req
+
+
+def test_request_fields_after_the_lengths_are_keywords():
+    with pytest.raises(TypeError):
+        Request(2000, 300, 0.5)  # a positional prefix-cache share would be read as something else
+
+
+def test_space_spec_defaults_are_the_space_options_defaults():
+    spec, opts = SpaceSpec(), SpaceOptions()
+    for name in ("weights_dtypes", "kv_dtypes", "kv_tiers", "tp", "pp", "max_racks", "max_chips_per_stage",
+                 "min_chips_per_stage", "max_batch_per_rank", "ideal", "weight_only"):
+        got = getattr(spec, name)
+        assert (tuple(got) if isinstance(got, list) else got) == getattr(opts, name), name
+    built = spec.options()
+    assert dataclasses.replace(built, systems=()) == SpaceOptions()
+
+
+def test_prefill_activations_follow_the_chunk_budget():
+    """A prefill pass holds at most `chunk` prompt tokens' activations per DP rank: 8 d bf16 values per token,
+    plus one sequence's fp32 logits over the vocabulary (Llama 3.1 8B: d 4096, vocabulary 128,256)."""
+    d, vocab = 4096, 128_256
+    for chunk in (512, 2048, 8192, 65536):
+        ev = dse.evaluate("llama-3.1-8b", "h100", batch=1, context=32768, phase="prefill", chunk=chunk)
+        tokens = min(chunk, 32768)
+        assert ev["activation_bytes_per_chip"] == pytest.approx(tokens * 8 * d * 2 + vocab * 4, rel=1e-12)
+    # the default is the engines' default budget
+    assert dse.evaluate("llama-3.1-8b", "h100", batch=1, context=32768, phase="prefill")[
+        "activation_bytes_per_chip"] == pytest.approx(8192 * 8 * d * 2 + vocab * 4, rel=1e-12)
