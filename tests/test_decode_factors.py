@@ -83,3 +83,96 @@ def test_fractions_stay_shares_of_a_peak_and_latencies_stay_positive(sample):
     assert all(0 < f[k] <= 1.0 for k in ("compute_decode", "memory", "link"))
     assert all(f[k] > 0 for k in FACTORS[3:])
     assert f["memory"] == pytest.approx(1.0)
+
+
+# ---- the fits on arrays are the fits one at a time, to the last bit ----------------------------------------------
+def _scipy_fit(d, measured, start, max_iter, passes):
+    """The decode-factor fit as written first: scipy's Nelder-Mead, the loss from `tpot_at` at `_unpack`."""
+    from scipy.optimize import minimize
+
+    from dse.validate.fit import RESTART_GAIN, _pack, _unpack
+
+    free = used_by(d)
+    fixed = {k: start[k] for k in FACTORS if k not in free}
+    log_meas = np.log(measured)
+
+    def loss(x):
+        return float(np.abs(np.log(tpot_at(d, _unpack(x, free, fixed))) - log_meas).sum())
+
+    x = _pack(start, free)
+    best = loss(x)
+    for _ in range(passes):
+        res = minimize(loss, x, method="Nelder-Mead", options={"maxiter": max_iter, "xatol": 1e-4, "fatol": 1e-7})
+        gain = best - res.fun
+        x, best = (res.x, res.fun) if res.fun < best else (x, best)
+        if gain <= RESTART_GAIN * best:
+            break
+    return _unpack(x, free, fixed)
+
+
+def test_nelder_mead_takes_scipys_steps():
+    """On a function with a flat floor (clipped, so vertices tie) and a curved valley, from several starts:
+    the same point and value as scipy's Nelder-Mead, bit for bit, one problem or many stepped together."""
+    from scipy.optimize import minimize
+
+    from dse.validate.simplex import minimize_many, nelder_mead
+
+    def f(x):
+        y = np.clip(x, -1.0, 3.0)
+        return float(np.sum((y - np.arange(len(y)) * 0.3) ** 2) + (y[0] * y[-1] - 0.5) ** 2)
+
+    rng = np.random.default_rng(7)
+    starts = [rng.uniform(-2, 4, n) for n in (2, 3, 5, 5, 8)] + [np.zeros(4)]
+    for x0 in starts:
+        ref = minimize(f, x0, method="Nelder-Mead", options={"maxiter": 150, "xatol": 1e-4, "fatol": 1e-7})
+        x, fun = nelder_mead(f, x0, 150, xatol=1e-4, fatol=1e-7)
+        assert np.array_equal(x, ref.x) and fun == ref.fun
+    x, fun = minimize_many(lambda reqs: [np.array([f(p) for p in pts]) for _, pts in reqs], starts,
+                           np.full(len(starts), 150), np.full(len(starts), 1), xatol=1e-4, fatol=1e-7)
+    for x0, xi, fi in zip(starts, x, fun, strict=True):
+        ref = minimize(f, x0, method="Nelder-Mead", options={"maxiter": 150, "xatol": 1e-4, "fatol": 1e-7})
+        assert np.array_equal(xi, ref.x) and fi == ref.fun
+
+
+def test_the_losses_on_arrays_are_numpys_sum_of_tpot_at(sample):
+    """Sum |log(TPOT / measured)| of fits reading their own rows or a selection of shared ones, at many factor
+    sets at once: equal, to the last bit, to numpy's sum over `tpot_at` of each fit alone."""
+    from dse.validate.losses import FitRows
+
+    t, _, _, p, terms, catalog = sample
+    rng = np.random.default_rng(3)
+    measured = p * rng.uniform(0.7, 1.4, len(p))
+    picks = [None, np.arange(0, len(p), 2), np.arange(len(p) // 3), np.sort(rng.choice(len(p), 40, replace=False))]
+    own = terms.take(np.arange(len(p) // 2))
+    fits = [(terms, measured, rows) for rows in picks] + [(own, measured[:len(p) // 2], None)]
+    table = FitRows.build(fits)
+    asked = np.array([0, 1, 2, 3, 4, 2, 0])
+    f = np.array([[OTHER[k] * rng.uniform(0.5, 2.0) for _ in asked] for k in FACTORS])
+    got = table.losses(asked, f)
+    for j, i in enumerate(asked):
+        d, m, rows = fits[i]
+        rows = np.arange(len(m)) if rows is None else rows
+        want = np.abs(np.log(tpot_at(d.take(rows), {k: float(f[n, j]) for n, k in enumerate(FACTORS)}))
+                      - np.log(m[rows])).sum()
+        assert got[j] == want
+
+
+def test_the_fits_on_arrays_are_the_fits_one_at_a_time(sample):
+    """`fit_factors` and `fit_factors_many` (fits sharing rows, and fits of their own) give the factors of the
+    fit as first written (scipy's Nelder-Mead on `tpot_at`), bit for bit, with restarts and without."""
+    from dse.validate.fit import fit_factors_many
+
+    t, _, _, p, terms, catalog = sample
+    measured = tpot_at(terms, OTHER) * np.exp(np.sin(np.arange(len(p))) * 0.2)
+    start = {k: float(np.median(catalog[k])) for k in FACTORS}
+    half = np.arange(len(p) // 2)
+    fits = [(terms, measured, start, np.flatnonzero(np.arange(len(p)) % 5 != j)) for j in range(3)]
+    fits.append((terms.take(half), measured[half], start))
+    many = fit_factors_many(fits, max_iter=120, passes=2)
+    for fit, got in zip(fits, many, strict=True):
+        d, m, s, *rows = fit
+        if rows:
+            d, m = d.take(rows[0]), m[rows[0]]
+        want = _scipy_fit(d, m, s, 120, 2)
+        assert got == want and list(got) == list(want)
+        assert fit_factors(d, m, s, 120, 2) == want

@@ -279,3 +279,16 @@ def test_rows_with_assumed_workers_do_not_calibrate_the_rows_that_state_them():
             assert f["fitted"]["memory"] > catalog.memory
         else:
             assert f["fitted"]["memory"] == pytest.approx(catalog.memory, rel=1e-6)
+
+
+def test_the_split_passes_predicted_with_the_unsplit_ones_are_their_own():
+    """`predict_runs_split` evaluates every row unsplit and the expert-parallel rows split in one pass of the
+    physics: each prediction equals, to the last bit, the one `predict_runs` makes of the rows alone."""
+    from dse.validate.predict import predict_runs, predict_runs_split
+
+    t = map_runs(read_runs(MEASURED).iloc[::7]).table
+    split = (t["ep"] > 1).to_numpy()
+    assert split.any() and not split.all() and {"agg", "disagg"} <= set(t["mode"])
+    one, two = predict_runs_split(t, split)
+    pd.testing.assert_frame_equal(one, predict_runs(t), check_exact=True)
+    pd.testing.assert_frame_equal(two, predict_runs(t[split], two_batch=True), check_exact=True)

@@ -19,16 +19,16 @@ pass at the catalog's factors (prefill interference 1 / (1 - u) in an aggregated
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pandas as pd
 
 from dse.catalog.hardware import Efficiency, EfficiencyCatalog
-from dse.physics.roofline import evaluate_at
+from dse.physics.roofline import Candidates, evaluate_at
 from dse.physics.serving import combine
 from dse.validate.factors import FACTOR, FACTORS, FIXED_TIMES, RUN_FITTED
-from dse.validate.predict import predict_runs, run_candidates, run_tables
+from dse.validate.predict import predict_runs, predict_runs_split, run_candidates, run_tables
 from dse.validate.runs import group_key
 
 
@@ -109,35 +109,32 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
     catalog's factors per row.
     """
     n = len(table)
-    out = {k: np.zeros(n) for k in DecodeTerms.__dataclass_fields__}
-    catalog = {k: np.zeros(n) for k in FACTORS}
     models, systems, mt, st = run_tables(table, factors)
     peak = {**{k: 1.0 for k in ("compute_prefill", "compute_decode", "compute_train", "memory", "link",
                                 "hbm_usable")}, "overlap": 0.0}
     probe = {k: FACTOR[k].scale for k in RUN_FITTED}  # 1 us; one row, one token
-    probes = {k: Efficiency(**peak, **{k: v}) for k, v in probe.items()}
-    pos = pd.Series(np.arange(n), index=table.index)
-    for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
-        rows = pos[g.index].to_numpy()
-        in_flight = g["in_flight"] if mode == "agg" else decode_batch[g.index]
-        context = isl + osl / 2.0
-        cand = run_candidates(g, models, systems, "", in_flight.to_numpy() / g["pp"].to_numpy(), context,
-                              np.where(split[rows], 2, 1))
-        inputs = [{"context": context, "phase": 0}]
-        at_peak = evaluate_at(cand, mt, st, Efficiency(**peak), inputs)[0]
-        cat = evaluate_at(cand, mt, st, None, inputs)[0]
-        out["compute"][rows], out["memory"][rows] = at_peak["compute_s"], at_peak["memory_s"]
-        out["comm"][rows] = at_peak["comm_s"]
-        for k, e in probes.items():  # each probe moves one time of the pass by its term x the probe
-            time = FACTOR[k].probe
-            moved = (evaluate_at(cand, mt, st, e, inputs)[0][time] - at_peak[time]) / probe[k]
-            out[FACTOR[k].term][rows] = np.rint(moved) if k in FIXED_TIMES else moved  # counts of collectives, layers
-        out["overlap"][rows] = cat["overlap"]
-        out["rest"][rows] = predicted_tpot[rows] / cat["step_s"]
-        e = st.efficiency_of(np.asarray(cand.broadcast().system))
-        for k in FACTORS:
-            catalog[k][rows] = getattr(e, k)
-    return DecodeTerms(**out), catalog
+    in_flight = np.where(table["mode"].to_numpy() == "agg", table["in_flight"].to_numpy(),
+                         decode_batch[table.index].to_numpy())
+    context = table["isl"].to_numpy() + table["osl"].to_numpy() / 2.0
+    cand = run_candidates(table, models, systems, "", in_flight / table["pp"].to_numpy(), context,
+                          np.where(split, 2, 1)).broadcast()
+    catalog_eff = st.efficiency_of(np.asarray(cand.system))
+    # one evaluation of every row at the peaks, at the catalog's factors and at each probe, stacked
+    effs = [Efficiency(**peak), catalog_eff, *(Efficiency(**peak, **{k: v}) for k, v in probe.items())]
+    stacked = Efficiency(**{f: np.concatenate([np.broadcast_to(getattr(e, f), n) for e in effs])
+                            for f in Efficiency.__dataclass_fields__})
+    tiled = Candidates(*(np.tile(np.asarray(getattr(cand, f.name)), len(effs)) for f in fields(cand)))
+    r = evaluate_at(tiled, mt, st, stacked, [{"context": np.tile(context, len(effs)), "phase": 0}])[0]
+    at_peak, cat, *probed = ({k: v[i * n:(i + 1) * n] for k, v in r.items()} for i in range(len(effs)))
+    out = {"compute": at_peak["compute_s"], "memory": at_peak["memory_s"], "comm": at_peak["comm_s"]}
+    for (k, v), moved_pass in zip(probe.items(), probed, strict=True):  # each probe moves one time of the pass
+        time = FACTOR[k].probe
+        moved = (moved_pass[time] - at_peak[time]) / v
+        out[FACTOR[k].term] = np.rint(moved) if k in FIXED_TIMES else moved  # counts of collectives, layers
+    out["overlap"] = cat["overlap"]
+    out["rest"] = predicted_tpot / cat["step_s"]
+    return DecodeTerms(**{k: np.array(out[k], dtype=np.float64) for k in DecodeTerms.__dataclass_fields__}), \
+        {k: np.array(getattr(catalog_eff, k), dtype=np.float64) for k in FACTORS}
 
 
 def _pick(a: DecodeTerms, b: DecodeTerms, use_b: np.ndarray) -> DecodeTerms:
@@ -175,18 +172,34 @@ class TpotPasses:
         return self.split_batch.where(split & self.eligible, self.batch)
 
 
-def tpot_passes(t: pd.DataFrame, pred: pd.DataFrame, factors: EfficiencyCatalog | None = None) -> TpotPasses:
+def two_batch_eligible(t: pd.DataFrame) -> np.ndarray:
+    """The rows with an expert all-to-all for two micro-batches to hide."""
+    return t["ep"].to_numpy() > 1
+
+
+def predicted_passes(t: pd.DataFrame, factors: EfficiencyCatalog | None = None) -> tuple[pd.DataFrame, TpotPasses]:
+    """`predict_runs` of ``t`` and its `tpot_passes`, the rows' predictions unsplit and split in one evaluation
+    (`dse.validate.predict.predict_runs_split`).
+    """
+    pred, two = predict_runs_split(t, two_batch_eligible(t), factors)
+    return pred, tpot_passes(t, pred, factors, two)
+
+
+def tpot_passes(t: pd.DataFrame, pred: pd.DataFrame, factors: EfficiencyCatalog | None = None,
+                two: pd.DataFrame | None = None) -> TpotPasses:
     """Every row's decode pass as `DecodeTerms` (`decode_terms`), unsplit and, where an expert all-to-all could
-    hide behind the other micro-batch, split in two; ``pred`` is `predict_runs` of ``t`` at the catalog's
-    factors (``factors``, default: the catalog's).
+    hide behind the other micro-batch (`two_batch_eligible`), split in two; ``pred`` is `predict_runs` of ``t``
+    at the catalog's factors (``factors``, default: the catalog's), ``two`` that of the eligible rows with two
+    micro-batches (computed where not given).
     """
     meas = t["measured_tpot_s"].to_numpy()
-    eligible = t["ep"].to_numpy() > 1  # rows with an expert all-to-all for two micro-batches to hide
+    eligible = two_batch_eligible(t)
     p1 = pred["predicted_tpot_s"].astype(float).to_numpy()
     p2 = p1.copy()
     batch2 = pred["decode_batch"].copy()  # a disaggregated row's closed loop holds another decode batch when split
     if eligible.any():
-        two = predict_runs(t[eligible], two_batch=True, factors=factors)
+        if two is None:
+            two = predict_runs(t[eligible], two_batch=True, factors=factors)
         p2[eligible] = two["predicted_tpot_s"].astype(float).to_numpy()
         batch2[two.index] = two["decode_batch"]
     unsplit, catalog = decode_terms(t, p1, pred["decode_batch"], np.zeros(len(t), dtype=bool), factors)
@@ -194,4 +207,3 @@ def tpot_passes(t: pd.DataFrame, pred: pd.DataFrame, factors: EfficiencyCatalog 
     return TpotPasses(p1, p2, np.log(p1 / meas), np.log(p2 / meas), eligible,
                       (t["backend"].astype(str) + "|" + t["mode"]).to_numpy(), group_key(t).to_numpy(), catalog,
                       unsplit, split, pred["decode_batch"], batch2)
-

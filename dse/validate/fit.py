@@ -17,8 +17,10 @@ from dse.catalog.calibration import family_of
 from dse.catalog.hardware import Efficiency
 from dse.validate.decode import DecodeTerms, ServingRows, TpotPasses, tpot_at
 from dse.validate.factors import FACTOR, FACTORS, FITTED, RUN_FITTED
+from dse.validate.losses import FitRows, loss_of
 from dse.validate.points import Point, TrainPoint
 from dse.validate.predict import benchmark_ttft, predict, predict_training
+from dse.validate.simplex import minimize_many, nelder_mead
 
 # ---- least squares on the published points, jointly with measured runs -----------------------------------------------
 # The shares of peak are fitted on the published cases. The fixed times (per collective, per layer, per MoE
@@ -234,7 +236,9 @@ def fit_training(points: list[TrainPoint], default: Efficiency, families: dict[s
 # The nine factors of a decode pass fitted to measured TPOTs (`dse.validate.decode`): each keeps its physical
 # meaning and range (`dse.validate.factors`); a factor no row depends on (no collective across domains, no MoE
 # layer) stays at its catalog value. The fit minimizes the sum of absolute log errors (Nelder-Mead on
-# log-transformed factors, restarted from its own optimum while that still gains).
+# log-transformed factors, restarted from its own optimum while that still gains). Nelder-Mead is scipy's, step
+# for step (`dse.validate.simplex`), and the loss is evaluated on arrays (`dse.validate.losses`): the same
+# factors to the last bit as scipy's `minimize` on `tpot_at`, at a fraction of the cost.
 MAX_ITER = 4000
 MAX_PASSES = 12
 RESTART_GAIN = 1e-6
@@ -262,24 +266,80 @@ def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, max_iter: int
     their start value. Nelder-Mead runs again from its last optimum while a run still lowers
     the loss by more than RESTART_GAIN of it, ``passes`` runs at most.
     """
-    from scipy.optimize import minimize
-
     free = used_by(d)
     fixed = {k: start[k] for k in FACTORS if k not in free}
-    log_meas = np.log(measured)
+    at = loss_of(d, measured)
+    f = np.array([[start[k]] for k in FACTORS])
+    cols = np.array([FACTORS.index(k) for k in free], dtype=np.int64)
+    lo, hi = np.array([FACTOR[k].log_range for k in free]).T
 
     def loss(x: np.ndarray) -> float:
-        return float(np.abs(np.log(tpot_at(d, _unpack(x, free, fixed))) - log_meas).sum())
+        f[cols, 0] = np.exp(np.minimum(np.maximum(x, lo), hi))  # `_unpack` (np.clip, without its checks)
+        return at(f)
 
     x = _pack(start, free)
     best = loss(x)
     for _ in range(passes):  # a restart from the optimum re-spreads the simplex Nelder-Mead shrank
-        res = minimize(loss, x, method="Nelder-Mead", options={"maxiter": max_iter, "xatol": 1e-4, "fatol": 1e-7})
-        gain = best - res.fun
-        x, best = (res.x, res.fun) if res.fun < best else (x, best)
+        res_x, res_fun = nelder_mead(loss, x, max_iter, xatol=1e-4, fatol=1e-7)
+        gain = best - res_fun
+        x, best = (res_x, res_fun) if res_fun < best else (x, best)
         if gain <= RESTART_GAIN * best:
             break
     return _unpack(x, free, fixed)
+
+
+def fit_factors_many(fits: list[tuple], max_iter: int = MAX_ITER, passes: int = MAX_PASSES) -> list[dict]:
+    """`fit_factors` of each fit (terms, measured TPOTs aligned with them, start, and optionally the rows of the
+    terms it reads: all where left out), to the last bit the factors it gives each alone, the fits stepped
+    together (`dse.validate.simplex.minimize_many`): each round evaluates the trial factors of every fit on
+    whole arrays (`dse.validate.losses.FitRows`; fits given the same terms object share their rows).
+    """
+    fits = [(d, m, s, r[0] if r else None) for d, m, s, *r in fits]
+    free = [used_by(d if rows is None else d.take(rows)) for d, _, _, rows in fits]
+    table = FitRows.build([(d, m, rows) for d, m, _, rows in fits])
+    start = np.array([[s[k] for k in FACTORS] for _, _, s, _ in fits]).T.reshape(len(FACTORS), len(fits))
+    cols = np.zeros((len(fits), len(FACTORS)), dtype=np.int64)  # per fit, the factors its point holds, and
+    lo, hi = np.zeros(cols.shape), np.zeros(cols.shape)  # their ranges in logs
+    for i, names in enumerate(free):
+        cols[i, :len(names)] = [FACTORS.index(k) for k in names]
+        lo[i, :len(names)], hi[i, :len(names)] = np.array([FACTOR[k].log_range for k in names]).T
+    rows = np.arange(len(fits) * (len(FACTORS) + 2))  # at most: every fit's initial simplex and one point
+    recent: list[tuple[list[np.ndarray], tuple]] = []  # the last two requests, prepared
+
+    def prepare(requests: list[tuple[np.ndarray, np.ndarray]]) -> tuple:
+        ids = np.concatenate([i for i, _ in requests]) if len(requests) > 1 else requests[0][0]
+        where, at = [], 0
+        for i, x in requests:
+            n = x.shape[1]
+            where.append((cols[i, :n].T, rows[at:at + len(i)], lo[i, :n], hi[i, :n]))
+            at += len(i)
+        return start[:, ids], where, table.plan(ids)
+
+    def objective(requests: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+        asked = [i for i, _ in requests]
+        for j, (seen, _) in enumerate(recent):  # the running fits ask again with the same arrays
+            if len(seen) == len(asked) and all(a is b for a, b in zip(seen, asked, strict=True)):
+                recent.insert(0, recent.pop(j))
+                break
+        else:
+            recent.insert(0, (asked, prepare(requests)))
+            del recent[2:]
+        f0, where, plan = recent[0][1]
+        f = f0.copy()
+        for (_, x), (c, r, low, high) in zip(requests, where, strict=True):
+            f[c, r] = np.exp(np.minimum(np.maximum(x, low), high)).T  # `_unpack` of every point
+        values = plan.losses(f)
+        out, at = [], 0
+        for i in asked:
+            out.append(values[at:at + len(i)])
+            at += len(i)
+        return out
+
+    x, _ = minimize_many(objective, [_pack(s, names) for (_, _, s, _), names in zip(fits, free, strict=True)],
+                         np.full(len(fits), max_iter), np.full(len(fits), passes), xatol=1e-4, fatol=1e-7,
+                         gain=RESTART_GAIN)
+    return [_unpack(xi, names, {k: s[k] for k in FACTORS if k not in names})
+            for xi, names, (_, _, s, _) in zip(x, free, fits, strict=True)]
 
 
 # ---- two-batch overlap, chosen by the data ---------------------------------------------------------------------------
@@ -342,31 +402,49 @@ def refit_tpot(tp: TpotPasses, keys: np.ndarray, meas: np.ndarray,
     on them), the two-batch choice, TPOT in sample and with each row's sweep left out (factors and two-batch
     choice re-made without it), and per row whether that left-out prediction split its pass.
     """
-    gk = tp.groups
-    tb = choose_two_batch(tp, keys)
-    scales, fitted = {}, {}
-    in_sample = np.full(len(keys), np.nan)
-    chosen = tp.terms_for(tb.per_row)
-    for key in np.unique(keys):
-        rows = np.flatnonzero(keys == key)
-        d = chosen.take(rows)
-        fitted[key] = fit_factors(d, meas[rows], {k: float(np.median(tp.catalog[k][rows])) for k in FACTORS})
-        free = used_by(d)
-        scales[key] = {"fitted": {k: v for k, v in fitted[key].items() if k in free},
-                       "kept_from_catalog": {k: v for k, v in fitted[key].items() if k not in free}}
-        in_sample[rows] = tpot_at(d, fitted[key])
-    loo, loo_split = np.full(len(keys), np.nan), np.zeros(len(keys), dtype=bool)
-    for g, idx in pd.Series(np.arange(len(keys))).groupby(gk).groups.items():
-        idx = np.asarray(idx)
-        mine = tp.fw_mode == tp.fw_mode[idx[0]]  # the rows whose choice was re-made without this sweep
-        split = np.where(mine, tp.eligible & tb.without[g], tb.per_row)
-        view = tp.terms_for(split)
-        loo_split[idx] = split[idx]
-        train = np.flatnonzero((gk != g) & (keys == keys[idx[0]]))
-        f = fit_factors(view.take(train), meas[train], fitted[keys[idx[0]]], max_iter=LOO_MAX_ITER, passes=1) \
-            if len(train) else {k: tp.catalog[k][idx] for k in FACTORS}  # a key in no other sweep: the catalog's
-        loo[idx] = tpot_at(view.take(idx), f)
-    return scales, tb, in_sample, loo, loo_split
+    return refit_tpot_sets(tp, [keys], meas)[0]
+
+
+def refit_tpot_sets(tp: TpotPasses, key_sets: list[np.ndarray], meas: np.ndarray,
+                    ) -> list[tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]]:
+    """`refit_tpot` of each set of keys. The fits per key run one at a time (they are few and long); the
+    leave-group-out fits of every set, which start from them, run together (`fit_factors_many`), those of one
+    key and one two-batch choice reading the key's rows once.
+    """
+    out, loo_fits, loo_at = [], [], []
+    for keys in key_sets:
+        tb = choose_two_batch(tp, keys)
+        chosen = tp.terms_for(tb.per_row)
+        scales, fitted = {}, {}
+        in_sample = np.full(len(keys), np.nan)
+        for key in np.unique(keys):
+            rows = np.flatnonzero(keys == key)
+            d = chosen.take(rows)
+            fitted[key] = fit_factors(d, meas[rows], {k: float(np.median(tp.catalog[k][rows])) for k in FACTORS})
+            free = used_by(d)
+            scales[key] = {"fitted": {k: v for k, v in fitted[key].items() if k in free},
+                           "kept_from_catalog": {k: v for k, v in fitted[key].items() if k not in free}}
+            in_sample[rows] = tpot_at(d, fitted[key])
+        loo, loo_split = np.full(len(keys), np.nan), np.zeros(len(keys), dtype=bool)
+        shared: dict = {}  # a key's rows at one two-batch choice: the fits leaving out each of its sweeps read them
+        for g, idx in pd.Series(np.arange(len(keys))).groupby(tp.groups).groups.items():
+            idx = np.asarray(idx)
+            mine = tp.fw_mode == tp.fw_mode[idx[0]]  # the rows whose choice was re-made without this sweep
+            split = np.where(mine, tp.eligible & tb.without[g], tb.per_row)
+            view = tp.terms_for(split)
+            loo_split[idx] = split[idx]
+            rows = np.flatnonzero(keys == keys[idx[0]])
+            train = np.flatnonzero(tp.groups[rows] != g)
+            if len(train):
+                d = shared.setdefault((keys[idx[0]], split[rows].tobytes()), view.take(rows))
+                loo_fits.append((d, meas[rows], fitted[keys[idx[0]]], train))
+                loo_at.append((loo, idx, view.take(idx)))
+            else:  # a key in no other sweep: the catalog's
+                loo[idx] = tpot_at(view.take(idx), {k: tp.catalog[k][idx] for k in FACTORS})
+        out.append((scales, tb, in_sample, loo, loo_split))
+    for (loo, idx, d), f in zip(loo_at, fit_factors_many(loo_fits, LOO_MAX_ITER, 1), strict=True):
+        loo[idx] = tpot_at(d, f)
+    return out
 
 
 # ---- the closed-loop TTFT model --------------------------------------------------------------------------------------

@@ -186,7 +186,7 @@ def run_candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefi
         kv_tier=0, micro_batches=micro_batches)
 
 
-def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: bool = False,
+def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: bool | np.ndarray = False,
                  decode_batch: pd.Series | None = None, factors: EfficiencyCatalog | None = None) -> pd.DataFrame:
     """Predicted TTFT and TPOT (seconds) and whether the configuration fits, per mapped row (same index), with
     what the benchmark's TTFT model needs: ``prefill_s`` (one prompt's prefill on one prefill server),
@@ -194,8 +194,9 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     costs), ``prompts_per_server`` (requests in flight per prefill server) and ``transfer_s`` (the KV
     hand-off).
     ``two_batch`` runs every row's decode passes as two overlapped micro-batches
-    (`dse.physics.roofline._split_pass`). A disaggregated row's decode replicas hold the requests
-    past their prefill (`decode_share_closed_loop`; their batch per replica in ``decode_batch``), or
+    (`dse.physics.roofline._split_pass`), or those of the rows where it holds (an array over the rows). A
+    disaggregated row's decode replicas hold the requests past their prefill (`decode_share_closed_loop`;
+    their batch per replica in ``decode_batch``), or
     ``decode_batch`` where it is given (the ideal roofline at the calibrated physics' operating point).
     ``factors``: the efficiency factors per system where ``eff`` is None (default: the catalog's).
     """
@@ -205,10 +206,11 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     if table.empty:
         return out
     models, systems, mt, st = run_tables(table, factors)
+    micro = pd.Series(np.where(two_batch, 2, 1) * np.ones(len(table), dtype=np.int64), index=table.index)
     for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
         req = Request(int(isl), int(osl))
         per_stage = g["in_flight"].to_numpy() / g["pp"].to_numpy()  # sequences per micro-batch of a replica
-        cand = run_candidates(g, models, systems, "", per_stage, isl + osl, 2 if two_batch else 1)
+        cand = run_candidates(g, models, systems, "", per_stage, isl + osl, micro[g.index].to_numpy())
         if mode == "agg":
             r = aggregated(cand, mt, st, req, eff)
             ttft = r["ttft_s"]
@@ -246,6 +248,18 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
         out.loc[g.index, "predicted_tpot_s"] = tpot
         out.loc[g.index, "fits"] = np.asarray(fits, dtype=float)
     return out
+
+
+def predict_runs_split(table: pd.DataFrame, split: np.ndarray, factors: EfficiencyCatalog | None = None,
+                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`predict_runs` of every row, and of the rows of ``split`` with two micro-batches, in one evaluation of
+    the physics (each row's prediction is its own, whatever rows it is evaluated with).
+    """
+    both = pd.concat([table, table[split]], ignore_index=True)
+    out = predict_runs(both, two_batch=np.arange(len(both)) >= len(table), factors=factors)
+    one, two = out.iloc[:len(table)].copy(), out.iloc[len(table):].copy()
+    one.index, two.index = table.index, table.index[split]
+    return one, two
 
 
 def benchmark_ttft(prefill_s, chunk_share_s, prompts_per_server, transfer_s, share, fixed_s):

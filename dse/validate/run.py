@@ -38,8 +38,8 @@ import pandas as pd
 from dse.catalog.calibration import family_of, load_fitted
 from dse.catalog.hardware import IDEAL
 from dse.errors import InputError
-from dse.validate.decode import tpot_passes
-from dse.validate.fit import fit_closed_loop, refit_tpot
+from dse.validate.decode import predicted_passes
+from dse.validate.fit import fit_closed_loop, refit_tpot_sets
 from dse.validate.points import Cases
 from dse.validate.predict import predict, predict_runs, predict_training, table
 from dse.validate.report import RunsValidation, Validation, summarize
@@ -84,12 +84,12 @@ def validate_runs(runs: Runs) -> RunsValidation:
     t = runs.table.copy()
     if t.empty:
         return RunsValidation(t, {}, runs.skipped, runs.given)
-    pred = predict_runs(t)
-    tp = tpot_passes(t, pred)
+    pred, tp = predicted_passes(t)
     meas = t["measured_tpot_s"].to_numpy()
     scales = {}
-    scales["tpot"], tb, tpot_in_sample, tpot_loo, loo_split = refit_tpot(tp, factor_key(t).to_numpy(), meas)
-    tpot_loo_family = refit_tpot(tp, family_key(t).to_numpy(), meas)[3]
+    by_factors, by_family = refit_tpot_sets(tp, [factor_key(t).to_numpy(), family_key(t).to_numpy()], meas)
+    scales["tpot"], tb, tpot_in_sample, tpot_loo, loo_split = by_factors
+    tpot_loo_family = by_family[3]
     ideal = predict_runs(t, IDEAL, decode_batch=tp.decode_batch(tb.per_row))  # the roofline at the same point
     ideal_loo = ideal["predicted_tpot_s"].to_numpy(dtype=float, copy=True)  # of the left-out prediction's pass
     flipped = loo_split != tb.per_row  # its sweep left out, the data choose the other pass

@@ -6,7 +6,7 @@ flight (a closed loop: each request is replaced as it completes) against one dep
 the physics (`dse.physics.serving`):
 
 - Model and system: ``model_path`` (a Hugging Face id; quantized re-releases map to their base model) and
-  ``system`` map to catalog ids (`MODEL_IDS`, `SYSTEM_IDS`); a row of another model or system is skipped
+  ``system`` map to catalog ids (`model_id`, `system_id`); a row of another model or system is skipped
   with the reason.
 - Number formats: ``gemm_quant_mode`` / ``precision`` give the weights format (``fp8`` and ``fp8_block``
   -> fp8, ``nvfp4`` / ``fp4`` -> fp4, ``int4_wo`` -> int4, none -> bf16). An int4 MoE checkpoint holds its
@@ -37,6 +37,7 @@ import codecs
 import csv
 import io
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,36 @@ MODEL_IDS = {
 SYSTEM_IDS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300", "gb200": "gb200-nvl72",
               "mi300x": "mi300x", "mi325x": "mi325x", "mi355x": "mi355x", "tpu_v5e": "tpu-v5e", "tpu_v6e": "tpu-v6e",
               "tpu_v7": "tpu-v7"}
+QUANTIZED_SUFFIX = re.compile(r"(-(nvfp4|mxfp4|fp8|fp4|kv|dynamic|block|awq|gptq|w4a16|w8a8|int4|int8))+$", re.I)
+"""Name endings of quantized re-releases (``-NVFP4``, ``-FP8-KV``, ...): the architecture is the original's."""
+
+
+def model_id(path: str) -> str | None:
+    """The catalog id of a measured model: `MODEL_IDS`, else the model a quantized re-release of another
+    publisher re-packages (``nvidia/DeepSeek-R1-NVFP4`` -> the id of ``deepseek-ai/DeepSeek-R1``); None if
+    neither names a catalogued model.
+    """
+    if path in MODEL_IDS:
+        return MODEL_IDS[path]
+    base = QUANTIZED_SUFFIX.sub("", path.rsplit("/", 1)[-1]).lower()
+    found = {cid for known, cid in MODEL_IDS.items() if known.rsplit("/", 1)[-1].lower() == base}
+    return found.pop() if len(found) == 1 else None
+
+
+def system_id(name: str, catalog: dict) -> str | None:
+    """The catalog id of a measured system: `SYSTEM_IDS`, else its name in catalog spelling (``_`` as ``-``, no
+    ``_sxm`` form factor), as a rack-scale NVL72 system where the catalog holds it so (``gb300`` ->
+    ``gb300-nvl72``); None if the catalog has no such system.
+    """
+    if name in SYSTEM_IDS:
+        return SYSTEM_IDS[name]
+    plain = name.lower().replace("_", "-").removesuffix("-sxm")
+    for candidate in (plain, f"{plain}-nvl72"):
+        if candidate in catalog:
+            return candidate
+    return None
+
+
 WEIGHTS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "fp4": "fp4", "bf16": "bf16", "float16": "bf16",
            "fp16": "bf16", "int4_wo": "int4", "int4": "int4"}
 REQUIRED = ("id", "model_path", "system", "mode", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms")
@@ -218,7 +249,7 @@ def nothing_predicted(path: Path, runs: Runs) -> str:
             f"{'' if len(runs.skipped) == 1 else 's'} skipped: {shown}{more}")
 
 
-def _layout(r: pd.Series, prefix: str, moe: bool, heads: int) -> tuple[int, int, int, int, int] | str:
+def _layout(r: dict, prefix: str, moe: bool, heads: int) -> tuple[int, int, int, int, int] | str:
     """(tp, dp, ep, etp, pp) of one worker, or the reason it is not a dse layout."""
     def deg(name: str) -> int:
         v = r.get(prefix + name)
@@ -243,11 +274,11 @@ def map_runs(raw: pd.DataFrame) -> Runs:
     """Map each row to catalog ids, formats and layouts; rows that cannot be represented are listed with why."""
     models, systems = default_models(), default_systems()
     rows, skipped = [], []
-    for _, r in raw.iterrows():
+    for r in raw.to_dict("records"):  # plain dicts: a Series per row costs more than the mapping itself
         def skip(reason: str, row_id: str = r["id"]) -> None:
             skipped.append({"id": row_id, "reason": reason})
-        model = MODEL_IDS.get(r["model_path"])
-        system = SYSTEM_IDS.get(r["system"])
+        model = model_id(r["model_path"])
+        system = system_id(r["system"], systems)
         if model is None or model not in models:
             skip(f"model {r['model_path']!r} is not in the catalog")
             continue
