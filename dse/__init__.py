@@ -6,8 +6,8 @@ The public Python API (each function imports what it needs when called, so ``imp
   keys of `dse evaluate --json`;
 - ``evaluate_frame(df) -> DataFrame``: every row of a DataFrame of configurations, vectorized;
 - ``load_study(path_or_dict) -> StudySpec``: a validated study;
-- ``run(study, out=None, storage=None) -> Result``: solve a study (``.summary``, ``.tables``), and
-  write its files into ``out`` when given.
+- ``run(study, out=None, storage=None, plots=True) -> Result``: solve a study (``.summary``,
+  ``.tables``), and write its files into ``out`` when given (PNG plots only with ``plots``).
 
 Bad input raises ``InputError`` with the message the command line prints; an infeasible
 configuration or study raises ``InfeasibleError`` where `dse` exits 3; a solver stopped at its time
@@ -77,19 +77,21 @@ class Result:
 
 
 def run(study: str | Path | dict | StudySpec, out: str | Path | None = None, storage: str | None = None,
-        progress: Callable[[str], None] | None = None, force: bool = False) -> Result:
+        progress: Callable[[str], None] | None = None, force: bool = False, plots: bool = True) -> Result:
     """Solve a study; with ``out``, write summary.json, the CSVs, the plots and report.html there.
 
     ``storage`` is the Optuna storage URL of a sweep, tornado or overtraining study (default: a
     SQLite file in ``out``, or in a temporary folder when nothing is written). ``out`` must be new, or a
-    folder dse wrote; ``force`` lets it hold other files too (dse replaces only its own there).
+    folder dse wrote; ``force`` lets it hold other files too (dse replaces only its own there). ``plots``
+    false writes no PNG figures (the report says they were skipped; summary.json and the CSVs give the same
+    answers), and matplotlib is then never imported.
     """
-    return run_study(study, out=out, storage=storage, progress=progress, force=force)
+    return run_study(study, out=out, storage=storage, progress=progress, force=force, plots=plots)
 
 
 def run_study(study: str | Path | dict | StudySpec, out: str | Path | None = None, storage: str | None = None,
               progress: Callable[[str], None] | None = None, where: str | None = None,
-              force: bool = False) -> Result:
+              force: bool = False, plots: bool = True) -> Result:
     """``run`` with the place the study came from (``where``) for messages; used by `dse run`."""
     from dse.studies.base import StudySpec
     from dse.studies.base import load_study as _load_study
@@ -121,5 +123,5 @@ def run_study(study: str | Path | dict | StudySpec, out: str | Path | None = Non
         if target is not None:
             from dse.report.output import write_outputs
 
-            files = write_outputs(output, spec, target, force)
+            files = write_outputs(output, spec, target, force, plots=plots)
     return Result(summary=output.summary, tables=output.tables, files=files, out=target)

@@ -236,16 +236,23 @@ def _print_evaluation(r: dict) -> None:
         ("params", f"{r['params_total'] / 1e9:.1f}B total, {r['params_active'] / 1e9:.1f}B active", ""),
     ]
     if r.get("serving"):
+        def band(key: str, unit: str) -> str:
+            b = r.get(f"{key}_band")
+            return f"; 80% band {_si(b[0], unit)} - {_si(b[1], unit)}" if b else ""
+
         rows[3] = ("step (decode)", _si(r["step_s"], "s"), f"bound: {r['bound']}; decode step alone")
         rows[4] = ("TTFT", _si(r["ttft_s"], "s"), f"wait {_si(r['queue_wait_s'], 's')} (M/D/1) + "
-                   f"{_si(r['prefill_service_s'], 's')} chunked prefill of {r['prompt']} tokens")
+                   f"{_si(r['prefill_service_s'], 's')} chunked prefill of {r['prompt']} tokens{band('ttft_s', 's')}")
         rows[5:5] = [
-            ("TPOT", _si(r["tpot_s"], "s"), f"with prefill interference ({_si(r['chunk_extra_s'], 's')} per chunk)"),
+            ("TPOT", _si(r["tpot_s"], "s"), f"with prefill interference ({_si(r['chunk_extra_s'], 's')} per chunk)"
+             f"{band('tpot_s', 's')}"),
             ("request throughput", _si(r["requests_per_s"], "req/s"),
              f"{r['tokens_per_s_per_gpu']:.4g} output tok/s per GPU, {r['tokens_per_s_per_user']:.4g} per user"),
             ("cost per request", f"{r['usd_per_request']:.4g} USD",
              f"input {r['usd_per_mtok_input']:.4g}, output {r['usd_per_mtok_output']:.4g}, blended "
-             f"{r['usd_per_mtok_blended']:.4g} USD/Mtok; prefill {r['prefill_share']:.0%} of cost"),
+             f"{r['usd_per_mtok_blended']:.4g} USD/Mtok; prefill {r['prefill_share']:.0%} of cost"
+             + (f"; 80% band {r['usd_per_request_band'][0]:.4g} - {r['usd_per_request_band'][1]:.4g}"
+                if r.get("usd_per_request_band") else "")),
             ("power", _si(r["power_w"], "W"), f"{r['chips']} chips, price kind {r['price_kind']}"),
         ]
         peak = r["prompt"] + r["output"]
@@ -266,8 +273,11 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the table.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Write into a folder holding other files (dse replaces "
                                         "only its own files there).")] = False,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Draw no PNG figures (scripted use: faster, no "
+                                           "matplotlib); the same answers in summary.json and the CSVs, and "
+                                           "report.html says the figures were skipped.")] = False,
 ) -> None:
-    """Run a study: solve it, then write summary.json, CSVs, PNG plots and report.html."""
+    """Run a study: solve it, then write summary.json, CSVs, PNG plots (unless --no-plots) and report.html."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -294,7 +304,8 @@ def run(
                 bar.update(task, description=f"{spec.study}: {what}", total=total,
                            **({"completed": done} if done is not None else {}))
 
-            result = run_study(spec, out=target, storage=storage, progress=progress, where=str(study), force=force)
+            result = run_study(spec, out=target, storage=storage, progress=progress, where=str(study), force=force,
+                               plots=not no_plots)
     except (InputError, SolverLimitError) as exc:
         _fail(exc)
     summary = result.summary
@@ -331,11 +342,35 @@ def worker(
     err.print(f"worker solved {solved} points")
 
 
+def _pool(pl: dict) -> str:
+    """One pool as an operator reads it: ``39 x prefill [8 mi300x TP1 DP8 EP8 CP]``."""
+    role = "" if pl.get("role", "both") == "both" else f"{pl['role']} "
+    layout = f"{pl['chips']} {pl['system']} TP{pl['tp']} DP{pl['dp']} EP{pl['ep']}" + (
+        f" PP{pl['pp']}" if pl["pp"] > 1 else "") + (" CP" if pl.get("context_parallel") else "")
+    batch = "" if pl.get("role") == "prefill" else f", batch {pl['batch']}"
+    return f"{pl['replicas']} x {role}[{layout}{batch}]"
+
+
 def _configuration(e: dict) -> str:
+    """The deployment of a ``best`` entry: each pool with its replicas and whole GPUs, then formats and marks."""
     marks = (" [price is an estimate]" if e.get("price_is_estimate") else "") + (
         " [uncalibrated family]" if e.get("calibration") == "uncalibrated family" else "")
-    return (f"{e['chips']} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
-            f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}{marks}")
+    formats = f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}"
+    if e.get("pools"):
+        gpus = sum(pl["replicas"] * pl["chips"] for pl in e["pools"])
+        return f"{' + '.join(_pool(pl) for pl in e['pools'])} = {gpus} GPUs, {formats}{marks}"
+    return (f"{int(e['chips'])} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
+            f"{formats}{marks}")
+
+
+def _price(e: dict) -> str:
+    """USD per request (and per input and output Mtok) where the entry is request-level, else USD per Mtok."""
+    if e.get("usd_per_request") is None:
+        return f"{e['usd_per_mtok']:.4g} USD/Mtok"
+    deployed = e.get("deployed_usd_per_request")
+    return (f"{e['usd_per_request']:.4g} USD/request" + (" at the fluid pool ratio" if deployed else "")
+            + f" (input {e['usd_per_mtok_input']:.4g}, output {e['usd_per_mtok_output']:.4g} USD/Mtok)"
+            + (f"; {deployed:.4g} as deployed ({e['deployed_chips']} GPUs)" if deployed else ""))
 
 
 def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) -> None:
@@ -354,16 +389,28 @@ def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) ->
     wide = console.width >= 120
     if summary["best"] and wide:
         t = Table(header_style="bold")
-        for col in ("model", "workload", "configuration", "USD/Mtok", "TPOT", "TTFT", "bound"):
-            t.add_column(col, justify="right" if col in ("USD/Mtok", "TPOT", "TTFT") else "left")
-        for e in summary["best"]:
-            t.add_row(e["model"], e["workload"], _configuration(e), f"{e['usd_per_mtok']:.4g}", _si(e["tpot_s"], "s"),
-                      _si(e["ttft_s"], "s"), e["bound"])
+        for col in ("model", "workload", "serving", "GPUs", "USD/request deployed", "TPOT", "TTFT", "bound"):
+            t.add_column(col, justify="right" if col in ("GPUs", "USD/request deployed", "TPOT", "TTFT") else "left")
+        for e in summary["best"]:  # whole GPUs and what they cost per request (the smallest whole deployment)
+            gpus = e.get("deployed_chips", e["chips"])
+            usd = e.get("deployed_usd_per_request", e.get("usd_per_request"))
+            t.add_row(e["model"], e["workload"], e.get("serving", "-"), f"{int(gpus)}",
+                      "-" if usd is None else f"{usd:.4g}",
+                      _si(e["tpot_s"], "s"), _si(e["ttft_s"], "s"), e["bound"])
         console.print(t)
+        for e in summary["best"]:  # the deployment and its price in full, one paragraph each
+            console.print(f"[bold]{e['model']} / {e['workload']}[/]: {_configuration(e)}; {_price(e)}",
+                          highlight=False)
     for e in summary["best"] if not wide else []:  # a narrow terminal: one short block per optimum
         console.print(f"[bold]{e['model']} / {e['workload']}[/]: {_configuration(e)}", highlight=False)
-        console.print(f"  {e['usd_per_mtok']:.4g} USD/Mtok, TPOT {_si(e['tpot_s'], 's')}, "
-                      f"TTFT {_si(e['ttft_s'], 's')}, {e['bound']}-bound", highlight=False)
+        console.print(f"  {_price(e)}, TPOT {_si(e['tpot_s'], 's')}, TTFT {_si(e['ttft_s'], 's')}, "
+                      f"{e['bound']}-bound", highlight=False)
+    from dse.report.present import decision_text
+
+    for e in summary["best"]:
+        decided = decision_text(e)
+        if decided:
+            console.print(escape(f"{e['model']} / {e['workload']}: {decided}"), highlight=False)
     if "price_kind" in summary:
         estimates = sorted({e["system"] for e in summary["best"] if e.get("price_is_estimate")})
         console.print(f"prices: {summary['price_kind']}"
@@ -376,7 +423,11 @@ def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) ->
 @app.command()
 def validate(
     cases: Annotated[Path | None, typer.Option(help="Cases file (default: hw_catalog/calibration/cases.yaml).")] = None,
-    fit: Annotated[bool, typer.Option("--fit", help="Refit the efficiencies (leave-one-out too); store them.")] = False,
+    fit: Annotated[bool, typer.Option("--fit", help="Refit the efficiencies (leave-one-out too); store them, then the "
+                                      "error bands.")] = False,
+    bands: Annotated[bool, typer.Option("--bands", help="Recompute the error bands of the predictions from the stored "
+                                        "fit and the measured serving runs; store them (calibration/fitted.yaml)."
+                                        )] = False,
     out: Annotated[Path | None, typer.Option(help="Report folder (default: results/validate/).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -389,6 +440,9 @@ def validate(
 
     err = Console(stderr=True)
     if cases is not None and cases.suffix.lower() == ".csv":
+        if bands:
+            _fail(InputError(f"{cases}: --bands recomputes the bands from the catalog's cases and its measured runs "
+                             "(hw_catalog/calibration/published/measured_serving.csv); drop --cases"))
         _validate_runs(cases, fit, out, as_json)
         return
     try:
@@ -409,6 +463,9 @@ def validate(
                               f"{r['fixed_point_largest_move']:.2%} per round", highlight=False)
             default_efficiency_catalog.cache_clear()
             clear_calibration_cache()
+        if fit or bands:
+            _store_bands(loaded, err)
+            clear_calibration_cache()
         report = v.run_validation(loaded, use_stored_loo=cases is None or fit)
         target = out or Path("results") / "validate"
         v.write_validation_report(report, target)
@@ -418,6 +475,24 @@ def validate(
         typer.echo(json.dumps(report.as_dict(), indent=2))
         return
     _print_validation(report, target)
+
+
+def _store_bands(loaded, err: Console) -> None:
+    """`dse validate --bands`: the error bands from the stored fit, written into calibration/fitted.yaml."""
+    from dse.catalog.calibration import load_fitted
+    from dse.catalog.hardware import default_efficiency, hw_dir
+    from dse.validate.bands import compute_bands
+    from dse.validate.report import write_bands
+
+    runs_file = hw_dir() / "calibration" / "published" / "measured_serving.csv"
+    fitted = load_fitted()
+    if fitted is None or not runs_file.exists():
+        raise InputError(f"{hw_dir() / 'calibration'}: --bands needs the stored fit (fitted.yaml, `dse validate "
+                         "--fit`) and the measured runs (published/measured_serving.csv)")
+    with err.status("error bands: the measured runs left out by sweep and by family, the families left out"):
+        section = compute_bands(loaded, fitted, default_efficiency(), runs_file,
+                                str(runs_file.relative_to(hw_dir())))
+    write_bands(section, hw_dir())
 
 
 def _validate_runs(cases: Path, fit: bool, out: Path | None, as_json: bool) -> None:

@@ -15,6 +15,11 @@ the block's largest that fits (``n_hi``, at most ``max_batch_per_rank``) is eval
 over all (block, n) pairs in chunks; the optimum is the argmin, exact within the space. The result
 reports the solver as ``argmin (vectorized enumeration)`` with gap 0.
 
+Robust searches. With `dse.optimize.margins.Margins` (a multiplier per system on cost, TPOT and TTFT), every
+search here judges a configuration at the unfavourable end of its band: its targets met by its scaled TTFT and
+TPOT, its cost scaled, whole replicas for a demand at its throughput's low end; the reported metrics stay the
+predictions. Each multiplier is one per block, so the searches stay exact (`dse.optimize.margins` says why).
+
 Bounded memory. Every search here streams the pairs in chunks of whole blocks (`dse.optimize.space.pair_chunks`)
 and keeps, per block, only the pairs some question can choose (its cheapest feasible batch per request, the
 highest feasible request rate, the cheapest whole deployment for a demand): the memory of a search grows with
@@ -26,13 +31,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from dse.catalog.hardware import IDEAL
 from dse.errors import InfeasibleError
+from dse.optimize.margins import Margins
 from dse.optimize.serving import SOLVER_NAME, diagnose
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Choice, Space, block_candidates, chunk_size, describe_choice, pair_chunks, subset
@@ -62,13 +68,23 @@ def evaluate_pairs(space: Space, blocks: pd.DataFrame, pos: np.ndarray, n: np.nd
     return out
 
 
-def feasible_mask(m: dict[str, np.ndarray], tpot_max: float | None, ttft_max: float | None) -> np.ndarray:
+def feasible_mask(m: dict[str, np.ndarray], tpot_max: float | None, ttft_max: float | None,
+                  tpot_margin: np.ndarray | float = 1.0, ttft_margin: np.ndarray | float = 1.0) -> np.ndarray:
+    """Pairs that fit, keep up with their prefill and meet the targets with their TPOT and TTFT times the margins."""
     ok = m["fits"] & m["stable"] & np.isfinite(m["usd_per_request"]) & (m["usd_per_request"] > 0)
     if tpot_max is not None:
-        ok &= m["tpot_s"] <= tpot_max * (1 + TOL)
+        ok &= m["tpot_s"] * tpot_margin <= tpot_max * (1 + TOL)
     if ttft_max is not None:
-        ok &= m["ttft_s"] <= ttft_max * (1 + TOL)
+        ok &= m["ttft_s"] * ttft_margin <= ttft_max * (1 + TOL)
     return ok
+
+
+def _per_pair(margins: Margins | None, space: Space, pos: np.ndarray) -> tuple[np.ndarray | float, ...]:
+    """The (cost, TPOT, TTFT) margins of the pairs at block positions ``pos``: ones without margins."""
+    if margins is None:
+        return 1.0, 1.0, 1.0
+    si = space.blocks["system_idx"].to_numpy()[pos]
+    return margins.cost[si], margins.tpot[si], margins.ttft[si]
 
 
 @dataclass
@@ -93,6 +109,7 @@ class BlockOptima:
     binding: list[str]
     evaluated: int
     demand: dict | None = None
+    margins: Margins | None = None  # the robust search's (None: judged as predicted)
 
 
 def _binding(n: int, n_hi: int, cap: int | None, m_next: dict | None, tpot_max, ttft_max) -> str:
@@ -129,12 +146,13 @@ def has_next(pos: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 
 def block_optima(space: Space, req: Request | None = None, demand: float | None = None,
-                 max_pairs: int | None = None) -> BlockOptima:
+                 max_pairs: int | None = None, margins: Margins | None = None) -> BlockOptima:
     """Evaluate every (block, n) pair of the space; keep each block's cheapest feasible n per request.
 
     With ``demand`` (output tokens/s), also the configuration meeting it with the fewest USD/s in
     whole replicas: ceil(demand / (lambda O)) x USD/s per replica, over every pair. The pairs are streamed in
-    chunks of whole blocks (``max_pairs``), each reduced before the next is evaluated.
+    chunks of whole blocks (``max_pairs``), each reduced before the next is evaluated. With ``margins``, the
+    targets are met at the band's edge and a replica serves lambda O / (cost margin) (`Margins`).
     """
     req = req or space.workload
     w = space.workload
@@ -147,17 +165,19 @@ def block_optima(space: Space, req: Request | None = None, demand: float | None 
     for pos, n in pair_chunks(b, max_pairs):
         m = evaluate_pairs(space, b, pos, n, req)
         evaluated += len(pos)
-        ok = feasible_mask(m, w.tpot_max, w.ttft_max)
+        cost_m, tpot_m, ttft_m = _per_pair(margins, space, pos)
+        ok = feasible_mask(m, w.tpot_max, w.ttft_max, tpot_m, ttft_m)
         heads = first_min_per_block(pos, np.where(ok, m["usd_per_request"], np.inf))
         at = pos[heads]
         best_n[at] = n[heads]
         for k in KEYS:
             metrics[k][at] = m[k][heads]
         more = heads[has_next(pos, heads)]
+        judged = {"stable": m["stable"], "tpot_s": m["tpot_s"] * tpot_m, "ttft_s": m["ttft_s"] * ttft_m}
         for k in nxt:
-            nxt[k][pos[more]] = m[k][more + 1]
+            nxt[k][pos[more]] = judged[k][more + 1]
         if demand is not None and ok.any():
-            tps = m["requests_per_s"] * req.output
+            tps = m["requests_per_s"] * req.output / cost_m
             total = np.where(ok, np.ceil(demand / tps * (1 - 1e-12)) * m["usd_per_s"], np.inf)
             i = int(np.argmin(total))
             if dem is None or total[i] < dem["usd_per_s"]:
@@ -174,11 +194,13 @@ def block_optima(space: Space, req: Request | None = None, demand: float | None 
         if best_n[j] < n_hi[j]:
             following = {"stable": bool(nxt["stable"][j]), "tpot_s": nxt["tpot_s"][j], "ttft_s": nxt["ttft_s"][j]}
         binding.append(_binding(int(best_n[j]), int(n_hi[j]), cap, following, w.tpot_max, w.ttft_max))
-    return BlockOptima(b, best_n, metrics, binding, evaluated, dem)
+    return BlockOptima(b, best_n, metrics, binding, evaluated, dem, margins)
 
 
-def diagnose_requests(space: Space, req: Request) -> str:
-    """Which request-level limit leaves no configuration feasible, and by how much."""
+def diagnose_requests(space: Space, req: Request, margins: Margins | None = None) -> str:
+    """Which request-level limit leaves no configuration feasible, and by how much (with ``margins``, the TTFT and
+    TPOT at the high end of their bands).
+    """
     b, w = space.blocks, space.workload
     if b.empty or not (b["n_hi"] >= 1).any():
         return diagnose(space, w.tpot_max)
@@ -186,37 +208,42 @@ def diagnose_requests(space: Space, req: Request) -> str:
             f"{w.output:,} tokens, aggregated)")
     fit = b[b["n_hi"] >= 1]
     m = evaluate_pairs(space, fit, np.arange(len(fit)), np.ones(len(fit), dtype=np.int64), req)
+    _, tpot_m, ttft_m = _per_pair(margins, space, np.flatnonzero((b["n_hi"] >= 1).to_numpy()))
+    m["tpot_s"], m["ttft_s"] = m["tpot_s"] * tpot_m, m["ttft_s"] * ttft_m
+    edge = ", at the high end of its error band" if margins is not None else ""
     ok = m["fits"] & m["stable"]
     if not ok.any():
         return f"{head}: the prefill load runs out (even one sequence per rank, the prefill cannot keep up)"
     ttft = np.where(ok, m["ttft_s"], np.inf)
     if w.ttft_max is not None and ttft.min() > w.ttft_max:
         i = int(np.argmin(ttft))
-        return (f"{head}: the TTFT target runs out. The fastest request-level TTFT (one sequence per rank, "
+        return (f"{head}: the TTFT target runs out. The fastest request-level TTFT (one sequence per rank{edge}, "
                 f"{fit.iloc[i]['system']}, {int(fit.iloc[i]['chips'])} chips) is {ttft[i]:.3g} s, "
                 f"{ttft[i] - w.ttft_max:.3g} s over the {w.ttft_max:g} s target")
     tp = np.where(ok & ((m["ttft_s"] <= w.ttft_max) if w.ttft_max is not None else True), m["tpot_s"], np.inf)
     i = int(np.argmin(tp))
     return (f"{head}: the TPOT target runs out. The fastest request-level TPOT (with prefill interference, one "
-            f"sequence per rank, {fit.iloc[i]['system']}) is {tp[i] * 1e3:.3g} ms, "
+            f"sequence per rank{edge}, {fit.iloc[i]['system']}) is {tp[i] * 1e3:.3g} ms, "
             f"{(tp[i] - (w.tpot_max or 0)) * 1e3:.3g} ms over the {(w.tpot_max or 0) * 1e3:g} ms target")
 
 
 def pick(space: Space, opt: BlockOptima, mask: np.ndarray | None = None, t0: float | None = None,
          req: Request | None = None) -> RequestResult:
-    """The argmin over the blocks where ``mask`` holds; InfeasibleError names the binding limit."""
+    """The argmin over the blocks where ``mask`` holds (of the cost times its margin, with ``opt.margins``);
+    InfeasibleError names the binding limit.
+    """
     t0 = time.perf_counter() if t0 is None else t0
-    cost = np.where(opt.n > 0, opt.metrics["usd_per_request"], np.inf)
+    cost_m = opt.margins.cost[opt.blocks["system_idx"].to_numpy()] if opt.margins is not None else 1.0
+    cost = np.where(opt.n > 0, opt.metrics["usd_per_request"] * cost_m, np.inf)
     if mask is not None:
         cost = np.where(mask, cost, np.inf)
     if not np.isfinite(cost).any():
         sub = space if mask is None else subset(space, mask)
-        raise InfeasibleError(diagnose_requests(sub, req or space.workload))
+        raise InfeasibleError(diagnose_requests(sub, req or space.workload, opt.margins))
     j = int(np.argmin(cost))
     metrics = {k: float(v[j]) for k, v in opt.metrics.items()}
     choice = Choice(int(opt.blocks.index[j]), int(opt.n[j]), metrics["tpot_s"], metrics["usd_per_request"])
-    res = SolveResult("optimal", "argmin", metrics["usd_per_request"], metrics["usd_per_request"], 0.0,
-                      time.perf_counter() - t0, SOLVER_NAME)
+    res = SolveResult("optimal", "argmin", float(cost[j]), float(cost[j]), 0.0, time.perf_counter() - t0, SOLVER_NAME)
     return RequestResult(res, choice, describe_choice(space, choice), metrics, opt.binding[j],
                          {"pairs_evaluated": opt.evaluated, "blocks": len(opt.blocks)})
 
@@ -236,11 +263,12 @@ PREFILL_KEYS = ("prefill_service_s", "servers", "kv_transfer_s", "usd_per_prompt
                 "chip_s_per_prompt", "hbm_bytes_per_chip", "ring_s")
 
 
-def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only: np.ndarray | None = None
-                  ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only: np.ndarray | None = None,
+                  margins: Margins | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
     """Every (block, n) of the space (of the blocks at positions ``only``, when given) as a decode replica
     (`dse.physics.serving.decode_pool`), in chunks of whole blocks: positions into ``space.blocks``, n, and the
-    metrics (``DECODE_KEYS`` plus ``fits`` and ``ok``: fits and meets the workload's TPOT target).
+    metrics (``DECODE_KEYS`` plus ``fits`` and ``ok``: fits and meets the workload's TPOT target, with its TPOT
+    times its margin where ``margins`` are given).
     """
     mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
     eff = IDEAL if space.ideal else None
@@ -251,7 +279,7 @@ def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only
         m["fits"] = np.asarray(r["fits"], dtype=bool)
         m["ok"] = m["fits"] & np.isfinite(m["usd_per_request"]) & (m["usd_per_request"] > 0)
         if tpot_max is not None:
-            m["ok"] &= m["tpot_s"] <= tpot_max * (1 + TOL)
+            m["ok"] &= m["tpot_s"] * _per_pair(margins, space, pos)[1] <= tpot_max * (1 + TOL)
         yield pos, n, m
 
 
@@ -300,6 +328,18 @@ def prefill_options(space: Space, req: Request, context_parallel: tuple[bool, ..
     rho = rho_for_ttft(metrics["prefill_service_s"], metrics["kv_transfer_s"], space.workload.ttft_max)
     ok = r["fits"] & np.isfinite(rho) & (rho > 0)
     return PrefillOptions(pos, cp, metrics, rho, ok, np.asarray(r["fits"], dtype=bool))
+
+
+def judged_prefill(space: Space, pre: PrefillOptions, margins: Margins) -> PrefillOptions:
+    """The prefill options at the highest utilisation whose TTFT times its system's margin meets the target (the
+    same evaluations, another utilisation).
+    """
+    target = space.workload.ttft_max
+    if target is None:
+        return pre
+    rho = rho_for_ttft(pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"],
+                       target / _per_pair(margins, space, pre.pos)[2])
+    return replace(pre, rho=rho, ok=pre.fits & np.isfinite(rho) & (rho > 0))
 
 
 def numerics_group(space: Space, pos: np.ndarray) -> np.ndarray:
@@ -393,28 +433,44 @@ class DisaggregatedTables:
     pre: PrefillOptions
     evaluated: int = 0  # decode pairs evaluated
     demand: float | None = None  # output tokens/s the demand winners were kept for
+    margins: Margins | None = None  # the robust search's (None: judged as predicted)
+    judged_pre: PrefillOptions | None = None  # with margins: the prefill options at the tightened TTFT targets
+
+    @property
+    def searched_pre(self) -> PrefillOptions:
+        """The prefill options the searches choose from: ``judged_pre`` with margins, else ``pre`` (which stays
+        as predicted: the fronts pair decode pairs with it).
+        """
+        return self.pre if self.judged_pre is None else self.judged_pre
 
 
-def _decode_demand_cost(dm: dict[str, np.ndarray], ok: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
-    """Whole decode replicas for a request rate ``lam``, and their USD/s (infinite where not ``ok``)."""
-    replicas = np.ceil(lam / dm["requests_per_s"] * (1 - 1e-12))
+def _decode_demand_cost(dm: dict[str, np.ndarray], ok: np.ndarray, lam: float, cost_margin: np.ndarray | float = 1.0
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Whole decode replicas for a request rate ``lam`` (each serving its rate over its cost margin), and their
+    USD/s (infinite where not ``ok``).
+    """
+    replicas = np.ceil(lam / (dm["requests_per_s"] / cost_margin) * (1 - 1e-12))
     return replicas, np.where(ok, replicas * dm["usd_per_s"], np.inf)
 
 
 def disaggregated_tables(space: Space, req: Request | None = None, context_parallel: tuple[bool, ...] = (False, True),
-                         demand: float | None = None, max_pairs: int | None = None) -> DisaggregatedTables:
-    """Evaluate every decode pair (streamed, reduced per block) and every prefill option of the space."""
+                         demand: float | None = None, max_pairs: int | None = None, margins: Margins | None = None
+                         ) -> DisaggregatedTables:
+    """Evaluate every decode pair (streamed, reduced per block) and every prefill option of the space; with
+    ``margins``, each judged at the unfavourable end of its band (`Margins`).
+    """
     req = req or space.workload
     kept: list[tuple[np.ndarray, np.ndarray, dict]] = []
     evaluated = 0
-    for pos, n, m in decode_chunks(space, req, max_pairs):
+    for pos, n, m in decode_chunks(space, req, max_pairs, margins=margins):
         evaluated += len(pos)
         ok = m["ok"]
         picks = [first_min_per_block(pos, np.where(ok, m["usd_per_request"], np.inf)),
                  first_min_per_block(pos, np.where(ok, -m["requests_per_s"], np.inf)),
                  first_min_per_block(pos, np.where(m["fits"], m["tpot_s"], np.inf))]
         if demand is not None:
-            picks.append(first_min_per_block(pos, _decode_demand_cost(m, ok, demand / req.output)[1]))
+            cost_m = _per_pair(margins, space, pos)[0]
+            picks.append(first_min_per_block(pos, _decode_demand_cost(m, ok, demand / req.output, cost_m)[1]))
         sel = np.unique(np.concatenate(picks))
         same = has_next(pos, sel)
         tpot_next = np.where(same, m["tpot_s"][np.minimum(sel + 1, len(pos) - 1)], np.nan)
@@ -430,8 +486,9 @@ def disaggregated_tables(space: Space, req: Request | None = None, context_paral
         dm = {k: np.zeros(0) for k in (*DECODE_KEYS, "tpot_next_s")}
         dm["fits"] = dm["ok"] = np.zeros(0, dtype=bool)
     dok = dm.pop("ok")
-    return DisaggregatedTables(req, dpos, dn, dm, dok, prefill_options(space, req, context_parallel), evaluated,
-                               demand)
+    pre = prefill_options(space, req, context_parallel)
+    return DisaggregatedTables(req, dpos, dn, dm, dok, pre, evaluated, demand, margins,
+                               None if margins is None else judged_prefill(space, pre, margins))
 
 
 def solve_disaggregated(space: Space, req: Request | None = None,
@@ -459,15 +516,16 @@ def pick_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarray | 
                        t0: float | None = None) -> DisaggregatedResult:
     """The cheapest (decode pair, prefill option) whose blocks lie where ``mask`` (over ``space.blocks``) holds."""
     t0 = time.perf_counter() if t0 is None else t0
-    w, pre = space.workload, t.pre
+    w, pre = space.workload, t.searched_pre
     dok, pok = t.dok, pre.ok
     if mask is not None:
         dok = dok & mask[t.dpos]
         pok = pok & mask[pre.pos]
-    pre_usd = pre.usd_per_request
+    dec_m, tpot_m = _per_pair(t.margins, space, t.dpos)[:2]
+    pre_usd = pre.usd_per_request * _per_pair(t.margins, space, pre.pos)[0]
     bestp = best_prefill(space, pre, np.where(pok, pre_usd, np.inf))
     jp = prefill_of(bestp, numerics_group(space, t.dpos))
-    total = np.where(dok & (jp >= 0), t.dm["usd_per_request"] + pre_usd[jp], np.inf)
+    total = np.where(dok & (jp >= 0), t.dm["usd_per_request"] * dec_m + pre_usd[jp], np.inf)
     if not np.isfinite(total).any():
         raise InfeasibleError(diagnose_disaggregated(space, t, mask))
     i = int(np.argmin(total))
@@ -479,7 +537,7 @@ def pick_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarray | 
     n_hi = int(space.blocks["n_hi"].iloc[t.dpos[i]])
     nxt = None
     if t.dn[i] < n_hi:
-        nxt = {"stable": True, "tpot_s": t.dm["tpot_next_s"][i], "ttft_s": 0.0}
+        nxt = {"stable": True, "tpot_s": t.dm["tpot_next_s"][i] * (tpot_m[i] if t.margins else 1.0), "ttft_s": 0.0}
     binding = _binding(int(t.dn[i]), n_hi, int(space.stats.get("max_batch_per_rank", 0)) or None, nxt, w.tpot_max,
                        None)
     res = SolveResult("optimal", "argmin", float(total[i]), float(total[i]), 0.0, time.perf_counter() - t0,
@@ -506,7 +564,7 @@ def deployment_pools(space: Space, decode: Choice, prefill_block: int, cp: bool,
 
 def diagnose_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarray | None = None) -> str:
     """Which pool runs out, and of what, when no disaggregated deployment is feasible."""
-    w, pre = space.workload, t.pre
+    w, pre = space.workload, t.searched_pre
     dfit = t.dm["fits"] if mask is None else t.dm["fits"] & mask[t.dpos]
     dok = t.dok if mask is None else t.dok & mask[t.dpos]
     pin = np.ones(len(pre.pos), dtype=bool) if mask is None else mask[pre.pos]
@@ -514,15 +572,20 @@ def diagnose_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarra
             f"{w.output:,} tokens)")
     if not dfit.any():
         return diagnose(space if mask is None else subset(space, mask), w.tpot_max)
+    edge = ", at the high end of its error band" if t.margins is not None else ""
     if not dok.any():
-        tp = float(np.min(np.where(dfit, t.dm["tpot_s"], np.inf)))
-        return (f"{head}: the TPOT target runs out in the decode pool. The fastest decode TPOT is {tp * 1e3:.3g} ms, "
-                f"{(tp - (w.tpot_max or 0)) * 1e3:.3g} ms over the {(w.tpot_max or 0) * 1e3:g} ms target")
+        tpot = t.dm["tpot_s"] * _per_pair(t.margins, space, t.dpos)[1]
+        tp = float(np.min(np.where(dfit, tpot, np.inf)))
+        return (f"{head}: the TPOT target runs out in the decode pool. The fastest decode TPOT{edge} is "
+                f"{tp * 1e3:.3g} ms, {(tp - (w.tpot_max or 0)) * 1e3:.3g} ms over the {(w.tpot_max or 0) * 1e3:g} ms "
+                "target")
     if not (pre.ok & pin).any() and w.ttft_max is not None:
-        tt = np.where(pin & pre.fits, pre.metrics["prefill_service_s"] + pre.metrics["kv_transfer_s"], np.inf)
+        tt = ((pre.metrics["prefill_service_s"] + pre.metrics["kv_transfer_s"])
+              * _per_pair(t.margins, space, pre.pos)[2])
+        tt = np.where(pin & pre.fits, tt, np.inf)
         k = int(np.argmin(tt))
         if np.isfinite(tt[k]):
-            return (f"{head}: the TTFT target runs out in the prefill pool. The fastest prefill plus KV transfer "
+            return (f"{head}: the TTFT target runs out in the prefill pool. The fastest prefill plus KV transfer{edge} "
                     f"({space.blocks.iloc[pre.pos[k]]['system']}, {int(pre.metrics['chips'][k])} chips"
                     f"{', context parallel' if pre.cp[k] else ''}) takes {tt[k]:.3g} s with no queue, "
                     f"{tt[k] - w.ttft_max:.3g} s over the {w.ttft_max:g} s target")
@@ -540,10 +603,11 @@ def disaggregated_demand(space: Space, t: DisaggregatedTables, demand: float) ->
     if t.demand != demand:
         raise ValueError(f"the tables kept each block's cheapest decode pool for a demand of {t.demand} output "
                          f"tokens/s, not {demand}: build them with disaggregated_tables(..., demand={demand})")
-    pre = t.pre
+    pre = t.searched_pre
     lam = demand / t.req.output
-    d_n, d_cost = _decode_demand_cost(t.dm, t.dok, lam)
-    p_n = np.ceil(lam * pre.metrics["prefill_service_s"] / (pre.metrics["servers"] * pre.rho) * (1 - 1e-12))
+    d_n, d_cost = _decode_demand_cost(t.dm, t.dok, lam, _per_pair(t.margins, space, t.dpos)[0])
+    service = pre.metrics["prefill_service_s"] * _per_pair(t.margins, space, pre.pos)[0]
+    p_n = np.ceil(lam * service / (pre.metrics["servers"] * pre.rho) * (1 - 1e-12))
     p_cost = np.where(pre.ok, p_n * pre.metrics["usd_per_s"], np.inf)
     jp = prefill_of(best_prefill(space, pre, p_cost), numerics_group(space, t.dpos))
     total = np.where(jp >= 0, d_cost + p_cost[jp], np.inf)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dse.catalog.calibration import error_band
+from dse.catalog.calibration import band_keys, bands_of
 from dse.catalog.hardware import (
     DEFAULT_PRICE_KIND,
     IDEAL,
@@ -325,16 +325,9 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     out["price_kind"] = system.price_kind
     out["price_is_estimate"] = system.price_is_estimate
     out["power_all_in_w_per_chip"] = None if math.isnan(system.power_all_in_w) else system.power_all_in_w
-    band = None if ideal else error_band(system.id)
-    if band is None:
-        out["tokens_per_s_band"] = out["usd_per_mtok_band"] = out["tpot_s_band"] = None
-    else:  # from the leave-one-out residuals of `dse validate`: 10th-90th percentile of measured / predicted
-        lo, hi = band
-        out["tokens_per_s_band"] = [out["tokens_per_s"] * lo, out["tokens_per_s"] * hi]
-        cost = out["usd_per_mtok"]  # None where the system has no price of the chosen kind
-        out["usd_per_mtok_band"] = None if cost is None else [cost / hi, cost / lo]
-        tpot = out["tpot_s"]
-        out["tpot_s_band"] = None if tpot is None else [tpot / hi, tpot / lo]
+    # every prediction's band (`<key>_band`, None with --ideal or no stored fit): the out-of-sample errors of
+    # `dse validate` for the system's family (`dse.catalog.calibration.bands_of`)
+    out.update(band_keys(out, None if ideal else bands_of(system.id)))
     return out
 
 

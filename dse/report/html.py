@@ -10,18 +10,26 @@ import pandas as pd
 
 from dse.report.present import STYLE, headline_html, interactive_charts, table_html
 from dse.studies.base import StudySpec
-from dse.studies.contract import Optimum, StudyOutput
+from dse.studies.contract import Optimum, Plot, StudyOutput
 from dse.studies.registry import study_module
 
 
+def _plots(out: StudyOutput, spec: StudySpec) -> list[Plot]:
+    """The kind's plots whose tables have data."""
+    return [plot for plot in study_module(spec.kind).PLOTS if plot.has_data(out)]
+
+
+def plot_files(out: StudyOutput, spec: StudySpec) -> list[str]:
+    """The files `write_plots` draws."""
+    return [plot.file for plot in _plots(out, spec)]
+
+
 def write_plots(out: StudyOutput, spec: StudySpec, folder: Path) -> list[str]:
-    """Draw the kind's plots whose tables have rows into ``folder``; return their file names."""
-    files = []
-    for plot in study_module(spec.kind).PLOTS:
-        if plot.has_data(out):
-            plot.draw(out, folder / plot.file)
-            files.append(plot.file)
-    return files
+    """Draw the kind's plots whose tables have data into ``folder``; return their file names."""
+    plots = _plots(out, spec)
+    for plot in plots:
+        plot.draw(out, folder / plot.file)
+    return [plot.file for plot in plots]
 
 
 NEAR_TARGET = 0.98
@@ -35,7 +43,8 @@ def _fmt_bytes(x: float) -> str:
 
 def _band(e: dict) -> str:
     band = e.get("usd_per_mtok_band")
-    return "" if not band else f" (80% band {band[0]:.3g}-{band[1]:.3g}, from the leave-one-out errors of dse validate)"
+    return "" if not band else (f" (80% band {band[0]:.3g}-{band[1]:.3g}, from the out-of-sample errors of dse "
+                                "validate for its hardware family)")
 
 
 def explain(o: Optimum, space) -> str:
@@ -69,7 +78,7 @@ def explain(o: Optimum, space) -> str:
         f"Memory per chip: weights {_fmt_bytes(e['weights_bytes_per_chip'])}, KV {_fmt_bytes(e['kv_bytes_per_chip'])}, "
         f"activations {_fmt_bytes(e['activation_bytes_per_chip'])}, free {_fmt_bytes(free)} of "
         f"{_fmt_bytes(e['hbm_capacity_per_chip'])}. Cost {e['usd_per_mtok']:.4g} USD per million output tokens"
-        f"{'' if o.request_level else _band(e)} at {e.get('usd_per_chip_hour') or float('nan'):.3g} USD per "
+        f"{_band(e)} at {e.get('usd_per_chip_hour') or float('nan'):.3g} USD per "
         f"chip-hour ({e.get('price_kind', '')}{', <b>ESTIMATE</b>' if e.get('price_is_estimate') else ''}), "
         f"{e['usd_per_mtok_input']:.4g} per million input tokens "
         f"({'its share of the request by time on prefill' if o.request_level else 'prefill one prompt at a time'}); "
@@ -94,8 +103,11 @@ def _power(e: dict) -> str:
     return f" Power {e['power_w'] / 1e3:.3g} kW all-in, {e['joules_per_token']:.3g} J per output token."
 
 
-def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[str]) -> None:
-    """A self-contained report.html: text, tables and the PNGs embedded."""
+def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[str],
+                 skipped: list[str] | None = None) -> None:
+    """A self-contained report.html: text, tables and the PNGs embedded; ``skipped`` names the figures a run
+    without plots did not draw (the report says so in their place).
+    """
     s = out.summary
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -128,6 +140,9 @@ def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[st
             data = base64.b64encode(path.read_bytes()).decode()
             title = name.removesuffix(".png").replace("_", " ")
             parts.append(f"<h2>{title}</h2><img src='data:image/png;base64,{data}'>")
+    if skipped:
+        parts.append(f"<p><b>Figures skipped:</b> this run drew no plots (<code>--no-plots</code>); "
+                     f"not drawn: {html.escape(', '.join(skipped))}. The tables below hold their data.</p>")
     parts.append(interactive_charts(out, spec.kind))
     for name, table in solved.tables.items():
         parts.append(f"<h2>{name}.csv</h2>")

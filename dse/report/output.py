@@ -393,14 +393,17 @@ def _put_marker(real: Path, scratch: Path, doc: dict) -> None:
     os.replace(scratch / ".dse-output.next", real / MARKER)
 
 
-def write_outputs(out: StudyOutput, spec: StudySpec, target: Path, force: bool = False) -> list[str]:
-    """Write summary.json, one CSV per table, PNG plots and report.html; all or nothing.
+def write_outputs(out: StudyOutput, spec: StudySpec, target: Path, force: bool = False,
+                  plots: bool = True) -> list[str]:
+    """Write summary.json, one CSV per table, PNG plots (unless ``plots`` is false) and report.html; all or
+    nothing.
 
     The files are written into a sibling folder, which then replaces ``target`` in one rename (a sweep's
     Optuna storage moves along); a file dse did not write is never deleted or overwritten. With ``force``
     and such files in ``target``, dse's own files are replaced there one by one and the others kept.
+    Without ``plots`` the report names the figures it would have embedded; the rest is the same.
     """
-    from dse.report.html import write_plots, write_report
+    from dse.report.html import plot_files, write_plots, write_report
 
     target = Path(target)
     with hold(target) as real:
@@ -415,13 +418,13 @@ def write_outputs(out: StudyOutput, spec: StudySpec, target: Path, force: bool =
             for name, table in out.tables.items():
                 table.to_csv(new / f"{name}.csv", index=False)
                 files.append(f"{name}.csv")
-            plots = write_plots(out, spec, new)
-            files += plots
+            drawn = write_plots(out, spec, new) if plots else []
+            files += drawn
             files.append("report.html")
             files.append("summary.json")
             out.summary["outputs"] = sorted(files)
             (new / "summary.json").write_text(json.dumps(_jsonable(out.summary), indent=2))
-            write_report(out, spec, new, plots)
+            write_report(out, spec, new, drawn, skipped=None if plots else plot_files(out, spec))
             digests = {name: _sha256(new / name) for name in sorted(files)}
             doc = {"version": MARKER_VERSION, "study": spec.study, "files": digests}
             (new / MARKER).write_text(json.dumps(doc, indent=1))

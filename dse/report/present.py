@@ -17,11 +17,14 @@ from dse.studies.registry import study_module
 
 HEADLINE_KEYS = (  # (key, label, unit kind) of an optimum, shown when the entry has them
     ("usd_per_request", "USD/request", "usd"),
+    ("usd_per_request_band", "its 80% band", "band"),
     ("usd_per_mtok", "USD/Mtok (output)", "usd"),
     ("usd_per_mtok_output", "USD/Mtok output", "usd"),
     ("usd_per_mtok_input", "USD/Mtok input", "usd"),
     ("ttft_s", "TTFT", "s"),
+    ("ttft_s_band", "its 80% band", "band"),
     ("tpot_s", "TPOT", "s"),
+    ("tpot_s_band", "its 80% band", "band"),
     ("tokens_per_s_per_gpu", "tokens/s per GPU", "rate"),
     ("tokens_per_s_per_user", "tokens/s per user", "rate"),
     ("tokens_per_s", "tokens/s", "rate"),
@@ -99,6 +102,26 @@ def _configuration(o: Optimum) -> str:
             f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}")
 
 
+def decision_text(e: dict) -> str | None:
+    """Whether an optimum is decided, in a line (None for an entry that does not say): decided, its cost band
+    clears the runner-up's; else the contenders to measure.
+    """
+    if "decided" not in e:
+        return None
+    how = f"({e.get('decide', 'expected')}, 80% bands of USD/request)"
+
+    def band(x: dict) -> str:
+        lo, hi = x["usd_per_request_band"]
+        return f"{lo:.4g}-{hi:.4g}"
+
+    if e["decided"]:
+        ru = e.get("runner_up")
+        return (f"decided {how}: {band(e)} clears the runner-up, {ru['serving']} on {ru['system']} ({band(ru)})"
+                if ru else f"decided {how}: no other system or mode is feasible")
+    rivals = "; ".join(f"{c['serving']} [{c['layout']}] {band(c)}" for c in e["contenders"])
+    return f"not decided: measure these {how[:-1]}, this optimum's {band(e)}): {rivals}"
+
+
 def headline_html(out: StudyOutput, kind: str) -> str:
     """The answer block: the kind's headline lines, then each optimum with its cost and speed."""
     parts = ["<section id='headline'><h2>Answer</h2>"]
@@ -119,8 +142,10 @@ def headline_html(out: StudyOutput, kind: str) -> str:
                              "efficiency factors; the default factors apply)</span>")
             metrics = [f"{label} <b>{html.escape(cell(key, e[key]) if unit != 's' else si(e[key], 's'))}</b>"
                        for key, label, unit in HEADLINE_KEYS if key in e and e[key] is not None]
+            decided = decision_text(e)
             rows.append(f"<li><b>{html.escape(e['model'])} / {html.escape(e['workload'])}</b>: "
-                        f"{html.escape(_configuration(o))}{estimate}<br>{' &middot; '.join(metrics)}</li>")
+                        f"{html.escape(_configuration(o))}{estimate}<br>{' &middot; '.join(metrics)}"
+                        + (f"<br>{html.escape(decided)}" if decided else "") + "</li>")
         parts.append("<ul class='optima'>" + "".join(rows) + "</ul>")
     if not lines and not best:
         parts.append("<p>No configuration was chosen: see the infeasible list below.</p>")

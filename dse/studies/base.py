@@ -164,6 +164,13 @@ class StudySpec(Strict):
     """Whether ``systems: all`` includes announced, unshipped systems."""
     allow_beyond_trained_context: bool = False
     """Whether a workload may exceed a model's published maximum context (then every table flags it)."""
+    decide: Literal["expected", "robust"] | None = Field(
+        default=None, description="how an optimum is chosen: `expected` on the predictions; `robust` on each "
+        "system's predictions at the unfavourable end of its validated error band (cost x the band's high "
+        "multiplier, the TTFT and TPOT targets met at the band's edge). Default: `robust` when any candidate "
+        "system of the space (one with a valid layout for the model and formats) is of an uncalibrated family (no "
+        "calibration data), else `expected`; with `space.ideal` (no band) always `expected`")
+    """How an optimum is chosen (`dse.optimize.margins`); None: the default rule of the field's description."""
 
     models_required: ClassVar[bool] = True
     """Whether the study must name catalog models (kinds that build their own models do not)."""

@@ -16,9 +16,19 @@ from dse.errors import InfeasibleError
 from dse.optimize.requests import disaggregated_demand
 from dse.optimize.space import Choice, Space, describe_choice
 from dse.studies.base import StudySpec
-from dse.studies.common import CONFIG_KEYS, METRICS, Found, mode_tables, optimum, pick_modes, run_serving
+from dse.studies.common import (
+    CONFIG_KEYS,
+    METRICS,
+    Found,
+    band_columns,
+    mode_tables,
+    optimum,
+    pick_modes,
+    pool_text,
+    run_serving,
+)
 from dse.studies.contract import Chart, Plot, Progress, Solved, StudyOutput
-from dse.studies.plotting import TIME_BREAKDOWN, plt, save
+from dse.studies.plotting import TIME_BREAKDOWN, save, subplots
 
 USES_STORAGE = False
 WORKERS = False
@@ -83,7 +93,7 @@ def solve_one(space: Space, spec: StudySpec, ideal: bool, found: Found) -> None:
     for me, _ in picked:
         modes.append({"model": space.model.id, "workload": w.name, "status": "optimal", "reason": "",
                       "system": me["system"], **{k: me.get(k) for k in (*ROW_KEYS, *MODE_KEYS)},
-                      "pools": "; ".join(_pool_text(p) for p in me["pools"])})
+                      **band_columns(me), "pools": "; ".join(pool_text(p) for p in me["pools"])})
     for reason in reasons:
         modes.append({"model": space.model.id, "workload": w.name, "serving": reason.split(":")[0],
                       "status": "infeasible", "reason": reason})
@@ -99,15 +109,9 @@ def solve_one(space: Space, spec: StudySpec, ideal: bool, found: Found) -> None:
             se, r = got[0]
             found.results.append(r.result)
             row.update(status=r.result.status, reason="")
-            row.update({k: se.get(k) for k in ROW_KEYS})
+            row.update({k: se.get(k) for k in ROW_KEYS}, **band_columns(se))
         rows.append(row)
     found.rows.setdefault("systems", []).extend(rows)
-
-
-def _pool_text(p: dict) -> str:
-    cp = ", context parallel" if p.get("context_parallel") else ""
-    return (f"{p['role']} x{p['replicas']}: {p['chips']} x {p['system']} TP{p['tp']} DP{p['dp']} EP{p['ep']} "
-            f"PP{p['pp']} batch {p['batch']}{cp}")
 
 
 def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
@@ -118,8 +122,8 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 def _cost_by_system(out: StudyOutput, path: Path) -> None:
     table: pd.DataFrame = out.tables["systems"]
     groups = list(table.groupby(["model", "workload"], sort=False))
-    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 2.2 + 0.28 * table["system"].nunique() * len(groups)),
-                             squeeze=False)
+    fig, axes = subplots(len(groups), 1, figsize=(9, 2.2 + 0.28 * table["system"].nunique() * len(groups)),
+                         squeeze=False)
     for ax, ((model, workload), g) in zip(axes[:, 0], groups, strict=True):
         g = g.iloc[::-1].reset_index(drop=True)
         ok = (g["status"] != "infeasible").to_numpy()

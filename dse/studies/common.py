@@ -1,5 +1,7 @@
-"""What the serving study kinds share: optima as `dse evaluate` reports them, the searched modes of a space, and
-the loop over (model, workload) that gathers each one's optima, solves and rows into a `Solved`.
+"""What the serving study kinds share: optima as `dse evaluate` reports them (with their error bands), the searched
+modes of a space judged as the study decides (`decide_of`), whether each optimum is decided against the best of
+every other system and mode (`decision`), and the loop over (model, workload) that gathers each one's optima,
+solves and rows into a `Solved`.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from dse.catalog.calibration import family_of
+from dse.catalog.calibration import Bands, band_keys, bands_of, family_of
 from dse.catalog.hardware import System
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError
+from dse.optimize.margins import Margins, margins_for
 from dse.optimize.requests import (
     BlockOptima,
     DisaggregatedResult,
@@ -35,9 +38,8 @@ METRICS = ("tpot_s", "ttft_s", "usd_per_mtok", "tokens_per_s", "hbm_bytes_per_ch
 EXTRA = (
     "usd_per_mtok_input", "compute_s", "memory_s", "comm_s", "step_s", "bound", "tp_comm_s", "ep_comm_s",
     "pp_comm_s", "weights_bytes_per_chip", "kv_bytes_per_chip", "activation_bytes_per_chip", "hbm_capacity_per_chip",
-    "sequences_in_flight", "usd_per_chip_hour", "prompt", "usd_per_mtok_band", "tokens_per_s_band",
-    "price_kind", "price_is_estimate", "power_w", "joules_per_token", "experts_dtype", "attention_dtype",
-    "beyond_trained_context", "max_context",
+    "sequences_in_flight", "usd_per_chip_hour", "prompt", "price_kind", "price_is_estimate", "power_w",
+    "joules_per_token", "experts_dtype", "attention_dtype", "beyond_trained_context", "max_context",
 )
 REQUEST_EXTRA = (
     "serving", "usd_per_request", "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended",
@@ -60,7 +62,7 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
     `usd_per_mtok_input|output|blended`, `tokens_per_s_per_gpu|user`, `power_w`, `price_kind`,
     `prefill_share`, and the request-level TTFT and TPOT (with prefill interference) as
     `request_ttft_s` and `request_tpot_s`; `ttft_s` and `tpot_s` stay the step-level figures the
-    search constrains.
+    search constrains. Every predicted figure carries its band (`dse.catalog.calibration.band_keys`).
 
     With ``request_level`` (the configuration was chosen on the request-level objective), `ttft_s`,
     `tpot_s`, `usd_per_mtok` (USD per request / O: the whole request, prefill included, per million
@@ -98,7 +100,45 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
                                                 "weights_dtype", "kv_dtype", "kv_tier")}}]
     out["calibration"] = family_of(cfg["system"]) or "uncalibrated family"
     out["price_is_estimate"] = bool(ev.get("price_is_estimate", False))
+    out.update(band_keys(out, None if ideal else bands_of(cfg["system"])))
     return out
+
+
+BAND_COLUMNS = ("usd_per_request", "ttft_s", "tpot_s")
+"""The bands a table row of an optimum spells out as flat columns."""
+
+
+def band_columns(e: dict) -> dict:
+    """``<key>_band_low`` and ``<key>_band_high`` of an entry's bands of BAND_COLUMNS (a table's cells are numbers)."""
+    out = {}
+    for key in BAND_COLUMNS:
+        band = e.get(f"{key}_band") or [float("nan")] * 2
+        out[f"{key}_band_low"], out[f"{key}_band_high"] = band
+    return out
+
+
+def pooled_bands(cost: list[tuple[str, float]], ttft: list[tuple[str, float]], tpot: list[tuple[str, float]],
+                 sized_low: bool = False) -> Bands | None:
+    """The bands of a deployment of several pools as multipliers of its own figures: its cost the sum of the
+    (system, USD) parts of ``cost``, each at its system's band; its TTFT and TPOT the largest of the (system,
+    seconds) parts of ``ttft`` and ``tpot``, each at its system's band. ``sized_low``: each pool's replicas were
+    bought for its throughput band's low end, so its cost of serving the demand runs from what the band's high
+    end needs up to what was bought. None where a system has no band.
+    """
+    systems = {s for s, _ in (*cost, *ttft, *tpot)}
+    bands = {s: bands_of(s) for s in systems}
+    if any(b is None for b in bands.values()) or not cost:
+        return None
+    total = sum(v for _, v in cost)
+
+    def scaled(end: int) -> float:
+        return sum(v * bands[s].cost[end] * (bands[s].throughput[0] if sized_low else 1.0) for s, v in cost) / total
+
+    def worst(parts: list[tuple[str, float]], metric: str) -> tuple[float, float]:
+        top = max(v for _, v in parts)
+        return tuple(max(v * getattr(bands[s], metric)[end] for s, v in parts) / top for end in (0, 1))
+
+    return Bands((1.0 / scaled(1), 1.0 / scaled(0)), worst(tpot, "tpot"), worst(ttft, "ttft"))
 
 
 def entry(space: Space, res: ServingResult | RequestResult, ideal: bool) -> dict:
@@ -116,6 +156,23 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool) -> dict
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out
+
+
+def whole_deployment(space: Space, res: DisaggregatedResult) -> dict:
+    """The smallest whole deployment of a disaggregated optimum (its ``pools``: p prefill and d decode replicas
+    covering the fluid pool ratio) costed as deployed: USD/s of every chip over the requests the d decode
+    replicas serve (the prefill pool's idle share included), its chips, power and output tokens per second.
+    The search compares deployments at the fluid ratio (the entry's ``usd_per_request``, the figure it minimizes
+    exactly); this is that optimum rounded to whole replicas, not a minimum over whole deployments (a demand or a
+    budget gives those).
+    """
+    by_id = {s.id: s for s in space.systems}
+    usd_s = sum(pl["replicas"] * pl["chips"] * by_id[pl["system"]].price_per_s for pl in res.pools)
+    power = sum(pl["replicas"] * pl["chips"] * by_id[pl["system"]].power_all_in_w for pl in res.pools)
+    decode = next(pl for pl in res.pools if pl["role"] == "decode")
+    lam = decode["replicas"] * res.metrics["requests_per_s"]
+    return {"usd_per_request": usd_s / lam, "chips": int(sum(pl["replicas"] * pl["chips"] for pl in res.pools)),
+            "power_w": power, "tokens_per_s": lam * space.workload.output, "requests_per_s": lam}
 
 
 def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool) -> dict:
@@ -136,6 +193,9 @@ def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool) -> 
     out["serving"] = "disaggregated"
     out["usd_per_mtok"] = m["usd_per_request"] / space.workload.output * 1e6
     out["tokens_per_s"] = m["tokens_per_s_per_gpu"] * m["chips"]
+    whole = whole_deployment(space, res)  # what one buys; the search compares deployments at the fluid ratio
+    out["deployed_chips"], out["deployed_usd_per_request"] = whole["chips"], whole["usd_per_request"]
+    out["deployed_power_w"] = whole["power_w"]
     out["pool_ratio"] = m["prefill_replicas"]  # prefill replicas per decode replica (fluid)
     out["prefill_utilisation"] = m["prefill_rho"]
     out["prefill_service_s"] = m["prefill_service_s"]
@@ -144,6 +204,10 @@ def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool) -> 
     out["price_is_estimate"] = bool(system.price_is_estimate or pre_sys.price_is_estimate)
     cal = {family_of(s.id) or "uncalibrated family" for s in (system, pre_sys)}
     out["calibration"] = "uncalibrated family" if "uncalibrated family" in cal else ", ".join(sorted(cal))
+    usd, share = out["usd_per_request"], m["prefill_share"]
+    out.update(band_keys(out, None if ideal else pooled_bands(
+        [(system.id, usd * (1 - share)), (pre_sys.id, usd * share)], [(pre_sys.id, out["ttft_s"])],
+        [(system.id, out["tpot_s"])])))
     out["binding"] = res.binding
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
@@ -152,27 +216,52 @@ def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool) -> 
 
 @dataclass
 class ModeTables:
-    """The evaluated pairs of each searched deployment mode of one space (evaluated once, masked per question)."""
+    """The evaluated pairs of each searched deployment mode of one space (evaluated once, masked per question),
+    judged as ``decide`` says (``margins``: the robust search's multipliers, None as predicted).
+    """
 
     aggregated: BlockOptima | None
     disaggregated: DisaggregatedTables | None
+    decide: str = "expected"
+    margins: Margins | None = None
+
+
+def candidate_systems(space: Space) -> list[System]:
+    """The systems of a space that have a block (the ones a search can choose)."""
+    return [space.systems[i] for i in sorted(set(space.blocks["system_idx"].astype(int)))]
+
+
+def decide_of(spec: StudySpec, systems: list[System]) -> str:
+    """How the optima of a search over ``systems`` are chosen: the study's ``decide``, else ``robust`` when any
+    of them is of no calibrated family (`family_of` None: its predictions rest on no data of its own), else
+    ``expected``.
+    """
+    if spec.decide is not None:
+        return spec.decide
+    return "robust" if any(family_of(s.id) is None for s in systems) else "expected"
 
 
 def mode_tables(space: Space, spec: StudySpec, demand: float | None = None) -> ModeTables:
-    """Evaluate the space once per deployment mode the study searches (``space.serving``)."""
+    """Evaluate the space once per deployment mode the study searches (``space.serving``), judged as the study
+    decides (`decide_of`; robust: `dse.optimize.margins`).
+    """
     modes = spec.space.serving
     req = space.workload
-    agg = block_optima(space, req, demand=demand) if "aggregated" in modes else None
+    decide = "expected" if space.ideal else decide_of(spec, candidate_systems(space))  # the ideal has no band
+    margins = margins_for(space.systems, decide)
+    agg = block_optima(space, req, demand=demand, margins=margins) if "aggregated" in modes else None
     cps = (False, True) if spec.space.context_parallel else (False,)
-    dis = disaggregated_tables(space, req, cps, demand=demand) if "disaggregated" in modes else None
-    return ModeTables(agg, dis)
+    dis = disaggregated_tables(space, req, cps, demand=demand, margins=margins) if "disaggregated" in modes else None
+    return ModeTables(agg, dis, decide, margins)
 
 
 def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray | None = None, entries: bool = True
                ) -> tuple[list[tuple[dict, object]], list[str]]:
-    """The optimum of each searched mode where ``mask`` holds: (entry, result) pairs, cheapest first, and the
-    reason of each mode that has none. With ``entries`` false the entry holds only ``serving`` and
-    ``usd_per_request`` (no `dse evaluate` of the configuration).
+    """The optimum of each searched mode where ``mask`` holds: (entry, result) pairs, cheapest first as the tables
+    judge them (robust: at each system's band edge), and the reason of each mode that has none. With ``entries``
+    false the entry holds only ``serving`` and ``usd_per_request`` (no `dse evaluate` of the configuration).
+    Over the whole space (no ``mask``) with ``entries``, the cheapest entry says how it was chosen (``decide``)
+    and whether it is decided against the best of every other system and mode (`decision`).
     """
     found, reasons = [], []
     searches = (("aggregated", tables.aggregated, pick, entry),
@@ -185,11 +274,102 @@ def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray |
         except InfeasibleError as exc:
             reasons.append(f"{mode}: {exc}")
             continue
-        e = describe(space, r, ideal) if entries else {"serving": mode,
-                                                       "usd_per_request": r.metrics["usd_per_request"]}
+        e = describe(space, r, ideal) if entries else {"serving": mode, "usd_per_request": _cost(space, r)}
         found.append((e, r))
-    found.sort(key=lambda fr: fr[0]["usd_per_request"])
+    found.sort(key=lambda fr: judged(tables, fr[0]["usd_per_request"], fr[1]))
+    if found and entries and mask is None:
+        e, r = found[0]
+        e["decide"] = tables.decide
+        e.update(decision(e, rivals(space, tables, ideal, _deployment_key(e["serving"], _pools_of(r)))))
     return found, reasons
+
+
+def _cost(space: Space, r: RequestResult | DisaggregatedResult) -> float:
+    """USD per request as the search minimizes it: a disaggregated optimum at the fluid pool ratio (its smallest
+    whole deployment, `whole_deployment`, is what the entry's ``deployed_*`` keys give).
+    """
+    return r.metrics["usd_per_request"]
+
+
+def judged(tables: ModeTables, usd_per_request: float, r: RequestResult | DisaggregatedResult) -> float:
+    """A result's USD per request as its search judged it: as predicted, or (robust) times the margin its search
+    applied (its objective over its predicted cost: one system's, or its pools' weighted by their costs).
+    """
+    if tables.margins is None:
+        return usd_per_request
+    return usd_per_request * r.result.objective / r.metrics["usd_per_request"]
+
+
+CONTENDERS = 5
+"""The most configurations a `best` entry lists as ``contenders``."""
+
+
+def _pools_of(r: RequestResult | DisaggregatedResult) -> list[dict]:
+    return r.pools if isinstance(r, DisaggregatedResult) else [{"role": "both", "replicas": 1, **r.config}]
+
+
+def _deployment_key(serving: str, pools: list[dict]) -> tuple[str, tuple[str, ...]]:
+    """What a rival must differ in: the mode, or the systems of its pools."""
+    return serving, tuple(sorted({p["system"] for p in pools}))
+
+
+def pool_text(p: dict) -> str:
+    """One pool in a line: role, replicas, chips, system, layout and batch."""
+    cp = ", context parallel" if p.get("context_parallel") else ""
+    return (f"{p['role']} x{p['replicas']}: {p['chips']} x {p['system']} TP{p['tp']} DP{p['dp']} EP{p['ep']} "
+            f"PP{p['pp']} batch {p['batch']}{cp}")
+
+
+def _cost_band(cost: float, system: str, ideal: bool) -> list[float]:
+    """A cost at one system's band; a prediction with no band (the ideal roofline) is its own band."""
+    b = None if ideal else bands_of(system)
+    return [cost, cost] if b is None else [cost * b.cost[0], cost * b.cost[1]]
+
+
+def rivals(space: Space, tables: ModeTables, ideal: bool, exclude: tuple[str, tuple[str, ...]]) -> list[dict]:
+    """The best configuration of every (system, mode) of the space, all of its pools on that system, judged as
+    the tables judge (`pick`, `pick_disaggregated` over that system's blocks), except the deployment key
+    ``exclude`` (the winner's), cheapest judged first: system, serving, layout, USD per request as bought (as a
+    `best` entry states it) and its band, and the judged cost.
+    """
+    si = space.blocks["system_idx"].to_numpy()
+    agg, dis = tables.aggregated, tables.disaggregated
+    out = []
+    for k, system in enumerate(space.systems):
+        mine = si == k
+        searches = []
+        if agg is not None and ((agg.n > 0) & mine).any():
+            searches.append(("aggregated", agg, pick))
+        pre = None if dis is None else dis.searched_pre
+        if dis is not None and (dis.dok & mine[dis.dpos]).any() and (pre.ok & mine[pre.pos]).any():
+            searches.append(("disaggregated", dis, pick_disaggregated))
+        for mode, table, choose in searches:
+            try:
+                r = choose(space, table, mask=mine)
+            except InfeasibleError:  # no prefill option shares a numerics group with a feasible decode pair
+                continue
+            pools = _pools_of(r)
+            if _deployment_key(mode, pools) == exclude:
+                continue
+            cost = float(_cost(space, r))
+            out.append({"system": system.id, "serving": mode, "layout": "; ".join(pool_text(p) for p in pools),
+                        "usd_per_request": cost, "usd_per_request_band": _cost_band(cost, system.id, ideal),
+                        "judged_usd_per_request": judged(tables, cost, r)})
+    return sorted(out, key=lambda o: o["judged_usd_per_request"])
+
+
+def decision(winner: dict, others: list[dict]) -> dict:
+    """Whether the model separates ``winner`` (a `best` entry) from ``others`` (`rivals`: the best of every other
+    system and mode, cheapest judged first): ``decided`` when the winner's USD per request at the unfavourable
+    end of its band lies below every other's at the favourable end of its own (the runner-up's included); else
+    ``contenders``, the others it does not clear (CONTENDERS at most). ``runner_up`` is the best other.
+    """
+    band = winner.get("usd_per_request_band") or [winner["usd_per_request"]] * 2
+    close = [o for o in others if o["usd_per_request_band"][0] <= band[1]]
+    keep = ("system", "serving", "layout", "usd_per_request", "usd_per_request_band")
+    return {"decided": not close,
+            "runner_up": {k: others[0][k] for k in keep} if others else None,
+            "contenders": [{k: o[k] for k in keep} for o in close[:CONTENDERS]]}
 
 
 def optimum(e: dict, res: ServingResult | RequestResult | DisaggregatedResult) -> Optimum:

@@ -2,6 +2,11 @@
 replicas of aggregated, prefill and decode operating points, several configurations mixed in a pool, one numerics
 by a disjunction), per group of systems, solved three ways: aggregated only, disaggregated only, and both mixed.
 The table ``modes`` says when splitting prefill from decode pays and at what pool ratio.
+
+Judged as the study decides (`dse.studies.common.decide_of`): robust, each system's operating points meet the
+targets at the edge of its TTFT and TPOT bands and serve their requests/s at the low end of its throughput band,
+so the program buys the replicas that serve the demand there. Each `best` entry says whether it is decided
+against the group's other modes.
 """
 
 from __future__ import annotations
@@ -14,15 +19,17 @@ from typing import Literal
 import pandas as pd
 from pydantic import Field
 
+from dse.catalog.calibration import band_keys
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError, InputError
 from dse.optimize.deployment import check, data_of, greedy, solve_deployment
-from dse.optimize.operating_points import operating_points
-from dse.optimize.space import build_space
+from dse.optimize.margins import Margins, margins_for
+from dse.optimize.operating_points import non_dominated, operating_points
+from dse.optimize.space import Space, build_space, subset
 from dse.studies.base import MAX_LIST, Strict, StudySpec
-from dse.studies.common import best_table, config_entry
+from dse.studies.common import best_table, candidate_systems, config_entry, decide_of, decision, pool_text, pooled_bands
 from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput, status_of
-from dse.studies.plotting import plt, save
+from dse.studies.plotting import save, subplots
 
 USES_STORAGE = False
 WORKERS = False
@@ -65,10 +72,81 @@ class Spec(StudySpec):
                 raise InputError(f"{path}: field 'workloads.{j}.demand_tokens_per_s': a deployment needs a demand")
 
 
+def _points(space: Space, cps: tuple[bool, ...], margins: Margins | None) -> pd.DataFrame:
+    """The operating points of a space (`operating_points`), as predicted or, with ``margins``, judged at each
+    system's band edge: its targets divided by its TPOT and TTFT margins, and each point's requests/s divided by
+    its cost margin (what it serves at the low end of its throughput band); non-dominated again across systems.
+    Each margin is one per system, so a point is still the best of its block as the program sees it.
+    """
+    if margins is None:
+        return operating_points(space, context_parallel=cps)
+    w, si = space.workload, space.blocks["system_idx"].to_numpy()
+    frames = []
+    for k in sorted(set(si.tolist())):
+        tight = replace(w, tpot_max=None if w.tpot_max is None else w.tpot_max / margins.tpot[k],
+                        ttft_max=None if w.ttft_max is None else w.ttft_max / margins.ttft[k])
+        p = operating_points(replace(subset(space, si == k), workload=tight), context_parallel=cps)
+        frames.append(p.assign(requests_per_s=p["requests_per_s"] / margins.cost[k]))
+    pts = pd.concat(frames, ignore_index=True) if frames else operating_points(space, context_parallel=cps)
+    return non_dominated(pts)
+
+
+def _margins_of(pools: pd.DataFrame, margins: Margins, systems: list) -> dict[str, pd.Series]:
+    """Each pool's (cost, TPOT, TTFT) margins, by its system."""
+    k = pools["system"].map({s.id: i for i, s in enumerate(systems)}).to_numpy()
+    return {name: pd.Series(getattr(margins, name)[k], index=pools.index) for name in ("cost", "tpot", "ttft")}
+
+
+def _robust_check(pools: pd.DataFrame, margins: Margins, systems: list, targets: dict) -> list[str]:
+    """The targets re-checked on every pool's TTFT and TPOT times its margins (the robust program's promise)."""
+    m, bad = _margins_of(pools, margins, systems), []
+    for c, (tpot, ttft) in targets.items():
+        mine = pools["cls"] == c
+        if tpot is not None and ((pools["tpot_s"] * m["tpot"])[mine].dropna() > tpot * (1 + 1e-6)).any():
+            bad.append(f"class {c}: a pool's TPOT at its band's edge exceeds {tpot}")
+        judged = (pools["ttft_s"] * m["ttft"])[mine & (pools["role"] != "decode")].dropna()
+        if ttft is not None and (judged > ttft * (1 + 1e-6)).any():
+            bad.append(f"class {c}: a pool's TTFT at its band's edge exceeds {ttft}")
+    return bad
+
+
+def _cost_parts(pools: pd.DataFrame) -> list[tuple[str, float]]:
+    return [(p["system"], float(p["usd_per_s"] * p["replicas"])) for p in pools.to_dict("records")]
+
+
+def _deployment_bands(pools: pd.DataFrame, robust: bool):
+    """The bands of a deployment's figures (`pooled_bands`; robust: its replicas were bought at the low end of
+    each pool's throughput band).
+    """
+    ttft = [(p["system"], p["ttft_s"]) for p in pools.to_dict("records") if p["role"] != "decode"]
+    tpot = [(p["system"], p["tpot_s"]) for p in pools.to_dict("records") if p["role"] != "prefill"]
+    return pooled_bands(_cost_parts(pools), ttft, tpot, sized_low=robust)
+
+
+def _serving(pools: pd.DataFrame) -> str:
+    roles = set(pools["role"])
+    return "aggregated" if roles == {"both"} else "disaggregated" if "both" not in roles else "mixed"
+
+
+def _key(pools: pd.DataFrame) -> tuple[str, tuple[str, ...]]:
+    """What a rival must differ in: the mode its pools serve in, or their systems."""
+    return _serving(pools), tuple(sorted(set(pools["system"])))
+
+
+def _rival(pools: pd.DataFrame, w, robust: bool, ideal: bool) -> dict:
+    """Another mode's deployment of the class as `decision` compares it: its USD per request and band."""
+    usd = sum(v for _, v in _cost_parts(pools)) / (w.demand_tokens_per_s / w.output)
+    bands = None if ideal else _deployment_bands(pools, robust)
+    return {"system": ", ".join(_key(pools)[1]), "serving": _serving(pools),
+            "layout": "; ".join(pool_text(p) for p in pools.to_dict("records")), "usd_per_request": usd,
+            "usd_per_request_band": [usd, usd] if bands is None else [usd * bands.cost[0], usd * bands.cost[1]]}
+
+
 def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: dict, usd_per_s: float,
-           mode: str) -> Optimum:
+           mode: str, robust: bool = False) -> Optimum:
     """The contract's entry: the largest pool's configuration evaluated as `dse evaluate` does, the deployment's
-    request-level figures, and every pool.
+    request-level figures with their bands (robust: the replicas serve the demand at the low end of each pool's
+    throughput band, so its cost is the band's high end), and every pool.
     """
     main = pools.sort_values("usd_per_s", key=lambda s: s * pools.loc[s.index, "replicas"]).iloc[-1]
     cfg = {k: main[k] for k in ("system", "chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context",
@@ -99,6 +177,9 @@ def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: 
     e["pools"] = [{k: (v.item() if hasattr(v, "item") else v) for k, v in p.items() if k in POOL_KEYS}
                   for p in pools.to_dict("records")]
     e["group"] = group
+    e.update(band_keys(e, None if spec.space.ideal else _deployment_bands(pools, robust)))
+    for key in ("tokens_per_s_band", "tokens_per_s_per_gpu_band"):  # the demand: given, not predicted
+        e.pop(key, None)
     return Optimum(e, request_level=True)
 
 
@@ -123,13 +204,15 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
             for g in dep.groups:
                 if progress:
                     progress(f"{model_id} / {label} / {g.name}")
+                o = replace(opts, systems=tuple(g.systems))
+                built = {w.name: build_space(model, w.workload(), o) for w in ws}
+                decide = "expected" if opts.ideal else decide_of(  # the ideal roofline has no band
+                    spec, [s for space in built.values() for s in candidate_systems(space)])
                 pts = {}
                 for w in ws:
-                    o = replace(opts, systems=tuple(g.systems))
-                    space = build_space(model, w.workload(), o)
-                    spaces[(model_id, w.name)] = space
-                    pts[w.name] = operating_points(space, context_parallel=(False, True) if spec.space.context_parallel
-                                                   else (False,))
+                    space = spaces[(model_id, w.name)] = built[w.name]
+                    margins = margins_for(space.systems, decide)
+                    pts[w.name] = _points(space, (False, True) if spec.space.context_parallel else (False,), margins)
                 demand = {w.name: w.demand_tokens_per_s / w.output for w in ws}
                 found = {}
                 for mode, roles in MODES.items():
@@ -142,7 +225,11 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                     except InfeasibleError as exc:
                         rows.append({**row, "status": "infeasible", "reason": str(exc)})
                         continue
-                    bad = check(d, r.pools, {w.name: (w.tpot_max_s, w.ttft_max_s) for w in ws})
+                    targets = {w.name: (w.tpot_max_s, w.ttft_max_s) for w in ws}
+                    bad = check(d, r.pools, targets)
+                    if margins is not None:  # the robust promise, and each pool's requests/s as predicted
+                        bad += _robust_check(r.pools, margins, space.systems, targets)
+                        r.pools["requests_per_s"] *= _margins_of(r.pools, margins, space.systems)["cost"]
                     if bad:
                         raise RuntimeError(f"re-check failed: {bad}")
                     results.append(r.result)
@@ -165,11 +252,18 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                                                     for q in p.to_dict("records"))})
                 if found:
                     mode, r = min(found.items(), key=lambda kv: kv[1].usd_per_s)
+                    robust = margins is not None
                     for w in ws:
                         pools = r.pools[r.pools["cls"] == w.name]
                         if len(pools):
-                            best.append(_entry(spec, model_id, w, g.name, pools, systems, float(
-                                (pools["usd_per_s"] * pools["replicas"]).sum()), mode))
+                            o = _entry(spec, model_id, w, g.name, pools, systems, float(
+                                (pools["usd_per_s"] * pools["replicas"]).sum()), mode, robust)
+                            o.entry["decide"] = decide
+                            others = [_rival(q, w, robust, opts.ideal) for q in
+                                      (x.pools[x.pools["cls"] == w.name] for x in found.values())
+                                      if len(q) and _key(q) != _key(pools)]
+                            o.entry.update(decision(o.entry, sorted(others, key=lambda x: x["usd_per_request"])))
+                            best.append(o)
                 else:
                     infeasible.append({"model": model_id, "workload": label,
                                        "reason": f"{g.name}: no mode is feasible"})
@@ -206,7 +300,7 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
 def _modes_plot(out: StudyOutput, path: Path) -> None:
     t = out.tables["modes"]
     t = t[t["status"] != "infeasible"]
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = subplots(figsize=(9, 4))
     labels = [f"{w}\n{g}" for w, g in dict.fromkeys(zip(t["workload"], t["group"], strict=True))]
     for i, mode in enumerate(MODES):
         sub = t[t["mode"] == mode].set_index(["workload", "group"])["usd_per_mtok_output"]

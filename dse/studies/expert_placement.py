@@ -16,7 +16,7 @@ from dse.errors import InputError
 from dse.physics.evaluate import Config, evaluate_config
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.contract import Plot, Progress, Solved, SolverStats, StudyOutput
-from dse.studies.plotting import plt, save
+from dse.studies.plotting import save, subplots
 
 USES_STORAGE = False
 WORKERS = False
@@ -134,7 +134,7 @@ def _limits(pl: PlacementSpec, limited: bool) -> str:
 
 def _placement(out: StudyOutput, path: Path) -> None:
     table = out.tables['placement']
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = subplots(1, 2, figsize=(11, 4))
     x = np.arange(len(table))
     labels = [f"{m}\nskew {s:g}" for m, s in zip(table["model"], table["skew"], strict=True)]
     for ax, key, title in ((axes[0], "imbalance", "most-loaded GPU / mean"),

@@ -21,7 +21,7 @@ from dse.optimize.space import Space
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.common import Found, mode_tables, optimum, pick_modes, run_serving
 from dse.studies.contract import Plot, Progress, Solved, StudyOutput
-from dse.studies.plotting import TIME_BREAKDOWN, plt, save
+from dse.studies.plotting import TIME_BREAKDOWN, save, subplots
 
 USES_STORAGE = False
 WORKERS = False
@@ -106,7 +106,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 
 def _fast_slow(out: StudyOutput, path: Path) -> None:
     table = out.tables["fast_slow"]
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = subplots(figsize=(7, 5))
     ok = table[table["status"] != "infeasible"]
     for (model, workload), g in ok.groupby(["model", "workload"], sort=False):
         line = ax.plot(g["speed_multiplier"], g["cost_multiplier"], "o-", label=f"{model} / {workload}: re-provisioned")

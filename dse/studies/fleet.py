@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
+from dse.catalog.calibration import band_keys, bands_of
 from dse.catalog.hardware import PRICE_KINDS, default_systems, priced
 from dse.catalog.models import get_model
 from dse.errors import InputError
@@ -25,7 +26,7 @@ from dse.optimize.space import build_space
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.common import config_entry
 from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput
-from dse.studies.plotting import plt, save
+from dse.studies.plotting import save, subplots
 
 USES_STORAGE = False
 WORKERS = False
@@ -259,6 +260,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                  pools=[{k2: (v.item() if hasattr(v, "item") else v) for k2, v in {**p, "replicas": p["replicas"] * n
                                                                                   }.items()} for p in o["pools"]],
                  usd_per_request=usd_h / 3600 / o["requests_per_s"], price_kind=f.hourly_price)
+        e.update(band_keys(e, bands_of(o["system"])))  # the bands of the figures as set above
         best.append(Optimum(e, request_level=True))  # config_entry(request_level=True) above
     return Solved(status=r.result.status, best=best, tables=tables, results=[r.result],
                   solver_name=f"pyomo -> ortools {spec.solver.name}", facts=facts)
@@ -286,7 +288,7 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
 def _nodes_plot(out: StudyOutput, path: Path) -> None:
     t = out.tables["fleet"]
     t = t[t["row"] == "system"]
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = subplots(figsize=(9, 4))
     for s, g in t.groupby("system"):
         ax.step(g["slice"], g["nodes"], where="post", label=f"{s} held")
         ax.step(g["slice"], g["reserved_nodes"], where="post", linestyle="--", label=f"{s} reserved")

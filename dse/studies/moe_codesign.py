@@ -14,7 +14,7 @@ from pydantic import Field
 
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.contract import Plot, Progress, Solved, SolverStats, StudyOutput
-from dse.studies.plotting import plt, save
+from dse.studies.plotting import save, subplots
 
 USES_STORAGE = False
 WORKERS = False
@@ -83,7 +83,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 
 def _codesign(out: StudyOutput, path: Path) -> None:
     table = out.tables['codesign']
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = subplots(figsize=(7, 4.5))
     for system, g in table.groupby("system_domain", sort=False):
         ok = g[g["status"] != "infeasible"]
         ax.plot(ok["sparsity"], ok["usd_per_mtok"], "o-", label=f"one {system} domain")

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from dse.errors import InfeasibleError, mask_url
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.contract import Plot, Progress, Solved, SolverStats, StudyOutput
-from dse.studies.plotting import plt, save
+from dse.studies.plotting import save, subplots
 
 USES_STORAGE = True
 WORKERS = False
@@ -125,7 +125,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 
 def _overtraining(out: StudyOutput, path: Path) -> None:
     table = out.tables['overtraining']
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = subplots(1, 2, figsize=(12, 4.5))
     ok = table[np.isfinite(table["lifetime_usd"].astype(float))] if "lifetime_usd" in table else table
     for demand, g in ok.groupby("demand_tokens_per_s"):
         g = g.sort_values("overtraining_ratio")

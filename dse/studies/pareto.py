@@ -21,7 +21,7 @@ from dse.optimize.space import Space
 from dse.studies.base import Strict, StudySpec
 from dse.studies.common import Found, mode_tables, optimum, pick_modes, run_serving
 from dse.studies.contract import Chart, Plot, Progress, Solved, StudyOutput
-from dse.studies.plotting import TIME_BREAKDOWN, plt, save
+from dse.studies.plotting import TIME_BREAKDOWN, save, subplots
 
 USES_STORAGE = False
 WORKERS = False
@@ -88,7 +88,7 @@ def _labelled(g: pd.DataFrame, k: int) -> list[int]:
 
 def _draw(out: StudyOutput, path: Path, table: str, y: str, ylabel: str, title: str, x: str = "tpot_s") -> None:
     data = out.tables[table]
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig, ax = subplots(figsize=(9, 6))
     k = int(out.summary.get("labels", 6))
     for (model, workload), g in data.groupby(["model", "workload"], sort=False):
         g = g.reset_index(drop=True)

@@ -1,30 +1,47 @@
-"""Figure helpers for the study kinds' plots (matplotlib, drawn off-screen)."""
+"""Figure helpers for the study kinds' plots (matplotlib, drawn off-screen).
+
+matplotlib is imported by the first figure drawn, never by importing a study kind, so that a run
+without plots (`dse run --no-plots`, `dse.run` without ``out``) and every other command start
+without it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from dse.studies.contract import Plot, StudyOutput
 
-from dse.studies.contract import Plot, StudyOutput  # noqa: E402
+__all__ = ["TIME_BREAKDOWN", "save", "subplots"]
 
-__all__ = ["TIME_BREAKDOWN", "plt", "save"]
+
+def _pyplot():
+    """The pyplot module on matplotlib's off-screen Agg back end, imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def subplots(*args: Any, **kwargs: Any):
+    """``matplotlib.pyplot.subplots``: a new figure and its axes."""
+    return _pyplot().subplots(*args, **kwargs)
 
 
 def save(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
 
 
 def _breakdown(out: StudyOutput, path: Path) -> None:
     best: pd.DataFrame = out.tables["best"]
     labels = [f"{m}\n{w}\n{s}" for m, w, s in zip(best["model"], best["workload"], best["system"], strict=True)]
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(best)), 4))
+    fig, ax = subplots(figsize=(max(5, 1.6 * len(best)), 4))
     x = range(len(best))
     width = 0.27
     for i, (key, color) in enumerate((("compute_s", "#e07b39"), ("memory_s", "#3b7dd8"), ("comm_s", "#59a14f"))):

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 from dse.studies.base import MAX_LIST, Strict
 from dse.studies.contract import Plot, Progress, Solved, StudyOutput
 from dse.studies.optuna_sweep import SweepStudy, run_sweep_study
-from dse.studies.plotting import plt, save
+from dse.studies.plotting import save, subplots
 
 USES_STORAGE = True
 WORKERS = True
@@ -62,7 +62,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 def _sweep(out: StudyOutput, path: Path) -> None:
     table, systems = out.tables["sweep"], out.tables.get("sweep_systems")
     groups = list(table.groupby(["model", "workload", "parameter"], sort=False))
-    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3.6 * len(groups)), squeeze=False)
+    fig, axes = subplots(len(groups), 1, figsize=(8, 3.6 * len(groups)), squeeze=False)
     for ax, ((model, workload, parameter), g) in zip(axes[:, 0], groups, strict=True):
         g = g.sort_values("factor")
         if systems is not None and not systems.empty:

@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from dse.studies.base import Strict
 from dse.studies.contract import Plot, Progress, Solved, StudyOutput
 from dse.studies.optuna_sweep import SweepStudy, run_sweep_study
-from dse.studies.plotting import plt, save
+from dse.studies.plotting import save, subplots
 from dse.studies.sweep import Parameter
 
 USES_STORAGE = True
@@ -67,7 +67,7 @@ def swings(g: pd.DataFrame) -> tuple[float, list[tuple[str, float, float]]]:
 def _tornado(out: StudyOutput, path: Path) -> None:
     table = out.tables["tornado"]
     groups = list(table.groupby(["model", "workload"], sort=False))
-    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3.2 * len(groups)), squeeze=False)
+    fig, axes = subplots(len(groups), 1, figsize=(8, 3.2 * len(groups)), squeeze=False)
     for ax, ((model, workload), g) in zip(axes[:, 0], groups, strict=True):
         base, rows = swings(g)
         y = np.arange(len(rows))

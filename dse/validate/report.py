@@ -419,3 +419,21 @@ def write_calibration(cal: Calibration, cases_file: str, folder: Path, date: str
     (calib / "fitted.yaml").write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
 
 
+def write_bands(bands: dict, folder: Path) -> None:
+    """Set the ``bands`` section of ``folder``/calibration/fitted.yaml (`dse.validate.bands.compute_bands`), after
+    ``band_meaning``; every other key is written back as it was read.
+    """
+    import yaml
+
+    path = Path(folder) / "calibration" / "fitted.yaml"
+    doc = yaml.safe_load(path.read_text())
+    out = {}
+    for key, value in doc.items():
+        if key != "bands":
+            out[key] = value
+        if key == "band_meaning":
+            out["bands"] = bands
+    out.setdefault("bands", bands)
+    path.write_text(yaml.safe_dump(out, sort_keys=False, width=120))
+
+

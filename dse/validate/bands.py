@@ -1,0 +1,165 @@
+"""The error bands every prediction carries (`dse validate --bands`, and after `dse validate --fit`): per hardware
+family and metric, the 10th and 90th percentile of measured / predicted out of sample, with where each comes from.
+
+The metrics and their out-of-sample errors:
+
+- ``throughput`` (and every cost, its inverse): the published serving-throughput points of the family, each
+  predicted by the family's fit without it (the leave-one-out predictions of calibration/fitted.yaml's table).
+- ``tpot`` and ``ttft``: the measured serving runs of the family (`dse validate --cases`), each predicted by the
+  fits without its concurrency sweep (leave-group-out: TPOT's decode factors per family and framework, TTFT's
+  closed-loop queue share and fixed latency per framework and mode; `dse.validate.run.validate_runs`), pooled
+  over the frameworks and modes (a prediction names neither framework nor benchmark). Rows whose worker counts
+  the file leaves empty are left out: their layout is assumed, and a prediction always knows its own.
+
+Leave-family-out errors (each family predicted with none of its own data):
+
+- throughput: the global factors (those a system of no family uses) refitted on the other families' points by
+  the global fit of `dse validate --fit` (`dse.validate.fit.fit`, from the stored global factors), predicting
+  the family's serving-throughput points;
+- tpot and ttft: the runs' fits with each family's rows left out (`dse.validate.fit.refit_tpot` with one decode
+  factor set per framework fitted on the other families' rows, two-batch overlap chosen without the family;
+  `dse.validate.fit.fit_closed_loop` per framework and mode on the other families' rows).
+
+A family's band for a metric:
+
+- with at least MIN_POINTS points of the metric: the percentiles of its own out-of-sample ratios;
+- with fewer: the envelope (lowest low, highest high) of those and its leave-family-out band: a few points'
+  percentiles understate the spread, and its leave-family-out errors are those of the factors it would have
+  without them;
+- with none: the unseen family's band.
+
+The unseen family's band (``default``: the systems of no family, and the families with no point of the metric)
+is the envelope of every family's leave-family-out band and every family's own band: never narrower than the
+band of any calibrated family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dse.catalog.calibration import BAND_METRICS, family_of
+from dse.catalog.calibration import families as hardware_families
+from dse.catalog.hardware import Efficiency
+from dse.validate.decode import tpot_passes
+from dse.validate.fit import fit, fit_closed_loop, refit_tpot
+from dse.validate.points import Cases
+from dse.validate.predict import predict, predict_runs
+from dse.validate.run import validate_runs
+from dse.validate.runs import map_runs, read_runs
+
+MIN_POINTS = 10
+"""A family with fewer points of a metric takes the envelope of its own band and its leave-family-out band."""
+PERCENTILES = (0.1, 0.9)
+"""The band: these percentiles of measured / predicted (pandas' linear interpolation)."""
+DIGITS = 4
+"""Decimals a stored band keeps."""
+
+
+@dataclass
+class Ratios:
+    """Measured / predicted per family: out of sample (``own``) and with the family left out (``left_out``)."""
+
+    own: dict[str, np.ndarray]
+    left_out: dict[str, np.ndarray]
+    source: str
+    """How ``own`` was predicted (the basis a band of it states)."""
+
+
+def percentiles(ratio: np.ndarray) -> tuple[float, float]:
+    r = pd.Series(np.asarray(ratio, dtype=float)).dropna()
+    lo, hi = PERCENTILES
+    return round(float(r.quantile(lo)), DIGITS), round(float(r.quantile(hi)), DIGITS)
+
+
+def envelope(*bands: tuple[float, float]) -> tuple[float, float]:
+    """The lowest low and the highest high of ``bands``."""
+    return min(b[0] for b in bands), max(b[1] for b in bands)
+
+
+def published_ratios(cases: Cases, fitted: dict, start: Efficiency) -> Ratios:
+    """Serving throughput: the stored leave-one-out ratios per family, and each family's points predicted by the
+    global factors refitted without the family (from ``start``, the stored global factors).
+    """
+    thr = [r for r in fitted["table"] if r["category"] == "serving_throughput" and r.get("loo_error") is not None]
+    own = {fam: np.array([1.0 / (1.0 + r["loo_error"]) for r in thr if r["family"] == fam])
+           for fam in hardware_families()}
+    left_out = {}
+    for fam in hardware_families():
+        mine = [p for p in cases.points if family_of(p.system) == fam and p.category == "serving_throughput"]
+        if not mine:
+            continue
+        others, _ = fit([p for p in cases.points if family_of(p.system) != fam], start)
+        left_out[fam] = np.array([p.measured for p in mine]) / predict(mine, others)
+    return Ratios({k: v for k, v in own.items() if len(v)}, left_out, "leave-one-out")
+
+
+def runs_ratios(path: Path) -> tuple[Ratios, Ratios]:
+    """TPOT and TTFT: the leave-group-out ratios of the measured runs of ``path`` with stated worker counts, per
+    family, and each family's rows predicted by the fits on the other families' rows.
+    """
+    t = validate_runs(map_runs(read_runs(path))).table
+    t = t[t["workers"] != "assumed"].reset_index(drop=True)
+    fam = np.array([family_of(s) or "" for s in t["system"]], dtype=object)
+    known = [f for f in hardware_families() if (fam == f).any()]
+    meas = {m: t[f"measured_{m}_s"].to_numpy() for m in ("tpot", "ttft")}
+    own = {m: {f: 1.0 / (1.0 + t.loc[fam == f, f"{m}_loo_error"].to_numpy()) for f in known} for m in meas}
+    tp = tpot_passes(t, predict_runs(t))
+    _, _, _, tpot_lfo, _ = refit_tpot(replace(tp, groups=fam), t["backend"].astype(str).to_numpy(), meas["tpot"])
+    _, _, ttft_lfo = fit_closed_loop(t, pd.Series(tp.fw_mode, index=t.index), pd.Series(fam, index=t.index))
+    lfo = {"tpot": meas["tpot"] / tpot_lfo, "ttft": meas["ttft"] / ttft_lfo.to_numpy()}
+    return tuple(Ratios(own[m], {f: lfo[m][fam == f] for f in known}, "leave-group-out") for m in ("tpot", "ttft"))
+
+
+def compose(r: Ratios) -> dict:
+    """One metric's bands: per family (every family of the catalog) and ``default``, each with its basis."""
+    out: dict[str, dict] = {}
+    for fam in hardware_families():
+        own = r.own.get(fam, np.zeros(0))
+        entry: dict = {"points": len(own)}
+        if len(own):
+            entry[r.source.replace("-", "_")] = list(percentiles(own))
+        if fam in r.left_out and len(r.left_out[fam]):
+            entry["leave_family_out"] = list(percentiles(r.left_out[fam]))
+        if len(own) >= MIN_POINTS:
+            band, basis = percentiles(own), r.source
+        elif len(own):
+            band = envelope(percentiles(own), *([tuple(entry["leave_family_out"])] if "leave_family_out" in entry
+                                                else []))
+            basis = f"{r.source} and leave-family-out (fewer than {MIN_POINTS} points)"
+        else:
+            band, basis = None, "unseen family (no point of this metric)"
+        out[fam] = {"band": band, "basis": basis, **entry}
+    seen = [tuple(e["band"]) for e in out.values() if e["band"] is not None]
+    lfo = [tuple(e["leave_family_out"]) for e in out.values() if "leave_family_out" in e]
+    unseen = envelope(*seen, *lfo)
+    for e in out.values():
+        if e["band"] is None:
+            e["band"] = unseen
+        e["band"] = list(e["band"])
+    out["default"] = {"band": list(unseen), "basis": "unseen family: the envelope of every family's band and "
+                      "leave-family-out band"}
+    return out
+
+
+MEANING = ("per metric and hardware family, the 10th and 90th percentile of measured / predicted out of sample: a "
+           "throughput T reads [T x low, T x high], a cost C [C / high, C / low], a TPOT or TTFT t [t x low, t x "
+           "high]; throughput from the published serving-throughput points (leave-one-out), TPOT and TTFT from the "
+           "measured serving runs with stated layouts (leave-group-out: each concurrency sweep predicted by the fits "
+           f"without it), pooled over frameworks and modes; a family with fewer than {MIN_POINTS} points takes the "
+           "envelope of that band and its leave-family-out band (its points predicted by the fits without the "
+           "family), a family with none and a system of no family (`default`) the envelope of every band and "
+           "leave-family-out band. Written by `dse validate --bands` (dse.validate.bands)")
+
+
+def compute_bands(cases: Cases, fitted: dict, start: Efficiency, runs_file: Path, runs_name: str) -> dict:
+    """The ``bands`` section of calibration/fitted.yaml from the stored fit: ``fitted`` (its leave-one-out table),
+    ``start`` (the stored global factors), the catalog's factors and the measured runs of ``runs_file`` (named
+    ``runs_name`` in the section).
+    """
+    tpot, ttft = runs_ratios(runs_file)
+    per = {"throughput": published_ratios(cases, fitted, start), "tpot": tpot, "ttft": ttft}
+    return {"meaning": MEANING, "runs": runs_name, **{m: compose(per[m]) for m in BAND_METRICS}}
