@@ -1,112 +1,508 @@
-"""Fleet program (Pyomo): reserved and hourly nodes (or racks) per system, integer replicas of each (model, class,
-system) operating point per time slice, under inventory, site power, budget and N+1, at least cost per day. Built
-from data and returned unsolved.
+"""Fleet program (Pyomo): reserved and hourly nodes (or racks) per system, and per time slice integer replicas of
+each operating point of each (model, class): aggregated replicas, and prefill and decode replicas sized separately
+(their ratio free, a prefill pool and a decode pool of one numerics, on one system or on two joined by an
+interconnect), under inventory, site power, budget and N+1, at least cost per day. Built from data and returned
+unsolved.
 
-Units: a *node* is the system's whole allocation unit (an 8-GPU server, or a 72-GPU NVL72 rack); a replica of an
-option occupies ``nodes`` whole nodes (its chips lie within nodes). Reserved nodes are paid for every hour of the
-horizon at the committed price, hourly nodes only in the slices they are rented, at the on-demand price.
+Units: a *node* is the system's allocation unit (an 8-GPU server, or a 72-GPU NVL72 rack). Reserved nodes are paid
+for every hour of the horizon at the committed price, hourly nodes only in the slices they are rented, at the
+on-demand price. A replica whose chips are a power of two dividing the node shares nodes with others (replicas of
+such sizes pack nodes exactly, first-fit decreasing); any other replica occupies its own whole nodes.
+
+How it scales (the choices, each exact):
+- Replicas of one option are interchangeable: one integer count per option and slice, never a binary per replica;
+  options another option matches at no more chips (a whole multiple of it) are dropped before building
+  (`FleetData.reduced`), so no two columns describe the same fleet.
+- N+1 is spare capacity per class and slice: the class's served capacity less the rate of its largest replica in
+  use covers the demand. The largest rate in use is one of the class's distinct option rates; it is written as a
+  staircase of level binaries (one per distinct rate above the smallest, ordered, so each fleet has one
+  representation), and the spare is the smallest rate plus the increments of the levels reached.
+- Reserved nodes are integers; hourly nodes are continuous on systems whose replicas all occupy whole nodes (there
+  the least hourly count meeting the whole-node need is an integer, so the relaxation loses nothing) and integers
+  where replicas share nodes.
+- Valid inequalities from the demand: per class and slice, each side's replica count covers the demand plus the
+  smallest spare at the side's largest rate (`add_covers`); the system-in-use binaries exist only where a system
+  has a fixed cost, with the tightest node bound the demand allows.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pandas as pd
 import pyomo.environ as pyo
+
+ROLES = ("both", "prefill", "decode")
+OPTION_COLUMNS = ("model", "cls", "system", "role", "group", "chips", "requests_per_s", "kv_bytes")
+"""Per option: the class it serves, its system, its role (aggregated ``both``, ``prefill`` or ``decode``), its
+numerics group (a prefill pool feeds a decode pool of the same group), its chips, its requests/s at its TTFT and
+TPOT targets, and the KV bytes one request hands from prefill to decode (0 for aggregated replicas)."""
 
 
 @dataclass
 class FleetData:
     """Everything the fleet program needs, as plain tables."""
 
-    systems: pd.DataFrame  # index system: node_chips, reserved_usd_per_node_h, hourly_usd_per_node_h, power_per_node_w,
-    # fixed_usd_per_day
+    systems: pd.DataFrame  # index system: node_chips, reserved_usd_per_node_h, hourly_usd_per_node_h,
+    # power_per_node_w, fixed_usd_per_day, optionally interconnect_bytes_per_s (KV bytes/s each way between this
+    # system's pools and other systems' pools; absent or 0: its prefill and decode pools pair only with each other)
     inventory: pd.DataFrame  # rows system, columns slice: nodes available
-    options: pd.DataFrame  # model, cls, system, nodes (per replica), requests_per_s (per replica), usd ignored
+    options: pd.DataFrame  # OPTION_COLUMNS
     demand: pd.DataFrame  # rows (model, cls), columns slice: requests/s
     slice_h: float = 1.0
     power_cap_w: float | None = None
     budget_usd_per_day: float | None = None
     n_plus_one: bool = True
     meta: dict = field(default_factory=dict)
+    weight: dict | None = None  # slices each slice stands for (`merged`); 1 each when None
+
+    def __post_init__(self) -> None:
+        o = self.options
+        if "role" not in o:
+            o = o.assign(role="both")
+        if "group" not in o:
+            o = o.assign(group=0)
+        if "kv_bytes" not in o:
+            o = o.assign(kv_bytes=0.0)
+        self.options = o.reset_index(drop=True)
+        if "interconnect_bytes_per_s" not in self.systems:
+            self.systems = self.systems.assign(interconnect_bytes_per_s=0.0)
 
     @property
     def slices(self) -> list:
         return list(self.demand.columns)
 
-    def spare(self, model: str, cls: str) -> float:
-        """Rate of the largest replica of (model, class): an upper bound on what N+1 adds to the demand."""
+    @property
+    def weights(self) -> pd.Series:
+        return pd.Series({t: float((self.weight or {}).get(t, 1)) for t in self.slices})
+
+    @property
+    def classes(self) -> list[tuple[str, str]]:
+        return list(self.demand.index)
+
+    def footprint(self) -> np.ndarray:
+        """Chips each option's replica occupies: its chips where they are a power of two dividing the node (such
+        replicas share nodes and pack them exactly), else the chips of the whole nodes it spans.
+        """
+        chips = self.options["chips"].to_numpy(dtype=np.int64)
+        node = self.systems.loc[self.options["system"], "node_chips"].to_numpy(dtype=np.int64)
+        shared = (chips & (chips - 1) == 0) & (node % np.maximum(chips, 1) == 0)
+        return np.where(shared, chips, -(-chips // node) * node)
+
+    def shares_nodes(self) -> pd.Series:
+        """Per system: whether some option's replicas share nodes (then hourly nodes must be integers)."""
+        node = self.systems.loc[self.options["system"], "node_chips"].to_numpy()
+        part = pd.Series(self.footprint() % node != 0, index=self.options.index)
+        return part.groupby(self.options["system"]).any().reindex(self.systems.index, fill_value=False)
+
+    def interconnect(self, s: str) -> float:
+        v = float(self.systems.loc[s, "interconnect_bytes_per_s"])
+        return v if math.isfinite(v) and v > 0 else 0.0
+
+    def spare_levels(self, model: str, cls: str) -> list[float]:
+        """The distinct rates of a class's options, ascending: the values its largest replica in use can take."""
         o = self.options
-        r = o.loc[(o["model"] == model) & (o["cls"] == cls), "requests_per_s"]
-        return float(r.max()) if self.n_plus_one and len(r) else 0.0
+        r = np.sort(o.loc[(o["model"] == model) & (o["cls"] == cls), "requests_per_s"].to_numpy(dtype=float))
+        out: list[float] = []
+        for v in r:
+            if not out or v > out[-1] * (1 + 1e-9):
+                out.append(float(v))
+        return out
+
+    def upper(self, inventory: bool = True) -> pd.DataFrame:
+        """Most replicas of each option worth holding per slice: enough to carry its class's demand plus the largest
+        spare on its own (more is never cheaper), within the inventory (unless ``inventory`` is false); 0 where the
+        class has no demand.
+        """
+        o = self.options
+        need = self.demand.loc[list(zip(o["model"], o["cls"], strict=True))].to_numpy(dtype=float)
+        top = np.array([(self.spare_levels(m, c) or [0.0])[-1] if self.n_plus_one else 0.0
+                        for m, c in zip(o["model"], o["cls"], strict=True)])
+        r = o["requests_per_s"].to_numpy(dtype=float)[:, None]
+        by_demand = np.ceil((need + top[:, None]) / r * (1 - 1e-12))
+        node = self.systems.loc[o["system"], "node_chips"].to_numpy(dtype=float)[:, None]
+        inv = self.inventory.loc[o["system"]].to_numpy(dtype=float) * node
+        by_inventory = np.floor(inv / self.footprint()[:, None] + 1e-9)
+        u = np.where(need > 0, np.minimum(by_demand, by_inventory) if inventory else by_demand, 0.0)
+        return pd.DataFrame(u.astype(np.int64), columns=self.slices)
+
+    def reduced(self) -> FleetData:
+        """The same program without options another matches: an option is dropped where another of its class, system
+        and role (and numerics, for prefill and decode replicas, which pair by it) has chips dividing its own and,
+        repeated to the same chips, at least its rate (those replicas carry as much in no more chips, with no larger
+        spare and no more KV per request); of identical options the first is kept. Exact: every fleet using a
+        dropped option has an equal or cheaper one without it.
+        """
+        o, foot = self.options, self.footprint()
+        keep = np.ones(len(o), dtype=bool)
+        numerics = o["group"].where(o["role"] != "both", -1)  # aggregated replicas pair with nothing
+        for _, g in o.groupby([o["model"], o["cls"], o["system"], o["role"], numerics], sort=False):
+            idx = g.index.to_numpy()
+            for a in idx:
+                for b in idx:
+                    if a == b or not keep[b]:
+                        continue
+                    ca, cb = int(o.at[a, "chips"]), int(o.at[b, "chips"])
+                    if ca % cb or foot[a] < foot[b] * (ca // cb) or o.at[a, "kv_bytes"] < o.at[b, "kv_bytes"]:
+                        continue
+                    ra, rb = float(o.at[a, "requests_per_s"]), float(o.at[b, "requests_per_s"])
+                    if rb * (ca // cb) >= ra * (1 - 1e-12) and (ca > cb or rb > ra or b < a):
+                        keep[a] = False
+                        break
+        return self._keep(keep)
+
+    def _keep(self, keep: np.ndarray) -> FleetData:
+        out = replace(self, options=self.options[keep].reset_index(drop=True), meta=dict(self.meta))
+        out.meta["kept_options"] = np.flatnonzero(keep)
+        return out
+
+    def merged(self) -> tuple[FleetData, dict]:
+        """The same program with slices of equal demand and inventory as one slice weighted by their count, and the
+        slice each slice maps to. Exact: given the reserved nodes, slices are independent and equal ones have equal
+        optima (the power cap is the same in every slice; the budget bounds their sum).
+        """
+        rep: dict = {}
+        first: dict = {}
+        for t in self.slices:
+            key = tuple(self.demand[t].round(12)) + tuple(self.inventory[t])
+            rep[t] = first.setdefault(key, t)
+        keep = list(dict.fromkeys(rep.values()))
+        weight = {t: sum(1 for v in rep.values() if v == t) * self.weights[t] for t in keep}
+        return replace(self, demand=self.demand[keep], inventory=self.inventory[keep], weight=weight), rep
 
 
-def add_variables(m: pyo.ConcreteModel, d: FleetData) -> None:
+    def shortlist(self, n: int) -> FleetData:
+        """The same program with at most ``n`` options per (class, system, role): those with the fewest footprint
+        chips per request/s. A restriction of the space (stated where used), not an exact reduction.
+        """
+        o = self.options
+        score = pd.Series(self.footprint() / o["requests_per_s"].to_numpy(dtype=float), index=o.index)
+        keep = score.groupby([o["model"], o["cls"], o["system"], o["role"]], sort=False).rank(method="first") <= n
+        return self._keep(keep.to_numpy())
+
+
+def _index(d: FleetData, elastic: bool = False) -> dict:
+    """Index lists the blocks share: options per (class, role), per (class, numerics, role, system), per system;
+    the prefill and decode pools that can hand off (``P``, ``Q``); the replica bounds ``up`` (0 for a pool that
+    has no pool to hand off to or take from).
+    """
+    o = d.options
+    cls_of = {c: j for j, c in enumerate(d.classes)}
+    j_of = np.array([cls_of.get((a, b), -1) for a, b in zip(o["model"], o["cls"], strict=True)])
+    by_role: dict = {}
+    by_pool: dict = {}
+    by_sys: dict = {s: [] for s in d.systems.index}
+    for k, (j, role, g, s) in enumerate(zip(j_of, o["role"], o["group"], o["system"], strict=True)):
+        if j < 0:
+            continue
+        by_role.setdefault((j, role), []).append(k)
+        if role != "both":
+            by_pool.setdefault((j, int(g), role, s), []).append(k)
+        by_sys[s].append(k)
+    flows_p, flows_q = [], []
+    for (j, g, role, s) in by_pool:
+        mate = "decode" if role == "prefill" else "prefill"
+        if not any(kk[0] == j and kk[1] == g and kk[2] == mate for kk in by_pool):
+            continue  # a prefill pool with no decode pool of its numerics anywhere (or the reverse) serves nothing
+        if d.interconnect(s) <= 0 and (j, g, mate, s) not in by_pool:
+            continue  # no interconnect and no mate on its own system
+        (flows_p if role == "prefill" else flows_q).append((j, g, s))
+    up = np.array(d.upper(inventory=not elastic).to_numpy(), dtype=np.int64)
+    live = set(flows_p) | set(flows_q)
+    for (j, g, _, s), ks in by_pool.items():
+        if (j, g, s) not in live:
+            up[ks, :] = 0
+    return {"j_of": j_of, "by_role": by_role, "by_pool": by_pool, "by_sys": by_sys, "P": flows_p, "Q": flows_q,
+            "up": up, "t": {t: i for i, t in enumerate(d.slices)}}
+
+
+def add_nodes_variables(m: pyo.ConcreteModel, d: FleetData) -> None:
+    """Nodes: reserved integers; hourly continuous where every replica occupies whole nodes (the least hourly count
+    meeting a whole-node need is then an integer), integers where replicas share nodes; the system-in-use binaries
+    of systems with a fixed cost.
+    """
     inv = d.inventory
     if hasattr(m, "short_nodes"):  # the elastic program: inventory is a soft limit
         inv = inv * 0 + int(d.inventory.to_numpy().max()) * 100 + 1000
     m.S = pyo.Set(initialize=list(d.systems.index))
     m.T = pyo.Set(initialize=d.slices)
     m.K = pyo.Set(initialize=range(len(d.options)))
+    m.J = pyo.Set(initialize=range(len(d.classes)))
+    shared = d.shares_nodes()
     m.reserved = pyo.Var(m.S, domain=pyo.NonNegativeIntegers, bounds=lambda _, s: (0, int(inv.loc[s].min())))
-    m.hourly = pyo.Var(m.S, m.T, domain=pyo.NonNegativeIntegers, bounds=lambda _, s, t: (0, int(inv.loc[s, t])))
-    m.used = pyo.Var(m.S, domain=pyo.Binary)
-
-    def x_bound(_, k, t):
-        o = d.options.iloc[k]
-        need = d.demand.loc[(o["model"], o["cls"]), t] + d.spare(o["model"], o["cls"])
-        return 0, min(int(inv.loc[o["system"], t] // o["nodes"]), int(math.ceil(need / o["requests_per_s"] + 1e-9)))
-
-    m.x = pyo.Var(m.K, m.T, domain=pyo.NonNegativeIntegers, bounds=x_bound)
+    m.hourly = pyo.Var(m.S, m.T, domain=lambda _, s, t: pyo.NonNegativeIntegers if shared[s] else
+                       pyo.NonNegativeReals, bounds=lambda _, s, t: (0, int(inv.loc[s, t])))
+    fixed = [s for s in d.systems.index if float(d.systems.loc[s, "fixed_usd_per_day"]) > 0]
+    m.SU = pyo.Set(initialize=fixed)
+    m.used = pyo.Var(m.SU, domain=pyo.Binary)
 
 
-def add_demand(m: pyo.ConcreteModel, d: FleetData) -> None:
-    """Each (model, class) demand is served in each slice, and still served with any one of its replicas down (N+1:
-    capacity less the rate of each option in use, ``on`` marking the options with a replica in the slice).
+def add_replicas(m: pyo.ConcreteModel, ix: dict) -> None:
+    """Replicas per option and slice: integer counts (replicas of one option are interchangeable)."""
+    up, ti = ix["up"], ix["t"]
+    m.x = pyo.Var(m.K, m.T, domain=pyo.NonNegativeIntegers, bounds=lambda _, k, t: (0, int(up[k, ti[t]])))
+
+
+def add_demand(m: pyo.ConcreteModel, d: FleetData, ix: dict) -> None:
+    """Each (model, class) demand is served in each slice by its aggregated replicas plus the requests its prefill
+    pools hand to its decode pools (each pool within its replicas' rate; a pool on a system with an interconnect may
+    send to or take from other systems' pools of its numerics), less the spare of N+1.
     """
     o = d.options
-    pairs = list(d.demand.index)
-    m.MC = pyo.Set(initialize=range(len(pairs)))
-    of = {j: [k for k in m.K if o["model"].iat[k] == pairs[j][0] and o["cls"].iat[k] == pairs[j][1]] for j in m.MC}
+    rate = o["requests_per_s"].to_numpy(dtype=float)
+    m.FP = pyo.Set(initialize=ix["P"], dimen=3)
+    m.FQ = pyo.Set(initialize=ix["Q"], dimen=3)
+    need = d.demand.to_numpy(dtype=float)
+    tix = {t: i for i, t in enumerate(d.slices)}
+    top = {j: d.spare_levels(*c)[-1] + max(need[j]) if d.spare_levels(*c) else 0.0 for j, c in enumerate(d.classes)}
+    m.p = pyo.Var(m.FP, m.T, domain=pyo.NonNegativeReals, bounds=lambda _, j, g, s, t: (0, top[j]))
+    m.q = pyo.Var(m.FQ, m.T, domain=pyo.NonNegativeReals, bounds=lambda _, j, g, s, t: (0, top[j]))
 
-    def capacity(j, t):
-        return sum(float(o["requests_per_s"].iat[k]) * m.x[k, t] for k in of[j])
+    def pool(j, g, role, s, t):
+        return sum(float(rate[k]) * m.x[k, t] for k in ix["by_pool"].get((j, g, role, s), []))
+
+    m.prefill_pool = pyo.Constraint(m.FP, m.T, rule=lambda _, j, g, s, t: m.p[j, g, s, t]
+                                    <= pool(j, g, "prefill", s, t))
+    m.decode_pool = pyo.Constraint(m.FQ, m.T, rule=lambda _, j, g, s, t: m.q[j, g, s, t]
+                                   <= pool(j, g, "decode", s, t))
+    pairs = sorted({(j, g) for j, g, _ in ix["P"]} & {(j, g) for j, g, _ in ix["Q"]})
+    m.JG = pyo.Set(initialize=pairs, dimen=2)
+
+    def balance(_, j, g, t):
+        """Requests prefilled are requests decoded, per class and numerics."""
+        return (sum(m.p[j, g, s, t] for jj, gg, s in ix["P"] if (jj, gg) == (j, g))
+                == sum(m.q[j, g, s, t] for jj, gg, s in ix["Q"] if (jj, gg) == (j, g)))
+
+    m.balance = pyo.Constraint(m.JG, m.T, rule=balance)
+
+    def same_system(_, j, g, s, t):
+        """Without an interconnect a system's prefill pool hands off to its own decode pool only."""
+        if d.interconnect(s) > 0 or (j, g, s) not in m.FQ:
+            return pyo.Constraint.Skip
+        return m.p[j, g, s, t] == m.q[j, g, s, t]
+
+    m.same_system = pyo.Constraint(m.FP, m.T, rule=same_system)
+    spare = add_spare(m, d, ix, bool(ix["hull"]))
+
+    def served(j, t):
+        agg = sum(float(rate[k]) * m.x[k, t] for k in ix["by_role"].get((j, "both"), []))
+        return agg + sum(m.p[j, g, s, t] for jj, g, s in ix["P"] if jj == j)
 
     def rule(_, j, t):
-        need = float(d.demand.loc[pairs[j], t])
-        return pyo.Constraint.Skip if need <= 0 else capacity(j, t) >= need
+        lam = float(need[j, tix[t]])
+        return pyo.Constraint.Skip if lam <= 0 else served(j, t) - spare(j, t) >= lam
 
-    m.demand = pyo.Constraint(m.MC, m.T, rule=rule)
-    if not d.n_plus_one:
-        return
-    m.on = pyo.Var(m.K, m.T, domain=pyo.Binary)
-    m.on_link = pyo.Constraint(m.K, m.T, rule=lambda _, k, t: m.x[k, t] <= m.x[k, t].ub * m.on[k, t])
-    pair_of = {k: j for j in m.MC for k in of[j]}
-
-    def spare(_, k, t):
-        j = pair_of[k]
-        need = float(d.demand.loc[pairs[j], t])
-        if need <= 0:
-            return pyo.Constraint.Skip
-        return capacity(j, t) - float(o["requests_per_s"].iat[k]) * m.on[k, t] >= need
-
-    m.n_plus_one = pyo.Constraint(m.K, m.T, rule=spare)
+    m.demand = pyo.Constraint(m.J, m.T, rule=rule)
 
 
-def add_nodes(m: pyo.ConcreteModel, d: FleetData) -> None:
-    """Replicas occupy whole nodes: per system and slice, reserved plus hourly nodes hold them; within inventory,
-    and only on systems in use (which carry their fixed cost).
+def add_spare(m: pyo.ConcreteModel, d: FleetData, ix: dict, hull: bool):
+    """N+1: the spare of a class in a slice is the rate of its largest replica in use (of any role: a prefill or
+    decode replica's failure takes at most its rate of requests from the class). Its distinct option rates
+    r_0 < r_1 < ... (those with a replica allowed in the slice) are its levels; binary ``level[j, l, t]`` says a
+    replica of rate r_l or more is in use, ordered (a level implies the ones below it, so each fleet has one
+    representation), an option's replicas need their level, and the spare is r_0 plus the increments of the levels
+    reached. The largest level reached is the class's *mode* (level l less level l+1). Returns spare(j, t) as an
+    expression.
+
+    With ``hull``, the disjunction over the modes is also written in its convex-hull form (Balas): per mode a copy
+    of the class's replicas at or below its rate (continuous; they sum to the integer replicas), carrying on each
+    side the demand plus the mode's rate, at least one replica at the mode's rate and, counted, at least
+    ceil(demand / rate) + 1 replicas. A relaxation that buys a fraction of a large replica then pays for the spare
+    that replica implies. Valid for every fleet whose mode is its largest rate in use, and each fleet has one.
     """
     o = d.options
+    rate = o["requests_per_s"].to_numpy(dtype=float)
+    if not d.n_plus_one:
+        return lambda j, t: 0.0
+    up, ti = ix["up"], ix["t"]
+    need = d.demand.to_numpy(dtype=float)
+    rates: dict = {}  # (j, t): the distinct rates of the options allowed, ascending
+    level_of: dict = {}  # (k, t): the level of option k in slice t
+    for j in m.J:
+        ks = [k for k in m.K if ix["j_of"][k] == j]
+        for t in d.slices:
+            live = [k for k in ks if up[k, ti[t]] > 0]
+            if need[j, ti[t]] <= 0 or not live:
+                continue
+            lv: list[float] = []
+            for v in sorted(rate[k] for k in live):
+                if not lv or v > lv[-1] * (1 + 1e-9):
+                    lv.append(float(v))
+            rates[(j, t)] = lv
+            for k in live:
+                level_of[(k, t)] = next(i for i, v in enumerate(lv) if rate[k] <= v * (1 + 1e-9))
+    m.spare_rates = rates  # read back by a warm start
+    idx = [(j, li, t) for (j, t), lv in rates.items() for li in range(1, len(lv))]
+    m.L = pyo.Set(initialize=idx, dimen=3)
+    m.level = pyo.Var(m.L, domain=pyo.Binary)
+    m.level_order = pyo.Constraint(m.L, rule=lambda _, j, li, t: pyo.Constraint.Skip if li == 1
+                                   else m.level[j, li, t] <= m.level[j, li - 1, t])
+
+    def link(_, k, t):
+        """A replica of an option needs its rate's level."""
+        li = level_of.get((k, t), 0)
+        j = int(ix["j_of"][k])
+        if li == 0 or (hull and j in ix["hull"]):
+            return pyo.Constraint.Skip
+        return m.x[k, t] <= int(up[k, ti[t]]) * m.level[j, li, t]
+
+    m.level_link = pyo.Constraint(m.K, m.T, rule=link)
+
+    def reached(j, li, t):
+        n = len(rates[(j, t)])
+        return 1.0 if li == 0 else (m.level[j, li, t] if li < n else 0.0)
+
+    def mode(j, li, t):
+        return reached(j, li, t) - reached(j, li + 1, t)
+
+    if hull:
+        add_hull(m, d, ix, rates, level_of, mode)
+
+    def spare(j, t):
+        lv = rates.get((j, t))
+        if not lv:
+            return 0.0
+        return lv[0] + sum((lv[li] - lv[li - 1]) * m.level[j, li, t] for li in range(1, len(lv)))
+
+    return spare
+
+
+def add_hull(m: pyo.ConcreteModel, d: FleetData, ix: dict, rates: dict, level_of: dict, mode) -> None:
+    """The modes' convex hull (see `add_spare`) for the classes in ``ix["hull"]``."""
+    o = d.options
+    rate = o["requests_per_s"].to_numpy(dtype=float)
+    role = o["role"].to_numpy()
+    up, ti = ix["up"], ix["t"]
+    need = d.demand.to_numpy(dtype=float)
+    copies = [(k, li, t) for (k, t), lk in level_of.items() if int(ix["j_of"][k]) in ix["hull"]
+              for li in range(lk, len(rates[(int(ix["j_of"][k]), t)]))]
+    m.HC = pyo.Set(initialize=copies, dimen=3)
+    m.y = pyo.Var(m.HC, domain=pyo.NonNegativeReals)
+    of: dict = {}
+    per_mode: dict = {}
+    for k, li, t in copies:
+        of.setdefault((k, t), []).append(li)
+        per_mode.setdefault((int(ix["j_of"][k]), li, t), []).append(k)
+    m.HS = pyo.Set(initialize=sorted(of), dimen=2)
+    m.hull_sum = pyo.Constraint(m.HS, rule=lambda _, k, t: m.x[k, t] == sum(m.y[k, li, t] for li in of[(k, t)]))
+    rows_bound, rows_side, rows_count, rows_top = [], [], [], []
+    for (j, li, t), ks in per_mode.items():
+        lam, r = float(need[j, ti[t]]), rates[(j, t)][li]
+        w = mode(j, li, t)
+        for k in ks:
+            rows_bound.append((m.y[k, li, t], min(int(up[k, ti[t]]), math.ceil((lam + r) / rate[k] * (1 - 1e-12))), w))
+        rows_top.append(([m.y[k, li, t] for k in ks if level_of[(k, t)] == li], w))
+        split = any(role[k] != "both" for k in ks)
+        for side in (("both", "prefill"), ("both", "decode")) if split else (("both",),):
+            sk = [k for k in ks if role[k] in side]
+            if sk:
+                rows_side.append(([(rate[k], m.y[k, li, t]) for k in sk], lam + r, w))
+                rows_count.append(([m.y[k, li, t] for k in sk], math.ceil(lam / r - 1e-9) + 1, w))
+    m.hull_bound = pyo.Constraint(range(len(rows_bound)), rule=lambda _, i: rows_bound[i][0]
+                                  <= rows_bound[i][1] * rows_bound[i][2])
+    m.hull_top = pyo.Constraint(range(len(rows_top)), rule=lambda _, i: sum(rows_top[i][0]) >= rows_top[i][1])
+    m.hull_side = pyo.Constraint(range(len(rows_side)), rule=lambda _, i: sum(a * y for a, y in rows_side[i][0])
+                                 >= rows_side[i][1] * rows_side[i][2])
+    m.hull_count = pyo.Constraint(range(len(rows_count)), rule=lambda _, i: sum(rows_count[i][0])
+                                  >= rows_count[i][1] * rows_count[i][2])
+
+
+def add_covers(m: pyo.ConcreteModel, d: FleetData, ix: dict) -> None:
+    """Valid inequalities from the demand: per class and slice, the prefill side (aggregated and prefill replicas)
+    and the decode side (aggregated and decode replicas) each carry the demand plus the spare, which is at least the
+    side's largest rate in use; so each side's replica count is at least the demand over the side's largest rate,
+    rounded up, plus one with N+1 (the demand alone without).
+    """
+    o = d.options
+    rate = o["requests_per_s"].to_numpy(dtype=float)
+    up, ti = ix["up"], ix["t"]
+    rows = []
+    for j, c in enumerate(d.classes):
+        agg = ix["by_role"].get((j, "both"), [])
+        for role in ("prefill", "decode"):
+            side = agg + ix["by_role"].get((j, role), [])
+            if not ix["by_role"].get((j, role)) and role == "decode":
+                continue  # aggregated only: one side
+            for t in d.slices:
+                lam = float(d.demand.loc[c, t])
+                ks = [k for k in side if up[k, ti[t]] > 0]
+                if lam <= 0 or not ks:
+                    continue
+                n = math.ceil(lam / max(rate[k] for k in ks) - 1e-9) + (1 if d.n_plus_one else 0)
+                rows.append((ks, t, max(n, 1)))
+    m.CV = pyo.Set(initialize=range(len(rows)))
+    m.cover = pyo.Constraint(m.CV, rule=lambda _, i: sum(m.x[k, rows[i][1]] for k in rows[i][0]) >= rows[i][2])
+
+
+def add_nodes(m: pyo.ConcreteModel, d: FleetData, ix: dict) -> None:
+    """Replicas occupy nodes: per system and slice, the chips of the reserved plus hourly nodes hold the replicas'
+    footprints; within inventory, and only on systems in use where a system carries a fixed cost.
+    """
+    foot = d.footprint()
+    nc = d.systems["node_chips"]
 
     def hold(_, s, t):
-        ks = [k for k in m.K if o["system"].iat[k] == s]
-        return sum(int(o["nodes"].iat[k]) * m.x[k, t] for k in ks) <= m.reserved[s] + m.hourly[s, t]
+        ks = ix["by_sys"][s]
+        if not ks:
+            return pyo.Constraint.Skip
+        return sum(int(foot[k]) * m.x[k, t] for k in ks) <= int(nc[s]) * (m.reserved[s] + m.hourly[s, t])
 
     m.hold = pyo.Constraint(m.S, m.T, rule=hold)
-    m.inventory = pyo.Constraint(m.S, m.T, rule=lambda _, s, t: m.reserved[s] + m.hourly[s, t]
-                                 <= float(d.inventory.loc[s, t]) * m.used[s] + _slack(m, "short_nodes", (s, t)))
+    up = ix["up"]
+    most = {s: max(1, math.ceil(float((up[ix["by_sys"][s]] * foot[ix["by_sys"][s], None]).sum(axis=0).max(initial=0))
+                                / int(nc[s]))) for s in d.systems.index}
+
+    def inventory(_, s, t):
+        if s in m.SU:
+            cap = float(min(d.inventory.loc[s, t], most[s]))
+            return m.reserved[s] + m.hourly[s, t] <= cap * m.used[s] + _slack(m, "short_nodes", (s, t))
+        return m.reserved[s] + m.hourly[s, t] <= float(d.inventory.loc[s, t]) + _slack(m, "short_nodes", (s, t))
+
+    m.inventory = pyo.Constraint(m.S, m.T, rule=inventory)
+
+
+def add_interconnect(m: pyo.ConcreteModel, d: FleetData, ix: dict) -> None:
+    """KV hand-offs between systems: per system with an interconnect and slice, the KV bytes/s its prefill pools
+    send to other systems' decode pools (the excess of what it prefills over what it decodes, per class and
+    numerics) stays within its interconnect, and so do the bytes/s its decode pools take from other systems.
+    """
+    o = d.options
+    kv: dict = {}
+    for k in m.K:
+        if o["role"].iat[k] != "both" and ix["j_of"][k] >= 0:
+            key = (int(ix["j_of"][k]), int(o["group"].iat[k]))
+            kv[key] = max(kv.get(key, 0.0), float(o["kv_bytes"].iat[k]))
+    sides = sorted({(j, g, s) for j, g, s in ix["P"] + ix["Q"] if d.interconnect(s) > 0})
+    if not sides:
+        return
+    m.X = pyo.Set(initialize=sides, dimen=3)
+    m.send = pyo.Var(m.X, m.T, domain=pyo.NonNegativeReals)
+    m.take = pyo.Var(m.X, m.T, domain=pyo.NonNegativeReals)
+    fp, fq = set(ix["P"]), set(ix["Q"])
+
+    def p(j, g, s, t):
+        return m.p[j, g, s, t] if (j, g, s) in fp else 0.0
+
+    def q(j, g, s, t):
+        return m.q[j, g, s, t] if (j, g, s) in fq else 0.0
+
+    m.send_def = pyo.Constraint(m.X, m.T, rule=lambda _, j, g, s, t: m.send[j, g, s, t]
+                                >= p(j, g, s, t) - q(j, g, s, t))
+    m.take_def = pyo.Constraint(m.X, m.T, rule=lambda _, j, g, s, t: m.take[j, g, s, t]
+                                >= q(j, g, s, t) - p(j, g, s, t))
+    lines = sorted({s for _, _, s in sides})
+    m.SX = pyo.Set(initialize=lines)
+
+    def out(_, s, t):  # as a share of the interconnect (bytes/s over bytes/s: a well-scaled row)
+        return sum(kv[(j, g)] / d.interconnect(s) * m.send[j, g, ss, t] for j, g, ss in sides if ss == s) <= 1.0
+
+    def into(_, s, t):
+        return sum(kv[(j, g)] / d.interconnect(s) * m.take[j, g, ss, t] for j, g, ss in sides if ss == s) <= 1.0
+
+    m.kv_out = pyo.Constraint(m.SX, m.T, rule=out)
+    m.kv_in = pyo.Constraint(m.SX, m.T, rule=into)
 
 
 def add_power(m: pyo.ConcreteModel, d: FleetData) -> None:
@@ -119,12 +515,15 @@ def add_power(m: pyo.ConcreteModel, d: FleetData) -> None:
 
 
 def cost_expr(m: pyo.ConcreteModel, d: FleetData):
-    sy = d.systems
-    hours = d.slice_h * len(d.slices)
+    sy, w = d.systems, d.weights
+    hours = d.slice_h * float(w.sum())
     return (sum(float(sy.loc[s, "reserved_usd_per_node_h"]) * hours * m.reserved[s] for s in m.S)
-            + sum(float(sy.loc[s, "hourly_usd_per_node_h"]) * d.slice_h * m.hourly[s, t] for s in m.S for t in m.T)
-            ) * (24.0 / hours) + sum(float(sy.loc[s, "fixed_usd_per_day"]) * m.used[s] for s in m.S)
+            + sum(float(sy.loc[s, "hourly_usd_per_node_h"]) * d.slice_h * float(w[t]) * m.hourly[s, t]
+                  for s in m.S for t in m.T)) * (24.0 / hours) + sum(
+        float(sy.loc[s, "fixed_usd_per_day"]) * m.used[s] for s in m.SU)
 
+
+HULLS = ("none", "aggregated", "all")
 
 ELASTIC = 1e7
 """Penalty per node, per kW and per thousand USD of shortfall in the elastic program (diagnosis only)."""
@@ -138,25 +537,70 @@ def _slack(m: pyo.ConcreteModel, name: str, index):
     return block[index]
 
 
-def build(d: FleetData, elastic: bool = False) -> pyo.ConcreteModel:
+def build(d: FleetData, elastic: bool = False, hull: str = "aggregated") -> pyo.ConcreteModel:
     """The fleet program: minimize USD per day (a horizon other than 24 h is scaled to a day). With ``elastic``,
-    inventory, power and budget may be exceeded at a large penalty: the shortfalls name what binds.
+    inventory, power and budget may be exceeded at a large penalty: the shortfalls name what binds. ``hull``
+    (`HULLS`) names the classes whose N+1 modes are also written in their convex-hull form: ``none``, those with
+    aggregated options only (``aggregated``: their copies are few), or ``all``.
     """
+    if hull not in HULLS:
+        raise ValueError(f"hull '{hull}' is not allowed; allowed: {', '.join(HULLS)}")
     m = pyo.ConcreteModel("fleet")
     if elastic:
         m.short_nodes = pyo.Var(list(d.systems.index), d.slices, domain=pyo.NonNegativeReals)
         m.short_power_w = pyo.Var(d.slices, domain=pyo.NonNegativeReals)
         m.short_usd = pyo.Var([None], domain=pyo.NonNegativeReals)
-    add_variables(m, d)
-    add_demand(m, d)
-    add_nodes(m, d)
+    ix = _index(d, elastic)
+    split = {int(ix["j_of"][k]) for k in range(len(d.options)) if d.options["role"].iat[k] != "both"}
+    ix["hull"] = set() if hull == "none" else {j for j in range(len(d.classes)) if hull == "all" or j not in split}
+    add_nodes_variables(m, d)
+    add_replicas(m, ix)
+    add_demand(m, d, ix)
+    add_covers(m, d, ix)
+    add_nodes(m, d, ix)
+    add_interconnect(m, d, ix)
     add_power(m, d)
+    add_objective(m, d)
+    return m
+
+
+def add_objective(m: pyo.ConcreteModel, d: FleetData) -> None:
+    """USD per day (within the budget), plus the elastic program's penalties."""
     m.cost_per_day = pyo.Expression(expr=cost_expr(m, d))
     if d.budget_usd_per_day is not None:
         m.budget = pyo.Constraint(expr=m.cost_per_day <= d.budget_usd_per_day + _slack(m, "short_usd", None))
     penalty = 0
-    if elastic:
+    if hasattr(m, "short_nodes"):
         penalty = ELASTIC * (sum(m.short_nodes.values()) + sum(v / 1e3 for v in m.short_power_w.values())
                              + sum(v / 1e3 for v in m.short_usd.values()))
     m.cost = pyo.Objective(expr=m.cost_per_day + penalty, sense=pyo.minimize)
+
+
+def build_plans(d: FleetData, plans: list[tuple[int, object, dict[int, int]]]) -> pyo.ConcreteModel:
+    """The fleet program restricted to given plans: each class with demand in a slice takes exactly one of its
+    plans there (``plans``: (class index, slice, replicas per option), each meeting the class's demand with N+1 on
+    its own, its prefill and decode pools on one system); nodes, inventory, power, budget and cost as in `build`.
+    Its optimum is a fleet of the full program, no cheaper than the full program's optimum.
+    """
+    m = pyo.ConcreteModel("fleet_plans")
+    add_nodes_variables(m, d)
+    m.P = pyo.Set(initialize=range(len(plans)))
+    m.plan = pyo.Var(m.P, domain=pyo.Binary)
+    mine: dict = {}
+    uses: dict = {}
+    for i, (j, t, counts) in enumerate(plans):
+        mine.setdefault((j, t), []).append(i)
+        for k, n in counts.items():
+            uses.setdefault((k, t), []).append((n, i))
+    m.JT = pyo.Set(initialize=sorted(mine, key=str), dimen=2)
+    m.one_plan = pyo.Constraint(m.JT, rule=lambda _, j, t: sum(m.plan[i] for i in mine[(j, t)]) == 1)
+    m.x = pyo.Expression(m.K, m.T, rule=lambda _, k, t: sum(n * m.plan[i] for n, i in uses.get((k, t), [])))
+    up = np.zeros((len(d.options), len(d.slices)), dtype=np.int64)
+    ti = {t: i for i, t in enumerate(d.slices)}
+    for (k, t), lst in uses.items():
+        up[k, ti[t]] = max(n for n, _ in lst)
+    by_sys = {s: [k for k in range(len(d.options)) if d.options["system"].iat[k] == s] for s in d.systems.index}
+    add_nodes(m, d, {"up": up, "by_sys": by_sys})
+    add_power(m, d)
+    add_objective(m, d)
     return m

@@ -138,6 +138,20 @@ def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: f
     return res
 
 
+def relaxation_bound(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: float = 60.0) -> float:
+    """The optimum of a minimizing model's linear relaxation (every variable continuous): a bound on its integer
+    optimum; minus infinity when the LP is not solved within the limit.
+    """
+    transform(model)
+    m, _, _ = compile_model(model, relax=True)
+    engine = mb.Solver(solver)
+    engine.set_time_limit_in_seconds(time_limit_s)
+    if solver == "highs":
+        engine.set_solver_specific_parameters("output_flag=false")
+    status = engine.solve(m)
+    return float(engine.objective_value) if status == mb.SolveStatus.OPTIMAL else -math.inf
+
+
 DUAL_TIME_LIMIT_S = 30.0
 """Seconds for the LP behind `lp_duals`: its integers are fixed, so it solves in far less; the limit only stops a
 runaway solve (no duals are reported then)."""
@@ -150,11 +164,7 @@ def lp_duals(model: pyo.ConcreteModel, fix: tuple[str, ...] | None = None, solve
 
     GLOP by default: HiGHS through ``model_builder`` (OR-Tools 9.15) reports the right-hand side, not the dual.
     """
-    fixed = []
-    for v in model.component_data_objects(pyo.Var, active=True, descend_into=True):
-        if (v.is_integer() or v.is_binary()) and (fix is None or v.parent_component().name in fix) and not v.fixed:
-            v.fix(round(v.value or 0.0))
-            fixed.append(v)
+    fixed = _fix_integers(model, fix)
     try:
         m, _, cmap = compile_model(model, relax=True)
         engine = mb.Solver(solver)
@@ -163,6 +173,48 @@ def lp_duals(model: pyo.ConcreteModel, fix: tuple[str, ...] | None = None, solve
         if status != mb.SolveStatus.OPTIMAL:
             return {}
         return {(c.parent_component().name, c.index()): float(engine.dual_value(x)) for c, x in cmap.items()}
+    finally:
+        for v in fixed:
+            v.unfix()
+
+
+def _fix_integers(model: pyo.ConcreteModel, fix: tuple[str, ...] | None) -> list:
+    fixed = []
+    for v in model.component_data_objects(pyo.Var, active=True, descend_into=True):
+        if (v.is_integer() or v.is_binary()) and (fix is None or v.parent_component().name in fix) and not v.fixed:
+            v.fix(round(v.value or 0.0))
+            fixed.append(v)
+    return fixed
+
+
+def lp_savings(model: pyo.ConcreteModel, rows: dict[str, float], fix: tuple[str, ...] | None = None,
+               solver: str = "glop") -> dict[tuple[str, object], float]:
+    """What one more unit of each ``<=`` row saves in the LP left when the integer variables (those of components
+    named in ``fix``, or every one) are fixed at their values and the rest relaxed: per row of the constraint
+    components named in ``rows`` (name -> unit), the objective less the objective with the row's right-hand side
+    raised by its unit, re-solved. A finite difference, so a degenerate vertex (where a dual is any value of an
+    interval) gives the saving of an increase, never a price the increase does not reach; 0 where the row does not
+    bind. Empty when the LP is not solved.
+    """
+    fixed = _fix_integers(model, fix)
+    try:
+        m, _, cmap = compile_model(model, relax=True)
+        engine = mb.Solver(solver)
+        engine.set_time_limit_in_seconds(DUAL_TIME_LIMIT_S)
+        if engine.solve(m) != mb.SolveStatus.OPTIMAL:
+            return {}
+        base = float(engine.objective_value)
+        out = {}
+        for c, x in cmap.items():
+            name = c.parent_component().name
+            if name not in rows or c.upper is None:
+                continue
+            ub = x.upper_bound
+            x.upper_bound = ub + rows[name]
+            ok = engine.solve(m) == mb.SolveStatus.OPTIMAL
+            out[(name, c.index())] = max(0.0, base - float(engine.objective_value)) if ok else 0.0
+            x.upper_bound = ub
+        return out
     finally:
         for v in fixed:
             v.unfix()

@@ -1,43 +1,59 @@
-"""The fleet program, solved: `formulations.fleet` through the bridge, the solution re-checked independently,
-the duals of the LP with the integers fixed (what a unit more of power or inventory would save), a greedy
-baseline, and, when infeasible, the elastic program that names the binding resource and its shortfall.
+"""The fleet program, solved: `formulations.fleet` through the bridge, warm-started from a greedy fleet, the
+solution re-checked independently, the duals of the LP with the replica plan fixed (what a unit more of power or
+inventory would save), and, when infeasible, the elastic program that names the binding resource and its shortfall.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from dse.errors import InfeasibleError, SolverLimitError
-from dse.optimize.bridge import lp_duals, solve_pyomo
-from dse.optimize.solver import SolveResult
-from formulations.fleet import FleetData, build
+from dse.optimize.bridge import lp_savings, relaxation_bound, solve_pyomo
+from dse.optimize.operating_points import operating_points
+from dse.optimize.solver import SolveResult, relative_gap
+from dse.optimize.space import Space
+from formulations.fleet import OPTION_COLUMNS as OPTION_COLUMNS
+from formulations.fleet import FleetData, build, build_plans
 
 TOL = 1e-6
 
 
 @dataclass
-class FleetResult:
-    """Nodes per system, replicas per option and slice, the cost breakdown and the marginal values."""
+class Fleet:
+    """A fleet: nodes per system, replicas per option and slice, and the requests each prefill pool hands off and
+    each decode pool takes (rows (class index, numerics group, system), columns slice).
+    """
 
-    result: SolveResult
     reserved: pd.Series  # nodes per system
     hourly: pd.DataFrame  # nodes per system x slice
     replicas: pd.DataFrame  # options x slice
-    cost: dict
+    prefill: pd.DataFrame = field(default_factory=pd.DataFrame)
+    decode: pd.DataFrame = field(default_factory=pd.DataFrame)
+    plans: dict = field(default_factory=dict)  # (class index, slice): index of its plan in `plans_of` (greedy)
+
+
+@dataclass
+class FleetResult(Fleet):
+    """A solved fleet with the solver's answer, the cost breakdown and the marginal values."""
+
+    result: SolveResult = None  # type: ignore[assignment]
+    cost: dict = field(default_factory=dict)
     duals: dict = field(default_factory=dict)
+    greedy_usd_per_day: float = math.inf
 
 
 def breakdown(d: FleetData, reserved: pd.Series, hourly: pd.DataFrame) -> dict:
     """USD per day, recomputed from the values: reserved, hourly and fixed costs."""
-    sy = d.systems
-    hours = d.slice_h * len(d.slices)
+    sy, w = d.systems, d.weights
+    hours = d.slice_h * float(w.sum())
     scale = 24.0 / hours
     res = float((reserved * sy["reserved_usd_per_node_h"]).sum() * hours * scale)
-    hr = float((hourly.sum(axis=1) * sy["hourly_usd_per_node_h"]).sum() * d.slice_h * scale)
+    hr = float(((hourly * w).sum(axis=1) * sy["hourly_usd_per_node_h"]).sum() * d.slice_h * scale)
     used = (reserved + hourly.max(axis=1)) > 0
     fixed = float((used * sy["fixed_usd_per_day"]).sum())
     return {"reserved_usd_per_day": res, "hourly_usd_per_day": hr, "fixed_usd_per_day": fixed,
@@ -65,55 +81,334 @@ def diagnose(d: FleetData, solver: str = "highs", time_limit_s: float = 10.0) ->
                                    if parts else "no resource shortfall found (demand has no option)")
 
 
-def solve_fleet(d: FleetData, solver: str = "highs", time_limit_s: float = 60.0, duals: bool = True) -> FleetResult:
-    """Solve the fleet program; InfeasibleError names the binding resource and its shortfall."""
+def _no_option(d: FleetData) -> None:
     o = d.options
     for mod, cls in d.demand.index:
         if not ((o["model"] == mod) & (o["cls"] == cls)).any() and (d.demand.loc[(mod, cls)] > 0).any():
             raise InfeasibleError(f"infeasible fleet: {mod} / {cls} has no operating point meeting its targets on "
                                   f"any system (short by {d.demand.loc[(mod, cls)].max():.4g} requests/s)")
-    m = build(d)
-    res = solve_pyomo(m, solver, time_limit_s)
-    if res.status == "infeasible":
-        raise InfeasibleError(diagnose(d, solver))
-    if not res.ok:
-        other = "scip" if solver != "scip" else "highs"
-        raise SolverLimitError(f"no fleet found within {time_limit_s:g} s by {solver} (it stopped with no "
-                               f"solution, status {res.status}); raise solver.time_limit_s or try solver.name: {other}")
+
+
+def _read(m, d: FleetData) -> Fleet:
+    """The fleet held in a solved model's variables."""
     S, T = list(m.S), list(m.T)
-    reserved = pd.Series({s: round(m.reserved[s].value or 0) for s in S}, dtype=float)
-    hourly = pd.DataFrame([[round(m.hourly[s, t].value or 0) for t in T] for s in S], index=S, columns=T, dtype=float)
+    reserved = pd.Series({s: float(round(m.reserved[s].value or 0)) for s in S}, dtype=float)
+    hourly = pd.DataFrame([[float(math.ceil((m.hourly[s, t].value or 0) - 1e-6)) for t in T] for s in S], index=S,
+                          columns=T, dtype=float)
     reps = pd.DataFrame([[round(m.x[k, t].value or 0) for t in T] for k in m.K], columns=T, dtype=float)
-    out = FleetResult(res, reserved, hourly, reps, breakdown(d, reserved, hourly))
+    pre = pd.DataFrame([[m.p[i + (t,)].value or 0.0 for t in T] for i in m.FP], index=pd.MultiIndex.from_tuples(
+        list(m.FP)) if len(m.FP) else None, columns=T, dtype=float)
+    dec = pd.DataFrame([[m.q[i + (t,)].value or 0.0 for t in T] for i in m.FQ], index=pd.MultiIndex.from_tuples(
+        list(m.FQ)) if len(m.FQ) else None, columns=T, dtype=float)
+    return Fleet(reserved, hourly, reps, pre, dec)
+
+
+def _hint(m, d: FleetData, f: Fleet) -> None:
+    """Set every variable of the model to the fleet's values (a warm start the solver may take as its incumbent)."""
+    for s in m.S:
+        m.reserved[s].set_value(float(f.reserved[s]))
+        for t in m.T:
+            m.hourly[s, t].set_value(float(f.hourly.loc[s, t]))
+    for s in m.SU:
+        m.used[s].set_value(float((f.reserved[s] + f.hourly.loc[s]).max() > 0))
+    for k in m.K:
+        for t in m.T:
+            m.x[k, t].set_value(float(f.replicas.at[k, t]))
+    for i in m.FP:
+        for t in m.T:
+            m.p[i + (t,)].set_value(float(f.prefill.loc[i, t]) if i in f.prefill.index else 0.0)
+    for i in m.FQ:
+        for t in m.T:
+            m.q[i + (t,)].set_value(float(f.decode.loc[i, t]) if i in f.decode.index else 0.0)
+    if hasattr(m, "level"):  # a level is reached when the largest rate in use is at or above it
+        rate = d.options["requests_per_s"].to_numpy(dtype=float)
+        for (j, t), levels in m.spare_rates.items():
+            mod, cls = d.classes[j]
+            sel = ((d.options["model"] == mod) & (d.options["cls"] == cls)).to_numpy() & (f.replicas[t].to_numpy() > 0)
+            top = float(rate[sel].max()) if sel.any() else 0.0
+            active = max((i for i, v in enumerate(levels) if top >= v * (1 - 1e-9)), default=0)
+            for li in range(1, len(levels)):
+                m.level[j, li, t].set_value(float(li <= active))
+            for k in np.flatnonzero(sel | True) if hasattr(m, "y") else ():
+                for li in range(len(levels)):
+                    if (k, li, t) in m.HC:
+                        m.y[k, li, t].set_value(float(f.replicas.at[k, t]) if li == active else 0.0)
+    if hasattr(m, "send"):
+        for (j, g, s) in m.X:
+            for t in m.T:
+                p = float(f.prefill.loc[(j, g, s), t]) if (j, g, s) in f.prefill.index else 0.0
+                q = float(f.decode.loc[(j, g, s), t]) if (j, g, s) in f.decode.index else 0.0
+                m.send[j, g, s, t].set_value(max(0.0, p - q))
+                m.take[j, g, s, t].set_value(max(0.0, q - p))
+
+
+def _class_of(d: FleetData, k: int) -> int:
+    return d.classes.index((d.options["model"].iat[k], d.options["cls"].iat[k]))
+
+
+HINTS = ("scip", "sat")
+"""Solvers given the warm start as a hint (`model_builder`'s ``add_hint``): SCIP takes it as a partial solution to
+complete and CP-SAT as a search hint, both safely. HiGHS through ``model_builder`` (OR-Tools 9.15) crashes the process
+on hints (a segmentation fault on the fleet program), so it is never given one; its answer is compared with the warm
+start's fleet afterwards instead, which keeps the same guarantee: never dearer than the greedy."""
+
+PLAN_STAGE_MIN = 400
+"""Integer replica columns (options x distinct slices) from which `solve_fleet` first solves the restricted program
+of one configuration per class and slice (`formulations.fleet.build_plans`): below, the full program reaches its
+optimum within seconds and the stage would only take its time."""
+
+FULL_PROGRAM_MAX = 3000
+"""Columns above which the full program's branch and bound does not finish its root within a minute on 2 cores
+(aggregated 10 models x 12 distinct slices: no bound after 40 s): there the bound is its linear relaxation's
+(`relaxation_bound`, with the hull of `formulations.fleet.add_hull`) and the time goes to the plan program."""
+
+
+def choose_solver(d: FleetData) -> str:
+    """The back end for ``solver: auto``, by size (measured with `scripts/bench_fleet.py`, 2 shared cores, 60 s).
+
+    - SCIP below `PLAN_STAGE_MIN` columns: it proves these optimal fastest (aggregated 1 model x 24 h in ~5 s, where
+      HiGHS takes ~27 s and CP-SAT stops at a 35% gap: its bound comes from its LP late).
+    - SCIP above, too: on the restricted plan program and on the full program started from its fleet it finds the
+      better fleets and bounds; CP-SAT's bound stays far lower (its linear relaxation is weaker), and HiGHS takes no
+      hint, so it spends its time rediscovering a fleet the warm start already holds.
+    """
+    return "scip"
+
+
+def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, duals: bool = True,
+                hull: str = "aggregated", plan_stage: bool | None = None) -> FleetResult:
+    """Solve the fleet program; InfeasibleError names the binding resource and its shortfall.
+
+    Exact reductions first (`FleetData.reduced`: options another matches; `FleetData.merged`: equal slices as one);
+    then a greedy fleet; on large programs the restricted program of one configuration per class and slice, started
+    from the greedy (a third of the time limit); then the full program started from the best fleet so far. The answer
+    is the cheapest fleet found (never dearer than the greedy), its gap against the full program's bound.
+    """
+    _no_option(d)
+    t0 = time.perf_counter()
+    name = choose_solver(d) if solver == "auto" else solver
+    dr = d.reduced()
+    dm, rep = dr.merged()
+    g = greedy(dm)
+    best, best_cost, found_by = g, fleet_cost(dm, g), "greedy"
+    columns = len(dm.options) * len(dm.slices)
+    full = columns < FULL_PROGRAM_MAX or g is None
+    m = build(dm, hull=hull)
+    bound = -math.inf
+    if not full:
+        bound = relaxation_bound(m, "highs", time_limit_s / 3)
+    if (columns >= PLAN_STAGE_MIN if plan_stage is None else plan_stage) and g is not None:
+        left = time_limit_s / 3 if full else time_limit_s - (time.perf_counter() - t0)
+        f = solve_plans(dm, name, max(1.0, left), g)
+        if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+            best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
+    termination = "full program not run (its linear relaxation gives the bound)"
+    if full:
+        hinted = name in HINTS and best is not None
+        if hinted:
+            _hint(m, dm, best)
+        left = max(1.0, time_limit_s - (time.perf_counter() - t0))
+        res = solve_pyomo(m, name, left, warm_start=hinted)
+        if res.status == "infeasible" and best is None:
+            raise InfeasibleError(diagnose(d, name if name != "sat" else "highs"))
+        if res.ok and res.objective < best_cost * (1 - 1e-9):
+            best, best_cost, found_by = _read(m, dm), res.objective, "program"
+        if best is None:
+            other = "scip" if name != "scip" else "highs"
+            raise SolverLimitError(f"no fleet found within {time_limit_s:g} s by {name} (it stopped with no "
+                                   f"solution, status {res.status}); raise solver.time_limit_s or try solver.name: "
+                                   f"{other}")
+        bound = res.bound if math.isfinite(res.bound) else -math.inf
+        termination = res.termination
+    bound = min(bound, best_cost)
+    gap = relative_gap(best_cost, bound) if math.isfinite(bound) else math.inf
+    status = "optimal" if gap <= 1e-6 else "feasible"
+    wall = time.perf_counter() - t0
+    result = SolveResult(status, f"{termination}; fleet from the {found_by}", best_cost, bound, gap, wall, name,
+                         time_limited=status != "optimal" and wall >= 0.98 * time_limit_s)
+    f = _expand(d, dr, rep, best)
+    out = FleetResult(f.reserved, f.hourly, f.replicas, f.prefill, f.decode, result=result,
+                      cost=breakdown(d, f.reserved, f.hourly), greedy_usd_per_day=fleet_cost(dm, g))
     if duals:
-        dv = lp_duals(m, fix=("used",))
-        out.duals = {"usd_per_day_per_kw": {t: -1e3 * dv.get(("power", t), 0.0) for t in T} if d.power_cap_w else {},
-                     "usd_per_day_per_node": {(s, t): -dv.get(("inventory", (s, t)), 0.0) * float(
-                         m.used[s].value or 0) for s in S for t in T}}
+        out.duals = marginal_values(dr, _expand(dr, dr, rep, best))
     return out
 
 
-def check(d: FleetData, r: FleetResult) -> list[str]:
-    """Independent re-check of a fleet solution: demand with N+1, whole nodes, inventory, power and budget."""
+def _expand(d: FleetData, dr: FleetData, rep: dict, f: Fleet) -> Fleet:
+    """A fleet of the reduced, merged program as a fleet of ``d``: every slice from the slice it maps to, replicas
+    in ``d``'s options (0 for options the reduction dropped).
+    """
+    T = d.slices
+    kept = dr.meta.get("kept_options", np.arange(len(dr.options)))
+    if d is dr:
+        kept = np.arange(len(d.options))
+    reps = pd.DataFrame(0.0, index=d.options.index, columns=T)
+    reps.iloc[kept, :] = f.replicas[[rep[t] for t in T]].to_numpy()
+    cols = [rep[t] for t in T]
+
+    def spread(df):
+        if df is None or not len(df):
+            return pd.DataFrame(columns=T, dtype=float)
+        out = df[cols].copy()
+        out.columns = T
+        return out
+
+    return Fleet(f.reserved.copy(), spread(f.hourly), reps, spread(f.prefill), spread(f.decode))
+
+
+def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | None = None) -> Fleet | None:
+    """The restricted program of one configuration per class and slice (`plans_of`), started from ``start`` where
+    the solver takes hints; None when it finds no fleet in time.
+    """
+    plans, flows = [], []
+    index = {}
+    for j in range(len(d.classes)):
+        for t in d.slices:
+            need = float(d.demand.iloc[j][t])
+            if need <= 0:
+                continue
+            for i, (counts, flow, _) in enumerate(plans_of(d, j, need)):
+                index[(j, t, i)] = len(plans)
+                plans.append((j, t, counts))
+                flows.append(flow)
+    m = build_plans(d, plans)
+    hinted = solver in HINTS and start is not None and bool(start.plans)
+    if hinted:
+        for s in m.S:
+            m.reserved[s].set_value(float(start.reserved[s]))
+            for t in m.T:
+                m.hourly[s, t].set_value(float(start.hourly.loc[s, t]))
+        for s in m.SU:
+            m.used[s].set_value(float((start.reserved[s] + start.hourly.loc[s]).max() > 0))
+        chosen = {index[(j, t, i)] for (j, t), i in start.plans.items()}
+        for i in m.P:
+            m.plan[i].set_value(float(i in chosen))
+    res = solve_pyomo(m, solver, time_limit_s, warm_start=hinted)
+    if not res.ok:
+        return None
+    T = d.slices
+    reserved = pd.Series({s: float(round(m.reserved[s].value or 0)) for s in m.S}, dtype=float)
+    hourly = pd.DataFrame([[float(math.ceil((m.hourly[s, t].value or 0) - 1e-6)) for t in T] for s in m.S],
+                          index=list(m.S), columns=T, dtype=float)
+    reps = pd.DataFrame(0.0, index=d.options.index, columns=T)
+    keyed: dict = {}
+    for i in m.P:
+        if (m.plan[i].value or 0) > 0.5:
+            j, t, counts = plans[i]
+            for k, n in counts.items():
+                reps.at[k, t] += n
+            if flows[i] is not None:
+                keyed[(j, flows[i][0], flows[i][1], t)] = flows[i][2]
+    pre = _flows(keyed, T)
+    return Fleet(reserved, hourly, reps, pre, pre.copy())
+
+
+def _flows(keyed: dict, T: list) -> pd.DataFrame:
+    """Requests/s handed off per (class, numerics, system) and slice, from {(class, numerics, system, slice): v}."""
+    keys = sorted({k[:3] for k in keyed})
+    return pd.DataFrame([[keyed.get(key + (t,), 0.0) for t in T] for key in keys],
+                        index=pd.MultiIndex.from_tuples(keys) if keys else None, columns=T, dtype=float)
+
+
+def marginal_values(d: FleetData, f: Fleet) -> dict:
+    """USD/day saved by one more kW of site power and by one more node of inventory, slice by slice, with the
+    fleet's replicas (and spare levels and systems in use) fixed and the node counts free (`lp_savings`): a saving
+    the same replicas reach (a re-planned fleet may save more). Zero where the resource does not bind; never
+    negative.
+    """
+    m = build(d, hull="none")
+    _hint(m, d, f)
+    saved = lp_savings(m, {"power": 1e3, "inventory": 1.0}, fix=("x", "level", "used"))
+    T = list(m.T)
+    kw = {t: saved.get(("power", t), 0.0) for t in T} if d.power_cap_w is not None else {}
+    node = {(s, t): saved.get(("inventory", (s, t)), 0.0) for s in m.S for t in T}
+    return {"usd_per_day_per_kw": kw, "usd_per_day_per_node": node}
+
+
+def fleet_cost(d: FleetData, f: Fleet | None) -> float:
+    """USD per day of a fleet (infinity for none)."""
+    return math.inf if f is None else breakdown(d, f.reserved, f.hourly)["usd_per_day"]
+
+
+def pack_nodes(chips: list[int], node_chips: int) -> int:
+    """Nodes that hold replicas of these chip counts: a replica whose chips are a power of two dividing the node
+    shares nodes (first-fit decreasing into nodes of ``node_chips``), any other occupies its own whole nodes.
+    """
+    nodes, free = 0, []
+    for c in sorted(chips, reverse=True):
+        if c & (c - 1) or node_chips % c:
+            nodes += -(-c // node_chips)
+            continue
+        for i, f in enumerate(free):
+            if f >= c:
+                free[i] -= c
+                break
+        else:
+            free.append(node_chips - c)
+    return nodes + len(free)
+
+
+def check(d: FleetData, r: Fleet, objective: float | None = None) -> list[str]:
+    """Independent re-check of a fleet: per class and slice the aggregated replicas plus the requests handed from
+    prefill to decode pools, less the rate of the largest replica in use (N+1), cover the demand; each pool hands off
+    or takes no more than its replicas' rate, prefilled equals decoded per class and numerics, hand-offs between
+    systems only over interconnects and within their bytes/s; replicas packed into the nodes held (first-fit
+    decreasing); inventory, power and budget; the cost against ``objective``.
+    """
     bad = []
     o = d.options
+    rate = o["requests_per_s"].to_numpy(dtype=float)
+    pre = r.prefill if len(r.prefill) else pd.DataFrame(columns=d.slices)
+    dec = r.decode if len(r.decode) else pd.DataFrame(columns=d.slices)
     for t in d.slices:
-        for (mod, cls), need in d.demand[t].items():
-            sel = ((o["model"] == mod) & (o["cls"] == cls)).to_numpy()
-            cap = float((o.loc[sel, "requests_per_s"].to_numpy() * r.replicas.loc[sel, t].to_numpy()).sum())
-            used = sel & (r.replicas[t].to_numpy() > 0)
-            spare = float(o.loc[used, "requests_per_s"].max()) if d.n_plus_one and used.any() and need > 0 else 0.0
-            if need > 0 and cap - spare < need * (1 - TOL):
-                bad.append(f"{mod}/{cls} slice {t}: capacity {cap:.6g} less its largest replica in use "
-                           f"{spare:.6g} < {need:.6g}")
+        x = r.replicas[t].to_numpy()
+        cross: dict = {}
+        for j, (mod, cls) in enumerate(d.classes):
+            need = float(d.demand.loc[(mod, cls), t])
+            mine = ((o["model"] == mod) & (o["cls"] == cls)).to_numpy()
+            agg = float((rate * x)[mine & (o["role"] == "both").to_numpy()].sum())
+            handed = 0.0
+            for g in sorted(set(o.loc[mine & (o["role"] != "both").to_numpy(), "group"])):
+                sent = taken = 0.0
+                for s in d.systems.index:
+                    at = mine & (o["group"] == g).to_numpy() & (o["system"] == s).to_numpy()
+                    p = float(pre.loc[(j, g, s), t]) if (j, g, s) in pre.index else 0.0
+                    q = float(dec.loc[(j, g, s), t]) if (j, g, s) in dec.index else 0.0
+                    cap_p = float((rate * x)[at & (o["role"] == "prefill").to_numpy()].sum())
+                    cap_q = float((rate * x)[at & (o["role"] == "decode").to_numpy()].sum())
+                    if p > cap_p * (1 + TOL) + TOL or q > cap_q * (1 + TOL) + TOL:
+                        bad.append(f"{mod}/{cls} slice {t} on {s}: hands off {p:.6g} (prefill {cap_p:.6g}), takes "
+                                   f"{q:.6g} (decode {cap_q:.6g}) requests/s")
+                    if abs(p - q) > TOL * max(1.0, p, q):
+                        if d.interconnect(s) <= 0:
+                            bad.append(f"{mod}/{cls} slice {t}: {s} sends or takes KV with no interconnect")
+                        kv = float(o.loc[at & (o["role"] != "both").to_numpy(), "kv_bytes"].max())
+                        cross.setdefault(s, [0.0, 0.0])
+                        cross[s][0 if p > q else 1] += kv * abs(p - q)
+                    sent, taken = sent + p, taken + q
+                if abs(sent - taken) > TOL * max(1.0, sent):
+                    bad.append(f"{mod}/{cls} slice {t}: {sent:.6g} requests/s prefilled, {taken:.6g} decoded")
+                handed += sent
+            used = mine & (x > 0)
+            spare = float(rate[used].max()) if d.n_plus_one and used.any() and need > 0 else 0.0
+            if need > 0 and agg + handed - spare < need * (1 - TOL):
+                bad.append(f"{mod}/{cls} slice {t}: serves {agg + handed:.6g} less its largest replica in use "
+                           f"{spare:.6g} < {need:.6g} requests/s")
+        for s, (out, into) in cross.items():
+            if max(out, into) > d.interconnect(s) * (1 + TOL):
+                bad.append(f"{s} slice {t}: KV {out:.6g} B/s out, {into:.6g} B/s in, interconnect "
+                           f"{d.interconnect(s):.6g} B/s")
         for s in d.systems.index:
             sel = (o["system"] == s).to_numpy()
-            nodes = float((o.loc[sel, "nodes"].to_numpy() * r.replicas.loc[sel, t].to_numpy()).sum())
+            chips = [int(c) for c, n in zip(o.loc[sel, "chips"], x[sel], strict=True) for _ in range(int(n))]
+            nodes = pack_nodes(chips, int(d.systems.loc[s, "node_chips"]))
             held = r.reserved[s] + r.hourly.loc[s, t]
             if nodes > held + TOL:
                 bad.append(f"{s} slice {t}: replicas need {nodes} nodes, {held} held")
             if held > d.inventory.loc[s, t] + TOL:
                 bad.append(f"{s} slice {t}: {held} nodes held, inventory {d.inventory.loc[s, t]}")
+            if held != round(held) or r.reserved[s] != round(r.reserved[s]):
+                bad.append(f"{s} slice {t}: a fraction of a node held ({held})")
         if d.power_cap_w is not None:
             pw = float(((r.reserved + r.hourly[t]) * d.systems["power_per_node_w"]).sum())
             if pw > d.power_cap_w * (1 + TOL):
@@ -121,49 +416,102 @@ def check(d: FleetData, r: FleetResult) -> list[str]:
     cost = breakdown(d, r.reserved, r.hourly)["usd_per_day"]
     if d.budget_usd_per_day is not None and cost > d.budget_usd_per_day * (1 + TOL):
         bad.append(f"cost {cost:.6g} over the budget {d.budget_usd_per_day:.6g}")
-    if r.result.status == "optimal" and not math.isclose(cost, r.result.objective, rel_tol=1e-6, abs_tol=1e-6):
-        bad.append(f"recomputed cost {cost:.8g} differs from the objective {r.result.objective:.8g}")
+    if objective is not None and not math.isclose(cost, objective, rel_tol=1e-6, abs_tol=1e-6):
+        bad.append(f"recomputed cost {cost:.8g} differs from the objective {objective:.8g}")
     return bad
 
 
-def greedy(d: FleetData) -> float:
-    """USD per day of a greedy fleet: per slice and (model, class), the option with the least hourly cost per
-    request/s that still fits the inventory and power left, in whole replicas with N+1, all rented by the hour; then
-    each system's base load (its least nodes over the slices) moved to reserved nodes where that is cheaper.
-    Infinity when the greedy runs out of a resource.
+def plans_of(d: FleetData, j: int, need: float) -> list[tuple[dict[int, int], tuple | None, float]]:
+    """A class's single-configuration plans for one slice: each aggregated option alone, and each prefill option with
+    each decode option of its numerics on its own system, whole replicas with N+1 (the spare the plan's largest rate);
+    as (replicas per option, (group, system, requests/s handed off) or None, hourly USD/h).
     """
     o, sy = d.options, d.systems
-    nodes_used = pd.DataFrame(0.0, index=sy.index, columns=d.slices)
-    unit = o["nodes"] * sy.loc[o["system"], "hourly_usd_per_node_h"].to_numpy() / o["requests_per_s"]
+    mod, cls = d.classes[j]
+    mine = o[(o["model"] == mod) & (o["cls"] == cls)]
+    foot = d.footprint()
+    usd = foot / sy.loc[o["system"], "node_chips"].to_numpy() * sy.loc[o["system"], "hourly_usd_per_node_h"].to_numpy()
+    out = []
+    for k, r in mine[mine["role"] == "both"].iterrows():
+        rate = float(r["requests_per_s"])
+        n = math.ceil(need / rate * (1 - 1e-12)) + (1 if d.n_plus_one else 0)
+        out.append(({k: n}, None, n * usd[k]))
+    for (g, s), grp in mine[mine["role"] != "both"].groupby(["group", "system"]):
+        for kp, rp in grp[grp["role"] == "prefill"].iterrows():
+            for kd, rd in grp[grp["role"] == "decode"].iterrows():
+                ratep, rated = float(rp["requests_per_s"]), float(rd["requests_per_s"])
+                spare = max(ratep, rated) if d.n_plus_one else 0.0
+                n_p = math.ceil((need + spare) / ratep * (1 - 1e-12))
+                n_d = math.ceil((need + spare) / rated * (1 - 1e-12))
+                flow = min(n_p * ratep, n_d * rated)
+                out.append(({kp: n_p, kd: n_d}, (int(g), s, flow), n_p * usd[kp] + n_d * usd[kd]))
+    out.sort(key=lambda p: p[2])
+    return out
+
+
+def greedy(d: FleetData) -> Fleet | None:
+    """A greedy fleet: per slice and (model, class) in order, the single-configuration plan (an aggregated option,
+    or a prefill and a decode option of one numerics on one system) with the least hourly cost that still fits the
+    inventory and power left, in whole replicas with N+1, all rented by the hour; then each system's base load (its
+    least nodes over the slices) moved to reserved nodes where that is cheaper. None when it runs out of a resource
+    or over the budget.
+    """
+    o, sy = d.options, d.systems
+    foot = d.footprint()
+    nc = sy["node_chips"].astype(float)
+    reps = pd.DataFrame(0.0, index=o.index, columns=d.slices)
+    nodes = pd.DataFrame(0.0, index=sy.index, columns=d.slices)
+    flows: dict = {}
+    plans: dict = {}
+    chosen: dict = {}
+    pw = sy["power_per_node_w"].astype(float)
     for t in d.slices:
-        power = 0.0
-        for (mod, cls), need in d.demand[t].items():
+        chips = pd.Series(0.0, index=sy.index)
+        for j, c in enumerate(d.classes):
+            need = float(d.demand.loc[c, t])
             if need <= 0:
                 continue
-            sel = o[(o["model"] == mod) & (o["cls"] == cls)]
-            for k in unit.loc[sel.index].sort_values().index:
-                r = o.loc[k]
-                n = math.ceil(need / r["requests_per_s"] - 1e-9) + (1 if d.n_plus_one else 0)
-                add = n * r["nodes"]
-                pw = add * sy.loc[r["system"], "power_per_node_w"]
-                if nodes_used.loc[r["system"], t] + add <= d.inventory.loc[r["system"], t] and (
-                        d.power_cap_w is None or power + pw <= d.power_cap_w):
-                    nodes_used.loc[r["system"], t] += add
-                    power += pw
+            if j not in plans or plans[j][0] != need:
+                plans[j] = (need, plans_of(d, j, need))
+            for i, (counts, flow, _) in enumerate(plans[j][1]):
+                trial = chips.copy()
+                for k, n in counts.items():
+                    trial[o.at[k, "system"]] += n * foot[k]
+                held = np.ceil(trial / nc - 1e-9)
+                if (held <= d.inventory[t]).all() and (d.power_cap_w is None or (held * pw).sum() <= d.power_cap_w):
+                    chips = trial
+                    for k, n in counts.items():
+                        reps.at[k, t] += n
+                    if flow is not None:
+                        flows[(j, flow[0], flow[1], t)] = flow[2]
+                    chosen[(j, t)] = i
                     break
             else:
-                return math.inf
-    base = nodes_used.min(axis=1)
-    hours = d.slice_h * len(d.slices)
-    cheaper = sy["reserved_usd_per_node_h"] * hours < sy["hourly_usd_per_node_h"] * d.slice_h * len(d.slices)
+                return None
+        nodes[t] = np.ceil(chips / nc - 1e-9)
+    base = nodes.min(axis=1)
+    cheaper = sy["reserved_usd_per_node_h"] < sy["hourly_usd_per_node_h"]
     reserved = (base * cheaper).astype(float)
-    hourly = nodes_used.sub(reserved, axis=0)
-    cost = breakdown(d, reserved, hourly)["usd_per_day"]
-    if d.budget_usd_per_day is not None and cost > d.budget_usd_per_day * (1 + TOL):
-        return math.inf
-    return cost
+    hourly = nodes.sub(reserved, axis=0)
+    pre = _flows(flows, d.slices)
+    f = Fleet(reserved, hourly, reps, pre, pre.copy(), chosen)
+    if d.budget_usd_per_day is not None and fleet_cost(d, f) > d.budget_usd_per_day * (1 + TOL):
+        return None
+    return f
+
+
+def fleet_options(space: Space, modes: tuple[str, ...] = ("aggregated", "disaggregated")) -> pd.DataFrame:
+    """The options of one (model, workload) space: its operating points (aggregated replicas, prefill and decode
+    replicas, `operating_points`) with the KV bytes one request hands from its prefill to its decode replica (the
+    whole prompt's KV at the point's KV format; 0 for aggregated replicas).
+    """
+    pts = operating_points(space, modes)
+    if pts.empty:
+        return pts.assign(kv_bytes=pd.Series(dtype=float))
+    kv = {dt: space.model.kv_bytes_per_sequence(space.workload.prompt, dt) for dt in set(pts["kv_dtype"])}
+    return pts.assign(kv_bytes=np.where(pts["role"] == "both", 0.0, pts["kv_dtype"].map(kv).to_numpy(dtype=float)))
 
 
 def replica_nodes(chips: np.ndarray | int, node_chips: np.ndarray | int) -> np.ndarray:
-    """Whole nodes a replica occupies: its chips lie within nodes (racks)."""
+    """Whole nodes a replica spans: its chips lie within nodes (racks)."""
     return np.ceil(np.asarray(chips) / np.asarray(node_chips)).astype(int)

@@ -19,9 +19,7 @@ from dse.catalog.calibration import band_keys, bands_of
 from dse.catalog.hardware import PRICE_KINDS, default_systems, priced
 from dse.catalog.models import get_model
 from dse.errors import InputError
-from dse.optimize.fleet import FleetData, check, greedy, replica_nodes, solve_fleet
-from dse.optimize.operating_points import operating_points
-from dse.optimize.requests import unit_replicas
+from dse.optimize.fleet import OPTION_COLUMNS, FleetData, check, fleet_options, solve_fleet
 from dse.optimize.space import build_space
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.common import config_entry
@@ -63,7 +61,11 @@ class FleetSpec(Strict):
     fixed_usd_per_day: dict[str, Annotated[float, Field(ge=0, le=1e12)]] = {}
     n_plus_one: bool = True
     options_per_system: int = Field(default=3, ge=1, le=50)
-    """Operating points kept per (model, workload, system): the fewest nodes per request/s first."""
+    """Operating points kept per (model, workload, system, role) after the exact reduction: the fewest chips (as
+    they occupy nodes) per request/s first."""
+    interconnect_gbytes_per_s: dict[str, Annotated[float, Field(gt=0, le=1e6)]] = {}
+    """KV hand-off bandwidth (GB/s, each way) between a system's pools and other systems' pools; a system without one
+    pairs its prefill and decode pools only with each other."""
     modes: list[Literal["aggregated", "disaggregated"]] = Field(default=["aggregated", "disaggregated"], min_length=1,
                                                                 max_length=2)
 
@@ -80,7 +82,7 @@ class Spec(StudySpec):
             if kind not in PRICE_KINDS:
                 raise InputError(f"{path}: field 'fleet.{field}': '{kind}'; allowed: {', '.join(PRICE_KINDS)}")
         for field in ("inventory_nodes", "lent_nodes", "reserved_usd_per_gpu_hour", "hourly_usd_per_gpu_hour",
-                      "power_all_in_w_per_gpu", "fixed_usd_per_day"):
+                      "power_all_in_w_per_gpu", "fixed_usd_per_day", "interconnect_gbytes_per_s"):
             for s in getattr(f, field):
                 if s not in f.systems:
                     raise InputError(f"{path}: field 'fleet.{field}.{s}': not a system of the fleet; allowed: "
@@ -109,39 +111,20 @@ def _price(f: FleetSpec, s: str, kind: str, override: dict) -> float:
     return default_systems(kind)[s].price_per_s * 3600
 
 
-def _options(spec: Spec, model_id: str, w, sid: str, node_chips: int) -> list[dict]:
-    """The (model, workload) options on one system: aggregated replicas and disaggregated units (prefill and decode
-    replicas in whole numbers near their rate ratio), each with whole nodes, the fewest nodes per request/s first.
+def _options(spec: Spec, model_id: str, w, sid: str) -> pd.DataFrame:
+    """The (model, workload) options on one system: its aggregated, prefill and decode operating points
+    (`fleet_options`), prefill and decode replicas sized separately by the fleet program.
     """
-    f = spec.fleet
     opts = replace(spec.options(), systems=(sid,))
     space = build_space(get_model(model_id), w.workload(), opts)
-    pts = operating_points(space, tuple(f.modes))
-    if pts.empty:
-        return []
-    pts = pts.assign(nodes=replica_nodes(pts["chips"].to_numpy(), node_chips))
-    out = []
-    for p in pts[pts["role"] == "both"].to_dict("records"):
-        out.append({"serving": "aggregated", "nodes": int(p["nodes"]), "requests_per_s": p["requests_per_s"],
-                    "cfg": {k: p[k] for k in CFG}, "pools": [{**{k: p[k] for k in POOL}, "replicas": 1}]})
-    for _, grp in pts.groupby("group"):
-        pre = grp[grp["role"] == "prefill"]
-        if pre.empty:
-            continue
-        pb = pre.loc[(pre["nodes"] / pre["requests_per_s"]).idxmin()].to_dict()
-        for d in grp[grp["role"] == "decode"].to_dict("records"):
-            npre, ndec = unit_replicas(d["requests_per_s"] / pb["requests_per_s"], within=0.1, largest=16)
-            rate = min(ndec * d["requests_per_s"], npre * pb["requests_per_s"])
-            out.append({"serving": "disaggregated", "nodes": int(npre * pb["nodes"] + ndec * d["nodes"]),
-                        "requests_per_s": rate, "cfg": {k: d[k] for k in CFG},
-                        "pools": [{**{k: pb[k] for k in POOL}, "replicas": npre},
-                                  {**{k: d[k] for k in POOL}, "replicas": ndec}]})
-    out.sort(key=lambda o: o["nodes"] / o["requests_per_s"])
-    return out[:f.options_per_system]
+    modes = tuple(spec.fleet.modes)
+    return fleet_options(space, modes)
 
 
-def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData, list[dict], dict]:
-    """The fleet program's data from the study: systems priced by kind, options from the physics, the demand."""
+def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData, dict]:
+    """The fleet program's data from the study: systems priced by kind, options from the physics (at most
+    ``options_per_system`` per class, system and role after the exact reduction), the demand.
+    """
     f = spec.fleet
     catalog = default_systems()
     slices = list(range(len(f.demand_curve)))
@@ -164,11 +147,12 @@ def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData,
             no_power.append(s)  # no power figure: it cannot count against the site's cap
             continue
         sys_rows[s] = {"node_chips": node, "reserved_usd_per_node_h": res * node, "hourly_usd_per_node_h": hr * node,
-                       "power_per_node_w": pw * node, "fixed_usd_per_day": f.fixed_usd_per_day.get(s, 0.0)}
+                       "power_per_node_w": pw * node, "fixed_usd_per_day": f.fixed_usd_per_day.get(s, 0.0),
+                       "interconnect_bytes_per_s": f.interconnect_gbytes_per_s.get(s, 0.0) * 1e9}
     systems = pd.DataFrame.from_dict(sys_rows, orient="index")
     inv = pd.DataFrame({t: [f.inventory_nodes[s] - (f.lent_nodes.get(s, [0] * len(slices))[t]) for s in systems.index]
                         for t in slices}, index=systems.index)
-    options, rows, index = [], [], []
+    frames, rows, index = [], [], []
     for model_id in spec.models:
         for w in spec.workloads:
             index.append((model_id, w.name))
@@ -176,94 +160,161 @@ def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData,
             for s in systems.index:
                 if progress:
                     progress(f"{model_id} / {w.name} / {s}")
-                for o in _options(spec, model_id, w, s, int(systems.loc[s, "node_chips"])):
-                    options.append({"model": model_id, "cls": w.name, "system": s, **o})
+                pts = _options(spec, model_id, w, s)
+                if not pts.empty:
+                    frames.append(pts.assign(model=model_id, cls=w.name))
     demand = pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index), columns=slices)
-    table = pd.DataFrame(options, columns=["model", "cls", "system", "serving", "nodes", "requests_per_s", "cfg",
-                                           "pools"])
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(OPTION_COLUMNS))
     data = FleetData(systems, inv, table, demand, f.slice_h,
                      None if f.power_cap_kw is None else f.power_cap_kw * 1e3, f.budget_usd_per_day, f.n_plus_one)
-    return data, options, {"left_out_for_want_of_a_price": no_price, "left_out_for_want_of_a_power_figure": no_power,
-                           "power_source": power_src}
+    data = data.reduced().shortlist(f.options_per_system)
+    return data, {"left_out_for_want_of_a_price": no_price, "left_out_for_want_of_a_power_figure": no_power,
+                  "power_source": power_src}
+
+
+def _class_cost(d: FleetData, r, t) -> pd.Series:
+    """USD/s of the fleet in slice ``t`` shared among the classes: each system's nodes held (reserved at the
+    committed price, hourly at the on-demand price; fixed costs over the day) split by the chips each class's
+    replicas occupy there, idle chips shared alike. The shares add up to the slice's cost.
+    """
+    o, sy = d.options, d.systems
+    foot = d.footprint() * r.replicas[t].to_numpy()
+    keys = list(zip(o["model"], o["cls"], strict=True))
+    out = pd.Series(0.0, index=pd.MultiIndex.from_tuples(d.classes))
+    for s in sy.index:
+        usd_s = (r.reserved[s] * sy.loc[s, "reserved_usd_per_node_h"] + r.hourly.loc[s, t]
+                 * sy.loc[s, "hourly_usd_per_node_h"]) / 3600 + (
+            sy.loc[s, "fixed_usd_per_day"] / 86400 if (r.reserved[s] + r.hourly.loc[s]).max() > 0 else 0.0)
+        sel = (o["system"] == s).to_numpy()
+        total = float(foot[sel].sum())
+        if total <= 0:
+            continue
+        for k in np.flatnonzero(sel & (foot > 0)):
+            out[keys[k]] += usd_s * foot[k] / total
+    return out
+
+
+def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, share: pd.Series, t) -> Optimum | None:
+    """A class's figures at its peak slice from the operating points the program chose there: TTFT of its prefill
+    (or aggregated) pools, TPOT of its decode (or aggregated) pools, the fleet's cost shared by chips
+    (`_class_cost`), split into input (prefill pools, and each aggregated replica's prefill share of its time) and
+    output; every pool with its replicas.
+    """
+    o = d.options
+    model_id, cls = d.classes[j]
+    w = next(x for x in spec.workloads if x.name == cls)
+    sel = ((o["model"] == model_id) & (o["cls"] == cls)).to_numpy() & (r.replicas[t].to_numpy() > 0)
+    if not sel.any():
+        return None
+    pools = o[sel].assign(replicas=r.replicas.loc[sel, t].astype(int).to_numpy())
+    lam = float(d.demand.loc[(model_id, cls), t])
+    main = pools[pools["role"] != "prefill"]
+    main = main.loc[(main["chips"] * main["replicas"]).idxmax()]
+    cfg = {k: (int(main[k]) if k in ("chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context")
+               else main[k]) for k in CFG}
+    e = config_entry(model_id, cls, w.prompt, cfg, spec.space.ideal, output=w.output, request_level=True,
+                     system=systems_priced[cfg["system"]])
+    usd_s = float(share[(model_id, cls)])
+    input_s = 0.0
+    for p in pools.to_dict("records"):
+        pool_usd = usd_s * p["chips"] * p["replicas"] / float((pools["chips"] * pools["replicas"]).sum())
+        if p["role"] == "prefill":
+            input_s += pool_usd
+        elif p["role"] == "both":
+            q = config_entry(model_id, cls, w.prompt, {k: p[k] for k in CFG}, spec.space.ideal, output=w.output,
+                             request_level=True, system=systems_priced[p["system"]])
+            input_s += pool_usd * float(q["prefill_share"])
+    chips = int((pools["chips"] * pools["replicas"]).sum())
+    roles = set(pools["role"])
+    usd_req = usd_s / lam
+    e.update(serving="aggregated" if roles == {"both"} else "disaggregated" if "both" not in roles else "mixed",
+             chips=chips, racks=int((pools["racks"] * pools["replicas"]).sum()), peak_slice=t,
+             demand_requests_per_s=lam, usd_per_s=usd_s, usd_per_request=usd_req,
+             usd_per_mtok_input=input_s / lam / w.prompt * 1e6,
+             usd_per_mtok_output=(usd_s - input_s) / lam / w.output * 1e6,
+             usd_per_mtok_blended=usd_req / (w.prompt + w.output) * 1e6, usd_per_mtok=usd_req / w.output * 1e6,
+             prefill_share=input_s / usd_s if usd_s else 0.0,
+             ttft_s=float(pools.loc[pools["role"] != "decode", "ttft_s"].max()),
+             tpot_s=float(pools.loc[pools["role"] != "prefill", "tpot_s"].max()),
+             tokens_per_s=lam * w.output, tokens_per_s_per_gpu=lam * w.output / chips,
+             power_w=float((pools["power_w"] * pools["replicas"]).sum()), price_kind=_price_text(spec.fleet),
+             replicas=int(pools["replicas"].sum()),
+             pools=[{k: (v.item() if hasattr(v, "item") else v) for k, v in p.items() if k in POOL + ("replicas",)}
+                    for p in pools.to_dict("records")])
+    e["tokens_per_s_per_user"] = 1.0 / e["tpot_s"]
+    e["joules_per_token"] = e["power_w"] / e["tokens_per_s"]
+    e.update(band_keys(e, None if spec.space.ideal else bands_of(cfg["system"])))
+    return Optimum(e, request_level=True)
+
+
+def _price_text(f: FleetSpec) -> str:
+    return f"{f.reserved_price} (reserved nodes) + {f.hourly_price} (hourly nodes)"
 
 
 def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """Options from the physics, the fleet program, its re-check, duals and the greedy baseline; fleet.csv."""
     f = spec.fleet
-    d, options, info = fleet_data(spec, progress)
+    d, info = fleet_data(spec, progress)
     r = solve_fleet(d, spec.solver.name, spec.solver.time_limit_s)
     bad = check(d, r)
     if bad:
         raise RuntimeError(f"re-check of the fleet solution failed: {bad}")
-    g = greedy(d)
+    g = r.greedy_usd_per_day
     slices = d.slices
+    o = d.options
     rows = []
     for s in d.systems.index:
         for t in slices:
             held = r.reserved[s] + r.hourly.loc[s, t]
-            sel = (d.options["system"] == s).to_numpy()
-            busy = float((d.options.loc[sel, "nodes"].to_numpy() * r.replicas.loc[sel, t].to_numpy()).sum())
+            sel = (o["system"] == s).to_numpy()
+            busy = float((d.footprint()[sel] * r.replicas.loc[sel, t].to_numpy()).sum())
+            node = d.systems.loc[s, "node_chips"]
             rows.append({"row": "system", "slice": t, "system": s, "reserved_nodes": r.reserved[s],
-                         "hourly_nodes": r.hourly.loc[s, t], "nodes": held,
-                         "chips": held * d.systems.loc[s, "node_chips"],
-                         "inventory_nodes": d.inventory.loc[s, t], "utilisation": busy / held if held else math.nan,
+                         "hourly_nodes": r.hourly.loc[s, t], "nodes": held, "chips": held * node,
+                         "inventory_nodes": d.inventory.loc[s, t],
+                         "utilisation": busy / (held * node) if held else math.nan,
                          "power_w": held * d.systems.loc[s, "power_per_node_w"]})
-    for k, o in enumerate(options):
+    for k, p in enumerate(o.to_dict("records")):
         for t in slices:
             n = int(r.replicas.loc[k, t])
             if not n:
                 continue
-            need = float(d.demand.loc[(o["model"], o["cls"]), t])
-            cap = float((d.options["requests_per_s"] * r.replicas[t])[
-                (d.options["model"] == o["model"]) & (d.options["cls"] == o["cls"])].sum())
-            rows.append({"row": "replicas", "slice": t, "model": o["model"], "workload": o["cls"],
-                         "system": o["system"],
-                         "serving": o["serving"], "replicas": n, "nodes": n * o["nodes"],
-                         "chips": n * sum(p["chips"] * p["replicas"] for p in o["pools"]),
-                         "requests_per_s": n * o["requests_per_s"], "demand_requests_per_s": need,
-                         "utilisation": need / cap if cap else math.nan,
-                         "configuration": "; ".join(f"{p['role']} x{p['replicas']}: {p['chips']} x {p['system']} "
-                                                    f"TP{p['tp']} DP{p['dp']} EP{p['ep']} batch {p['batch']}"
-                                                    for p in o["pools"])})
+            rows.append({"row": "replicas", "slice": t, "model": p["model"], "workload": p["cls"],
+                         "system": p["system"], "serving": "aggregated" if p["role"] == "both" else "disaggregated",
+                         "role": p["role"], "replicas": n, "chips": n * int(p["chips"]),
+                         "requests_per_s": n * p["requests_per_s"],
+                         "demand_requests_per_s": float(d.demand.loc[(p["model"], p["cls"]), t]),
+                         "configuration": f"{p['role']} x{n}: {p['chips']} x {p['system']} TP{p['tp']} DP{p['dp']} "
+                                          f"EP{p['ep']} batch {p['batch']}"})
     tables = {"fleet": pd.DataFrame(rows),
               "systems": pd.DataFrame([{"system": s, **d.systems.loc[s].to_dict(), "reserved_nodes": r.reserved[s],
-                                        "peak_nodes": float((r.reserved[s] + r.hourly.loc[s]).max())}
+                                        "peak_nodes": float((r.reserved[s] + r.hourly.loc[s]).max()),
+                                        "mean_nodes": float((r.reserved[s] + r.hourly.loc[s]).mean())}
                                        for s in d.systems.index])}
-    facts = {"objective": "usd_per_day", **info, "price_kind": {"reserved": f.reserved_price, "hourly": f.hourly_price},
+    kw = r.duals.get("usd_per_day_per_kw", {})
+    facts = {"objective": "usd_per_day", **info, "price_kind": _price_text(f),
+             "price_kinds": {"reserved": f.reserved_price, "hourly": f.hourly_price},
              "cost": r.cost, "greedy_usd_per_day": g,
              "gain_over_greedy": 1 - r.result.objective / g if math.isfinite(g) else None,
-             "marginal": {"usd_per_day_per_kw": {str(t): v for t, v in r.duals.get("usd_per_day_per_kw", {}).items()},
+             "marginal": {"usd_per_day_per_kw": {str(t): v for t, v in kw.items()},
                           "usd_per_day_per_node": {f"{s}@{t}": v for (s, t), v in
-                                                   r.duals.get("usd_per_day_per_node", {}).items() if v}},
+                                                   r.duals.get("usd_per_day_per_node", {}).items() if v > 0}},
+             "peak_power_w": float(max(((r.reserved + r.hourly[t]) * d.systems["power_per_node_w"]).sum()
+                                       for t in slices)),
+             "power_cap_w": None if f.power_cap_kw is None else f.power_cap_kw * 1e3,
              "peak_nodes": {s: float((r.reserved[s] + r.hourly.loc[s]).max()) for s in d.systems.index},
              "mean_nodes": {s: float((r.reserved[s] + r.hourly.loc[s]).mean()) for s in d.systems.index}}
     best: list[Optimum] = []
-    peak = int(np.argmax(d.demand.sum(axis=0).to_numpy()))
     systems_priced = {s: priced(default_systems()[s], f.hourly_price,
                                 float(d.systems.loc[s, "hourly_usd_per_node_h"] / d.systems.loc[s, "node_chips"]))
                       for s in d.systems.index}
-    for (model_id, cls) in d.demand.index:
-        w = next(x for x in spec.workloads if x.name == cls)
-        ks = [k for k, o in enumerate(options) if o["model"] == model_id and o["cls"] == cls
-              and r.replicas.loc[k, slices[peak]] > 0]
-        if not ks:
-            continue
-        k = max(ks, key=lambda k: r.replicas.loc[k, slices[peak]] * options[k]["requests_per_s"])
-        o = options[k]
-        cfg = {key: (int(v) if isinstance(v, (np.integer, int)) and not isinstance(v, bool) else v)
-               for key, v in o["cfg"].items()}
-        e = config_entry(model_id, cls, w.prompt, cfg, spec.space.ideal, output=w.output, request_level=True,
-                         system=systems_priced[o["system"]])
-        n = int(r.replicas.loc[k, slices[peak]])
-        usd_h = float(d.systems.loc[o["system"], "hourly_usd_per_node_h"]) * o["nodes"]
-        e.update(serving=o["serving"], replicas=n, peak_slice=slices[peak],
-                 pools=[{k2: (v.item() if hasattr(v, "item") else v) for k2, v in {**p, "replicas": p["replicas"] * n
-                                                                                  }.items()} for p in o["pools"]],
-                 usd_per_request=usd_h / 3600 / o["requests_per_s"], price_kind=f.hourly_price)
-        e.update(band_keys(e, bands_of(o["system"])))  # the bands of the figures as set above
-        best.append(Optimum(e, request_level=True))  # config_entry(request_level=True) above
+    for j, c in enumerate(d.classes):
+        t = slices[int(np.argmax(d.demand.loc[c].to_numpy()))]
+        opt = _entry(spec, d, r, j, systems_priced, _class_cost(d, r, t), t)
+        if opt is not None:
+            best.append(opt)
     return Solved(status=r.result.status, best=best, tables=tables, results=[r.result],
-                  solver_name=f"pyomo -> ortools {spec.solver.name}", facts=facts)
+                  solver_name=f"pyomo -> ortools {r.result.solver}", facts=facts)
 
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
@@ -279,9 +330,20 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
             lines.append(f"{r['system']}: peak {r['peak_nodes']:.0f} nodes of {r['node_chips']:.0f} GPUs, "
                          f"{r['reserved_nodes']:.0f} reserved for the day, mean "
                          f"{summary.get('mean_nodes', {}).get(r['system'], float('nan')):.1f}")
-    kw = summary.get("marginal", {}).get("usd_per_day_per_kw") or {}
-    if kw:
-        lines.append(f"one more kW of site power would save up to {max(kw.values()):,.2f} USD/day")
+    marginal = summary.get("marginal", {})
+    kw = marginal.get("usd_per_day_per_kw") or {}
+    cap = summary.get("power_cap_w")
+    if cap and kw and max(kw.values()) > 0:
+        t, v = max(kw.items(), key=lambda kv: kv[1])
+        lines.append(f"site power binds: one more kW in slice {t} saves {v:,.2f} USD/day with the same replicas")
+    elif cap:
+        lines.append(f"site power does not bind: peak {summary.get('peak_power_w', 0) / 1e3:,.0f} kW of "
+                     f"{cap / 1e3:,.0f} kW")
+    node = marginal.get("usd_per_day_per_node") or {}
+    if node:
+        at, v = max(node.items(), key=lambda kv: kv[1])
+        lines.append(f"inventory binds: one more node of {at.replace('@', ' in slice ')} saves {v:,.2f} USD/day "
+                     f"with the same replicas")
     return lines
 
 
