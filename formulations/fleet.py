@@ -11,18 +11,21 @@ such sizes pack nodes exactly, first-fit decreasing); any other replica occupies
 
 How it scales (the choices, each exact):
 - Replicas of one option are interchangeable: one integer count per option and slice, never a binary per replica;
-  options another option matches at no more chips (a whole multiple of it) are dropped before building
-  (`FleetData.reduced`), so no two columns describe the same fleet.
-- N+1 is spare capacity per class and slice: the class's served capacity less the rate of its largest replica in
-  use covers the demand. The largest rate in use is one of the class's distinct option rates; it is written as a
-  staircase of level binaries (one per distinct rate above the smallest, ordered, so each fleet has one
-  representation), and the spare is the smallest rate plus the increments of the levels reached.
+  options another option matches in no more chips (a whole multiple of it) are dropped before building
+  (`FleetData.reduced`), and slices of equal demand and inventory are one slice weighted by their count
+  (`FleetData.merged`), so no two columns or rows describe the same choice.
+- N+1 is spare capacity per class and slice: the class's served requests less the rate of its largest replica in
+  use cover the demand. That rate is one of the class's distinct option rates: ordered level binaries (one per
+  distinct rate above the smallest; each fleet has one representation) mark the largest reached, the spare is the
+  smallest rate plus the increments of the levels reached (`add_spare`). For classes served by aggregated replicas
+  the disjunction over the largest rate is also written as its convex hull (`add_hull`), so a relaxation buying a
+  fraction of a large replica pays for the spare it implies.
 - Reserved nodes are integers; hourly nodes are continuous on systems whose replicas all occupy whole nodes (there
-  the least hourly count meeting the whole-node need is an integer, so the relaxation loses nothing) and integers
-  where replicas share nodes.
-- Valid inequalities from the demand: per class and slice, each side's replica count covers the demand plus the
-  smallest spare at the side's largest rate (`add_covers`); the system-in-use binaries exist only where a system
-  has a fixed cost, with the tightest node bound the demand allows.
+  the least hourly count meeting the whole-node need is an integer, so nothing is rounded) and integers where
+  replicas share nodes.
+- Valid inequalities from the demand: per class and slice, each side's replica count is at least the demand over
+  the side's largest rate, rounded up, plus one with N+1 (`add_covers`); the system-in-use binaries exist only where
+  a system has a fixed cost, with the tightest node bound the demand allows.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ class FleetData:
             o = o.assign(group=0)
         if "kv_bytes" not in o:
             o = o.assign(kv_bytes=0.0)
+        bad = sorted(set(o["role"]) - set(ROLES))
+        if bad:
+            raise ValueError(f"option roles must be one of {ROLES}, got {bad}")
         self.options = o.reset_index(drop=True)
         if "interconnect_bytes_per_s" not in self.systems:
             self.systems = self.systems.assign(interconnect_bytes_per_s=0.0)
@@ -248,7 +254,7 @@ def add_replicas(m: pyo.ConcreteModel, ix: dict) -> None:
 def add_demand(m: pyo.ConcreteModel, d: FleetData, ix: dict) -> None:
     """Each (model, class) demand is served in each slice by its aggregated replicas plus the requests its prefill
     pools hand to its decode pools (each pool within its replicas' rate; a pool on a system with an interconnect may
-    send to or take from other systems' pools of its numerics), less the spare of N+1.
+    send to or take from other systems' pools of its numerics), with N+1 (`add_spare`).
     """
     o = d.options
     rate = o["requests_per_s"].to_numpy(dtype=float)
@@ -284,96 +290,125 @@ def add_demand(m: pyo.ConcreteModel, d: FleetData, ix: dict) -> None:
         return m.p[j, g, s, t] == m.q[j, g, s, t]
 
     m.same_system = pyo.Constraint(m.FP, m.T, rule=same_system)
-    spare = add_spare(m, d, ix, bool(ix["hull"]))
 
-    def served(j, t):
+    def headroom(j, t):
+        """Requests/s served beyond the demand."""
         agg = sum(float(rate[k]) * m.x[k, t] for k in ix["by_role"].get((j, "both"), []))
-        return agg + sum(m.p[j, g, s, t] for jj, g, s in ix["P"] if jj == j)
+        return agg + sum(m.p[j, g, s, t] for jj, g, s in ix["P"] if jj == j) - float(need[j, tix[t]])
 
-    def rule(_, j, t):
-        lam = float(need[j, tix[t]])
-        return pyo.Constraint.Skip if lam <= 0 else served(j, t) - spare(j, t) >= lam
+    spare = add_spare(m, d, ix, bool(ix["hull"]))
+    m.demand = pyo.Constraint(m.J, m.T, rule=lambda _, j, t: pyo.Constraint.Skip if need[j, tix[t]] <= 0
+                              else headroom(j, t) >= spare(("both", j), t))
+    if not d.n_plus_one:
+        return
 
-    m.demand = pyo.Constraint(m.J, m.T, rule=rule)
+    def pool_spare(_, role, j, g, s, t):
+        """A pool's largest replica fails: what the pool hands off (or takes) beyond what is left of it comes out of
+        the class's headroom.
+        """
+        if need[j, tix[t]] <= 0:
+            return pyo.Constraint.Skip
+        flow = m.p[j, g, s, t] if role == "prefill" else m.q[j, g, s, t]
+        return headroom(j, t) >= flow - pool(j, g, role, s, t) + spare((role, j, g, s), t)
+
+    keys = [("prefill",) + k for k in ix["P"]] + [("decode",) + k for k in ix["Q"]]
+    m.PS = pyo.Set(initialize=keys, dimen=4)
+    m.pool_spare = pyo.Constraint(m.PS, m.T, rule=pool_spare)
 
 
 def add_spare(m: pyo.ConcreteModel, d: FleetData, ix: dict, hull: bool):
-    """N+1: the spare of a class in a slice is the rate of its largest replica in use (of any role: a prefill or
-    decode replica's failure takes at most its rate of requests from the class). Its distinct option rates
-    r_0 < r_1 < ... (those with a replica allowed in the slice) are its levels; binary ``level[j, l, t]`` says a
-    replica of rate r_l or more is in use, ordered (a level implies the ones below it, so each fleet has one
-    representation), an option's replicas need their level, and the spare is r_0 plus the increments of the levels
-    reached. The largest level reached is the class's *mode* (level l less level l+1). Returns spare(j, t) as an
-    expression.
+    """N+1: served requests still cover the demand when any one replica in use fails. An aggregated replica's
+    failure takes its rate from the class, so the class's headroom (served less demand) covers its largest
+    aggregated replica in use. A prefill (decode) replica's failure leaves its pool with the rest of its rate, so the
+    headroom covers what the pool hands off (takes) beyond that (`add_demand`): exact where pools pair on one
+    system; across an interconnect a failed pool's share is not rerouted, which never overstates what is left.
 
-    With ``hull``, the disjunction over the modes is also written in its convex-hull form (Balas): per mode a copy
-    of the class's replicas at or below its rate (continuous; they sum to the integer replicas), carrying on each
-    side the demand plus the mode's rate, at least one replica at the mode's rate and, counted, at least
-    ceil(demand / rate) + 1 replicas. A relaxation that buys a fraction of a large replica then pays for the spare
-    that replica implies. Valid for every fleet whose mode is its largest rate in use, and each fleet has one.
+    Per spare group (a class's aggregated options; each prefill or decode pool) and slice, its distinct option rates
+    r_1 < r_2 < ... are its levels; binary ``level[g, l, t]`` says a replica of rate r_l or more is in use, ordered (a
+    level implies the ones below it, so each fleet has one representation), an option's replicas need their level,
+    and the spare is the sum of the increments r_l - r_(l-1) of the levels reached (r_0 = 0). A class served by
+    aggregated replicas only has one in use whenever it has demand, so its first level is always reached: its spare
+    starts at r_1. The largest level reached is the group's *mode* (level l less level l+1). Returns spare(key, t)
+    as an expression, key ("both", class) or (role, class, numerics, system).
     """
     o = d.options
     rate = o["requests_per_s"].to_numpy(dtype=float)
+    role = o["role"].to_numpy()
     if not d.n_plus_one:
-        return lambda j, t: 0.0
+        return lambda key, t: 0.0
     up, ti = ix["up"], ix["t"]
     need = d.demand.to_numpy(dtype=float)
-    rates: dict = {}  # (j, t): the distinct rates of the options allowed, ascending
+    split = {int(ix["j_of"][k]) for k in m.K if role[k] != "both"}
+    groups = {("both", j): ix["by_role"].get((j, "both"), []) for j in m.J}
+    groups.update({(r, j, g, sy): ix["by_pool"][(j, g, r, sy)] for r, j, g, sy in
+                   [("prefill",) + k for k in ix["P"]] + [("decode",) + k for k in ix["Q"]]})
+    gid = {key: i for i, key in enumerate(groups)}
+    rates: dict = {}  # (group id, t): [r_0, r_1, ...], r_0 = 0 unless the first level is always reached
     level_of: dict = {}  # (k, t): the level of option k in slice t
-    for j in m.J:
-        ks = [k for k in m.K if ix["j_of"][k] == j]
+    for key, ks in groups.items():
+        always = key[0] == "both" and key[1] not in split
         for t in d.slices:
             live = [k for k in ks if up[k, ti[t]] > 0]
-            if need[j, ti[t]] <= 0 or not live:
+            if not live or need[int(ix["j_of"][live[0]]), ti[t]] <= 0:
                 continue
-            lv: list[float] = []
+            lv: list[float] = [] if always else [0.0]
             for v in sorted(rate[k] for k in live):
                 if not lv or v > lv[-1] * (1 + 1e-9):
                     lv.append(float(v))
-            rates[(j, t)] = lv
+            rates[(gid[key], t)] = lv
             for k in live:
                 level_of[(k, t)] = next(i for i, v in enumerate(lv) if rate[k] <= v * (1 + 1e-9))
     m.spare_rates = rates  # read back by a warm start
-    idx = [(j, li, t) for (j, t), lv in rates.items() for li in range(1, len(lv))]
+    m.spare_group = gid
+    idx = [(g, li, t) for (g, t), lv in rates.items() for li in range(1, len(lv))]
     m.L = pyo.Set(initialize=idx, dimen=3)
     m.level = pyo.Var(m.L, domain=pyo.Binary)
-    m.level_order = pyo.Constraint(m.L, rule=lambda _, j, li, t: pyo.Constraint.Skip if li == 1
-                                   else m.level[j, li, t] <= m.level[j, li - 1, t])
+    m.level_order = pyo.Constraint(m.L, rule=lambda _, g, li, t: pyo.Constraint.Skip if li == 1
+                                   else m.level[g, li, t] <= m.level[g, li - 1, t])
+    group_of = {k: gid[key] for key, ks in groups.items() for k in ks}
+    hulled = {gid[("both", j)] for j in ix["hull"]}
 
     def link(_, k, t):
         """A replica of an option needs its rate's level."""
         li = level_of.get((k, t), 0)
-        j = int(ix["j_of"][k])
-        if li == 0 or (hull and j in ix["hull"]):
+        if li == 0 or (hull and group_of[k] in hulled):
             return pyo.Constraint.Skip
-        return m.x[k, t] <= int(up[k, ti[t]]) * m.level[j, li, t]
+        return m.x[k, t] <= int(up[k, ti[t]]) * m.level[group_of[k], li, t]
 
     m.level_link = pyo.Constraint(m.K, m.T, rule=link)
 
-    def reached(j, li, t):
-        n = len(rates[(j, t)])
-        return 1.0 if li == 0 else (m.level[j, li, t] if li < n else 0.0)
+    def reached(g, li, t):
+        n = len(rates[(g, t)])
+        return 1.0 if li == 0 else (m.level[g, li, t] if li < n else 0.0)
 
     def mode(j, li, t):
-        return reached(j, li, t) - reached(j, li + 1, t)
+        g = gid[("both", j)]
+        return reached(g, li, t) - reached(g, li + 1, t)
 
     if hull:
-        add_hull(m, d, ix, rates, level_of, mode)
+        add_hull(m, d, ix, {(j, t): rates[(gid[("both", j)], t)] for j in ix["hull"] for t in d.slices
+                            if (gid[("both", j)], t) in rates}, level_of, mode)
 
-    def spare(j, t):
-        lv = rates.get((j, t))
+    def spare(key, t):
+        lv = rates.get((gid.get(key, -1), t))
         if not lv:
             return 0.0
-        return lv[0] + sum((lv[li] - lv[li - 1]) * m.level[j, li, t] for li in range(1, len(lv)))
+        g = gid[key]
+        return lv[0] + sum((lv[li] - lv[li - 1]) * m.level[g, li, t] for li in range(1, len(lv)))
 
     return spare
 
 
 def add_hull(m: pyo.ConcreteModel, d: FleetData, ix: dict, rates: dict, level_of: dict, mode) -> None:
-    """The modes' convex hull (see `add_spare`) for the classes in ``ix["hull"]``."""
+    """For the classes served by aggregated replicas only (``ix["hull"]``), the disjunction over the largest rate in
+    use (the mode, `add_spare`) also written in its convex-hull form (Balas): per mode a copy of the class's replicas
+    at or below its rate (continuous; they sum to the integer replicas), carrying the demand plus the mode's rate,
+    at least one replica at the mode's rate and, counted, at least ceil(demand / rate) + 1 replicas. A relaxation
+    that buys a fraction of a large replica then pays for the spare that replica implies. Valid for every fleet
+    whose mode is its largest rate in use, and each fleet has one.
+    """
     o = d.options
     rate = o["requests_per_s"].to_numpy(dtype=float)
-    role = o["role"].to_numpy()
     up, ti = ix["up"], ix["t"]
     need = d.demand.to_numpy(dtype=float)
     copies = [(k, li, t) for (k, t), lk in level_of.items() if int(ix["j_of"][k]) in ix["hull"]
@@ -394,12 +429,8 @@ def add_hull(m: pyo.ConcreteModel, d: FleetData, ix: dict, rates: dict, level_of
         for k in ks:
             rows_bound.append((m.y[k, li, t], min(int(up[k, ti[t]]), math.ceil((lam + r) / rate[k] * (1 - 1e-12))), w))
         rows_top.append(([m.y[k, li, t] for k in ks if level_of[(k, t)] == li], w))
-        split = any(role[k] != "both" for k in ks)
-        for side in (("both", "prefill"), ("both", "decode")) if split else (("both",),):
-            sk = [k for k in ks if role[k] in side]
-            if sk:
-                rows_side.append(([(rate[k], m.y[k, li, t]) for k in sk], lam + r, w))
-                rows_count.append(([m.y[k, li, t] for k in sk], math.ceil(lam / r - 1e-9) + 1, w))
+        rows_side.append(([(rate[k], m.y[k, li, t]) for k in ks], lam + r, w))
+        rows_count.append(([m.y[k, li, t] for k in ks], math.ceil(lam / r - 1e-9) + 1, w))
     m.hull_bound = pyo.Constraint(range(len(rows_bound)), rule=lambda _, i: rows_bound[i][0]
                                   <= rows_bound[i][1] * rows_bound[i][2])
     m.hull_top = pyo.Constraint(range(len(rows_top)), rule=lambda _, i: sum(rows_top[i][0]) >= rows_top[i][1])
@@ -461,6 +492,12 @@ def add_nodes(m: pyo.ConcreteModel, d: FleetData, ix: dict) -> None:
         return m.reserved[s] + m.hourly[s, t] <= float(d.inventory.loc[s, t]) + _slack(m, "short_nodes", (s, t))
 
     m.inventory = pyo.Constraint(m.S, m.T, rule=inventory)
+    # a replica needs its system in use: per option the tightest link (valid; the rows above alone let a relaxation
+    # pay a sliver of a fixed cost for a system it uses)
+    ti = {t: i for i, t in enumerate(d.slices)}
+    sys_of = d.options["system"].to_numpy()
+    pairs = [(k, t) for s in m.SU for k in ix["by_sys"][s] for t in d.slices if up[k, ti[t]] > 0]
+    m.in_use = pyo.Constraint(pairs, rule=lambda _, k, t: m.x[k, t] <= int(up[k, ti[t]]) * m.used[sys_of[k]])
 
 
 def add_interconnect(m: pyo.ConcreteModel, d: FleetData, ix: dict) -> None:
@@ -523,7 +560,7 @@ def cost_expr(m: pyo.ConcreteModel, d: FleetData):
         float(sy.loc[s, "fixed_usd_per_day"]) * m.used[s] for s in m.SU)
 
 
-HULLS = ("none", "aggregated", "all")
+HULLS = ("none", "aggregated")
 
 ELASTIC = 1e7
 """Penalty per node, per kW and per thousand USD of shortfall in the elastic program (diagnosis only)."""
@@ -540,8 +577,8 @@ def _slack(m: pyo.ConcreteModel, name: str, index):
 def build(d: FleetData, elastic: bool = False, hull: str = "aggregated") -> pyo.ConcreteModel:
     """The fleet program: minimize USD per day (a horizon other than 24 h is scaled to a day). With ``elastic``,
     inventory, power and budget may be exceeded at a large penalty: the shortfalls name what binds. ``hull``
-    (`HULLS`) names the classes whose N+1 modes are also written in their convex-hull form: ``none``, those with
-    aggregated options only (``aggregated``: their copies are few), or ``all``.
+    (`HULLS`): ``aggregated`` writes the N+1 modes of the classes with aggregated options only in their convex-hull
+    form too (`add_hull`), ``none`` does not.
     """
     if hull not in HULLS:
         raise ValueError(f"hull '{hull}' is not allowed; allowed: {', '.join(HULLS)}")
@@ -552,7 +589,7 @@ def build(d: FleetData, elastic: bool = False, hull: str = "aggregated") -> pyo.
         m.short_usd = pyo.Var([None], domain=pyo.NonNegativeReals)
     ix = _index(d, elastic)
     split = {int(ix["j_of"][k]) for k in range(len(d.options)) if d.options["role"].iat[k] != "both"}
-    ix["hull"] = set() if hull == "none" else {j for j in range(len(d.classes)) if hull == "all" or j not in split}
+    ix["hull"] = set() if hull == "none" else {j for j in range(len(d.classes)) if j not in split}
     add_nodes_variables(m, d)
     add_replicas(m, ix)
     add_demand(m, d, ix)

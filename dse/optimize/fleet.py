@@ -34,7 +34,7 @@ class Fleet:
     replicas: pd.DataFrame  # options x slice
     prefill: pd.DataFrame = field(default_factory=pd.DataFrame)
     decode: pd.DataFrame = field(default_factory=pd.DataFrame)
-    plans: dict = field(default_factory=dict)  # (class index, slice): index of its plan in `plans_of` (greedy)
+    plans: dict = field(default_factory=dict)  # (class index, slice): the replicas of its plan (`plans_of`; greedy)
 
 
 @dataclass
@@ -91,10 +91,8 @@ def _no_option(d: FleetData) -> None:
 
 def _read(m, d: FleetData) -> Fleet:
     """The fleet held in a solved model's variables."""
-    S, T = list(m.S), list(m.T)
-    reserved = pd.Series({s: float(round(m.reserved[s].value or 0)) for s in S}, dtype=float)
-    hourly = pd.DataFrame([[float(math.ceil((m.hourly[s, t].value or 0) - 1e-6)) for t in T] for s in S], index=S,
-                          columns=T, dtype=float)
+    T = list(m.T)
+    reserved, hourly = _read_nodes(m)
     reps = pd.DataFrame([[round(m.x[k, t].value or 0) for t in T] for k in m.K], columns=T, dtype=float)
     pre = pd.DataFrame([[m.p[i + (t,)].value or 0.0 for t in T] for i in m.FP], index=pd.MultiIndex.from_tuples(
         list(m.FP)) if len(m.FP) else None, columns=T, dtype=float)
@@ -103,14 +101,28 @@ def _read(m, d: FleetData) -> Fleet:
     return Fleet(reserved, hourly, reps, pre, dec)
 
 
-def _hint(m, d: FleetData, f: Fleet) -> None:
-    """Set every variable of the model to the fleet's values (a warm start the solver may take as its incumbent)."""
+def _start_nodes(m, f: Fleet) -> None:
+    """Set the node variables (reserved, hourly, systems in use) to the fleet's."""
     for s in m.S:
         m.reserved[s].set_value(float(f.reserved[s]))
         for t in m.T:
             m.hourly[s, t].set_value(float(f.hourly.loc[s, t]))
     for s in m.SU:
         m.used[s].set_value(float((f.reserved[s] + f.hourly.loc[s]).max() > 0))
+
+
+def _read_nodes(m) -> tuple[pd.Series, pd.DataFrame]:
+    """Reserved nodes per system and hourly nodes per system and slice held in a solved model (whole nodes)."""
+    S, T = list(m.S), list(m.T)
+    reserved = pd.Series({s: float(round(m.reserved[s].value or 0)) for s in S}, dtype=float)
+    hourly = pd.DataFrame([[float(math.ceil((m.hourly[s, t].value or 0) - 1e-6)) for t in T] for s in S], index=S,
+                          columns=T, dtype=float)
+    return reserved, hourly
+
+
+def start_from(m, d: FleetData, f: Fleet) -> None:
+    """Set every variable of the model to the fleet's values (a warm start the solver may take as its incumbent)."""
+    _start_nodes(m, f)
     for k in m.K:
         for t in m.T:
             m.x[k, t].set_value(float(f.replicas.at[k, t]))
@@ -120,16 +132,22 @@ def _hint(m, d: FleetData, f: Fleet) -> None:
     for i in m.FQ:
         for t in m.T:
             m.q[i + (t,)].set_value(float(f.decode.loc[i, t]) if i in f.decode.index else 0.0)
-    if hasattr(m, "level"):  # a level is reached when the largest rate in use is at or above it
-        rate = d.options["requests_per_s"].to_numpy(dtype=float)
-        for (j, t), levels in m.spare_rates.items():
-            mod, cls = d.classes[j]
-            sel = ((d.options["model"] == mod) & (d.options["cls"] == cls)).to_numpy() & (f.replicas[t].to_numpy() > 0)
-            top = float(rate[sel].max()) if sel.any() else 0.0
+    if hasattr(m, "level"):  # a level is reached when the largest rate in use in its group is at or above it
+        o = d.options
+        rate = o["requests_per_s"].to_numpy(dtype=float)
+        cls = {c: j for j, c in enumerate(d.classes)}
+        key = [("both", cls[(a, b)]) if r == "both" else (r, cls[(a, b)], int(g), sy)
+               for a, b, r, g, sy in zip(o["model"], o["cls"], o["role"], o["group"], o["system"], strict=True)]
+        members: dict = {}
+        for k, kk in enumerate(key):
+            members.setdefault(m.spare_group.get(kk, -1), []).append(k)
+        for (g, t), levels in m.spare_rates.items():
+            ks = [k for k in members.get(g, []) if f.replicas.at[k, t] > 0]
+            top = float(rate[ks].max()) if ks else 0.0
             active = max((i for i, v in enumerate(levels) if top >= v * (1 - 1e-9)), default=0)
             for li in range(1, len(levels)):
-                m.level[j, li, t].set_value(float(li <= active))
-            for k in np.flatnonzero(sel | True) if hasattr(m, "y") else ():
+                m.level[g, li, t].set_value(float(li <= active))
+            for k in members.get(g, []) if hasattr(m, "y") else ():
                 for li in range(len(levels)):
                     if (k, li, t) in m.HC:
                         m.y[k, li, t].set_value(float(f.replicas.at[k, t]) if li == active else 0.0)
@@ -160,7 +178,8 @@ optimum within seconds and the stage would only take its time."""
 FULL_PROGRAM_MAX = 3000
 """Columns above which the full program's branch and bound does not finish its root within a minute on 2 cores
 (aggregated 10 models x 12 distinct slices: no bound after 40 s): there the bound is its linear relaxation's
-(`relaxation_bound`, with the hull of `formulations.fleet.add_hull`) and the time goes to the plan program."""
+(`relaxation_bound`, with the hull of `formulations.fleet.add_hull`; up to half the time limit) and the rest of the
+time goes to the plan program."""
 
 
 def choose_solver(d: FleetData) -> str:
@@ -196,7 +215,7 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     m = build(dm, hull=hull)
     bound = -math.inf
     if not full:
-        bound = relaxation_bound(m, "highs", time_limit_s / 3)
+        bound = relaxation_bound(m, "highs", time_limit_s / 2)
     if (columns >= PLAN_STAGE_MIN if plan_stage is None else plan_stage) and g is not None:
         left = time_limit_s / 3 if full else time_limit_s - (time.perf_counter() - t0)
         f = solve_plans(dm, name, max(1.0, left), g)
@@ -206,7 +225,7 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     if full:
         hinted = name in HINTS and best is not None
         if hinted:
-            _hint(m, dm, best)
+            start_from(m, dm, best)
         left = max(1.0, time_limit_s - (time.perf_counter() - t0))
         res = solve_pyomo(m, name, left, warm_start=hinted)
         if res.status == "infeasible" and best is None:
@@ -267,29 +286,22 @@ def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | N
             need = float(d.demand.iloc[j][t])
             if need <= 0:
                 continue
-            for i, (counts, flow, _) in enumerate(plans_of(d, j, need)):
-                index[(j, t, i)] = len(plans)
+            for counts, flow, _ in plans_of(d, j, need, mixes=True):
+                index[(j, t, frozenset(counts.items()))] = len(plans)
                 plans.append((j, t, counts))
                 flows.append(flow)
     m = build_plans(d, plans)
     hinted = solver in HINTS and start is not None and bool(start.plans)
     if hinted:
-        for s in m.S:
-            m.reserved[s].set_value(float(start.reserved[s]))
-            for t in m.T:
-                m.hourly[s, t].set_value(float(start.hourly.loc[s, t]))
-        for s in m.SU:
-            m.used[s].set_value(float((start.reserved[s] + start.hourly.loc[s]).max() > 0))
-        chosen = {index[(j, t, i)] for (j, t), i in start.plans.items()}
+        _start_nodes(m, start)
+        chosen = {index[(j, t, frozenset(c.items()))] for (j, t), c in start.plans.items()}
         for i in m.P:
             m.plan[i].set_value(float(i in chosen))
     res = solve_pyomo(m, solver, time_limit_s, warm_start=hinted)
     if not res.ok:
         return None
     T = d.slices
-    reserved = pd.Series({s: float(round(m.reserved[s].value or 0)) for s in m.S}, dtype=float)
-    hourly = pd.DataFrame([[float(math.ceil((m.hourly[s, t].value or 0) - 1e-6)) for t in T] for s in m.S],
-                          index=list(m.S), columns=T, dtype=float)
+    reserved, hourly = _read_nodes(m)
     reps = pd.DataFrame(0.0, index=d.options.index, columns=T)
     keyed: dict = {}
     for i in m.P:
@@ -317,7 +329,7 @@ def marginal_values(d: FleetData, f: Fleet) -> dict:
     negative.
     """
     m = build(d, hull="none")
-    _hint(m, d, f)
+    start_from(m, d, f)
     saved = lp_savings(m, {"power": 1e3, "inventory": 1.0}, fix=("x", "level", "used"))
     T = list(m.T)
     kw = {t: saved.get(("power", t), 0.0) for t in T} if d.power_cap_w is not None else {}
@@ -350,14 +362,17 @@ def pack_nodes(chips: list[int], node_chips: int) -> int:
 
 def check(d: FleetData, r: Fleet, objective: float | None = None) -> list[str]:
     """Independent re-check of a fleet: per class and slice the aggregated replicas plus the requests handed from
-    prefill to decode pools, less the rate of the largest replica in use (N+1), cover the demand; each pool hands off
-    or takes no more than its replicas' rate, prefilled equals decoded per class and numerics, hand-offs between
-    systems only over interconnects and within their bytes/s; replicas packed into the nodes held (first-fit
-    decreasing); inventory, power and budget; the cost against ``objective``.
+    prefill to decode pools cover the demand, and still do when any one replica in use fails (N+1: an aggregated
+    replica takes its rate with it; a prefill or decode replica leaves its pool the rest of its rate, and what the
+    pool hands off or takes beyond that is lost); each pool hands off or takes no more than its replicas' rate,
+    prefilled equals decoded per class and numerics, hand-offs between systems only over interconnects and within
+    their bytes/s; replicas packed into the nodes held (first-fit decreasing); inventory, power and budget; the cost
+    against ``objective``.
     """
     bad = []
     o = d.options
     rate = o["requests_per_s"].to_numpy(dtype=float)
+    role = o["role"].to_numpy()
     pre = r.prefill if len(r.prefill) else pd.DataFrame(columns=d.slices)
     dec = r.decode if len(r.decode) else pd.DataFrame(columns=d.slices)
     for t in d.slices:
@@ -366,34 +381,45 @@ def check(d: FleetData, r: Fleet, objective: float | None = None) -> list[str]:
         for j, (mod, cls) in enumerate(d.classes):
             need = float(d.demand.loc[(mod, cls), t])
             mine = ((o["model"] == mod) & (o["cls"] == cls)).to_numpy()
-            agg = float((rate * x)[mine & (o["role"] == "both").to_numpy()].sum())
+            agg = float((rate * x)[mine & (role == "both")].sum())
             handed = 0.0
-            for g in sorted(set(o.loc[mine & (o["role"] != "both").to_numpy(), "group"])):
+            pools: dict = {}  # (role, group, system): (its rate, what it hands off or takes)
+            for g in sorted(set(o.loc[mine & (role != "both"), "group"])):
                 sent = taken = 0.0
                 for s in d.systems.index:
                     at = mine & (o["group"] == g).to_numpy() & (o["system"] == s).to_numpy()
                     p = float(pre.loc[(j, g, s), t]) if (j, g, s) in pre.index else 0.0
                     q = float(dec.loc[(j, g, s), t]) if (j, g, s) in dec.index else 0.0
-                    cap_p = float((rate * x)[at & (o["role"] == "prefill").to_numpy()].sum())
-                    cap_q = float((rate * x)[at & (o["role"] == "decode").to_numpy()].sum())
+                    cap_p = float((rate * x)[at & (role == "prefill")].sum())
+                    cap_q = float((rate * x)[at & (role == "decode")].sum())
+                    pools[("prefill", g, s)], pools[("decode", g, s)] = (cap_p, p), (cap_q, q)
                     if p > cap_p * (1 + TOL) + TOL or q > cap_q * (1 + TOL) + TOL:
                         bad.append(f"{mod}/{cls} slice {t} on {s}: hands off {p:.6g} (prefill {cap_p:.6g}), takes "
                                    f"{q:.6g} (decode {cap_q:.6g}) requests/s")
                     if abs(p - q) > TOL * max(1.0, p, q):
                         if d.interconnect(s) <= 0:
                             bad.append(f"{mod}/{cls} slice {t}: {s} sends or takes KV with no interconnect")
-                        kv = float(o.loc[at & (o["role"] != "both").to_numpy(), "kv_bytes"].max())
+                        kv = float(o.loc[at & (role != "both"), "kv_bytes"].max())
                         cross.setdefault(s, [0.0, 0.0])
                         cross[s][0 if p > q else 1] += kv * abs(p - q)
                     sent, taken = sent + p, taken + q
                 if abs(sent - taken) > TOL * max(1.0, sent):
                     bad.append(f"{mod}/{cls} slice {t}: {sent:.6g} requests/s prefilled, {taken:.6g} decoded")
                 handed += sent
-            used = mine & (x > 0)
-            spare = float(rate[used].max()) if d.n_plus_one and used.any() and need > 0 else 0.0
-            if need > 0 and agg + handed - spare < need * (1 - TOL):
-                bad.append(f"{mod}/{cls} slice {t}: serves {agg + handed:.6g} less its largest replica in use "
-                           f"{spare:.6g} < {need:.6g} requests/s")
+            served = agg + handed
+            if need <= 0:
+                continue
+            if served < need * (1 - TOL):
+                bad.append(f"{mod}/{cls} slice {t}: serves {served:.6g} < {need:.6g} requests/s")
+            for k in np.flatnonzero(mine & (x > 0)) if d.n_plus_one else ():
+                if role[k] == "both":
+                    lost = rate[k]
+                else:
+                    cap, flow = pools[(role[k], o["group"].iat[k], o["system"].iat[k])]
+                    lost = max(0.0, flow - (cap - rate[k]))
+                if served - lost < need * (1 - TOL):
+                    bad.append(f"{mod}/{cls} slice {t}: with one {role[k]} replica of option {k} down it serves "
+                               f"{served - lost:.6g} < {need:.6g} requests/s")
         for s, (out, into) in cross.items():
             if max(out, into) > d.interconnect(s) * (1 + TOL):
                 bad.append(f"{s} slice {t}: KV {out:.6g} B/s out, {into:.6g} B/s in, interconnect "
@@ -421,10 +447,14 @@ def check(d: FleetData, r: Fleet, objective: float | None = None) -> list[str]:
     return bad
 
 
-def plans_of(d: FleetData, j: int, need: float) -> list[tuple[dict[int, int], tuple | None, float]]:
+def plans_of(d: FleetData, j: int, need: float, mixes: bool = False
+             ) -> list[tuple[dict[int, int], tuple | None, float]]:
     """A class's single-configuration plans for one slice: each aggregated option alone, and each prefill option with
-    each decode option of its numerics on its own system, whole replicas with N+1 (the spare the plan's largest rate);
-    as (replicas per option, (group, system, requests/s handed off) or None, hourly USD/h).
+    each decode option of its numerics on its own system, whole replicas with N+1 (one replica beyond the demand in
+    each pool);
+    as (replicas per option, (group, system, requests/s handed off) or None, hourly USD/h), cheapest first. With
+    ``mixes``, also each aggregated option with one replica fewer and the fewest replicas of a slower aggregated
+    option that make up the demand (the spare still the faster one's), where that is cheaper at hourly prices.
     """
     o, sy = d.options, d.systems
     mod, cls = d.classes[j]
@@ -432,17 +462,27 @@ def plans_of(d: FleetData, j: int, need: float) -> list[tuple[dict[int, int], tu
     foot = d.footprint()
     usd = foot / sy.loc[o["system"], "node_chips"].to_numpy() * sy.loc[o["system"], "hourly_usd_per_node_h"].to_numpy()
     out = []
-    for k, r in mine[mine["role"] == "both"].iterrows():
-        rate = float(r["requests_per_s"])
+    agg = mine[mine["role"] == "both"]
+    rates = agg["requests_per_s"].astype(float)
+    for k, rate in rates.items():
         n = math.ceil(need / rate * (1 - 1e-12)) + (1 if d.n_plus_one else 0)
         out.append(({k: n}, None, n * usd[k]))
+        if not mixes or n < 2:
+            continue
+        spare = rate if d.n_plus_one else 0.0
+        for b, rb in rates.items():
+            if rb >= rate:
+                continue
+            m = math.ceil((need + spare - (n - 1) * rate) / rb * (1 - 1e-12))
+            if m > 0 and (n - 1) * usd[k] + m * usd[b] < n * usd[k]:
+                out.append(({k: n - 1, b: m}, None, (n - 1) * usd[k] + m * usd[b]))
     for (g, s), grp in mine[mine["role"] != "both"].groupby(["group", "system"]):
         for kp, rp in grp[grp["role"] == "prefill"].iterrows():
             for kd, rd in grp[grp["role"] == "decode"].iterrows():
                 ratep, rated = float(rp["requests_per_s"]), float(rd["requests_per_s"])
-                spare = max(ratep, rated) if d.n_plus_one else 0.0
-                n_p = math.ceil((need + spare) / ratep * (1 - 1e-12))
-                n_d = math.ceil((need + spare) / rated * (1 - 1e-12))
+                spare = 1 if d.n_plus_one else 0  # each pool keeps one replica's rate beyond the demand
+                n_p = math.ceil(need / ratep * (1 - 1e-12)) + spare
+                n_d = math.ceil(need / rated * (1 - 1e-12)) + spare
                 flow = min(n_p * ratep, n_d * rated)
                 out.append(({kp: n_p, kd: n_d}, (int(g), s, flow), n_p * usd[kp] + n_d * usd[kd]))
     out.sort(key=lambda p: p[2])
@@ -473,7 +513,7 @@ def greedy(d: FleetData) -> Fleet | None:
                 continue
             if j not in plans or plans[j][0] != need:
                 plans[j] = (need, plans_of(d, j, need))
-            for i, (counts, flow, _) in enumerate(plans[j][1]):
+            for counts, flow, _ in plans[j][1]:
                 trial = chips.copy()
                 for k, n in counts.items():
                     trial[o.at[k, "system"]] += n * foot[k]
@@ -484,7 +524,7 @@ def greedy(d: FleetData) -> Fleet | None:
                         reps.at[k, t] += n
                     if flow is not None:
                         flows[(j, flow[0], flow[1], t)] = flow[2]
-                    chosen[(j, t)] = i
+                    chosen[(j, t)] = counts
                     break
             else:
                 return None
@@ -510,8 +550,3 @@ def fleet_options(space: Space, modes: tuple[str, ...] = ("aggregated", "disaggr
         return pts.assign(kv_bytes=pd.Series(dtype=float))
     kv = {dt: space.model.kv_bytes_per_sequence(space.workload.prompt, dt) for dt in set(pts["kv_dtype"])}
     return pts.assign(kv_bytes=np.where(pts["role"] == "both", 0.0, pts["kv_dtype"].map(kv).to_numpy(dtype=float)))
-
-
-def replica_nodes(chips: np.ndarray | int, node_chips: np.ndarray | int) -> np.ndarray:
-    """Whole nodes a replica spans: its chips lie within nodes (racks)."""
-    return np.ceil(np.asarray(chips) / np.asarray(node_chips)).astype(int)

@@ -94,6 +94,11 @@ def solve(model: mb.Model, solver: str = "highs", time_limit_s: float = 60.0,
         obj, bound = engine.objective_value, engine.best_objective_bound
     else:
         obj = bound = math.nan
+        if name == "unknown":  # stopped with no solution: its bound may still be known
+            try:
+                bound = float(engine.best_objective_bound)
+            except (TypeError, ValueError):
+                bound = math.nan
     gap = relative_gap(obj, bound) if name in ("optimal", "feasible") else math.inf
     return engine, SolveResult(name, str(status), obj, bound, gap, wall, solver,
                                time_limited=stopped_by_time(name, wall, time_limit_s))
