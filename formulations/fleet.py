@@ -14,12 +14,13 @@ How it scales (the choices, each exact):
   options another option matches in no more chips (a whole multiple of it) are dropped before building
   (`FleetData.reduced`), and slices of equal demand and inventory are one slice weighted by their count
   (`FleetData.merged`), so no two columns or rows describe the same choice.
-- N+1 is spare capacity per class and slice: the class's served requests less the rate of its largest replica in
-  use cover the demand. That rate is one of the class's distinct option rates: ordered level binaries (one per
-  distinct rate above the smallest; each fleet has one representation) mark the largest reached, the spare is the
-  smallest rate plus the increments of the levels reached (`add_spare`). For classes served by aggregated replicas
-  the disjunction over the largest rate is also written as its convex hull (`add_hull`), so a relaxation buying a
-  fraction of a large replica pays for the spare it implies.
+- N+1 is spare capacity per class and slice: the demand is still served with any one replica in use down. An
+  aggregated replica's failure takes its rate, a prefill or decode replica's leaves its pool the rest of its rate,
+  so the class's headroom (served less demand) covers its largest aggregated replica in use and, per pool, what the
+  pool hands off beyond what is left of it (`add_spare`). Each largest rate in use is one of its group's distinct
+  option rates: ordered level binaries (one per distinct rate; each fleet has one representation) mark the largest
+  reached. For classes served by aggregated replicas the disjunction over the largest rate is also written as its
+  convex hull (`add_hull`), so a relaxation buying a fraction of a large replica pays for the spare it implies.
 - Reserved nodes are integers; hourly nodes are continuous on systems whose replicas all occupy whole nodes (there
   the least hourly count meeting the whole-node need is an integer, so nothing is rounded) and integers where
   replicas share nodes.

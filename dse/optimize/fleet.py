@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
+import pyomo.environ as pyo
 
 from dse.errors import InfeasibleError, SolverLimitError
 from dse.optimize.bridge import lp_savings, relaxation_bound, solve_pyomo
@@ -275,12 +276,11 @@ def _expand(d: FleetData, dr: FleetData, rep: dict, f: Fleet) -> Fleet:
     return Fleet(f.reserved.copy(), spread(f.hourly), reps, spread(f.prefill), spread(f.decode))
 
 
-def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | None = None) -> Fleet | None:
-    """The restricted program of one configuration per class and slice (`plans_of`), started from ``start`` where
-    the solver takes hints; None when it finds no fleet in time.
+def _plan_table(d: FleetData) -> tuple[list, list, dict]:
+    """Every class's plans in every slice with demand: (class, slice, replicas per option), their hand-offs, and
+    each plan's position by (class, slice, replicas).
     """
-    plans, flows = [], []
-    index = {}
+    plans, flows, index = [], [], {}
     for j in range(len(d.classes)):
         for t in d.slices:
             need = float(d.demand.iloc[j][t])
@@ -290,29 +290,100 @@ def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | N
                 index[(j, t, frozenset(counts.items()))] = len(plans)
                 plans.append((j, t, counts))
                 flows.append(flow)
-    m = build_plans(d, plans)
-    hinted = solver in HINTS and start is not None and bool(start.plans)
-    if hinted:
-        _start_nodes(m, start)
-        chosen = {index[(j, t, frozenset(c.items()))] for (j, t), c in start.plans.items()}
-        for i in m.P:
-            m.plan[i].set_value(float(i in chosen))
-    res = solve_pyomo(m, solver, time_limit_s, warm_start=hinted)
-    if not res.ok:
-        return None
+    return plans, flows, index
+
+
+def _plan_fleet(m, d: FleetData, plans: list, flows: list) -> Fleet:
+    """The fleet a solved plan program holds, with each class's plan per slice."""
     T = d.slices
     reserved, hourly = _read_nodes(m)
     reps = pd.DataFrame(0.0, index=d.options.index, columns=T)
     keyed: dict = {}
+    chosen: dict = {}
     for i in m.P:
         if (m.plan[i].value or 0) > 0.5:
             j, t, counts = plans[i]
+            chosen[(j, t)] = counts
             for k, n in counts.items():
                 reps.at[k, t] += n
             if flows[i] is not None:
                 keyed[(j, flows[i][0], flows[i][1], t)] = flows[i][2]
     pre = _flows(keyed, T)
-    return Fleet(reserved, hourly, reps, pre, pre.copy())
+    return Fleet(reserved, hourly, reps, pre, pre.copy(), chosen)
+
+
+def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | None = None) -> Fleet | None:
+    """The restricted program of one configuration per class and slice (`plans_of`): first slice by slice with the
+    reserved nodes and the systems in use of its linear relaxation fixed (`solve_plans_by_slice`, a quarter of the
+    time), then whole, started from the better of that and ``start`` where the solver takes hints. The cheapest
+    fleet found; None when none is.
+    """
+    t0 = time.perf_counter()
+    plans, flows, index = _plan_table(d)
+    best = start
+    m = build_plans(d, plans)
+    pyo.TransformationFactory("core.relax_integer_vars").apply_to(m)
+    lp = solve_pyomo(m, "highs", time_limit_s / 8)
+    if lp.ok:
+        reserved = pd.Series({s: float(math.floor((m.reserved[s].value or 0) + 1e-6)) for s in m.S})
+        used = {s for s in m.SU if (m.used[s].value or 0) > 1e-6}
+        f = solve_plans_by_slice(d, solver, time_limit_s / 4, reserved, used)
+        if f is not None and fleet_cost(d, f) < fleet_cost(d, best) * (1 - 1e-9):
+            best = f
+    m = build_plans(d, plans)
+    hinted = solver in HINTS and best is not None and bool(best.plans)
+    if hinted:
+        _start_nodes(m, best)
+        chosen = {index[(j, t, frozenset(c.items()))] for (j, t), c in best.plans.items()}
+        for i in m.P:
+            m.plan[i].set_value(float(i in chosen))
+    res = solve_pyomo(m, solver, max(1.0, time_limit_s - (time.perf_counter() - t0)), warm_start=hinted)
+    if res.ok and res.objective < fleet_cost(d, best) * (1 - 1e-9):
+        best = _plan_fleet(m, d, plans, flows)
+    return best
+
+
+def solve_plans_by_slice(d: FleetData, solver: str, time_limit_s: float, reserved: pd.Series, used: set
+                         ) -> Fleet | None:
+    """The plan program one slice at a time with the reserved nodes and the systems in use fixed (given them, slices
+    are independent: each pays only its hourly nodes), then each system's reserved nodes lowered to the count that
+    costs least for the nodes the slices hold. A fleet of the full program; None when a slice finds none in time or
+    the fleet is over the budget.
+    """
+    T = d.slices
+    parts = []
+    for t in T:
+        dt = replace(d, demand=d.demand[[t]], inventory=d.inventory[[t]], weight={t: d.weights[t]},
+                     budget_usd_per_day=None)
+        plans, flows, _ = _plan_table(dt)
+        m = build_plans(dt, plans)
+        for s in m.S:
+            m.reserved[s].fix(min(float(reserved[s]), float(dt.inventory.loc[s, t])))
+        for s in m.SU:
+            m.used[s].fix(float(s in used))
+        res = solve_pyomo(m, solver, time_limit_s / len(T))
+        if not res.ok:
+            return None
+        parts.append(_plan_fleet(m, dt, plans, flows))
+    reps = pd.concat([f.replicas for f in parts], axis=1)[T]
+    pre = pd.concat([f.prefill for f in parts], axis=1).reindex(columns=T).fillna(0.0)
+    plans_all = {k: v for f in parts for k, v in f.plans.items()}
+    sy = d.systems
+    chips = pd.DataFrame({t: pd.Series(d.footprint() * reps[t].to_numpy()).groupby(d.options["system"]).sum()
+                          for t in T}).reindex(sy.index).fillna(0.0)
+    need = np.ceil(chips.div(sy["node_chips"], axis=0) - 1e-9)
+    w, hours = d.weights, d.slice_h * float(d.weights.sum())
+    best_r = {}
+    for s in sy.index:
+        costs = [sy.loc[s, "reserved_usd_per_node_h"] * hours * r + sy.loc[s, "hourly_usd_per_node_h"] * d.slice_h
+                 * float((w * np.maximum(need.loc[s] - r, 0)).sum()) for r in range(int(reserved[s]) + 1)]
+        best_r[s] = float(int(np.argmin(costs)))
+    res_nodes = pd.Series(best_r)
+    hourly = np.maximum(need.sub(res_nodes, axis=0), 0.0)
+    f = Fleet(res_nodes, hourly, reps, pre, pre.copy(), plans_all)
+    if d.budget_usd_per_day is not None and fleet_cost(d, f) > d.budget_usd_per_day * (1 + TOL):
+        return None
+    return f
 
 
 def _flows(keyed: dict, T: list) -> pd.DataFrame:

@@ -172,33 +172,30 @@ def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData,
                   "power_source": power_src}
 
 
-def _class_cost(d: FleetData, r, t) -> pd.Series:
-    """USD/s of the fleet in slice ``t`` shared among the classes: each system's nodes held (reserved at the
-    committed price, hourly at the on-demand price; fixed costs over the day) split by the chips each class's
-    replicas occupy there, idle chips shared alike. The shares add up to the slice's cost.
+def _option_cost(d: FleetData, r, t) -> np.ndarray:
+    """USD/s of the fleet in slice ``t`` shared among the options' replicas: each system's nodes held (reserved at
+    the committed price, hourly at the on-demand price; its fixed cost over the day) split by the chips each
+    option's replicas occupy there, idle chips shared alike. The shares add up to the slice's cost.
     """
     o, sy = d.options, d.systems
     foot = d.footprint() * r.replicas[t].to_numpy()
-    keys = list(zip(o["model"], o["cls"], strict=True))
-    out = pd.Series(0.0, index=pd.MultiIndex.from_tuples(d.classes))
+    out = np.zeros(len(o))
     for s in sy.index:
         usd_s = (r.reserved[s] * sy.loc[s, "reserved_usd_per_node_h"] + r.hourly.loc[s, t]
                  * sy.loc[s, "hourly_usd_per_node_h"]) / 3600 + (
             sy.loc[s, "fixed_usd_per_day"] / 86400 if (r.reserved[s] + r.hourly.loc[s]).max() > 0 else 0.0)
         sel = (o["system"] == s).to_numpy()
         total = float(foot[sel].sum())
-        if total <= 0:
-            continue
-        for k in np.flatnonzero(sel & (foot > 0)):
-            out[keys[k]] += usd_s * foot[k] / total
+        if total > 0:
+            out[sel] = usd_s * foot[sel] / total
     return out
 
 
-def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, share: pd.Series, t) -> Optimum | None:
+def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.ndarray, t) -> Optimum | None:
     """A class's figures at its peak slice from the operating points the program chose there: TTFT of its prefill
     (or aggregated) pools, TPOT of its decode (or aggregated) pools, the fleet's cost shared by chips
-    (`_class_cost`), split into input (prefill pools, and each aggregated replica's prefill share of its time) and
-    output; every pool with its replicas.
+    (`_option_cost`, ``usd``), split into input (prefill pools, and each aggregated replica's prefill share of its
+    time) and output; every pool with its replicas.
     """
     o = d.options
     model_id, cls = d.classes[j]
@@ -214,16 +211,16 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, share: pd.
                else main[k]) for k in CFG}
     e = config_entry(model_id, cls, w.prompt, cfg, spec.space.ideal, output=w.output, request_level=True,
                      system=systems_priced[cfg["system"]])
-    usd_s = float(share[(model_id, cls)])
+    pools = pools.assign(fleet_usd_per_s=usd[sel])  # its share of the slice's cost, not its on-demand price
+    usd_s = float(pools["fleet_usd_per_s"].sum())
     input_s = 0.0
     for p in pools.to_dict("records"):
-        pool_usd = usd_s * p["chips"] * p["replicas"] / float((pools["chips"] * pools["replicas"]).sum())
         if p["role"] == "prefill":
-            input_s += pool_usd
+            input_s += p["fleet_usd_per_s"]
         elif p["role"] == "both":
             q = config_entry(model_id, cls, w.prompt, {k: p[k] for k in CFG}, spec.space.ideal, output=w.output,
                              request_level=True, system=systems_priced[p["system"]])
-            input_s += pool_usd * float(q["prefill_share"])
+            input_s += p["fleet_usd_per_s"] * float(q["prefill_share"])
     chips = int((pools["chips"] * pools["replicas"]).sum())
     roles = set(pools["role"])
     usd_req = usd_s / lam
@@ -310,7 +307,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                       for s in d.systems.index}
     for j, c in enumerate(d.classes):
         t = slices[int(np.argmax(d.demand.loc[c].to_numpy()))]
-        opt = _entry(spec, d, r, j, systems_priced, _class_cost(d, r, t), t)
+        opt = _entry(spec, d, r, j, systems_priced, _option_cost(d, r, t), t)
         if opt is not None:
             best.append(opt)
     return Solved(status=r.result.status, best=best, tables=tables, results=[r.result],
