@@ -370,7 +370,7 @@ def factor_key(table: pd.DataFrame) -> pd.Series:
     attention, all-to-all) and its own scheduler, so the shares of peak, the fixed times and the
     half-performance lengths it reaches are its own; the data demand it: leave-group-out TPOT errs less with
     a factor set per family and framework than with one per family shared by the frameworks (the summary's
-    ``loo_family_factors_median_abs_error``; 14.2% against 16.0% on the measured runs).
+    ``loo_family_factors_median_abs_error`` beside ``loo_median_abs_error``, which `dse validate --cases` prints).
     """
     return family_key(table) + "|" + table["backend"].astype(str)
 
