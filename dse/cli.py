@@ -499,7 +499,8 @@ def _store_bands(loaded, err: Console) -> None:
 
 def _validate_runs(cases: Path, fit: bool, out: Path | None, as_json: bool) -> None:
     """`dse validate --cases FILE.csv` (measured serving runs) or ``--cases RESULT.json`` (the result of a dse export's
-    benchmark script): the runs predicted at request level, cross-validated."""
+    benchmark script): the runs predicted at request level, cross-validated.
+    """
     from dse.validate.report import write_runs_report
     from dse.validate.run import validate_file
 
@@ -577,7 +578,7 @@ def export(
         help="Folder for the scripts, never inside a result folder (default: exports/STUDY/MODEL-WORKLOAD).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Keep files dse did not write in --out.")] = False,
 ) -> None:
-    """Launch scripts (vLLM, SGLang, TensorRT-LLM) for an optimum of a study result, and the benchmark that checks it."""
+    """Launch scripts (vLLM, SGLang, TensorRT-LLM) for an optimum of a study result, and its benchmark."""
     from dse.report.export import PLAIN_NAME, choose_entry, read_summary, write_scripts
     from dse.report.export import export as make_scripts
 
