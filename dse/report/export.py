@@ -133,7 +133,10 @@ CHECKPOINTS: dict[str, dict[str, str]] = {
 vendor needs its own: NVFP4 for NVIDIA, AMD Quark FP8): https://huggingface.co/REPO for each. A checkpoint serves
 the plan's format only where it stores the weights in it (DeepSeek-V3, Kimi-K2 and MiniMax-M2.5 are released in
 FP8, gpt-oss-120b with MXFP4 experts); the Qwen3 releases are the post-trained (chat) models. Where no
-checkpoint is listed the script refuses to start until one is named (``--model-path`` or ``DSE_MODEL_PATH``)."""
+checkpoint is listed the script refuses to start until one is named (``--model-path`` or ``DSE_MODEL_PATH``).
+Every repository id was checked on 2026-11-26 to appear in public launch commands and model cards (the model pages
+themselves were not reachable); ``nvidia/DeepSeek-V3-0324-FP4`` is NVIDIA's NVFP4 quantization of DeepSeek-V3-0324,
+a later post-training of the same architecture, the only NVFP4 release of it."""
 
 
 @dataclass(frozen=True)
