@@ -173,15 +173,15 @@ def _passes(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Eff
             prefill: bool = False, decode: bool = True, full_chunk: bool = False) -> dict[str, dict]:
     """The passes a request-level metric needs, evaluated over one gathering of the catalog columns:
     ``mean`` and ``peak``, the decode pass at the mean context P + O/2 (times) and at the peak P + O
-    (memory); ``prefill``, one prompt per DP rank (batch = DP) prefilled in one pass with its KV in HBM,
+    (its memory check alone); ``prefill``, one prompt per DP rank (batch = DP) prefilled in one pass with its KV in HBM,
     its work scaled to the computed (uncached) share of the prompt; ``full_chunk``, the same with as many
     whole prompts per DP rank as one chunk carries (`prompts_per_chunk`).
     """
     names, inputs = [], []
     if decode:
         names += ["mean", "peak"]
-        inputs += [{"context": req.prompt + req.output / 2.0, "phase": 0}, {"context": req.prompt + req.output,
-                                                                             "phase": 0}]
+        inputs += [{"context": req.prompt + req.output / 2.0, "phase": 0},
+                   {"context": req.prompt + req.output, "phase": 0, "times": False}]
     dp = np.asarray(cand.dp, dtype=np.float64)
     if prefill:
         names.append("prefill")
