@@ -147,26 +147,33 @@ def distinct_rows(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     """Rows grouped by equal (``a``, ``b``), ``a`` whole numbers >= 0 and ``b`` floats: (one row of each group,
     each row's group).
 
-    Where ``b`` is whole too and the pairs span at most a few times as many values as there are rows, the groups
-    are read off a table indexed by a x (max b + 1) + b, in a few passes over the rows and no sort; otherwise by
-    `np.unique` of a + i b.
+    Where ``b`` is whole too and its range is at most some times the number of rows, the values of ``b`` are
+    numbered through a table indexed by ``b``, and the groups read off a table indexed by a x (values of b) +
+    b's number: a few passes over the rows and tables, no sort. Otherwise by `np.unique` of a + i b.
     """
     if not a.size:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     a = np.asarray(a, dtype=np.int64)
     lo, hi = float(b.min()), float(b.max())
-    if lo >= 0 and hi < 2.0**40:
+    limit = 32 * a.size + 65536
+    if lo >= 0 and hi < limit:
         bi = b.astype(np.int64)
-        span = (int(a.max()) + 1) * (int(hi) + 1)
-        if span <= 8 * a.size + 65536 and np.array_equal(bi, b):
-            slot = a * (int(hi) + 1)
-            slot += bi
-            row = np.full(span, -1, dtype=np.int64)
-            row[slot] = np.arange(a.size)
-            present = row >= 0
-            rank = np.cumsum(present)
-            rank -= 1
-            return row[present], rank[slot]
+        if np.array_equal(bi, b):
+            seen = np.zeros(int(hi) + 1, dtype=bool)
+            seen[bi] = True
+            number = np.cumsum(seen)
+            values = int(number[-1])
+            span = (int(a.max()) + 1) * values
+            if span <= limit:
+                slot = a * values
+                slot += number[bi]
+                slot -= 1
+                row = np.full(span, -1, dtype=np.int64)
+                row[slot] = np.arange(a.size)
+                present = row >= 0
+                rank = np.cumsum(present)
+                rank -= 1
+                return row[present], rank[slot]
     _, first, inverse = np.unique(a + 1j * b, return_index=True, return_inverse=True)
     return first, inverse.ravel()
 

@@ -133,7 +133,8 @@ def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v
     with k x R(x) - C there, so the root is bracketed. Newton's method on h, replaced by bisection
     whenever its step leaves the bracket, converges quadratically near the root and never diverges; each
     rate stops when it moves by no more than ``NEWTON_RTOL`` of itself, so a rate does not depend on which
-    other rates it is solved with, and converged ones cost nothing more. (Newton on the unmultiplied equation
+    other rates it is solved with (stopped ones leave the arrays once an eighth has stopped; until then their
+    further steps are computed and discarded). (Newton on the unmultiplied equation
     from a start clipped at the pole only halves its distance to the pole per step and needs tens of steps.)
     """
     shape = np.broadcast_shapes(*(np.shape(a) for a in (k, c, s, m_td, v)))
@@ -143,24 +144,42 @@ def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v
         hi = np.minimum(1.0 / s, 1.0 / v)  # whichever pole comes first: the queue's or the interference's
     x = np.minimum(c / (k * (s + m_td)), 0.5 * hi)
     out = x.copy()
-    idx = np.arange(x.size)  # the rates still moving: each stops on its own, whatever else is solved with it
+    # per rate: k, C, S, m t_d, v, the derivative's constant factors k S, k m t_d, C S, and its position in out
+    rows = np.stack([k, c, s, m_td, v, k * s, k * m_td, c * s, np.arange(x.size, dtype=np.float64)])
+    live = None  # the rates still moving among the rows (None: all); stopped ones leave in batches
     for _ in range(NEWTON_STEPS):
-        q = 1.0 - x * s
-        w = 1.0 - v * x
+        k, c, s, m_td, v, ks, km, cs, at = rows
+        xs = x * s
+        q = 1.0 - xs
+        vx = v * x
+        w = 1.0 - vx
         h = k * x * (s * q + 0.5 * x * s * s + m_td * q / w) - c * q
-        dh = k * s * q + k * m_td * ((q - s * x) * w + v * x * q) / (w * w) + c * s
+        dh = ks * q + km * ((q - xs) * w + vx * q) / (w * w) + cs
         lo = np.where(h < 0, x, lo)
         hi = np.where(h > 0, x, hi)
         x_new = x - h / dh
-        outside = ~((x_new >= lo) & (x_new <= hi))  # a step that rounds to nothing stays
-        x_new = np.where(outside, 0.5 * (lo + hi), x_new)
-        out[idx] = x_new
+        outside = np.flatnonzero(~((x_new >= lo) & (x_new <= hi)))  # a step that rounds to nothing stays
+        if outside.size:
+            x_new[outside] = 0.5 * (lo[outside] + hi[outside])
         moving = np.abs(x_new - x) > NEWTON_RTOL * x
-        if not moving.any():
-            break
-        if not moving.all():
-            idx, x_new, lo, hi, k, c, s, m_td, v = (a[moving] for a in (idx, x_new, lo, hi, k, c, s, m_td, v))
+        stopped = ~moving
+        if live is not None:
+            moving &= live
+            stopped &= live
+        if stopped.any():
+            out[at[stopped].astype(np.int64)] = x_new[stopped]
+            if not moving.any():
+                break
+            if 8 * np.count_nonzero(moving) < 7 * moving.size or moving.size < 4096:  # drop them once an eighth
+                keep = np.flatnonzero(moving)
+                rows, x_new, lo, hi = rows.take(keep, axis=1), x_new.take(keep), lo.take(keep), hi.take(keep)
+                live = None
+            else:
+                live = moving
         x = x_new
+    else:
+        sel = slice(None) if live is None else live
+        out[rows[8][sel].astype(np.int64)] = x[sel]
     return out.reshape(shape)
 
 
