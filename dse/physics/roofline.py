@@ -388,11 +388,15 @@ def alltoall_factor(group: np.ndarray, dims: np.ndarray, domain: np.ndarray | fl
     k = group^(1/n), uniform traffic travels n k / 4 hops on average over 2n links per chip, so the
     achieved share is min(1, 4 / (n k)).
     """
-    n = np.maximum(dims, 1.0)
-    side = np.power(np.maximum(group, 1.0), 1.0 / n)
-    torus = np.minimum(1.0, 4.0 / (n * side))
-    mesh = np.minimum(1.0, np.maximum(group - 1.0, 1.0) / np.maximum(_f(domain) - 1.0, 1.0))
-    return np.where(dims > 0, torus, np.where(dims < 0, mesh, 1.0))
+    torus, mesh = np.asarray(dims) > 0, np.asarray(dims) < 0
+    out = np.ones(np.broadcast_shapes(np.shape(group), np.shape(dims), np.shape(domain)))
+    if torus.any():  # (the power is the costly part: computed only where some system is a torus)
+        n = np.maximum(dims, 1.0)
+        side = np.power(np.maximum(group, 1.0), 1.0 / n)
+        out = np.where(torus, np.minimum(1.0, 4.0 / (n * side)), out)
+    if mesh.any():
+        out = np.where(mesh, np.minimum(1.0, np.maximum(group - 1.0, 1.0) / np.maximum(_f(domain) - 1.0, 1.0)), out)
+    return out
 
 
 def group_hit(n_exp: object, top_k: object, ep: object) -> np.ndarray:
