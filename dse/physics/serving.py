@@ -56,15 +56,13 @@ usd_per_mtok_blended = usd_per_request / (P + O) x 1e6.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass, fields, replace
+from dataclasses import KW_ONLY, dataclass, replace
 
 import numpy as np
 
 from dse.catalog.hardware import Efficiency
 from dse.physics.codes import DEFAULT_CHUNK  # re-exported: the default chunk budget (vLLM / SGLang)
-from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate_at
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate_at, in_slices
 
 RHO_MAX = 0.9  # highest utilisation a prefill pool is planned at (M/D/1 waits grow as 1 / (1 - rho))
 NEWTON_STEPS = 200  # a cap only: bracketed Newton stops after a handful of steps
@@ -125,44 +123,6 @@ def _eff(c: Candidates, systems: SystemTable, eff: Efficiency | None) -> Efficie
     return eff if eff is not None else systems.efficiency_of(np.asarray(c.system))
 
 
-SLICE = 1 << 16
-"""Candidates a request-level function evaluates at once: a longer list goes through in slices of this many, so a
-call's temporaries (some hundred arrays of a slice) stay near the processor's caches: 2M candidates at once ran at
-0.77M evaluations/s on one core, in slices of 2^16 at 1.2M/s. Every output entry depends on its own candidate
-alone, so the slices change no figure."""
-
-
-def _in_slices(fn: Callable[..., dict]) -> Callable[..., dict]:
-    """``fn(cand, models, systems, req, ...)`` over slices of `SLICE` candidates where there are more (and every
-    further argument is one value for all of them, or one per candidate), its outputs joined.
-    """
-
-    @functools.wraps(fn)
-    def run(cand: Candidates, *args: object, **kwargs: object) -> dict:
-        c = cand.broadcast()
-        n = c.model.size
-        per_candidate = [a for a in (*args[3:], *kwargs.values()) if not isinstance(a, Efficiency)]
-        per_candidate += [getattr(a, f.name) for a in (*args[3:], *kwargs.values()) if isinstance(a, Efficiency)
-                          for f in fields(a)]
-        if c.model.ndim != 1 or n <= SLICE or any(np.ndim(a) not in (0,) and np.shape(a) != (n,)
-                                                      for a in per_candidate):
-            return fn(c, *args, **kwargs)
-
-        def part(a: object, sl: slice) -> object:
-            if isinstance(a, Efficiency):
-                return Efficiency(**{f.name: part(getattr(a, f.name), sl) for f in fields(a)})
-            return a[sl] if np.ndim(a) == 1 else a
-
-        outs = []
-        for lo in range(0, n, SLICE):
-            sl = slice(lo, lo + SLICE)
-            piece = Candidates(*(getattr(c, f.name)[sl] for f in fields(c)))
-            outs.append(fn(piece, *args[:3], *(part(a, sl) for a in args[3:]),
-                           **{k: part(v, sl) for k, v in kwargs.items()}))
-        return {k: np.concatenate([np.broadcast_to(o[k], (len(range(n)[lo:lo + SLICE]),))
-                                   for o, lo in zip(outs, range(0, n, SLICE), strict=True)]) for k in outs[0]}
-
-    return run
 
 
 def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -278,7 +238,7 @@ def _decode_step(mean: dict, req: Request) -> np.ndarray:
                    mean["overlap"])
 
 
-@_in_slices
+@in_slices(3)
 def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
                eff: Efficiency | None = None) -> dict[str, np.ndarray]:
     """Request-level metrics of aggregated replicas: ``cand.batch`` sequences per micro-batch in flight.
@@ -353,7 +313,7 @@ def _metrics(serving: str, req: Request, lam: np.ndarray, ttft: np.ndarray, tpot
     return out
 
 
-@_in_slices
+@in_slices(3)
 def decode_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
                 eff: Efficiency | None = None) -> dict[str, np.ndarray]:
     """A decode replica of a disaggregated deployment: TPOT, request rate, USD per request, memory."""
@@ -373,7 +333,7 @@ def decode_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req:
             "power_per_chip": systems.power_all_in[np.asarray(c.system)]}
 
 
-@_in_slices
+@in_slices(3)
 def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
                  context_parallel: np.ndarray | bool = False, eff: Efficiency | None = None,
                  full_chunk: bool = False) -> dict[str, np.ndarray]:
