@@ -390,15 +390,17 @@ def alltoall_factor(group: np.ndarray, dims: np.ndarray, domain: np.ndarray | fl
     k = group^(1/n), uniform traffic travels n k / 4 hops on average over 2n links per chip, so the
     achieved share is min(1, 4 / (n k)).
     """
-    torus, mesh = np.asarray(dims) > 0, np.asarray(dims) < 0
-    out = np.ones(np.broadcast_shapes(np.shape(group), np.shape(dims), np.shape(domain)))
-    if torus.any():  # (the power is the costly part: computed only where some system is a torus)
-        n = np.maximum(dims, 1.0)
-        side = np.power(np.maximum(group, 1.0), 1.0 / n)
-        out = np.where(torus, np.minimum(1.0, 4.0 / (n * side)), out)
-    if mesh.any():
-        out = np.where(mesh, np.minimum(1.0, np.maximum(group - 1.0, 1.0) / np.maximum(_f(domain) - 1.0, 1.0)), out)
-    return out
+    shape = np.broadcast_shapes(np.shape(group), np.shape(dims), np.shape(domain))
+    group, dims, domain = (np.broadcast_to(_f(x), shape).ravel() for x in (group, dims, domain))
+    out = np.ones(group.shape)
+    torus, mesh = np.flatnonzero(dims > 0), np.flatnonzero(dims < 0)  # each computed on its own rows only
+    if torus.size:
+        n = np.maximum(dims[torus], 1.0)
+        side = np.power(np.maximum(group[torus], 1.0), 1.0 / n)
+        out[torus] = np.minimum(1.0, 4.0 / (n * side))
+    if mesh.size:
+        out[mesh] = np.minimum(1.0, np.maximum(group[mesh] - 1.0, 1.0) / np.maximum(domain[mesh] - 1.0, 1.0))
+    return out.reshape(shape)
 
 
 def group_hit(n_exp: object, top_k: object, ep: object) -> np.ndarray:
@@ -435,8 +437,15 @@ def dispatch_copies(n_exp, top_k, ep, etp, tp, chips, domain, hit=None) -> tuple
     copies = groups * etp  # chips that need the token
     scaleup = copies * np.maximum(local - tp, 0.0) / chips
     domains = chips / local
-    hit = domains * -np.expm1(copies * np.log1p(-1.0 / np.maximum(domains, 1.0 + 1e-12)))
-    return scaleup, np.where(domains > 1, hit * (domains - 1.0) / domains, 0.0)
+    shape = np.broadcast_shapes(np.shape(copies), np.shape(domains))
+    copies, domains = np.broadcast_to(copies, shape).ravel(), np.broadcast_to(domains, shape).ravel()
+    scaleout = np.zeros(shape).ravel()
+    many = np.flatnonzero(domains > 1)  # a replica within one domain sends nothing over the scale-out network
+    if many.size:
+        d = domains[many]
+        hit = d * -np.expm1(copies[many] * np.log1p(-1.0 / np.maximum(d, 1.0 + 1e-12)))
+        scaleout[many] = hit * (d - 1.0) / d
+    return scaleup, scaleout.reshape(shape)
 
 
 def busiest_stage_layers(layers: object, pp: object) -> np.ndarray:
