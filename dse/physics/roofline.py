@@ -58,7 +58,6 @@ import copy
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from statistics import NormalDist
 
 import numpy as np
 
@@ -85,8 +84,14 @@ def _f(x: object) -> np.ndarray:
 
 
 DTYPE_BYTES_ARR = _f([DTYPE_BYTES[d] for d in DTYPES])
-# expected maximum of n standard normals (Blom's order-statistic approximation), n = 0..4096
-_Z_MAX = _f([0.0, 0.0] + [NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) for n in range(2, 4097)])
+@functools.cache
+def _z_max() -> np.ndarray:
+    """Expected maximum of n standard normals (Blom's order-statistic approximation), n = 0..4096 (made on first
+    use: 4,095 inverse normal CDFs, which a command that routes no experts does not pay for at start-up).
+    """
+    from statistics import NormalDist
+
+    return _f([0.0, 0.0] + [NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) for n in range(2, 4097)])
 
 
 def expected_max_binomial(n: object, trials: object, q: object) -> np.ndarray:
@@ -102,7 +107,7 @@ def expected_max_binomial(n: object, trials: object, q: object) -> np.ndarray:
     n, trials, q = n.ravel(), trials.ravel(), q.ravel()
     mean = trials * q
     sd = np.sqrt(mean * (1.0 - q))
-    z = _Z_MAX[np.clip(n, 0, 4096).astype(np.int64)]
+    z = _z_max()[np.clip(n, 0, 4096).astype(np.int64)]
     with np.errstate(divide="ignore", invalid="ignore"):
         skew = np.where(sd > 0, (1.0 - 2.0 * q) / sd, 0.0)
     out = np.clip(mean + sd * (z + skew * (z * z - 1.0) / 6.0), mean, trials)
