@@ -119,28 +119,42 @@ def expected_max_binomial(n: object, trials: object, q: object) -> np.ndarray:
     if small.size:
         sds = np.sqrt(ms[small] * (1.0 - qs[small]))
         bound = np.minimum(np.ceil(ms[small] + 10.0 * sds + 10.0), np.floor(trials[small]))
-        order = np.argsort(bound, kind="stable")  # the loop below narrows to the counts still in support
-        idx, jb = small[order], bound[order]
-        nn, m_, p, fl = n[idx], trials[idx], qs[idx], flip[idx]
-        pmf = np.exp(m_ * np.log1p(-p))
-        cdf = pmf.copy()
-
-        def term(c: np.ndarray, s: slice) -> np.ndarray:
-            c = np.minimum(c, 1.0)
-            return np.where(fl[s], (1.0 - c) ** nn[s], 1.0 - c ** nn[s])
-
-        total = term(cdf, slice(None))
-        ratio = p / (1.0 - p)
-        start = 0
-        for j in range(1, int(jb[-1]) + 1):
-            if jb[start] < j:
-                start = int(np.searchsorted(jb, j, side="left"))
-            s = slice(start, None)
-            pmf[s] *= np.maximum(m_[s] - j + 1.0, 0.0) / j * ratio[s]
-            cdf[s] += pmf[s]
-            total[s] += term(cdf[s], s)
-        out[idx] = np.where(fl, trials[idx] - total, total)
+        for complement in (False, True):  # each row's sum takes one of the two forms: each form its own rows
+            mine = flip[small] == complement
+            if mine.any():
+                rows = small[mine]
+                total = _exact_sum(n[rows], trials[rows], qs[rows], bound[mine], complement)
+                out[rows] = trials[rows] - total if complement else total
     return out.reshape(shape)
+
+
+def _exact_sum(n: np.ndarray, trials: np.ndarray, p: np.ndarray, bound: np.ndarray, complement: bool) -> np.ndarray:
+    """`expected_max_binomial`'s exact sum over j = 0 .. ``bound`` of 1 - F(j)^n for Binomial(trials, p) counts,
+    or with ``complement`` of (1 - F(j))^n (the expected maximum is then trials less it).
+    """
+    order = np.argsort(bound, kind="stable")  # the loop below narrows to the counts still in support
+    jb = bound[order]
+    nn, m_, p = n[order], trials[order], p[order]
+    pmf = np.exp(m_ * np.log1p(-p))
+    cdf = pmf.copy()
+
+    def term(c: np.ndarray, s: slice) -> np.ndarray:
+        c = np.minimum(c, 1.0)
+        return (1.0 - c) ** nn[s] if complement else 1.0 - c ** nn[s]
+
+    total = term(cdf, slice(None))
+    ratio = p / (1.0 - p)
+    start = 0
+    for j in range(1, int(jb[-1]) + 1):
+        if jb[start] < j:
+            start = int(np.searchsorted(jb, j, side="left"))
+        s = slice(start, None)
+        pmf[s] *= np.maximum(m_[s] - j + 1.0, 0.0) / j * ratio[s]
+        cdf[s] += pmf[s]
+        total[s] += term(cdf[s], s)
+    out = np.empty_like(total)
+    out[order] = total
+    return out
 
 
 def _expert_key(n_exp: np.ndarray, top_k: np.ndarray, ep: np.ndarray) -> np.ndarray:
