@@ -123,8 +123,6 @@ def _eff(c: Candidates, systems: SystemTable, eff: Efficiency | None) -> Efficie
     return eff if eff is not None else systems.efficiency_of(np.asarray(c.system))
 
 
-
-
 def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v: np.ndarray) -> np.ndarray:
     """The per-server request rate x solving C = k x R(x), R = S + x S^2 / (2 (1 - x S)) + m t_d / (1 - v x).
 
