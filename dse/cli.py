@@ -773,6 +773,9 @@ def main() -> None:
 
         print(f"dse {__version__}")
         return
+    from dse.physics import keep_freed_memory
+
+    keep_freed_memory()  # the evaluator's temporaries stay in the process instead of page-faulting back each call
     try:
         app()
     except (InputError, InfeasibleError, SolverLimitError) as exc:  # pragma: no cover - commands catch their own
