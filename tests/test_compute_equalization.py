@@ -360,3 +360,38 @@ def test_compute_equalization_study_finds_the_split_and_what_moves_it(shipped):
     for name in ("lifetime.png", "fleet.png", "sensitivity.png", "phases.csv", "menu.csv"):
         assert (run.out / name).exists(), name
     assert s["gain_over_greedy"] >= 0
+
+
+def _tiny_study(tmp_path, **equalization) -> str:
+    import yaml
+
+    doc = {"study": "tiny-life", "kind": "compute_equalization", "description": "a tiny life", "expect": "an answer",
+           "workloads": [{"name": "chat", "prompt": 2000, "output": 500, "tpot_max_s": 0.05,
+                          "demand_tokens_per_s": 2e5}],
+           "space": {"systems": ["h100"], "weights_dtypes": ["fp8"], "kv_dtypes": ["fp8"], "kv_tiers": ["hbm"],
+                     "tp": [1, 2], "pp": [1], "max_racks": 1, "max_chips_per_stage": 8},
+           "equalization": {"family": {"widths": [2048, 4096], "sparsities": [1]}, "quality": {"target_loss": 2.05},
+                            "train_systems": ["h100"], "inventory_nodes": {"h100": 64}, "launch_by_week": 8,
+                            "deployment_weeks": 2, "rl": {"output": 1000}, "refine_trials": 0,
+                            "sensitivity": {"assumptions": False}, **equalization}}
+    path = tmp_path / "life.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_bad_study_exits_2_and_an_infeasible_one_3_naming_the_shortfall(tmp_path):
+    from pathlib import Path
+
+    import yaml
+    from helpers import dse
+
+    r = dse("run", _tiny_study(tmp_path, inventory_nodes={"b200": 4}), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "equalization.inventory_nodes" in " ".join(r.stderr.split())
+    path = _tiny_study(tmp_path, inventory_nodes={"h100": 8})
+    doc = yaml.safe_load(Path(path).read_text())
+    doc["workloads"][0]["demand_tokens_per_s"] = 2e7  # a few hundred nodes of serving
+    Path(path).write_text(yaml.safe_dump(doc))
+    r = dse("run", path, "--out", str(tmp_path / "o"))
+    assert r.returncode == 3, r.stderr
+    assert "inventory of h100 in week" in " ".join(r.stderr.split()) and "short by" in r.stderr

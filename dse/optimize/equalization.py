@@ -323,6 +323,14 @@ def diagnose(d: LifetimeData, solver: str = "highs", time_limit_s: float = 30.0)
     """
     if d.models.empty:
         return "infeasible lifetime: no model of the menu reaches the target loss"
+    c = d.columns
+    missing = [(i, what) for i in d.models.index for what, has in (
+        ("pre-training layout that fits in HBM on the nodes of the inventory",
+         any(p == "pretrain" and m == i for p, m in zip(c.t_phase, c.t_model, strict=True))),
+        ("serving configuration that meets the workload's targets on the inventory",
+         any(p == "serve" and m == i for p, m in zip(c.s_phase, c.s_model, strict=True)))) if not has]
+    if len({i for i, _ in missing}) == len(d.models):
+        return "infeasible lifetime: " + "; ".join(f"{i} has no {what}" for i, what in missing[:6])
     m = build(d, elastic=True)
     res = solve_pyomo(m, solver, time_limit_s)
     if not res.ok:

@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import pandas as pd
 from pydantic import Field, model_validator
@@ -23,6 +23,9 @@ from dse.errors import InfeasibleError, InputError, mask_url
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.contract import Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import save, subplots
+
+if TYPE_CHECKING:
+    from dse.optimize.equalization import ModelOptions
 
 USES_STORAGE = True
 WORKERS = False
@@ -182,7 +185,8 @@ def _life(spec: Spec):
     return life, quality
 
 
-def _menu(spec: Spec) -> list[tuple[int, int, int]]:
+def menu_of(spec: Spec) -> list[tuple[int, int, int]]:
+    """The menu's models as (width, sparsity, top-k): every width of every sparsity and top-k, dense ones once."""
     f = spec.equalization.family
     out = []
     for s in f.sparsities:
@@ -191,16 +195,17 @@ def _menu(spec: Spec) -> list[tuple[int, int, int]]:
     return out
 
 
-class _Solver:
+class LifeSolver:
     """Solves the program for the study, keeping each model's options (the physics is computed once per model)."""
 
-    def __init__(self, spec: Spec, progress: Progress | None) -> None:
-        self.spec, self.progress = spec, progress
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
         self.life, self.quality = _life(spec)
-        self.options: dict[tuple[int, int, int], object] = {}
-        self.results = []
+        self.options: dict[tuple[int, int, int], ModelOptions] = {}
+        self.results: list = []
 
-    def options_of(self, key: tuple[int, int, int]):
+    def options_of(self, key: tuple[int, int, int]) -> ModelOptions:
+        """The model's options in every phase (computed on first use)."""
         from dse.optimize.codesign import moe_model
         from dse.optimize.equalization import model_options
 
@@ -236,7 +241,7 @@ def _failed(exc: Exception, **extra) -> dict:
     return {**extra, "status": "infeasible", "reason": str(exc)}
 
 
-def _curve(sv: _Solver, menu: list, progress: Progress | None) -> list[dict]:
+def _curve(sv: LifeSolver, menu: list, progress: Progress | None) -> list[dict]:
     """Each menu model alone in the program: the lifetime cost curve against the overtraining ratio."""
     from dse.optimize.equalization import menu_row
 
@@ -255,7 +260,7 @@ def _curve(sv: _Solver, menu: list, progress: Progress | None) -> list[dict]:
     return rows
 
 
-def _refine(sv: _Solver, spec: Spec, best: dict, storage: str | None, progress: Progress | None) -> list[dict]:
+def _refine(sv: LifeSolver, spec: Spec, best: dict, storage: str | None, progress: Progress | None) -> list[dict]:
     """Optuna (TPE) over the width between the optimum's menu neighbours, at its sparsity and top-k; each trial
     solves the program for that model alone. Trials live in the study's storage (a re-run reuses them).
     """
@@ -302,7 +307,7 @@ def _refine(sv: _Solver, spec: Spec, best: dict, storage: str | None, progress: 
     return [json.loads(t.user_attrs["result"]) for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
 
 
-def _variants(sv: _Solver, spec: Spec, menu: list, optimum: dict, progress: Progress | None) -> list[dict]:
+def _variants(sv: LifeSolver, spec: Spec, menu: list, optimum: dict, progress: Progress | None) -> list[dict]:
     """The program re-solved with one dimension moved at a time: demand, deployment weeks, trained share; and with
     each stated assumption switched (the other loss fit at the loss the optimum reaches in it, so that both ask for
     the same quality).
@@ -348,8 +353,8 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 
     t0 = time.perf_counter()
     e = spec.equalization
-    sv = _Solver(spec, progress)
-    menu = _menu(spec)
+    sv = LifeSolver(spec)
+    menu = menu_of(spec)
     for j, key in enumerate(menu):
         if progress:
             progress(f"physics of each phase: model {key[0]} wide, sparsity {key[1]}", j, len(menu))
@@ -394,8 +399,13 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                "inference_inefficiency": best["inference_inefficiency"], "lecture_inference_inefficiency": 3.0,
                "serve_to_training_cost": best["serve_to_training"],
                "foc_serve_to_training": best["foc_serve_to_training"]}
-    tables = {"lifetime": pd.DataFrame(curve + [{**t, "source": "optuna"} for t in trials]),
-              "phases": _phases(best_d, best_r), "fleet": fleet, "sensitivity": pd.DataFrame(sens),
+    curve_table = pd.DataFrame(curve + [{**t, "source": "optuna"} for t in trials])
+    lecture["first_order"] = _first_order(curve_table, best)
+    sens_table = pd.DataFrame(sens)
+    if not sens_table.empty and "d_model" in sens_table:
+        sens_table["menu_edge"] = sens_table["d_model"].isin([widths[0], widths[-1]]) & (len(widths) > 1)
+    tables = {"lifetime": curve_table,
+              "phases": _phases(best_d, best_r), "fleet": fleet, "sensitivity": sens_table,
               "menu": pd.DataFrame([menu_row(sv.options_of(k).model, sv.quality, sv.life) for k in menu])}
     statuses = {x.status for x in sv.results}
     return Solved(
@@ -406,6 +416,24 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                "greedy_usd": greedy_usd, "gain_over_greedy": 1 - optimum["lifetime_usd"] / greedy_usd
                if math.isfinite(greedy_usd) else None,
                "storage": mask_url(storage) if storage else None, "study_wall_s": time.perf_counter() - t0})
+
+
+def _first_order(curve: pd.DataFrame, best: dict) -> dict:
+    """The first-order condition along the optimum's family: at each solved width, serving / (pre-training + RL)
+    against the condition's ratio (`dse.optimize.scaling.inference_to_training_ratio`); where the difference changes
+    sign lies the continuous optimum.
+    """
+    if "serve_to_training" not in curve:
+        return {}
+    fam = curve[(curve["sparsity"] == best["sparsity"]) & (curve["top_k_menu"] == best["top_k_menu"])
+                & curve["serve_to_training"].notna()].drop_duplicates("width").sort_values("width")
+    points = [{"width": int(r["width"]), "overtraining_ratio": float(r["overtraining_ratio"]),
+               "lifetime_usd": float(r["lifetime_usd"]), "serve_to_training": float(r["serve_to_training"]),
+               "condition": float(r["foc_serve_to_training"]),
+               "residual": float(r["serve_to_training"] - r["foc_serve_to_training"])} for _, r in fam.iterrows()]
+    crossing = [(a["width"], b["width"]) for a, b in zip(points, points[1:], strict=False)
+                if a["residual"] < 0 <= b["residual"] or a["residual"] > 0 >= b["residual"]]
+    return {"points": points, "sign_change_between_widths": crossing}
 
 
 def _phases(d, r) -> pd.DataFrame:
@@ -509,6 +537,8 @@ PLOTS = (Plot("lifetime", "lifetime.png", _lifetime_plot, needs="lifetime_usd"),
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
     """The optimum, its split and ratio against the lecture's, what binds."""
+    if "optimum" not in summary:  # infeasible: the reasons are printed beside
+        return []
     b, lec = summary["optimum"], summary["lecture"]
     return [
         f"{b['model']}: {b['params_active'] / 1e9:.0f}B active of {b['params_total'] / 1e9:.0f}B, trained on "
@@ -516,9 +546,39 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
         f"{lec['lecture_ratio_at_optimum_active']:.0f}x at this size, {lec['lecture_ratio_at_100b_active']:.0f}x at "
         "100B active)",
         f"lifetime {b['lifetime_usd']:,.0f} USD = pre-training {b['pretrain_share']:.0%} : RL {b['rl_share']:.0%} : "
-        f"serving {b['serve_share']:.0%}; serving / training {b['serve_to_training']:.2f} (first-order condition "
-        f"{b['foc_serve_to_training']:.2f}); inference costs {b['inference_inefficiency']:.1f}x pre-training per "
-        "FLOP (the lecture: 3)",
+        f"serving {b['serve_share']:.0%}; serving / (pre-training + RL) {b['serve_to_training']:.2f}; inference "
+        f"costs {b['inference_inefficiency']:.1f}x pre-training per FLOP (the lecture: 3)",
+        *_condition(lec.get("first_order", {})),
         f"weeks: pre-training {b['pretrain_weeks']}, RL {b['rl_weeks']}, launch in week {b['launch_week']}",
         *[f"binds: {x}" for x in summary["binds"]],
+        *_moves(summary, tables),
     ]
+
+
+def _condition(first: dict) -> list[str]:
+    """Where the first-order condition is met along the optimum's family."""
+    points = {p["width"]: p for p in first.get("points", [])}
+    lines = []
+    for lo, hi in first.get("sign_change_between_widths", []):
+        a, b = points[lo], points[hi]
+        lines.append(f"first-order condition (serving / training = alpha a / (beta b) - 1) met between widths {lo} "
+                     f"and {hi} (ratios {a['overtraining_ratio']:.0f}x-{b['overtraining_ratio']:.0f}x, lifetime "
+                     f"{a['lifetime_usd']:,.0f} and {b['lifetime_usd']:,.0f} USD)")
+    return lines
+
+
+def _moves(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
+    """How far each sensitivity and assumption moves the overtraining ratio and the lifetime cost."""
+    t = tables.get("sensitivity")
+    if t is None or t.empty or "overtraining_ratio" not in t:
+        return []
+    b = summary["menu_optimum"]
+    parts = []
+    for _, r in t.iterrows():
+        if pd.isna(r.get("overtraining_ratio")) or pd.isna(r.get("lifetime_usd")):
+            parts.append(f"{r['dimension']} {r['value']}: infeasible")
+            continue
+        name = r["value"] if r["dimension"] == "assumption" else f"{r['dimension']} {float(r['value']):g}"
+        parts.append(f"{str(name).split(' (')[0]}: {r['overtraining_ratio']:.0f}x, "
+                     f"{r['lifetime_usd'] / b['lifetime_usd']:.2f} of the cost")
+    return [f"moves (menu optimum {b['overtraining_ratio']:.0f}x): " + "; ".join(parts)]
