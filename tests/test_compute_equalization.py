@@ -352,7 +352,8 @@ def test_compute_equalization_study_finds_the_split_and_what_moves_it(shipped):
     assert (per_week["nodes"] <= per_week["inventory"]).all()
     assert set(fleet.loc[fleet["nodes"] > 0, "phase"]) == {"pretrain", "rl", "serve"}
     sens = run.table("sensitivity")
-    demand = sens[sens["dimension"] == "demand_tokens_per_s"].sort_values("value").astype({"value": float})
+    demand = sens[sens["dimension"] == "demand_tokens_per_s"].astype({"value": float}).sort_values("value")
+    assert len(demand) == 4  # three solved and the study's own
     assert demand["overtraining_ratio"].is_monotonic_increasing  # more demand: train a smaller model longer
     assert demand["serve_share"].is_monotonic_increasing
     assert {"no RL", "dense models only", "no data limit"} <= set(sens.loc[sens["dimension"] == "assumption",

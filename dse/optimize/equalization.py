@@ -565,6 +565,8 @@ def figures(d: LifetimeData, r: LifetimeResult, quality: Quality) -> dict:
         "usd_per_served_token": usd_serve,
         # the lecture's units: USD per FLOP of inference (2 N per token) over USD per FLOP of pre-training (6 N)
         "inference_inefficiency": (usd_serve / 2) / (usd_pre / 6) if served else math.nan,
+        # the lecture's "2 to 6" FLOPs per parameter per RL token: generation, and training on the trained share
+        "rl_flops_per_param_token": 2 + 6 * d.rl_train_per_rollout_token,
         "status": r.result.status, "gap": r.result.gap, "solve_wall_s": r.result.wall_s,
     })
     out["chinchilla_tokens"] = CHINCHILLA_TOKENS_PER_PARAM * active

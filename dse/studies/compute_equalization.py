@@ -331,7 +331,10 @@ def _variants(sv: LifeSolver, spec: Spec, menu: list, optimum: dict, progress: P
             points.append(("assumption", "dense models only", {}, None, dense))
         if e.rl.tokens_per_pretrain_token > 0 or e.rl.tokens > 0:
             points.append(("assumption", "no RL", {"rl_per_pretrain_token": 0.0, "rl_tokens": 0.0}, None, menu))
-    rows = []
+    rows = [{"dimension": dim, "value": value, **optimum, "source": "study"} for dim, value, present in (
+        ("demand_tokens_per_s", sv.life.demand_tokens_per_s, s.demands_tokens_per_s),
+        ("deployment_weeks", e.deployment_weeks, s.deployment_weeks),
+        ("trained_share", e.rl.trained_share, s.trained_shares)) if present and value not in present]
     for j, (dim, value, life_change, quality_change, keys) in enumerate(points):
         if progress:
             progress(f"sensitivity: {dim} = {value}", j, len(points))
@@ -339,7 +342,8 @@ def _variants(sv: LifeSolver, spec: Spec, menu: list, optimum: dict, progress: P
         try:
             d, r, _ = sv.solve(keys, replace(sv.life, **life_change),
                                replace(sv.quality, **quality_change) if quality_change else None)
-            rows.append(_row(d, r, replace(sv.quality, **quality_change) if quality_change else sv.quality, **base))
+            rows.append(_row(d, r, replace(sv.quality, **quality_change) if quality_change else sv.quality,
+                             **base, source="solved"))
         except InfeasibleError as exc:
             rows.append(_failed(exc, **base))
     if progress and points:
@@ -386,7 +390,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                     sparsity=refined["sparsity"], top_k_menu=refined["top_k_menu"])
     widths = sorted(e.family.widths)
     edge = best["width"] in (widths[0], widths[-1]) and len(widths) > 1
-    sens = _variants(sv, spec, menu, best, progress)
+    sens = _variants(sv, spec, menu, optimum, progress)
     fleet = best_r.nodes.assign(chips=lambda t: t["nodes"] * t["system"].map(
         {s: int(sv.life.systems[s].scaleup_domain) for s in best_d.systems.index}),
         inventory_nodes=lambda t: [best_d.inventory.loc[s, wk] for s, wk in zip(t["system"], t["week"], strict=True)])
@@ -514,8 +518,8 @@ def _sensitivity_plot(out: StudyOutput, path: Path) -> None:
     dims = [d for d in ("demand_tokens_per_s", "deployment_weeks", "trained_share") if d in set(t["dimension"])]
     fig, axes = subplots(1, max(len(dims), 1), figsize=(4.5 * max(len(dims), 1), 4), squeeze=False)
     for ax, dim in zip(axes[0], dims, strict=False):
-        g = t[(t["dimension"] == dim) & t["lifetime_usd"].notna()].sort_values("value")
-        x = g["value"].astype(float)
+        g = t[(t["dimension"] == dim) & t["lifetime_usd"].notna()].astype({"value": float}).sort_values("value")
+        x = g["value"]
         ax.stackplot(x, g["pretrain_share"], g["rl_share"], g["serve_share"],
                      labels=["pre-training", "RL", "serving"], alpha=0.8)
         ax2 = ax.twinx()
@@ -574,7 +578,7 @@ def _moves(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
         return []
     b = summary["menu_optimum"]
     parts = []
-    for _, r in t.iterrows():
+    for _, r in t[t["source"] != "study"].iterrows() if "source" in t else t.iterrows():
         if pd.isna(r.get("overtraining_ratio")) or pd.isna(r.get("lifetime_usd")):
             parts.append(f"{r['dimension']} {r['value']}: infeasible")
             continue
