@@ -104,22 +104,27 @@ def _configuration(o: Optimum) -> str:
 
 def decision_text(e: dict) -> str | None:
     """Whether an optimum is decided, in a line (None for an entry that does not say): decided, its cost band
-    clears the runner-up's; else the contenders to measure.
+    clears the runner-up's; else the contenders to measure. The costs compared are those the search compared
+    (as deployed for a budget or a demand, else at the fluid pool ratio).
     """
     if "decided" not in e:
         return None
-    how = f"({e.get('decide', 'expected')}, 80% bands of USD/request)"
+    fluid = " at the fluid pool ratio" if e.get("budget") is None and e.get("demand_tokens_per_s") is None and (
+        e.get("serving") == "disaggregated") else ""
+    how = f"({e.get('decide', 'expected')}; 80% bands of USD per request{fluid})"
 
-    def band(x: dict) -> str:
-        lo, hi = x["usd_per_request_band"]
-        return f"{lo:.4g}-{hi:.4g}"
+    def band(b: list[float]) -> str:
+        return f"{b[0]:.3g}-{b[1]:.3g}"
 
+    mine = band(e.get("decision_band") or e["usd_per_request_band"])
     if e["decided"]:
         ru = e.get("runner_up")
-        return (f"decided {how}: {band(e)} clears the runner-up, {ru['serving']} on {ru['system']} ({band(ru)})"
-                if ru else f"decided {how}: no other system or mode is feasible")
-    rivals = "; ".join(f"{c['serving']} [{c['layout']}] {band(c)}" for c in e["contenders"])
-    return f"not decided: measure these {how[:-1]}, this optimum's {band(e)}): {rivals}"
+        if not ru:
+            return f"decided {how}: no other system or mode is feasible"
+        return (f"decided {how}: {mine} clears the runner-up, {ru['serving']} on {ru['system']} "
+                f"({band(ru['usd_per_request_band'])})")
+    rivals = "; ".join(f"{c['serving']} {c['layout']}: {band(c['usd_per_request_band'])}" for c in e["contenders"])
+    return f"not decided {how}, this one {mine}; measure these: {rivals}"
 
 
 def headline_html(out: StudyOutput, kind: str) -> str:

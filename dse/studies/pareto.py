@@ -16,10 +16,10 @@ import pandas as pd
 from pydantic import Field
 
 from dse.errors import InfeasibleError
-from dse.optimize.fronts import OBJECTIVES, describe_points, front
+from dse.optimize.fronts import OBJECTIVES, describe_points, front, smallest_whole
 from dse.optimize.space import Space
 from dse.studies.base import Strict, StudySpec
-from dse.studies.common import Found, mode_tables, optimum, pick_modes, run_serving
+from dse.studies.common import ALTERNATIVES, Found, mode_tables, optimum, pick_modes, run_serving
 from dse.studies.contract import Chart, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import TIME_BREAKDOWN, save, subplots
 
@@ -41,7 +41,7 @@ class Spec(StudySpec):
 
 def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
     tables = mode_tables(space, spec)
-    picked, reasons = pick_modes(space, tables, ideal)
+    picked, reasons = pick_modes(space, tables, ideal, alternatives=ALTERNATIVES)
     found.facts["labels"] = spec.pareto.labels
     if not picked:
         raise InfeasibleError("; ".join(reasons))
@@ -54,11 +54,10 @@ def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
     for objective in spec.pareto.fronts:
         f = front(space, req, tables.aggregated is not None, dis, objective)
         desc = describe_points(space, f, dis.pre if dis is not None else None)
-        rows = pd.concat([desc, f[["tpot_s", "ttft_s", "usd_per_request", "chips", "tokens_per_s_per_gpu",
-                                   "tokens_per_s_per_user"]]], axis=1)
+        rows = pd.concat([desc, smallest_whole(f), f[["tpot_s", "ttft_s", "tokens_per_s_per_gpu",
+                                                      "tokens_per_s_per_user"]]], axis=1)
         rows.insert(0, "workload", w.name)
         rows.insert(0, "model", space.model.id)
-        rows["usd_per_mtok_output_all_in"] = rows["usd_per_request"] / w.output * 1e6
         rows["usd_per_mtok_blended"] = rows["usd_per_request"] / (w.prompt + w.output) * 1e6
         rows["price_kind"] = spec.price
         rows["label"] = [_label(r) for r in rows.to_dict(orient="records")]
@@ -113,7 +112,7 @@ def _draw(out: StudyOutput, path: Path, table: str, y: str, ylabel: str, title: 
 
 
 def _cost(out: StudyOutput, path: Path) -> None:
-    _draw(out, path, "pareto", "usd_per_request", "USD per request (prefill included)",
+    _draw(out, path, "pareto", "usd_per_request_fluid", "USD per request at the fluid pool ratio (prefill included)",
           "Pareto front: TPOT against cost per request (every point: no configuration is both faster and cheaper)")
 
 
@@ -122,9 +121,10 @@ def _throughput(out: StudyOutput, path: Path) -> None:
           "Pareto front: tokens/s per user against tokens/s per GPU", x="tokens_per_s_per_user")
 
 
-PLOTS = (TIME_BREAKDOWN, Plot("pareto", "pareto.png", _cost, needs="usd_per_request"),
+PLOTS = (TIME_BREAKDOWN, Plot("pareto", "pareto.png", _cost, needs="usd_per_request_fluid"),
          Plot("pareto_throughput", "pareto_throughput.png", _throughput, needs="tokens_per_s_per_gpu"))
-CHARTS = (Chart("pareto", "tpot_s", "usd_per_request", "Pareto front: TPOT against USD per request"),
+CHARTS = (Chart("pareto", "tpot_s", "usd_per_request_fluid",
+                "Pareto front: TPOT against USD per request at the fluid pool ratio"),
           Chart("pareto_throughput", "tokens_per_s_per_user", "tokens_per_s_per_gpu",
                 "Pareto front: tokens/s per user against tokens/s per GPU"))
 
@@ -137,10 +137,11 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
         g = t[(t["model"] == s["model"]) & (t["workload"] == s["workload"])] if not t.empty else t
         if g.empty:
             continue
-        what = ("USD per request {:.3g} (TPOT {:.3g} ms) to {:.3g} (TPOT {:.3g} ms)" if s["front"] == "cost" else
+        what = ("USD per request at the fluid pool ratio {:.3g} (TPOT {:.3g} ms) to {:.3g} (TPOT {:.3g} ms)"
+                if s["front"] == "cost" else
                 "{:.4g} tokens/s per GPU at {:.3g} ms TPOT to {:.4g} at {:.3g} ms")
         first, last = g.iloc[-1], g.iloc[0]
-        ykey = "usd_per_request" if s["front"] == "cost" else "tokens_per_s_per_gpu"
+        ykey = "usd_per_request_fluid" if s["front"] == "cost" else "tokens_per_s_per_gpu"
         lines.append(f"{s['model']} / {s['workload']} {s['front']} front: {s['points']} non-dominated points of "
                      f"{s['candidates']:,} feasible configurations ({s['aggregated_points']} aggregated); "
                      + what.format(first[ykey], first["tpot_s"] * 1e3, last[ykey], last["tpot_s"] * 1e3))
