@@ -342,82 +342,90 @@ def worker(
     err.print(f"worker solved {solved} points")
 
 
-def _pool(pl: dict) -> str:
-    """One pool as an operator reads it: ``39 x prefill [8 mi300x TP1 DP8 EP8 CP]``."""
-    role = "" if pl.get("role", "both") == "both" else f"{pl['role']} "
-    layout = f"{pl['chips']} {pl['system']} TP{pl['tp']} DP{pl['dp']} EP{pl['ep']}" + (
-        f" PP{pl['pp']}" if pl["pp"] > 1 else "") + (" CP" if pl.get("context_parallel") else "")
-    batch = "" if pl.get("role") == "prefill" else f", batch {pl['batch']}"
-    return f"{pl['replicas']} x {role}[{layout}{batch}]"
+def _solver_line(summary: dict) -> str:
+    """What was solved: the status, the solves done now (a resumed sweep says how many points it took from its
+    storage), their time, the run's wall time and the gap.
+    """
+    solver = summary["solver"]
+    if "points_solved_here" in summary:
+        here, total = summary["points_solved_here"], summary["points"]
+        done = (f"{total:,} points: {here:,} solved now, {total - here:,} resumed from the sweep's storage; "
+                f"the points' solves took {solver['solve_wall_s']:.3f} s")
+    else:
+        done = f"{solver['solves']} solves in {solver['solve_wall_s']:.3f} s"
+    return (f"[bold]{escape(summary['study'])}[/] ({summary['kind']}): {summary['status']}, {done} (this run "
+            f"{solver['wall_s']:.2f} s), gap {solver['gap']:.2g}"
+            + (", TIME-LIMITED: the answer depends on this machine's speed (not reproducible)"
+               if solver.get("time_limited") else ""))
 
 
-def _configuration(e: dict) -> str:
-    """The deployment of a ``best`` entry: each pool with its replicas and whole GPUs, then formats and marks."""
-    marks = (" [price is an estimate]" if e.get("price_is_estimate") else "") + (
-        " [uncalibrated family]" if e.get("calibration") == "uncalibrated family" else "")
-    formats = f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}"
-    if e.get("pools"):
-        gpus = sum(pl["replicas"] * pl["chips"] for pl in e["pools"])
-        return f"{' + '.join(_pool(pl) for pl in e['pools'])} = {gpus} GPUs, {formats}{marks}"
-    return (f"{int(e['chips'])} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
-            f"{formats}{marks}")
-
-
-def _price(e: dict) -> str:
-    """USD per request (and per input and output Mtok) where the entry is request-level, else USD per Mtok."""
-    if e.get("usd_per_request") is None:
-        return f"{e['usd_per_mtok']:.4g} USD/Mtok"
-    deployed = e.get("deployed_usd_per_request")
-    return (f"{e['usd_per_request']:.4g} USD/request" + (" at the fluid pool ratio" if deployed else "")
-            + f" (input {e['usd_per_mtok_input']:.4g}, output {e['usd_per_mtok_output']:.4g} USD/Mtok)"
-            + (f"; {deployed:.4g} as deployed ({e['deployed_chips']} GPUs)" if deployed else ""))
+SUMMARY_COLUMNS = ("model / workload", "mode", "GPUs", "USD/request", "USD/Mtok in", "USD/Mtok out", "TTFT", "TPOT",
+                   "tok/s/GPU", "tok/s/user")
 
 
 def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) -> None:
-    """The answer first: the kind's headline lines, then the chosen configurations; fits the terminal width."""
+    """The answer first: the kind's headline lines, then each deployment as an operator reads it
+    (`dse.report.present.answer_lines`), whether it is decided and its alternatives; fits the terminal width (a
+    table of the answers and of the alternatives from 120 columns, lines below).
+    """
+    from dse.report.present import ALTERNATIVE_COLUMNS, alternative_rows, answer_lines, decision_text
     from dse.studies.registry import study_module
 
     console = Console()
-    solver = summary["solver"]
-    console.print(f"[bold]{summary['study']}[/] ({summary['kind']}): {summary['status']}, {solver['solves']} solves "
-                  f"in {solver['solve_wall_s']:.3f} s (total {solver['wall_s']:.2f} s), gap {solver['gap']:.2g}"
-                  + (", TIME-LIMITED: the answer depends on this machine's speed (not reproducible)"
-                     if solver.get("time_limited") else ""), highlight=False)
+    console.print(_solver_line(summary), highlight=False)
     headline = getattr(study_module(summary["kind"]), "headline", None)
     for line in headline(summary, tables) if headline else []:
-        console.print(line, highlight=False)
+        console.print(escape(line), highlight=False)
     wide = console.width >= 120
-    if summary["best"] and wide:
+    best = summary["best"]
+    if best and wide and len(best) > 1:
         t = Table(header_style="bold")
-        for col in ("model", "workload", "serving", "GPUs", "USD/request deployed", "TPOT", "TTFT", "bound"):
-            t.add_column(col, justify="right" if col in ("GPUs", "USD/request deployed", "TPOT", "TTFT") else "left")
-        for e in summary["best"]:  # whole GPUs and what they cost per request (the smallest whole deployment)
-            gpus = e.get("deployed_chips", e["chips"])
-            usd = e.get("deployed_usd_per_request", e.get("usd_per_request"))
-            t.add_row(e["model"], e["workload"], e.get("serving", "-"), f"{int(gpus)}",
-                      "-" if usd is None else f"{usd:.4g}",
-                      _si(e["tpot_s"], "s"), _si(e["ttft_s"], "s"), e["bound"])
+        for col in SUMMARY_COLUMNS:
+            t.add_column(col, justify="left" if col in ("model / workload", "mode") else "right")
+        for e in best:
+            t.add_row(f"{e['model']} / {e['workload']}", e["serving"], f"{int(e['chips']):,}",
+                      f"{e['usd_per_request']:.4g}", f"{e['usd_per_mtok_input']:.4g}",
+                      f"{e['usd_per_mtok_output']:.4g}", _si(e["ttft_s"], "s"), _si(e["tpot_s"], "s"),
+                      f"{e['tokens_per_s_per_gpu']:,.4g}", f"{e['tokens_per_s_per_user']:,.3g}")
         console.print(t)
-        for e in summary["best"]:  # the deployment and its price in full, one paragraph each
-            console.print(f"[bold]{e['model']} / {e['workload']}[/]: {_configuration(e)}; {_price(e)}",
-                          highlight=False)
-    for e in summary["best"] if not wide else []:  # a narrow terminal: one short block per optimum
-        console.print(f"[bold]{e['model']} / {e['workload']}[/]: {_configuration(e)}", highlight=False)
-        console.print(f"  {_price(e)}, TPOT {_si(e['tpot_s'], 's')}, TTFT {_si(e['ttft_s'], 's')}, "
-                      f"{e['bound']}-bound", highlight=False)
-    from dse.report.present import decision_text
-
-    for e in summary["best"]:
+    for e in best:
+        first, *rest = answer_lines(e, micro="u")
+        console.print(f"[bold]{escape(first)}[/]", highlight=False)
+        for line in rest:
+            console.print(f"  {escape(line)}", highlight=False)
         decided = decision_text(e)
         if decided:
-            console.print(escape(f"{e['model']} / {e['workload']}: {decided}"), highlight=False)
+            console.print(f"  {escape(decided)}", highlight=False)
+        alts = alternative_rows(e, micro="u")
+        if not alts:
+            continue
+        if wide:
+            t = Table(title="  alternatives: the next best deployments of each mode", title_justify="left",
+                      header_style="bold", box=None, padding=(0, 1))
+            for col in ALTERNATIVE_COLUMNS:
+                t.add_column(col, justify="left" if col in ("mode", "deployment") else "right",
+                             overflow="fold")
+            for a in alts:
+                t.add_row(*(a[c] for c in ALTERNATIVE_COLUMNS))
+            console.print(t)
+        else:
+            console.print("  alternatives: the next best deployments of each mode", highlight=False)
+            for a in alts:
+                console.print(f"  - {a['mode']}, {escape(a['deployment'])}", highlight=False)
+                console.print(f"    {a['USD/request']} USD/request, TTFT {a['TTFT']}, TPOT {a['TPOT']}, "
+                              f"{a['tok/s/GPU']} tok/s/GPU", highlight=False)
     if "price_kind" in summary:
-        estimates = sorted({e["system"] for e in summary["best"] if e.get("price_is_estimate")})
-        console.print(f"prices: {summary['price_kind']}"
+        estimates = sorted({e["system"] for e in best if e.get("price_is_estimate")})
+        console.print(f"prices: {_price_kinds(summary['price_kind'])}"
                       + (f"; ESTIMATED price for {', '.join(estimates)}" if estimates else "")
                       + f"; no price (left out): {', '.join(summary.get('no_price') or []) or 'none'}",
                       highlight=False)
     console.print(f"wrote {', '.join(files)} to {target}/", highlight=False)
+
+
+def _price_kinds(kind: str | dict) -> str:
+    """A study's price kind, or its kinds by role (``reserved: rental_3yr, hourly: on_demand``)."""
+    return kind if isinstance(kind, str) else ", ".join(f"{role}: {k}" for role, k in kind.items())
 
 
 @app.command()

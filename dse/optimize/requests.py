@@ -79,7 +79,7 @@ def feasible_mask(m: dict[str, np.ndarray], tpot_max: float | None, ttft_max: fl
     return ok
 
 
-def _per_pair(margins: Margins | None, space: Space, pos: np.ndarray) -> tuple[np.ndarray | float, ...]:
+def per_pair(margins: Margins | None, space: Space, pos: np.ndarray) -> tuple[np.ndarray | float, ...]:
     """The (cost, TPOT, TTFT) margins of the pairs at block positions ``pos``: ones without margins."""
     if margins is None:
         return 1.0, 1.0, 1.0
@@ -171,7 +171,7 @@ def block_optima(space: Space, req: Request | None = None, max_pairs: int | None
     for pos, n in pair_chunks(b, max_pairs):
         m = evaluate_pairs(space, b, pos, n, req)
         evaluated += len(pos)
-        _, tpot_m, ttft_m = _per_pair(margins, space, pos)
+        _, tpot_m, ttft_m = per_pair(margins, space, pos)
         ok = feasible_mask(m, w.tpot_max, w.ttft_max, tpot_m, ttft_m)
         heads = first_min_per_block(pos, np.where(ok, m["usd_per_request"], np.inf))
         at = pos[heads]
@@ -207,7 +207,7 @@ def diagnose_requests(space: Space, req: Request, margins: Margins | None = None
             f"{w.output:,} tokens, aggregated)")
     fit = b[b["n_hi"] >= 1]
     m = evaluate_pairs(space, fit, np.arange(len(fit)), np.ones(len(fit), dtype=np.int64), req)
-    _, tpot_m, ttft_m = _per_pair(margins, space, np.flatnonzero((b["n_hi"] >= 1).to_numpy()))
+    _, tpot_m, ttft_m = per_pair(margins, space, np.flatnonzero((b["n_hi"] >= 1).to_numpy()))
     m["tpot_s"], m["ttft_s"] = m["tpot_s"] * tpot_m, m["ttft_s"] * ttft_m
     edge = ", at the high end of its error band" if margins is not None else ""
     ok = m["fits"] & m["stable"]
@@ -322,7 +322,7 @@ def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only
         m["fits"] = np.asarray(r["fits"], dtype=bool)
         m["ok"] = m["fits"] & np.isfinite(m["usd_per_request"]) & (m["usd_per_request"] > 0)
         if tpot_max is not None:
-            m["ok"] &= m["tpot_s"] * _per_pair(margins, space, pos)[1] <= tpot_max * (1 + TOL)
+            m["ok"] &= m["tpot_s"] * per_pair(margins, space, pos)[1] <= tpot_max * (1 + TOL)
         yield pos, n, m
 
 
@@ -381,7 +381,7 @@ def judged_prefill(space: Space, pre: PrefillOptions, margins: Margins) -> Prefi
     if target is None:
         return pre
     rho = rho_for_ttft(pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"],
-                       target / _per_pair(margins, space, pre.pos)[2])
+                       target / per_pair(margins, space, pre.pos)[2])
     return replace(pre, rho=rho, ok=pre.fits & np.isfinite(rho) & (rho > 0))
 
 
@@ -580,8 +580,8 @@ def ranked_disaggregated(space: Space, t: DisaggregatedTables, top: int, mask: n
     if mask is not None:
         dok = dok & mask[t.dpos]
         pok = pok & mask[pre.pos]
-    dec_usd = np.where(dok, t.dm["usd_per_request"] * _per_pair(t.margins, space, t.dpos)[0], np.inf)
-    pre_usd = np.where(pok, pre.usd_per_request * _per_pair(t.margins, space, pre.pos)[0], np.inf)
+    dec_usd = np.where(dok, t.dm["usd_per_request"] * per_pair(t.margins, space, t.dpos)[0], np.inf)
+    pre_usd = np.where(pok, pre.usd_per_request * per_pair(t.margins, space, pre.pos)[0], np.inf)
     dg, pg = numerics_group(space, t.dpos), numerics_group(space, pre.pos)
     combos = []
     for g in np.intersect1d(dg[np.isfinite(dec_usd)], pg[np.isfinite(pre_usd)]):
@@ -616,7 +616,7 @@ def disaggregated_result(space: Space, t: DisaggregatedTables, i: int, j: int, r
     n_hi = int(space.blocks["n_hi"].iloc[t.dpos[i]])
     nxt = None
     if t.dn[i] < n_hi:
-        tpot_m = _per_pair(t.margins, space, t.dpos[i:i + 1])[1]
+        tpot_m = per_pair(t.margins, space, t.dpos[i:i + 1])[1]
         nxt = {"stable": True, "tpot_s": t.dm["tpot_next_s"][i] * float(np.ravel(tpot_m)[0]), "ttft_s": 0.0}
     binding = _binding(int(t.dn[i]), n_hi, int(space.stats.get("max_batch_per_rank", 0)) or None, nxt, w.tpot_max,
                        None)
@@ -686,14 +686,14 @@ def diagnose_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarra
         return diagnose(space if mask is None else subset(space, mask), w.tpot_max)
     edge = ", at the high end of its error band" if t.margins is not None else ""
     if not dok.any():
-        tpot = t.dm["tpot_s"] * _per_pair(t.margins, space, t.dpos)[1]
+        tpot = t.dm["tpot_s"] * per_pair(t.margins, space, t.dpos)[1]
         tp = float(np.min(np.where(dfit, tpot, np.inf)))
         return (f"{head}: the TPOT target runs out in the decode pool. The fastest decode TPOT{edge} is "
                 f"{tp * 1e3:.3g} ms, {(tp - (w.tpot_max or 0)) * 1e3:.3g} ms over the {(w.tpot_max or 0) * 1e3:g} ms "
                 "target")
     if not (pre.ok & pin).any() and w.ttft_max is not None:
         tt = ((pre.metrics["prefill_service_s"] + pre.metrics["kv_transfer_s"])
-              * _per_pair(t.margins, space, pre.pos)[2])
+              * per_pair(t.margins, space, pre.pos)[2])
         tt = np.where(pin & pre.fits, tt, np.inf)
         k = int(np.argmin(tt))
         if np.isfinite(tt[k]):

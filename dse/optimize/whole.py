@@ -55,12 +55,15 @@ from dse.optimize.requests import (
     DisaggregatedResult,
     DisaggregatedTables,
     RequestResult,
-    _per_pair,
     aggregated_result,
     disaggregated_result,
     numerics_group,
+    per_pair,
     prefill_capacity,
+    ranked,
+    ranked_disaggregated,
 )
+from dse.optimize.serving import SOLVER_NAME
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Space
 
@@ -68,7 +71,8 @@ TIE = 1e-12
 """Relative difference below which two costs are equal (copies of a deployment differ by rounding only)."""
 EXPANDED = 1 << 21
 """(pair, y) evaluations held at once by the disaggregated budget search."""
-SOLVER = "enumeration of whole replica counts (pruned by the fluid bound)"
+SOLVER = f"{SOLVER_NAME} per block, then enumeration of whole replica counts (pruned by the fluid bound)"
+"""How a whole deployment is found: each block's batch by the argmin over every batch, then the replica counts."""
 
 
 @dataclass(frozen=True)
@@ -360,7 +364,7 @@ def aggregated_options(space: Space, opt: BlockOptima, mask: np.ndarray | None =
     ok = opt.n > 0 if mask is None else (opt.n > 0) & mask
     j = np.flatnonzero(ok)
     si = opt.blocks["system_idx"].to_numpy()[j]
-    rate = opt.metrics["requests_per_s"][j] / np.broadcast_to(_per_pair(opt.margins, space, j)[0], j.shape)
+    rate = opt.metrics["requests_per_s"][j] / np.broadcast_to(per_pair(opt.margins, space, j)[0], j.shape)
     return PoolOptions(opt.blocks["chips"].to_numpy()[j], _node(space, si), si, opt.metrics["usd_per_s"][j], rate,
                        np.zeros(len(j)), j)
 
@@ -371,7 +375,7 @@ def decode_options(space: Space, t: DisaggregatedTables, mask: np.ndarray | None
     i = np.flatnonzero(ok)
     pos = t.dpos[i]
     si = space.blocks["system_idx"].to_numpy()[pos]
-    rate = t.dm["requests_per_s"][i] / np.broadcast_to(_per_pair(t.margins, space, pos)[0], i.shape)
+    rate = t.dm["requests_per_s"][i] / np.broadcast_to(per_pair(t.margins, space, pos)[0], i.shape)
     return PoolOptions(space.blocks["chips"].to_numpy()[pos], _node(space, si), si, t.dm["usd_per_s"][i], rate,
                        numerics_group(space, pos), i)
 
@@ -382,7 +386,7 @@ def prefill_options_of(space: Space, t: DisaggregatedTables, mask: np.ndarray | 
     ok = pre.ok if mask is None else pre.ok & mask[pre.pos]
     j = np.flatnonzero(ok)
     si = space.blocks["system_idx"].to_numpy()[pre.pos[j]]
-    rate = prefill_capacity(pre, j) / np.broadcast_to(_per_pair(t.margins, space, pre.pos[j])[0], j.shape)
+    rate = prefill_capacity(pre, j) / np.broadcast_to(per_pair(t.margins, space, pre.pos[j])[0], j.shape)
     return PoolOptions(pre.metrics["chips"][j], _node(space, si), si, pre.metrics["usd_per_s"][j], rate,
                        numerics_group(space, pre.pos[j]), j)
 
@@ -399,6 +403,8 @@ def whole_aggregated(space: Space, opt: BlockOptima, budget: Budget | None, dema
     t0 = time.perf_counter()
     lam = None if demand is None else demand / space.workload.output
     options = aggregated_options(space, opt, mask)
+    if not len(options):
+        ranked(space, opt, 1, mask)  # no feasible configuration: its diagnosis names the binding limit
     found = aggregated(options, budget, lam, top)
     if not found:
         raise InfeasibleError(_shortfall(space, "aggregated", budget, demand, options, None))
@@ -418,6 +424,8 @@ def whole_disaggregated(space: Space, t: DisaggregatedTables, budget: Budget | N
     t0 = time.perf_counter()
     lam = None if demand is None else demand / space.workload.output
     pre, dec = prefill_options_of(space, t, mask), decode_options(space, t, mask)
+    if not len(np.intersect1d(pre.group, dec.group)):
+        ranked_disaggregated(space, t, 1, mask)  # no feasible pair of pools: its diagnosis names the binding limit
     found = disaggregated(pre, dec, budget, lam, top)
     if not found:
         raise InfeasibleError(_shortfall(space, "disaggregated", budget, demand, pre, dec))
@@ -431,14 +439,11 @@ def whole_disaggregated(space: Space, t: DisaggregatedTables, budget: Budget | N
 
 def _shortfall(space: Space, mode: str, budget: Budget | None, demand: float | None, first: PoolOptions,
                second: PoolOptions | None) -> str:
-    """Why no whole deployment of ``mode`` exists: no feasible option, or the budget's shortfall against the
-    smallest deployment (one replica of each pool; for a demand, the fewest serving it).
+    """Why no whole deployment of ``mode`` exists where feasible configurations do: the budget's shortfall against
+    the smallest deployment (one replica of each pool; for a demand, the fewest serving it).
     """
     w = space.workload
     head = f"no whole {mode} deployment of {space.model.id} / {w.name}"
-    if not len(first) or (second is not None and (not len(second)
-                                                  or not len(np.intersect1d(first.group, second.group)))):
-        return f"{head}: no feasible configuration meets the targets (see the search's diagnosis without a budget)"
     lam = None if demand is None else demand / w.output
     need = []
     for o in (first, second):

@@ -12,30 +12,9 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.units import si
-from dse.studies.contract import Chart, Optimum, StudyOutput
+from dse.studies.common import deployment_text
+from dse.studies.contract import Chart, StudyOutput
 from dse.studies.registry import study_module
-
-HEADLINE_KEYS = (  # (key, label, unit kind) of an optimum, shown when the entry has them
-    ("usd_per_request", "USD/request", "usd"),
-    ("usd_per_request_band", "its 80% band", "band"),
-    ("usd_per_mtok", "USD/Mtok (output)", "usd"),
-    ("usd_per_mtok_output", "USD/Mtok output", "usd"),
-    ("usd_per_mtok_input", "USD/Mtok input", "usd"),
-    ("ttft_s", "TTFT", "s"),
-    ("ttft_s_band", "its 80% band", "band"),
-    ("tpot_s", "TPOT", "s"),
-    ("tpot_s_band", "its 80% band", "band"),
-    ("tokens_per_s_per_gpu", "tokens/s per GPU", "rate"),
-    ("tokens_per_s_per_user", "tokens/s per user", "rate"),
-    ("tokens_per_s", "tokens/s", "rate"),
-    ("replicas", "replicas for the demand (decode pool when disaggregated)", "count"),
-    ("prefill_replicas_at_demand", "prefill replicas for the demand", "count"),
-    ("power_w", "power", "W"),
-    ("price_kind", "price kind", "text"),
-    ("prefill_share", "prefill share of cost", "text"),
-    ("other_serving", "other mode", "text"),
-    ("other_serving_usd_per_request", "its USD/request", "usd"),
-)
 
 
 def cell(column: str, value) -> str:
@@ -83,23 +62,73 @@ def table_html(table: pd.DataFrame, max_rows: int = 200) -> str:
             f"{more}")
 
 
-def _configuration(o: Optimum) -> str:
-    """The chosen configuration in words: a prefill pool with a decode pool by their roles, else the entry's own
-    (one replica, or the largest pool of several).
+def _usd(v: float | None) -> str:
+    return "–" if v is None or v != v else f"{v:.4g}"
+
+
+def marks(e: dict) -> str:
+    """What the reader must know about an answer's figures: estimated prices, an uncalibrated family, a context
+    beyond the model's trained window.
     """
-    e = o.entry
-    pools = e["pools"] if o.request_level else []  # a request-level entry lists its pools
-    roles = {p["role"]: p for p in pools} if len(pools) == 2 else {}
-    if roles.keys() == {"prefill", "decode"}:
-        pre, dec = roles["prefill"], roles["decode"]
-        cp = ", context parallel" if pre.get("context_parallel") else ""
-        return (f"disaggregated: {pre['replicas']} prefill replica(s) of {pre['chips']} x {pre['system']} "
-                f"TP{pre['tp']} DP{pre['dp']} EP{pre['ep']}{cp} at {pre.get('utilisation', float('nan')):.0%} "
-                f"utilisation per {dec['replicas']} decode replica(s) of {dec['chips']} x {dec['system']} "
-                f"TP{dec['tp']} DP{dec['dp']} EP{dec['ep']} PP{dec['pp']}, batch {dec['batch']}; "
-                f"{dec['weights_dtype']} weights, {dec['kv_dtype']} KV in {dec['kv_tier']}")
-    return (f"{e['chips']} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
-            f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}")
+    out = []
+    if e.get("price_is_estimate"):
+        out.append("price is an estimate")
+    if e.get("calibration") == "uncalibrated family":
+        out.append("uncalibrated family: no published measurement fits its efficiency factors")
+    if e.get("beyond_trained_context"):
+        out.append("context beyond the trained window")
+    return "".join(f" [{m}]" for m in out)
+
+
+def latency_text(e: dict, micro: str = "µ") -> str:
+    """TTFT and TPOT as served (the TTFT percentile and arrival model where the entry states them)."""
+    ttft = f"TTFT {si(e['ttft_s'], 's', micro=micro)}"
+    if e.get("ttft_p90_s") is not None:
+        ttft = f"TTFT p90 {si(e['ttft_p90_s'], 's', micro=micro)} (mean {si(e['ttft_s'], 's', micro=micro)})"
+    arrival = f", {e['arrival']} arrivals" if e.get("arrival") else ""
+    return f"{ttft}, TPOT {si(e['tpot_s'], 's', micro=micro)}{arrival}"
+
+
+def answer_lines(e: dict, micro: str = "µ") -> list[str]:
+    """A serving answer as an operator reads it, in four lines: mode and each pool (replicas x chips x layout x
+    batch) with the GPUs in total and the formats; USD per request as deployed (and at the fluid pool ratio), per
+    input and output million tokens, and the price kind; TTFT, TPOT, tokens/s per GPU and per user; what binds
+    (and the budget or demand the deployment was sized for).
+    """
+    head = f"{e['model']} / {e['workload']}: {e['serving']}, {deployment_text(e['pools'])}; {formats_text(e)}{marks(e)}"
+    fluid = e.get("usd_per_request_fluid")
+    at_fluid = (f" ({_usd(fluid)} at the fluid pool ratio)" if fluid is not None
+                and abs(fluid - e["usd_per_request"]) > 1e-12 * e["usd_per_request"] else "")
+    cost = (f"{_usd(e['usd_per_request'])} USD per request as deployed{at_fluid}; {_usd(e['usd_per_mtok_input'])} "
+            f"USD/Mtok input, {_usd(e['usd_per_mtok_output'])} USD/Mtok output; {e.get('price_kind', '')} prices")
+    speed = (f"{latency_text(e, micro)}; {e['tokens_per_s_per_gpu']:,.4g} output tokens/s per GPU, "
+             f"{e['tokens_per_s_per_user']:,.3g} per user")
+    sized = []
+    if e.get("budget"):
+        sized.append(f"within {e['budget']}")
+    if e.get("demand_tokens_per_s"):
+        sized.append(f"for {e['demand_tokens_per_s']:,.0f} output tokens/s")
+    binds = f"what binds the batch: {e.get('binding') or e.get('bound', '-')}" + (
+        f"; sized {' and '.join(sized)}" if sized else "; the smallest whole deployment of the fluid optimum"
+        if e["serving"] == "disaggregated" else "")
+    return [head, cost, speed, binds]
+
+
+def formats_text(e: dict) -> str:
+    return f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}"
+
+
+ALTERNATIVE_COLUMNS = ("mode", "deployment", "USD/request", "USD/Mtok in", "USD/Mtok out", "TTFT", "TPOT",
+                       "tok/s/GPU", "tok/s/user")
+
+
+def alternative_rows(e: dict, micro: str = "µ") -> list[dict[str, str]]:
+    """The entry's alternatives (``alternatives``: the next best deployments of each mode) as display cells."""
+    return [{"mode": a["serving"], "deployment": a["layout"], "USD/request": _usd(a["usd_per_request"]),
+             "USD/Mtok in": _usd(a["usd_per_mtok_input"]), "USD/Mtok out": _usd(a["usd_per_mtok_output"]),
+             "TTFT": si(a["ttft_s"], "s", micro=micro), "TPOT": si(a["tpot_s"], "s", micro=micro),
+             "tok/s/GPU": f"{a['tokens_per_s_per_gpu']:,.4g}", "tok/s/user": f"{a['tokens_per_s_per_user']:,.3g}"}
+            for a in e.get("alternatives") or []]
 
 
 def decision_text(e: dict) -> str | None:
@@ -128,7 +157,9 @@ def decision_text(e: dict) -> str | None:
 
 
 def headline_html(out: StudyOutput, kind: str) -> str:
-    """The answer block: the kind's headline lines, then each optimum with its cost and speed."""
+    """The answer block: the kind's headline lines, then each optimum as an operator reads it (`answer_lines`),
+    whether it is decided, and its alternatives.
+    """
     parts = ["<section id='headline'><h2>Answer</h2>"]
     lines = []
     headline = getattr(study_module(kind), "headline", None)
@@ -141,16 +172,15 @@ def headline_html(out: StudyOutput, kind: str) -> str:
         rows = []
         for o in best:
             e = o.entry
-            estimate = " <span class='estimate'>(price is an estimate)</span>" if e.get("price_is_estimate") else ""
-            if e.get("calibration") == "uncalibrated family":
-                estimate += (" <span class='estimate'>(uncalibrated family: no published measurement fits its "
-                             "efficiency factors; the default factors apply)</span>")
-            metrics = [f"{label} <b>{html.escape(cell(key, e[key]) if unit != 's' else si(e[key], 's'))}</b>"
-                       for key, label, unit in HEADLINE_KEYS if key in e and e[key] is not None]
+            first, *rest = answer_lines(e)
             decided = decision_text(e)
-            rows.append(f"<li><b>{html.escape(e['model'])} / {html.escape(e['workload'])}</b>: "
-                        f"{html.escape(_configuration(o))}{estimate}<br>{' &middot; '.join(metrics)}"
-                        + (f"<br>{html.escape(decided)}" if decided else "") + "</li>")
+            alts = alternative_rows(e)
+            table = ""
+            if alts:
+                table = ("<details><summary>Alternatives (the next best deployments of each mode)</summary>"
+                         + table_html(pd.DataFrame(alts)) + "</details>")
+            rows.append(f"<li><b>{html.escape(first)}</b><br>" + "<br>".join(html.escape(r) for r in rest)
+                        + (f"<br>{html.escape(decided)}" if decided else "") + table + "</li>")
         parts.append("<ul class='optima'>" + "".join(rows) + "</ul>")
     if not lines and not best:
         parts.append("<p>No configuration was chosen: see the infeasible list below.</p>")
