@@ -607,6 +607,11 @@ def _model_repository(model_id: str) -> str:
 
 
 def _hardware_rows() -> list[dict]:
+    """Every system with every catalog field: the SI value of each quantity with its source and date (flat), the
+    quantities as written (``quantities``: value, unit, SI value, source, date, note, estimate) and the prices by kind.
+    """
+    from dataclasses import asdict
+
     from dse.catalog.hardware import PRICE_KINDS, SYSTEM_FIELDS, default_systems
 
     rows = []
@@ -624,13 +629,53 @@ def _hardware_rows() -> list[dict]:
             if q is not None:
                 row[f"{name}_source"] = q.source
                 row[f"{name}_date"] = q.date
+        row["quantities"] = {name: asdict(q) for name, q in s.quantities.items()}
         rows.append(row)
     return rows
+
+
+HARDWARE_COLUMNS = (  # (header, wide only, cell of a row)
+    ("id", False, lambda r: r["id"]),
+    ("status", True, lambda r: r["status"]),
+    ("BF16\nPF/s", False, lambda r: _scaled(r["flops_bf16"], 1e15)),
+    ("FP8\nPF/s", False, lambda r: _scaled(r["flops_fp8"], 1e15)),
+    ("FP4\nPF/s", False, lambda r: _scaled(r["flops_fp4"], 1e15)),
+    ("INT8\nPOP/s", True, lambda r: _scaled(r["flops_int8"], 1e15)),
+    ("KV\nformats", True, lambda r: ",".join(r["kv_dtypes"])),
+    ("HBM\nGB", False, lambda r: _scaled(r["hbm_capacity"], 1e9)),
+    ("HBM\nTB/s", False, lambda r: _scaled(r["hbm_bandwidth"], 1e12)),
+    ("domain\nchips", False, lambda r: f"{r['scaleup_domain']:,.0f}"),
+    ("scale-up\nGB/s", False, lambda r: _scaled(r["scaleup_bandwidth"], 1e9)),
+    ("topology", True, lambda r: r["scaleup_topology"]),
+    ("scale-out\nGB/s", True, lambda r: _scaled(r["scaleout_bandwidth"], 1e9)),
+    ("all-in\nkW", True, lambda r: _scaled(r["power_all_in_w"], 1e3) + ("*" if r["power_all_in_is_estimate"] else "")),
+    ("TCO hyp.\nUSD/h", True, lambda r: _price(r, "tco_hyperscaler")),
+    ("TCO neo.\nUSD/h", True, lambda r: _price(r, "tco_neocloud")),
+    ("rent 3y\nUSD/h", True, lambda r: _price(r, "rental_3yr")),
+    ("on-dem.\nUSD/h", False, lambda r: _price(r, "on_demand")),
+)
+"""The columns of `dse catalog hardware`: every one from 150 columns; below, the ones a deployment is sized with
+(peak FLOP/s, HBM, scale-up domain and links, the default price kind)."""
+
+
+def _scaled(v: float | None, unit: float) -> str:
+    """A figure in a column's unit with 3 significant digits; '-' where the catalog has none."""
+    if v is None or v != v:
+        return "-"
+    x = v / unit
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _price(r: dict, kind: str) -> str:
+    p = r["prices"].get(kind)
+    return "-" if p is None else f"{p['usd_per_hour']:.2f}{'*' if p['estimate'] else ''}"
 
 
 @catalog_app.command("hardware")
 def catalog_hardware(as_json: Annotated[bool, typer.Option("--json", help="Print JSON (SI units).")] = False) -> None:
     """The accelerator systems with their dense FLOP/s, HBM, links and prices."""
+    from rich import box
+
     try:
         rows = _hardware_rows()
     except InputError as exc:
@@ -638,73 +683,78 @@ def catalog_hardware(as_json: Annotated[bool, typer.Option("--json", help="Print
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    t = Table(title="Hardware catalog (dense FLOP/s; one-direction link bandwidth per chip; USD per chip-hour by "
-              "kind: TCO hyperscaler / TCO neocloud / 3-year rental / on-demand, * = estimate, - = none)",
-              header_style="bold")
-    for col in ("id", "status", "BF16", "FP8", "FP4", "INT8", "KV formats", "HBM", "HBM BW", "domain", "scale-up",
-                "topology", "scale-out", "power all-in", "USD/chip-h"):
-        t.add_column(col, justify="left" if col in ("id", "status", "KV formats", "topology") else "right")
-    from dse.catalog.hardware import PRICE_KINDS
-
-    def price(r: dict, kind: str) -> str:
-        p = r["prices"].get(kind)
-        return "-" if p is None else f"{p['usd_per_hour']:.2f}{'*' if p['estimate'] else ''}"
-
-    def fmt(v: float | None, unit: str) -> str:
-        return "-" if v is None else _si(v, unit)
-
+    console = Console()
+    wide = console.width >= 150
+    t = Table(title="Hardware catalog: dense FLOP/s and one-direction link bandwidth per chip; USD per chip-hour by "
+              "price kind; * estimate, - none" + ("" if wide else " (150 columns show every field, --json every "
+                                                    "field with its source)"),
+              title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+    columns = [c for c in HARDWARE_COLUMNS if wide or not c[1]]
+    for header, _, _ in columns:
+        t.add_column(header, justify="left" if header in ("id", "status", "topology") or header.startswith("KV")
+                     else "right", no_wrap=True)
     for r in rows:
-        t.add_row(
-            r["id"], r["status"], fmt(r["flops_bf16"], "FLOP/s"), fmt(r["flops_fp8"], "FLOP/s"),
-            fmt(r["flops_fp4"], "FLOP/s"), fmt(r["flops_int8"], "OP/s"), ",".join(r["kv_dtypes"]),
-            fmt(r["hbm_capacity"], "B"), fmt(r["hbm_bandwidth"], "B/s"), f"{r['scaleup_domain']:.0f}",
-            fmt(r["scaleup_bandwidth"], "B/s"), r["scaleup_topology"], fmt(r["scaleout_bandwidth"], "B/s"),
-            fmt(r["power_all_in_w"], "W") + ("*" if r["power_all_in_is_estimate"] else ""),
-            " / ".join(price(r, k) for k in PRICE_KINDS),
-        )
-    Console().print(t)
+        t.add_row(*(cell(r) for _, _, cell in columns))
+    console.print(t)
 
 
-@catalog_app.command("models")
-def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """The model architectures with derived parameter counts and KV bytes per token."""
+def _model_rows() -> list[dict]:
+    """Every model with every catalog field (as ``models.yaml`` writes it) and its derived counts."""
     from dse.catalog.models import default_models
 
-    try:
-        models = default_models()
-    except InputError as exc:
-        _fail(exc)
     rows = []
-    for m in models.values():
+    for m in default_models().values():
         a = m.spec.attention
         rows.append({
-            "id": m.id,
-            "name": m.spec.name,
-            "attention": a.kind + (" + sliding window" if a.sliding_layers else "") + (" + sparse" if a.sparse else ""),
-            "ffn": m.spec.ffn.kind,
-            "layers": m.spec.n_layers,
+            **m.spec.model_dump(mode="json"),
+            "attention_kind": a.kind + (" + sliding window" if a.sliding_layers else "") + (
+                " + sparse" if a.sparse else ""),
+            "max_context_tokens": m.spec.max_context.tokens if m.spec.max_context else None,
             "params_total": m.params_total,
             "params_active": m.params_active,
             "published_total": m.spec.published_b.total * 1e9,
             "published_active": m.spec.published_b.active * 1e9,
             "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"),
-            "hypothetical": m.spec.hypothetical,
         })
+    return rows
+
+
+@catalog_app.command("models")
+def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """The model architectures with derived parameter counts, KV bytes per token and maximum context."""
+    from rich import box
+
+    try:
+        rows = _model_rows()
+    except InputError as exc:
+        _fail(exc)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    t = Table(title="Model catalog (derived counts; active excludes the input-embedding lookup)", header_style="bold")
-    for col in ("id", "attention", "ffn", "layers", "total", "active", "published", "KV/token (bf16)"):
-        t.add_column(col, justify="left" if col in ("id", "attention", "ffn") else "right")
+    console = Console()
+    wide = console.width >= 110
+    t = Table(title="Model catalog: derived parameter counts (active excludes the input-embedding lookup), KV bytes "
+              "per token in bf16, published maximum context; * hypothetical", title_justify="left",
+              header_style="bold", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+    columns = [("id", "left"), ("attention", "left"), ("ffn", "left"), ("layers", "right"), ("params\ntotal", "right"),
+               ("params\nactive", "right"), ("published\ntotal / active", "right"), ("KV per\ntoken", "right"),
+               ("max\ncontext", "right")]
+    if not wide:
+        columns = [c for c in columns if c[0] not in ("layers", "published\ntotal / active")]
+    for name, justify in columns:
+        t.add_column(name, justify=justify, no_wrap=True)
     for r in rows:
-        t.add_row(
-            r["id"] + (" *" if r["hypothetical"] else ""), r["attention"], r["ffn"], str(r["layers"]),
-            f"{r['params_total'] / 1e9:.1f}B", f"{r['params_active'] / 1e9:.2f}B",
-            f"{r['published_total'] / 1e9:g}B / {r['published_active'] / 1e9:g}B",
-            _si(r["kv_bytes_per_token_bf16"], "B"),
-        )
-    Console().print(t)
-    Console().print("* hypothetical model")
+        ctx = r["max_context_tokens"]
+        cells = {"id": r["id"] + (" *" if r["hypothetical"] else ""),
+                 "attention": r["attention_kind"].replace(" + sliding window", " + SWA"), "ffn": r["ffn"]["kind"],
+                 "layers": str(r["n_layers"]), "params\ntotal": f"{r['params_total'] / 1e9:,.1f}B",
+                 "params\nactive": f"{r['params_active'] / 1e9:,.1f}B",
+                 "published\ntotal / active": f"{r['published_total'] / 1e9:g}B / {r['published_active'] / 1e9:g}B",
+                 "KV per\ntoken": _si(r["kv_bytes_per_token_bf16"], "B"),
+                 "max\ncontext": "-" if ctx is None else f"{ctx / 1e3:,.0f}k" if ctx < 1_000_000 else
+                 f"{ctx / 1e6:.3g}M"}
+        t.add_row(*(cells[name] for name, _ in columns))
+    console.print(t)
 
 
 @catalog_app.command("import-model")
