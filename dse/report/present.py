@@ -188,53 +188,109 @@ def headline_html(out: StudyOutput, kind: str) -> str:
     return "\n".join(parts)
 
 
-def scatter_svg(table: pd.DataFrame, x: str, y: str, label: str, title: str, width: int = 720,
-                height: int = 420) -> str:
-    """A log-log scatter as inline SVG; hovering a point shows its row (an SVG <title>), no script needed."""
-    data = table[[x, y, label]].copy()
+COLORS = ("#3b7dd8", "#e07b39", "#59a14f", "#b07aa1", "#9c755f")
+"""One colour per series of a chart, in order."""
+FONT_PX = 12
+"""The charts' font size; a character is taken as 0.62 of it wide (the width the margins leave for labels)."""
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Tick values on a log axis from ``lo`` to ``hi``: the decades, or with 2 and 5 between them, or 1.5, 2, 3, 5
+    and 7, the first of these giving three ticks or more (else the ends).
+    """
+    a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    found: list[float] = []
+    for steps in ((1.0,), (1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)):
+        found = [m * 10.0 ** e for e in range(a, b + 1) for m in steps if lo <= m * 10.0 ** e <= hi]
+        if len(found) >= 3:
+            return found
+    return found if len(found) >= 2 else [lo, hi]
+
+
+AXIS_NAMES = {"tpot_s": "TPOT", "ttft_s": "TTFT", "usd_per_request": "USD per request as deployed",
+              "usd_per_request_fluid": "USD per request at the fluid pool ratio",
+              "tokens_per_s_per_user": "output tokens/s per user", "tokens_per_s_per_gpu": "output tokens/s per GPU"}
+"""How a chart names the columns it plots."""
+
+
+def _text_px(text: str) -> float:
+    return 0.62 * FONT_PX * len(text)
+
+
+def scatter_svg(table: pd.DataFrame, x: str, y: str, label: str, title: str, series: str | None = None,
+                width: int = 720, height: int = 420) -> str:
+    """A log-log scatter as inline SVG: ticks and grid lines on both axes, axis titles, a legend of ``series``
+    (a colour each) and a hover tip per point (an SVG <title>, no script needed). The margins are sized to the
+    longest tick label, so nothing is clipped.
+    """
+    data = table[[x, y, label] + ([series] if series else [])].copy()
     data = data[np.isfinite(data[x].astype(float)) & np.isfinite(data[y].astype(float))]
     data = data[(data[x] > 0) & (data[y] > 0)]
     if data.empty:
         return ""
-    lx, ly = np.log10(data[x].astype(float)), np.log10(data[y].astype(float))
-    pad = 50
-    span_x = max(lx.max() - lx.min(), 1e-9)
-    span_y = max(ly.max() - ly.min(), 1e-9)
+    lo_x, hi_x = float(data[x].min()), float(data[x].max())
+    lo_y, hi_y = float(data[y].min()), float(data[y].max())
+    lo_x, hi_x = (lo_x / 1.15, hi_x * 1.15)
+    lo_y, hi_y = (lo_y / 1.15, hi_y * 1.15)
+    xt, yt = log_ticks(lo_x, hi_x), log_ticks(lo_y, hi_y)
+    ylabels = [cell(y, v) for v in yt]
+    groups = list(dict.fromkeys(data[series])) if series else []
+    legend_h = 22 if groups else 0
+    left = int(max(_text_px(t) for t in ylabels) + FONT_PX * 2.5)
+    right = int(max(20, _text_px(cell(x, xt[-1])) / 2 + 6))
+    top, bottom = 12 + legend_h, int(FONT_PX * 3.5)
+    lx0, lx1 = math.log10(lo_x), math.log10(hi_x)
+    ly0, ly1 = math.log10(lo_y), math.log10(hi_y)
 
     def px(v: float) -> float:
-        return pad + (v - lx.min()) / span_x * (width - 2 * pad)
+        return left + (math.log10(v) - lx0) / max(lx1 - lx0, 1e-12) * (width - left - right)
 
     def py(v: float) -> float:
-        return height - pad - (v - ly.min()) / span_y * (height - 2 * pad)
+        return height - bottom - (math.log10(v) - ly0) / max(ly1 - ly0, 1e-12) * (height - top - bottom)
 
-    dots = []
-    for (_, r), vx, vy in zip(data.iterrows(), lx, ly, strict=True):
+    parts = [f"<rect x='{left}' y='{top}' width='{width - left - right}' height='{height - top - bottom}' "
+             "fill='none' stroke='#444'/>"]
+    for v in xt:
+        parts.append(f"<line class='grid' x1='{px(v):.1f}' y1='{top}' x2='{px(v):.1f}' y2='{height - bottom}'/>"
+                     f"<text class='tick' x='{px(v):.1f}' y='{height - bottom + FONT_PX + 4}' text-anchor='middle'>"
+                     f"{html.escape(cell(x, v))}</text>")
+    for v, t in zip(yt, ylabels, strict=True):
+        parts.append(f"<line class='grid' x1='{left}' y1='{py(v):.1f}' x2='{width - right}' y2='{py(v):.1f}'/>"
+                     f"<text class='tick' x='{left - 5}' y='{py(v) + FONT_PX / 3:.1f}' text-anchor='end'>"
+                     f"{html.escape(t)}</text>")
+    parts.append(f"<text class='axis' x='{(left + width - right) / 2:.1f}' y='{height - 8}' text-anchor='middle'>"
+                 f"{html.escape(AXIS_NAMES.get(x, x))} (log scale)</text>")
+    parts.append(f"<text class='axis' x='{FONT_PX + 2}' y='{(top + height - bottom) / 2:.1f}' "
+                 f"transform='rotate(-90 {FONT_PX + 2} {(top + height - bottom) / 2:.1f})' text-anchor='middle'>"
+                 f"{html.escape(AXIS_NAMES.get(y, y))} (log scale)</text>")
+    at = left
+    for k, g in enumerate(groups):  # the legend, above the plot
+        color = COLORS[k % len(COLORS)]
+        mid = top - legend_h / 2
+        parts.append(f"<circle cx='{at + 5}' cy='{mid - 2:.1f}' r='4' fill='{color}'/><text class='legend' "
+                     f"x='{at + 13}' y='{mid + 2:.1f}'>{html.escape(str(g))}</text>")
+        at += 13 + _text_px(str(g)) + 18
+    for _, r in data.iterrows():
+        color = COLORS[groups.index(r[series]) % len(COLORS)] if series else COLORS[0]
         tip = f"{r[label]}: {x} {cell(x, r[x])}, {y} {cell(y, r[y])}"
-        dots.append(f"<circle class='pt' cx='{px(vx):.1f}' cy='{py(vy):.1f}' r='4'><title>{html.escape(tip)}</title>"
-                    "</circle>")
-    axes = (f"<line x1='{pad}' y1='{height - pad}' x2='{width - pad}' y2='{height - pad}' stroke='#444'/>"
-            f"<line x1='{pad}' y1='{pad}' x2='{pad}' y2='{height - pad}' stroke='#444'/>"
-            f"<text x='{width / 2}' y='{height - 12}' text-anchor='middle'>{html.escape(x)} (log)</text>"
-            f"<text x='14' y='{height / 2}' transform='rotate(-90 14 {height / 2})' text-anchor='middle'>"
-            f"{html.escape(y)} (log)</text>"
-            f"<text x='{pad}' y='{height - pad + 16}'>{html.escape(cell(x, float(data[x].min())))}</text>"
-            f"<text x='{width - pad}' y='{height - pad + 16}' text-anchor='end'>"
-            f"{html.escape(cell(x, float(data[x].max())))}</text>"
-            f"<text x='{pad - 4}' y='{height - pad}' text-anchor='end'>{html.escape(cell(y, float(data[y].min())))}"
-            f"</text><text x='{pad - 4}' y='{pad + 4}' text-anchor='end'>{html.escape(cell(y, float(data[y].max())))}"
-            "</text>")
+        parts.append(f"<circle class='pt' cx='{px(r[x]):.1f}' cy='{py(r[y]):.1f}' r='4' fill='{color}'>"
+                     f"<title>{html.escape(tip)}</title></circle>")
     return (f"<figure class='chart'><figcaption>{html.escape(title)} (hover a point for its configuration)"
             f"</figcaption><svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-            f"viewBox='0 0 {width} {height}' role='img'>{axes}{''.join(dots)}</svg></figure>")
+            f"viewBox='0 0 {width} {height}' role='img' font-size='{FONT_PX}'>{''.join(parts)}</svg></figure>")
 
 
 def chart_svg(chart: Chart, tables: dict[str, pd.DataFrame]) -> str:
-    """One hover chart a kind declares, drawn where its table has rows and both columns (else nothing)."""
+    """One hover chart a kind declares, a panel per model and workload, drawn where its table has rows and both
+    columns (else nothing).
+    """
     table = tables.get(chart.table)
     if table is None or table.empty or chart.x not in table or chart.y not in table:
         return ""
-    points = pd.DataFrame({chart.x: table[chart.x], chart.y: table[chart.y], "label": chart.label(table)})
-    return scatter_svg(points, chart.x, chart.y, "label", chart.title)
+    points = pd.DataFrame({chart.x: table[chart.x], chart.y: table[chart.y], "label": chart.label(table),
+                           "panel": chart.panel(table), "series": chart.series(table)})
+    return "\n".join(scatter_svg(g, chart.x, chart.y, "label", f"{chart.title}: {panel}", "series")
+                     for panel, g in points.groupby("panel", sort=False))
 
 
 def interactive_charts(out: StudyOutput, kind: str) -> str:
@@ -247,5 +303,6 @@ STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0
          "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;white-space:nowrap;"
          "text-align:right}th{background:#f3f3f3}img{max-width:100%}.tbl{overflow-x:auto;max-width:100%}"
          "#headline{background:#f5f9ff;border:1px solid #b8cff5;padding:0.5em 1em;margin:1em 0}"
-         ".estimate{color:#a15c00}circle.pt{fill:#3b7dd8;opacity:0.8}circle.pt:hover{fill:#e07b39;opacity:1}"
+         ".estimate{color:#a15c00}circle.pt{opacity:0.8}circle.pt:hover{opacity:1;stroke:#000}"
+         "line.grid{stroke:#e4e4e4}text.tick,text.legend{fill:#333}text.axis{fill:#111}"
          "figure.chart svg{border:1px solid #ddd;background:#fff;max-width:100%;height:auto}")

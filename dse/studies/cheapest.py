@@ -152,5 +152,5 @@ def _cost_by_system(out: StudyOutput, path: Path) -> None:
 
 
 PLOTS = (Plot("systems", "cost_by_system.png", _cost_by_system, needs="usd_per_request"), TIME_BREAKDOWN)
-CHARTS = (Chart("systems", "tpot_s", "usd_per_request", "Best deployment of each system: TPOT against USD per request",
-                label=lambda t: t["model"] + " / " + t["workload"] + " on " + t["system"]),)
+CHARTS = (Chart("systems", "tpot_s", "usd_per_request", "Best deployment of each system: TPOT against USD per request "
+                "as deployed", label=lambda t: t["system"] + ": " + t["deployment"].fillna("")),)

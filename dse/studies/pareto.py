@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import pandas as pd
 from pydantic import Field
 
@@ -21,7 +20,7 @@ from dse.optimize.space import Space
 from dse.studies.base import Strict, StudySpec
 from dse.studies.common import ALTERNATIVES, Found, mode_tables, optimum, pick_modes, run_serving
 from dse.studies.contract import Chart, Plot, Progress, Solved, StudyOutput
-from dse.studies.plotting import TIME_BREAKDOWN, save, subplots
+from dse.studies.plotting import TIME_BREAKDOWN, place_labels, save, spread, subplots
 
 USES_STORAGE = False
 WORKERS = False
@@ -80,45 +79,42 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
     return run_serving(spec, solve_one, progress)
 
 
-def _labelled(g: pd.DataFrame, k: int) -> list[int]:
-    """A handful of points spread along the front (the report's hover chart has them all)."""
-    return sorted({round(i) for i in np.linspace(0, len(g) - 1, min(k, len(g)))}) if k else []
-
-
 def _draw(out: StudyOutput, path: Path, table: str, y: str, ylabel: str, title: str, x: str = "tpot_s") -> None:
     data = out.tables[table]
-    fig, ax = subplots(figsize=(9, 6))
+    groups = list(data.groupby(["model", "workload"], sort=False))
+    fig, axes = subplots(len(groups), 1, figsize=(9, 5.5 * len(groups)), squeeze=False)  # one model per panel
     k = int(out.summary.get("labels", 6))
-    for (model, workload), g in data.groupby(["model", "workload"], sort=False):
+    labels = []
+    for ax, ((model, workload), g) in zip(axes[:, 0], groups, strict=True):
         g = g.reset_index(drop=True)
         xs = g[x] * (1e3 if x == "tpot_s" else 1.0)
         for serving, marker in (("aggregated", "o"), ("disaggregated", "s")):
             sel = g["serving"] == serving
             if sel.any():
-                ax.plot(xs[sel], g[y][sel], marker, ms=3, label=f"{model} / {workload}: {serving}")
-        ax.plot(xs, g[y], "-", lw=0.8, color="grey", drawstyle="steps-post")
-        for i in _labelled(g, k):
-            right = i > len(g) / 2
-            ax.annotate(g["label"][i], (xs[i], g[y][i]), fontsize=6, xytext=(-6 if right else 6, 4),
-                        ha="right" if right else "left", textcoords="offset points",
-                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.8})
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("TPOT (ms per output token, request level)" if x == "tpot_s" else x)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7)
+                ax.plot(xs[sel], g[y][sel], marker, ms=3, label=serving)
+        ax.plot(xs, g[y], "-", lw=0.8, color="grey", drawstyle="steps-post", label="front")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("TPOT (ms per output token, request level)" if x == "tpot_s" else x.replace("_", " "))
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{model} / {workload}: {title}", fontsize=10)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+        marked = spread(xs, g[y], k)
+        labels.append((ax, xs[marked].to_numpy(), g[y][marked].to_numpy(), [g["label"][i] for i in marked],
+                       (xs.to_numpy(), g[y].to_numpy())))
+    for ax, lx, ly, texts, avoid in labels:  # every panel drawn: the layout is final
+        place_labels(ax, lx, ly, texts, avoid=avoid)
     save(fig, path)
 
 
 def _cost(out: StudyOutput, path: Path) -> None:
     _draw(out, path, "pareto", "usd_per_request_fluid", "USD per request at the fluid pool ratio (prefill included)",
-          "Pareto front: TPOT against cost per request (every point: no configuration is both faster and cheaper)")
+          "TPOT against cost per request (no configuration is both faster and cheaper than a point)")
 
 
 def _throughput(out: StudyOutput, path: Path) -> None:
     _draw(out, path, "pareto_throughput", "tokens_per_s_per_gpu", "output tokens/s per GPU (both pools counted)",
-          "Pareto front: tokens/s per user against tokens/s per GPU", x="tokens_per_s_per_user")
+          "tokens/s per user against tokens/s per GPU", x="tokens_per_s_per_user")
 
 
 PLOTS = (TIME_BREAKDOWN, Plot("pareto", "pareto.png", _cost, needs="usd_per_request_fluid"),

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 from dse.studies.base import MAX_LIST, Strict
 from dse.studies.contract import Plot, Progress, Solved, StudyOutput
 from dse.studies.optuna_sweep import OBJECTIVE, SweepStudy, run_sweep_study
-from dse.studies.plotting import save, subplots
+from dse.studies.plotting import place_labels, save, subplots
 
 USES_STORAGE = True
 WORKERS = True
@@ -62,7 +62,8 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 def _sweep(out: StudyOutput, path: Path) -> None:
     table, systems = out.tables["sweep"], out.tables.get("sweep_systems")
     groups = list(table.groupby(["model", "workload", "parameter"], sort=False))
-    fig, axes = subplots(len(groups), 1, figsize=(8, 3.6 * len(groups)), squeeze=False)
+    fig, axes = subplots(len(groups), 1, figsize=(8, 4.2 * len(groups)), squeeze=False)
+    labels = []
     for ax, ((model, workload, parameter), g) in zip(axes[:, 0], groups, strict=True):
         g = g.sort_values("factor")
         if systems is not None and not systems.empty:
@@ -74,9 +75,6 @@ def _sweep(out: StudyOutput, path: Path) -> None:
         ok = np.isfinite(g[OBJECTIVE].astype(float))
         ax.plot(g["factor"][ok], g[OBJECTIVE][ok], "o-", lw=2, color="#3b7dd8",
                 label="optimum over all systems")
-        for _, r in g[ok].iterrows():
-            ax.annotate(f"{r['system']}\n{r['bound']}", (r["factor"], r[OBJECTIVE]), fontsize=6,
-                        xytext=(3, 4), textcoords="offset points")
         if "bound_changes_here" in g:
             ch = g[g["bound_changes_here"].fillna(False).astype(bool) & ok]
             ax.plot(ch["factor"], ch[OBJECTIVE], "r*", markersize=12, label="binding resource changes")
@@ -85,7 +83,12 @@ def _sweep(out: StudyOutput, path: Path) -> None:
         ax.set_xlabel(f"{parameter} (x catalog value)")
         ax.set_ylabel("USD per request at the fluid pool ratio")
         ax.set_title(f"{model} / {workload} (grey: best of each system)", fontsize=10)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
+        shown = g[ok]
+        xy = (shown["factor"].to_numpy(), shown[OBJECTIVE].to_numpy())
+        labels.append((ax, *xy, [f"{r['system']}, {r['bound']}" for _, r in shown.iterrows()], xy))
+    for ax, lx, ly, texts, avoid in labels:  # every panel drawn: the layout is final
+        place_labels(ax, lx, ly, texts, avoid=avoid)
     save(fig, path)
 
 
