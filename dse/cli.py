@@ -383,7 +383,8 @@ def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) ->
         for col in SUMMARY_COLUMNS:
             t.add_column(col, justify="left" if col in ("model / workload", "mode") else "right")
         for e in best:
-            t.add_row(f"{e['model']} / {e['workload']}", e["serving"], f"{int(e['chips']):,}",
+            gpus = sum(p["replicas"] * p["chips"] for p in e["pools"])  # what the answer line adds up
+            t.add_row(f"{e['model']} / {e['workload']}", e["serving"], f"{gpus:,}",
                       f"{e['usd_per_request']:.4g}", f"{e['usd_per_mtok_input']:.4g}",
                       f"{e['usd_per_mtok_output']:.4g}", _si(e["ttft_s"], "s"), _si(e["tpot_s"], "s"),
                       f"{e['tokens_per_s_per_gpu']:,.4g}", f"{e['tokens_per_s_per_user']:,.3g}")

@@ -213,6 +213,17 @@ AXIS_NAMES = {"tpot_s": "TPOT", "ttft_s": "TTFT", "usd_per_request": "USD per re
 """How a chart names the columns it plots."""
 
 
+def _span(lo: float, hi: float) -> tuple[float, float]:
+    """An axis range around [lo, hi] on a log scale: 15% beyond the data, and at least a factor of 3 wide (so that a
+    few ticks fall inside even for a single point).
+    """
+    lo, hi = lo / 1.15, hi * 1.15
+    if hi / lo < 3.0:
+        mid = math.sqrt(lo * hi)
+        lo, hi = mid / math.sqrt(3.0), mid * math.sqrt(3.0)
+    return lo, hi
+
+
 def _text_px(text: str) -> float:
     return 0.62 * FONT_PX * len(text)
 
@@ -228,10 +239,8 @@ def scatter_svg(table: pd.DataFrame, x: str, y: str, label: str, title: str, ser
     data = data[(data[x] > 0) & (data[y] > 0)]
     if data.empty:
         return ""
-    lo_x, hi_x = float(data[x].min()), float(data[x].max())
-    lo_y, hi_y = float(data[y].min()), float(data[y].max())
-    lo_x, hi_x = (lo_x / 1.15, hi_x * 1.15)
-    lo_y, hi_y = (lo_y / 1.15, hi_y * 1.15)
+    lo_x, hi_x = _span(float(data[x].min()), float(data[x].max()))
+    lo_y, hi_y = _span(float(data[y].min()), float(data[y].max()))
     xt, yt = log_ticks(lo_x, hi_x), log_ticks(lo_y, hi_y)
     ylabels = [cell(y, v) for v in yt]
     groups = list(dict.fromkeys(data[series])) if series else []
@@ -247,6 +256,11 @@ def scatter_svg(table: pd.DataFrame, x: str, y: str, label: str, title: str, ser
 
     def py(v: float) -> float:
         return height - bottom - (math.log10(v) - ly0) / max(ly1 - ly0, 1e-12) * (height - top - bottom)
+
+    # no tick label in the lower left corner, where the two axes' labels would meet
+    xt = [v for v in xt if px(v) > left + FONT_PX] or xt
+    yt = [v for v in yt if py(v) < height - bottom - FONT_PX] or yt
+    ylabels = [cell(y, v) for v in yt]
 
     parts = [f"<rect x='{left}' y='{top}' width='{width - left - right}' height='{height - top - bottom}' "
              "fill='none' stroke='#444'/>"]
