@@ -17,7 +17,8 @@ reports the solver as ``argmin (vectorized enumeration)`` with gap 0.
 
 Robust searches. With `dse.optimize.margins.Margins` (a multiplier per system on cost, TPOT and TTFT), every
 search here judges a configuration at the unfavourable end of its band: its targets met by its scaled TTFT and
-TPOT, its cost scaled (whole deployments: `dse.optimize.whole`); the reported metrics stay the predictions. Each multiplier is one per block, so the searches stay exact (`dse.optimize.margins` says why).
+TPOT, its cost scaled (whole deployments: `dse.optimize.whole`); the reported metrics stay the predictions. Each
+multiplier is one per block, so the searches stay exact (`dse.optimize.margins` says why).
 
 Bounded memory. Every search here streams the pairs in chunks of whole blocks (`dse.optimize.space.pair_chunks`)
 and keeps, per block, only the pairs some question can choose (its cheapest feasible batch per request, which is

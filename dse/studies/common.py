@@ -158,6 +158,7 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_l
         as_deployed(out, res.deployed, res.metrics["usd_per_request"], space.workload.output)
         parts = [(system.id, out[k]) for k in ("usd_per_request", "ttft_s", "tpot_s")]
         out.update(band_keys(out, None if ideal else pooled_bands(*([p] for p in parts), sized_low=sized_low)))
+        out["chunk_tokens"] = space.workload.chunk  # the chunked-prefill budget the plan was solved at
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out
@@ -212,6 +213,7 @@ def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool, siz
         [(system.id, usd * (1 - share)), (pre_sys.id, usd * share)], [(pre_sys.id, out["ttft_s"])],
         [(system.id, out["tpot_s"])], sized_low=sized_low)))
     out["binding"] = res.binding
+    out["chunk_tokens"] = space.workload.chunk  # the chunked-prefill budget the plan was solved at
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out
