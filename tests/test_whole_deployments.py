@@ -32,8 +32,8 @@ from dse.physics.serving import Request, aggregated
 
 TOL = 1e-9
 MOST_PER_UNIT = 128
-"""More replicas than a GPU or a node (a scale-up domain of at most 72 chips here) holds (the loops stop where the
-budget runs out)."""
+"""More replicas than a GPU or a node (a host of at most 8 chips) holds (the loops stop where the budget runs
+out)."""
 
 
 SMALL = ("llama-3.1-8b", "qwen3-32b", "llama-3.1-70b", "mixtral-8x22b", "gpt-oss-120b", "minimax-m2.5")
@@ -50,7 +50,7 @@ def _case(rng: np.random.Generator):
     w = Request(name="random", prompt=int(rng.choice([500, 4000, 32_000])), output=int(rng.choice([50, 500])),
                 tpot_max=tpot, ttft_max=ttft)
     kind = rng.integers(3)
-    servers = tuple(s for s in opts.systems if default_systems()[s].scaleup_domain <= 72)  # not a TPU pod
+    servers = tuple(s for s in opts.systems if default_systems()[s].chips_per_node)  # a sourced host size
     budget = None if kind == 2 else (Budget(nodes=int(rng.choice([1, 2]))) if rng.random() < 0.4 and servers
                                      else Budget(gpus=int(rng.choice([2, 8, 16, 24]))))
     if budget is not None and budget.nodes is not None:
@@ -104,7 +104,7 @@ def brute_aggregated(model, w: Request, opts, budget: Budget | None, demand: flo
     best = None
     lam = None if demand is None else demand / w.output
     for k in np.flatnonzero(ok):
-        chips, node = int(r["chips"][k]), systems[rows[k][0]].scaleup_domain
+        chips, node = int(r["chips"][k]), systems[rows[k][0]].chips_per_node or 1
         rate, usd = float(r["requests_per_s"][k]), float(r["usd_per_s"][k])
         if budget is None:  # a demand alone: the fewest replicas serving it (more cost more and serve no more)
             x = math.ceil(lam / rate * (1 - 1e-12))
@@ -136,17 +136,17 @@ def brute_disaggregated(model, w: Request, opts, budget: Budget | None, demand: 
     lam = None if demand is None else demand / w.output
     d_ok = np.flatnonzero(t["d_ok"])
     formats = np.array([(r[6], r[7]) for r in rows]).reshape(-1, 2)
-    domain = np.array([systems[r[0]].scaleup_domain for r in rows])
+    host = np.array([systems[r[0]].chips_per_node or 1 for r in rows])
     best = None
     for j in np.flatnonzero(t["p_ok"]):
         a = float(pre["servers"][j] * rho[j] / pre["prefill_service_s"][j])
         u, c = float(pre["usd_per_s"][j]), int(pre["chips"][j])
-        g = systems[pre_rows[j][0]].scaleup_domain
+        g = systems[pre_rows[j][0]].chips_per_node or 1
         same = d_ok[(formats[d_ok, 0] == pre_rows[j][6]) & (formats[d_ok, 1] == pre_rows[j][7])]
         if not len(same):
             continue
         b, v = dec["requests_per_s"][same], dec["usd_per_s"][same]
-        dc, dg = dec["chips"][same].astype(np.int64), domain[same]
+        dc, dg = dec["chips"][same].astype(np.int64), host[same]
         if budget is None:  # a demand alone: each pool's fewest replicas serving it, every pair of rows
             x, y = math.ceil(lam / a * (1 - 1e-12)), np.ceil(lam / b * (1 - 1e-12))
             cost, tie = x * u + y * v, (x * c + y * dc).astype(float)
@@ -189,7 +189,7 @@ def _check(space, w: Request, r, budget: Budget | None, demand: float | None) ->
     targets at its planned figures; returns (objective, tie key) as the brute force states them."""
     pools = r.pools if hasattr(r, "pools") else [{"role": "both", "replicas": r.replicas, **r.config}]
     by_id = {s.id: s for s in space.systems}
-    units = sum(_units(budget, p["replicas"], p["chips"], by_id[p["system"]].scaleup_domain) for p in pools)
+    units = sum(_units(budget, p["replicas"], p["chips"], by_id[p["system"]].chips_per_node or 1) for p in pools)
     usd = sum(p["replicas"] * p["chips"] * by_id[p["system"]].price_per_s for p in pools)
     dep = r.deployed
     assert dep["chips"] == sum(p["replicas"] * p["chips"] for p in pools)

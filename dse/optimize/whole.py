@@ -36,9 +36,10 @@ Method: enumeration of replica counts, with two reductions that lose no optimum.
 `tests/test_whole_deployments.py` checks every question against a brute force over every decode batch, prefill
 option and replica count of random small spaces, sharing no code with this module.
 
-A node is the scale-up domain of the option's system (an 8-GPU server, an NVL72 rack), as the fleet counts them;
-replicas of one pool share nodes where they fit (floor(node / chips) per node), a replica larger than a node takes
-ceil(chips / node) whole nodes, and the two pools of a deployment do not share nodes.
+A node is a host of the option's system, the catalog's ``chips_per_node`` (an 8-GPU server, a GB200 compute tray
+of 4); a system with no sourced host size is left out of a node budget. Replicas of one pool share nodes where
+they fit (floor(node / chips) per node), a replica larger than a node takes ceil(chips / node) whole nodes, and
+the two pools of a deployment do not share nodes.
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ def nodes_for(replicas: np.ndarray | int, chips: np.ndarray | int, node: np.ndar
     where one fits in a node, else ceil(chips / node) nodes each.
     """
     x, c, g = (np.asarray(v, dtype=np.int64) for v in (replicas, chips, node))
+    g = np.maximum(g, 1)
     per_node = np.maximum(g // np.maximum(c, 1), 1)
     return np.where(c <= g, -(-x // per_node), x * (-(-c // g)))
 
@@ -167,7 +169,7 @@ def _units(budget: Budget | None, replicas: np.ndarray, chips: np.ndarray, node:
 def _most(budget: Budget, left: np.ndarray, chips: np.ndarray, node: np.ndarray) -> np.ndarray:
     """The most replicas of ``chips`` chips that ``left`` units of the budget hold (0 where none)."""
     left = np.maximum(np.asarray(left, dtype=np.int64), 0)
-    c, g = np.asarray(chips, dtype=np.int64), np.asarray(node, dtype=np.int64)
+    c, g = np.asarray(chips, dtype=np.int64), np.maximum(np.asarray(node, dtype=np.int64), 1)
     if budget.nodes is not None:
         return np.where(c <= g, left * (g // np.maximum(c, 1)), left // (-(-c // g)))
     return left // c
@@ -175,9 +177,10 @@ def _most(budget: Budget, left: np.ndarray, chips: np.ndarray, node: np.ndarray)
 
 def prune(o: PoolOptions, by_node: bool = False) -> PoolOptions:
     """The options no other option of their group dominates (no more chips, no more USD/s, no less capacity; of
-    equal ones the first); with ``by_node`` only options on nodes of one size are compared (a node budget).
+    equal ones the first); with ``by_node`` (a node budget) only options on nodes of one size are compared, and
+    those of a system with no node size (0) are left out.
     """
-    ok = np.flatnonzero(np.isfinite(o.rate) & (o.rate > 0) & np.isfinite(o.usd_s))
+    ok = np.flatnonzero(np.isfinite(o.rate) & (o.rate > 0) & np.isfinite(o.usd_s) & ((o.node > 0) | (not by_node)))
     if not len(ok):
         return o.take(ok)
     # per (group, system, chips) the USD/s is one figure: keep the most capable option (the first of equal ones)
@@ -354,7 +357,8 @@ def _better(c1: np.ndarray, r1: np.ndarray, c0: np.ndarray, r0: np.ndarray) -> n
 
 # ---- the options of a searched space, and the results of its whole deployments -------------------------------
 def _node(space: Space, system_idx: np.ndarray) -> np.ndarray:
-    return np.array([space.systems[int(k)].scaleup_domain for k in system_idx], dtype=np.int64)
+    """Chips per node (host) of each system, 0 where the catalog has no sourced figure."""
+    return np.array([space.systems[int(k)].chips_per_node or 0 for k in system_idx], dtype=np.int64)
 
 
 def aggregated_options(space: Space, opt: BlockOptima, mask: np.ndarray | None = None) -> PoolOptions:
@@ -449,6 +453,11 @@ def _shortfall(space: Space, mode: str, budget: Budget | None, demand: float | N
     for o in (first, second):
         if o is None:
             continue
+        if budget is not None and budget.nodes is not None:
+            o = o.take(np.flatnonzero(o.node > 0))
+            if not len(o):
+                return (f"{head} within the budget of {budget.text()}: no feasible configuration is on a system with "
+                        "a sourced host size (chips_per_node in the hardware catalog); state the budget in gpus")
         x = np.ones(len(o), dtype=np.int64) if lam is None else np.ceil(lam / o.rate * (1 - 1e-12)).astype(np.int64)
         need.append(int(_units(budget, x, o.chips, o.node).min()))
     smallest = sum(need)

@@ -40,7 +40,9 @@ WORKERS = False
 
 
 class BudgetSpec(Strict):
-    """The most GPUs, or nodes (scale-up domains: an 8-GPU server, an NVL72 rack), one deployment may take."""
+    """The most GPUs, or nodes (hosts, the catalog's ``chips_per_node``: an 8-GPU server, a GB200 compute tray of
+    4), one deployment may take.
+    """
 
     gpus: int | None = Field(default=None, ge=1, le=100_000)
     nodes: int | None = Field(default=None, ge=1, le=10_000)
