@@ -134,8 +134,8 @@ class PoolOptions:
 @dataclass(frozen=True)
 class Deployment:
     """A whole deployment: ``pools`` as (option ref, replicas), prefill first for a disaggregated one; the USD/s of
-    all its chips, the requests/s it serves (its capacity, or the demand), its GPUs and nodes, and its objective
-    (USD per request as deployed, or USD/s for a demand), as the search judged them.
+    all its chips and the requests/s it serves (its capacity, or the demand) as the search judged them (its USD per
+    request as deployed is their ratio), its GPUs and nodes.
     """
 
     pools: tuple[tuple[int, int], ...]
@@ -143,10 +143,6 @@ class Deployment:
     rate: float
     gpus: int
     nodes: int
-
-    @property
-    def usd_per_request(self) -> float:
-        return self.usd_s / self.rate
 
 
 def nodes_for(replicas: np.ndarray | int, chips: np.ndarray | int, node: np.ndarray | int) -> np.ndarray:
