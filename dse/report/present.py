@@ -95,7 +95,9 @@ def answer_lines(e: dict, micro: str = "µ") -> list[str]:
     input and output million tokens, and the price kind; TTFT, TPOT, tokens/s per GPU and per user; what binds
     (and the budget or demand the deployment was sized for).
     """
-    head = f"{e['model']} / {e['workload']}: {e['serving']}, {deployment_text(e['pools'])}; {formats_text(e)}{marks(e)}"
+    group = f" on {e['group']}" if e.get("group") else ""  # the deployment kind's group of systems
+    head = (f"{e['model']} / {e['workload']}{group}: {e['serving']}, {deployment_text(e['pools'])}; "
+            f"{formats_text(e)}{marks(e)}")
     fluid = e.get("usd_per_request_fluid")
     at_fluid = (f" ({_usd(fluid)} at the fluid pool ratio)" if fluid is not None
                 and abs(fluid - e["usd_per_request"]) > 1e-12 * e["usd_per_request"] else "")
@@ -108,9 +110,12 @@ def answer_lines(e: dict, micro: str = "µ") -> list[str]:
         sized.append(f"within {e['budget']}")
     if e.get("demand_tokens_per_s"):
         sized.append(f"for {e['demand_tokens_per_s']:,.0f} output tokens/s")
-    binds = f"what binds the batch: {e.get('binding') or e.get('bound', '-')}" + (
-        f"; sized {' and '.join(sized)}" if sized else "; the smallest whole deployment of the fluid optimum"
-        if e["serving"] == "disaggregated" else "")
+    binds = (f"what binds the batch: {e['binding']}" if e.get("binding") else
+             f"what binds the decode step: {e.get('bound', '-')}")
+    if sized:
+        binds += f"; sized {' and '.join(sized)}"
+    elif e["serving"] == "disaggregated" and "usd_per_request_fluid" in e:
+        binds += "; the smallest whole deployment of the fluid optimum"
     return [head, cost, speed, binds]
 
 
@@ -139,7 +144,7 @@ def decision_text(e: dict) -> str | None:
     if "decided" not in e:
         return None
     fluid = " at the fluid pool ratio" if e.get("budget") is None and e.get("demand_tokens_per_s") is None and (
-        e.get("serving") == "disaggregated") else ""
+        e.get("serving") == "disaggregated" and "usd_per_request_fluid" in e) else ""
     how = f"({e.get('decide', 'expected')}; 80% bands of USD per request{fluid})"
 
     def band(b: list[float]) -> str:
