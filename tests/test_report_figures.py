@@ -55,15 +55,15 @@ def test_sweep_labels_are_inside_and_apart(shipped, monkeypatch):
 
 
 def test_crowded_labels_never_overlap():
-    """Forty labels on points bunched in a corner: those placed are inside the axes and apart; the rest are left out
+    """Twelve labels on points bunched in a corner: those placed are inside the axes and apart; the rest are left out
     rather than drawn over each other."""
     from dse.studies.plotting import place_labels, subplots
 
     rng = np.random.default_rng(5)
     fig, ax = subplots(figsize=(6, 4))
-    x, y = 1 + rng.random(40) * 0.1, 1 + rng.random(40) * 0.1
+    x, y = 1 + rng.random(12) * 0.1, 1 + rng.random(12) * 0.1
     ax.plot([1, 10], [1, 10], alpha=0)
     ax.plot(x, y, "o")
-    placed = place_labels(ax, x, y, [f"configuration number {i}" for i in range(40)], avoid=(x, y))
-    assert 1 <= len(placed) < 40
+    placed = place_labels(ax, x, y, [f"configuration number {i}" for i in range(12)], avoid=(x, y))
+    assert 1 <= len(placed) < 12
     assert _clear(fig) == len(placed)
