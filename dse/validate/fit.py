@@ -1,6 +1,6 @@
 """Every fit of the validation: the efficiency factors of the catalog (least squares on the published points,
 jointly with the decode passes of measured serving runs), which factors a set of points identifies, the
-leave-one-out refits, the training matmul efficiency, the decode factors of measured runs per key with their
+leave-one-out refits, the decode factors of measured runs per key with their
 leave-group-out refits, the two-batch choice, and the closed-loop TTFT model's queue share and fixed latency.
 
 The factors, their ranges and meaning are those of `dse.validate.factors`.
@@ -18,8 +18,8 @@ from dse.catalog.hardware import Efficiency
 from dse.validate.decode import DecodeTerms, ServingRows, TpotPasses, tpot_at
 from dse.validate.factors import FACTOR, FACTORS, FITTED, RUN_FITTED
 from dse.validate.losses import FitRows, loss_of
-from dse.validate.points import Point, TrainPoint
-from dse.validate.predict import benchmark_ttft, predict, predict_training
+from dse.validate.points import Point
+from dse.validate.predict import benchmark_ttft, predict
 from dse.validate.simplex import minimize_many, nelder_mead
 
 # ---- least squares on the published points, jointly with measured runs -----------------------------------------------
@@ -175,7 +175,7 @@ def fit_family(points: list[Point], start: Efficiency, max_nfev: int = 400, at: 
     return best[0], best[1], names
 
 
-# ---- leave one out of the published points, and the training fit -----------------------------------------------------
+# ---- leave one out of the published points ---------------------------------------------------------------------------
 LOO_MAX_NFEV = 60
 """Least-squares evaluations of a leave-one-out refit (it starts from the family's own fit)."""
 
@@ -199,37 +199,6 @@ def leave_one_out(points: list[Point], default: Efficiency, families: dict[str, 
             e, _ = fit(pool, default, max_nfev=LOO_MAX_NFEV)
         out[i] = predict([p], e)[0]
     return out
-
-
-def fit_training(points: list[TrainPoint], default: Efficiency, families: dict[str, Efficiency], loo: bool,
-                 ) -> tuple[float, np.ndarray, np.ndarray | None]:
-    """The training matmul efficiency (``compute_train``, one value for every system, the other factors each
-    system's) fitted on the training points by least squares on log(predicted / measured); the points'
-    predictions at it, and with ``loo`` each point predicted from the value fitted without it.
-    """
-    from scipy.optimize import minimize_scalar
-
-    measured = np.array([p.measured for p in points])
-
-    def effs(value: float, pts: list[TrainPoint]) -> list[Efficiency]:
-        return [replace(families.get(family_of(p.system), default), compute_train=value) for p in pts]
-
-    def predict_with(value: float, pts: list[TrainPoint]) -> np.ndarray:
-        return np.array([predict_training([p], e)[0] for p, e in zip(pts, effs(value, pts), strict=True)])
-
-    def best(pts: list[TrainPoint], meas: np.ndarray) -> float:
-        res = minimize_scalar(lambda v: float(np.sum(np.log(predict_with(v, pts) / meas) ** 2)),
-                              bounds=FACTOR["compute_train"].bounds, method="bounded", options={"xatol": 1e-5})
-        return float(res.x)
-
-    value = best(points, measured)
-    loo_pred = None
-    if loo:
-        loo_pred = np.array([
-            predict_with(best([q for j, q in enumerate(points) if j != i], np.delete(measured, i)), [p])[0]
-            for i, p in enumerate(points)
-        ])
-    return value, predict_with(value, points), loo_pred
 
 
 # ---- the decode factors of measured runs -----------------------------------------------------------------------------
