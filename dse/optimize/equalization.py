@@ -5,13 +5,13 @@ Chinchilla-form loss L(N, D) = E + A / N^alpha + B / D^beta (Hoffmann et al. 202
 refit of Besiroglu et al. 2024). Lifetime cost = pre-training (6 N D_pre) + RL ((2..6) N D_RL x
 inefficiency) + inference (D_inf output tokens, D_inf / O requests at the request-level serving
 optimum: USD per request with its prefill, aggregated or disaggregated), with D_inf = demand x days.
-Optuna searches N (and so the overtraining ratio D_pre / 20 N); every trial solves the training
-cluster MIP and the exact serving search for that model.
+Optuna searches N (and so the overtraining ratio D_pre / 20 N); every trial solves the exact training-layout
+search (`dse.optimize.training`: the cheapest layout that meets the deadline within the chip budget) and the exact
+serving search for that model.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -20,20 +20,17 @@ import pandas as pd
 
 from dse.catalog.hardware import default_systems
 from dse.catalog.models import Architecture, ModelSpec
-from dse.errors import InfeasibleError, SolverLimitError
-from dse.optimize.bridge import solve_pyomo
+from dse.errors import InfeasibleError
 from dse.optimize.requests import solve_cheapest
 from dse.optimize.space import SpaceOptions, build_space, describe_choice
+from dse.optimize.training import TrainingJob, TrainingSpace, layout_of, search, shortfall
 from dse.physics.serving import Request
-from dse.physics.training import TrainLayout, train_step
-from formulations.compute_equalization import build_training
 
 LOSS_FITS = {  # constants as published (calibration cases scaling_chinchilla_parametric, scaling_epoch_replication)
     "hoffmann": {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28},
     "epoch": {"E": 1.8172, "A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658},
 }
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
-RECOMPUTE = ("none", "selective", "full", "reversible")
 
 
 def loss(n: float, d: float, fit: str = "hoffmann") -> float:
@@ -93,59 +90,32 @@ class Lifetime:
     serving: SpaceOptions
 
 
-def training_options(model: Architecture, life: Lifetime) -> pd.DataFrame:
-    """The physics of every training configuration offered to the cluster MIP."""
-    systems = default_systems()
-    rows = []
-    batch = 2 ** max(0, round(math.log2(life.global_batch_tokens / life.seq)))  # sequences, a power of two
-    for sid in life.train_systems:
-        system = systems[sid]
-        for tp in (1, 2, 4, 8):
-            if model.spec.attention.n_heads % tp:
-                continue
-            for pp in (1, 2, 4, 8, 16):
-                if pp > model.spec.n_layers:
-                    continue
-                for dp in (2 ** k for k in range(0, 15)):
-                    if tp * pp * dp > life.chip_budget or batch % dp:
-                        continue
-                    eps = [e for e in (1, 8, 32, 64) if model.is_moe and e <= dp * tp] if model.is_moe else [1]
-                    for ep, mb, recompute in itertools.product(eps, (1, 2, 4), RECOMPUTE):
-                        if (batch // dp) % mb:
-                            continue
-                        lay = TrainLayout(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mb, interleave=2 if pp > 1 else 1,
-                                          recompute=recompute)
-                        r = train_step(model, system, lay, batch, life.seq)
-                        if not r["fits"]:
-                            continue
-                        rows.append({"system": sid, "tp": tp, "pp": pp, "dp": dp, "ep": ep, "micro_batch": mb,
-                                     "recompute": recompute, "chips": lay.chips, "tokens_per_s": r["tokens_per_s"],
-                                     "mfu": r["mfu"], "usd_per_token": r["usd_per_mtok"] / 1e6, "step_s": r["step_s"]})
-    return pd.DataFrame(rows)
+def training_space(life: Lifetime) -> TrainingSpace:
+    """The layouts offered to the pre-training: each training system up to the chip budget; DP a power of two."""
+    return TrainingSpace(inventory={sid: life.chip_budget for sid in life.train_systems}, tp=(1, 2, 4, 8),
+                         pp=(1, 2, 4, 8, 16), dp=tuple(2 ** k for k in range(15)), micro_batch=(1, 2, 4),
+                         interleave=(1, 2), recompute=("none", "selective", "full", "reversible"), zero=(1,),
+                         gemm_dtype=("bf16",), ep_overlap=("none",))
+
+
+def training_job(life: Lifetime, tokens: float) -> TrainingJob:
+    """The pre-training of ``tokens`` tokens: global batch a power of two of sequences near the study's tokens."""
+    batch = 2 ** max(0, round(math.log2(life.global_batch_tokens / life.seq)))
+    return TrainingJob(tokens=tokens, seq=life.seq, global_batch=batch, deadline_s=life.deadline_days * 86400)
 
 
 def train_cluster(model: Architecture, life: Lifetime, tokens: float) -> dict:
-    """The cheapest training configuration that meets the deadline and budget (the cluster MIP)."""
-    options = training_options(model, life)
-    if options.empty:
-        raise InfeasibleError(f"{model.id}: no training configuration fits in HBM within {life.chip_budget} chips")
-    deadline = life.deadline_days * 86400
-    fast_enough = tokens / options["tokens_per_s"] <= deadline
-    if not fast_enough.any():
-        best = options.loc[options["tokens_per_s"].idxmax()]
-        need = tokens / best["tokens_per_s"] / 86400
-        raise InfeasibleError(f"{model.id}: pre-training {tokens:.3g} tokens takes {need:.0f} days on the fastest "
-                              f"configuration within {life.chip_budget} chips, over the {life.deadline_days:g}-day "
-                              "deadline")
-    options = options.reset_index(drop=True)
-    m = build_training(options, tokens, deadline, life.chip_budget)
-    res = solve_pyomo(m, "highs")
-    if not res.ok:
-        raise SolverLimitError(f"{model.id}: the training-cluster program stopped without a configuration "
-                               f"(status {res.status})")
-    j = max(m.R, key=lambda r: m.z[r].value)
-    row = options.loc[j].to_dict()
-    row["solver_status"] = res.status
+    """The cheapest training layout that meets the deadline within the chip budget (`dse.optimize.training`: an
+    argmin over every layout, exact over the space).
+    """
+    systems = [default_systems()[sid] for sid in life.train_systems]
+    job = training_job(life, tokens)
+    result = search(model, systems, training_space(life), job, front=False)
+    if result.best is None:
+        raise shortfall(model, result, job)
+    row = result.best.to_dict()
+    row["usd_per_token"] = row["usd"] / tokens
+    row["solver_status"] = "optimal"
     return row
 
 
@@ -173,8 +143,7 @@ def lifetime_cost(n_params: float, life: Lifetime) -> dict:
         "overtraining_ratio": d_pre / (CHINCHILLA_TOKENS_PER_PARAM * n), "rl_tokens": d_rl, "inference_tokens": d_inf,
         "pretrain_usd": pre_usd, "rl_usd": rl_usd, "inference_usd": inf_usd, "lifetime_usd": pre_usd + rl_usd + inf_usd,
         "pretrain_flops": 6 * n * d_pre, "train_system": train["system"], "train_chips": int(train["chips"]),
-        "train_layout": f"TP{int(train['tp'])} PP{int(train['pp'])} DP{int(train['dp'])} EP{int(train['ep'])} "
-                        f"micro-batch {int(train['micro_batch'])}, {train['recompute']} recomputation",
+        "train_layout": layout_of(pd.Series(train)).describe(),
         "train_mfu": train["mfu"], "train_days": d_pre / train["tokens_per_s"] / 86400,
         "serve_system": cfg["system"], "serve_chips": cfg["chips"], "serving": mode,
         "serve_usd_per_mtok": usd_per_mtok, "serve_prefill_share": serve.metrics["prefill_share"],

@@ -521,6 +521,8 @@ PARTITION_TOL = 1e-9
 """The partition program's bottleneck is optimal to this relative precision; among the partitions within it the
 program returns the one whose first stage holds the most items, then the second, ... (the greedy's)."""
 BISECTION_STEPS = 64
+FAMILY_BATCH = 4_000_000
+"""Elements (candidates x members x chunks) the interleaved partition evaluates at once."""
 
 
 def in_flight(p: int, v: int, m: np.ndarray) -> np.ndarray:
@@ -533,37 +535,64 @@ def in_flight(p: int, v: int, m: np.ndarray) -> np.ndarray:
     return np.minimum(held, np.asarray(m, dtype=np.float64)[:, None])
 
 
+def _runs(load: np.ndarray, static: np.ndarray, act: np.ndarray) -> list[tuple[int, int]]:
+    """(first item, length) of each run of consecutive items that are alike for every candidate."""
+    same = (load[:, 1:] == load[:, :-1]).all(axis=0) & (static[:, 1:] == static[:, :-1]).all(axis=0) & (
+        act[:, 1:] == act[:, :-1]).all(axis=0)
+    starts = [0] + [i + 1 for i in np.flatnonzero(~same)]
+    return [(a, b - a) for a, b in zip(starts, [*starts[1:], load.shape[1]], strict=True)]
+
+
 def _greedy(load: np.ndarray, static: np.ndarray, act: np.ndarray, held: np.ndarray, cap: np.ndarray,
             floor: np.ndarray, bound: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
     """Items in order into p nonempty contiguous stages, each taking every item it can: its time max(sum,
     ``floor``) within ``bound`` and its memory (static + held x activations) within ``cap``, leaving one item for
     each later stage. Exact for feasibility (a stage of any feasible partition ends no later than the greedy's:
-    by induction on the stages, every constraint being monotone in the items a stage holds). Returns (feasible,
-    items per stage).
+    by induction on the stages, every constraint being monotone in the items a stage holds). A run of alike
+    items is taken in one count, so a pass costs (runs + stages) array operations. Returns (feasible, items per
+    stage).
     """
     n_c, n = load.shape
+    runs = _runs(load, static, act)
+    first = np.array([a for a, _ in runs])
+    length = np.array([b for _, b in runs])
     rows = np.arange(n_c)
+    r = np.zeros(n_c, dtype=int)  # current run
+    used = np.zeros(n_c, dtype=int)  # of its items, taken
     stage = np.zeros(n_c, dtype=int)
-    t = np.zeros(n_c)
-    ms = np.zeros(n_c)
-    ma = np.zeros(n_c)
+    t, ms, ma = np.zeros(n_c), np.zeros(n_c), np.zeros(n_c)
     count = np.zeros(n_c, dtype=int)
-    ok = np.ones(n_c, dtype=bool)
+    ok = floor <= bound
     counts = np.zeros((n_c, p), dtype=int)
-    for i in range(n):
-        nt, nms, nma = t + load[:, i], ms + static[:, i], ma + act[:, i]
-        h = held[rows, np.minimum(stage, p - 1)]
-        fits = (np.maximum(nt, floor) <= bound) & (nms + h * nma <= cap)
-        close = (count > 0) & (~fits | (n - i <= p - 1 - stage))
-        stage = stage + close
-        t = np.where(close, load[:, i], nt)
-        ms = np.where(close, static[:, i], nms)
-        ma = np.where(close, act[:, i], nma)
-        count = np.where(close, 1, count + 1)
-        s = np.minimum(stage, p - 1)
-        ok &= (stage < p) & (np.maximum(t, floor) <= bound) & (ms + held[rows, s] * ma <= cap)
-        counts[rows, s] += 1
-    return ok & (stage == p - 1), counts
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for _ in range(len(runs) + p + 1):
+            live = (r < len(runs)) & ok
+            if not live.any():
+                break
+            i = first[np.minimum(r, len(runs) - 1)]
+            w, s_, a_ = load[rows, i], static[rows, i], act[rows, i]
+            h = held[rows, np.minimum(stage, p - 1)]
+            pos = i + used
+            by_time = np.where(w > 0, np.floor((bound - t) / w), np.inf)
+            room = s_ + h * a_
+            by_mem = np.where(room > 0, np.floor((cap - ms - h * ma) / room), np.inf)
+            leave = (n - pos) - (p - 1 - stage)
+            rest = length[np.minimum(r, len(runs) - 1)] - used
+            k = np.minimum.reduce([rest, np.maximum(by_time, 0), np.maximum(by_mem, 0), leave]).astype(int)
+            stuck = (k <= 0) & (count == 0)  # not even one item fits a fresh stage
+            ok &= ~(live & stuck)
+            k = np.where(live & ~stuck, np.maximum(k, 0), 0)
+            t, ms, ma = t + k * w, ms + k * s_, ma + k * a_
+            count, used = count + k, used + k
+            counts[rows, np.minimum(stage, p - 1)] += np.where(live, k, 0)
+            done_run = live & (used >= length[np.minimum(r, len(runs) - 1)])
+            close = live & ~done_run
+            r, used = np.where(done_run, r + 1, r), np.where(done_run, 0, used)
+            stage = np.where(close, stage + 1, stage)
+            ok &= stage < p
+            t, ms, ma = np.where(close, 0.0, t), np.where(close, 0.0, ms), np.where(close, 0.0, ma)
+            count = np.where(close, 0, count)
+    return ok & (r >= len(runs)) & (stage == p - 1), counts
 
 
 def greedy_partition(load: np.ndarray, static: np.ndarray, act: np.ndarray, held: np.ndarray, cap: np.ndarray,
@@ -578,29 +607,38 @@ def greedy_partition(load: np.ndarray, static: np.ndarray, act: np.ndarray, held
     cap = np.where(ok, cap, np.inf)  # where no partition fits, the fastest one (reported as not fitting)
     lo = np.maximum(np.maximum(load.max(axis=1), total / p), floor)
     at_lo, _ = _greedy(load, static, act, held, cap, floor, lo, p)
-    hi = np.where(at_lo, lo, hi)
+    hi = np.where(at_lo, lo, np.minimum(hi, lo + load.max(axis=1) * (1.0 + PARTITION_TOL)))
+    hi = np.where(at_lo | _greedy(load, static, act, held, cap, floor, hi, p)[0], hi,
+                  np.maximum(total, floor) * (1.0 + PARTITION_TOL))
     for _ in range(BISECTION_STEPS):
-        live = ok & ~at_lo & (hi - lo > PARTITION_TOL * 0.25 * hi)
+        live = ~at_lo & (hi - lo > PARTITION_TOL * 0.25 * hi)
         if not live.any():
             break
-        mid = np.where(live, 0.5 * (lo + hi), hi)
-        feas, _ = _greedy(load, static, act, held, cap, floor, mid, p)
-        hi = np.where(live & feas, mid, hi)
-        lo = np.where(live & ~feas, mid, lo)
+        idx = np.flatnonzero(live)
+        mid = 0.5 * (lo[idx] + hi[idx])
+        feas, _ = _greedy(load[idx], static[idx], act[idx], held[idx], cap[idx], floor[idx], mid, p)
+        hi[idx] = np.where(feas, mid, hi[idx])
+        lo[idx] = np.where(feas, lo[idx], mid)
     _, counts = _greedy(load, static, act, held, cap, floor, hi * (1.0 + PARTITION_TOL), p)
     return ok, counts
 
 
-def chunk_families(n_layers: int, chunks: int) -> list[tuple[int, int, int]]:
+@lru_cache(maxsize=1024)
+def chunk_families(n_layers: int, chunks: int) -> tuple[tuple[int, int, int], ...]:
     """(first, middle, last) layer counts of the interleaved partitions: the first chunk holds the embedding and
     ``first`` layers, each of the chunks - 2 middle chunks ``middle`` layers, the last chunk ``last`` layers, the
-    MTP modules and the head (Megatron-Core's layouts with uneven first and last stages), in the order tried.
+    MTP modules and the head (Megatron-Core's layouts with uneven first and last stages), in the order tried:
+    ``middle`` within one of layers / chunks (from its floor - 1 to its ceiling + 1, at least 1), ``first`` and
+    ``last`` at most 2 ``middle`` + 2 (the embedding is light, the head at most a few layers' work).
     """
+    mid = max(chunks - 2, 1)
+    q_lo = max(1, n_layers // chunks - 1)
+    q_hi = min(n_layers // mid, -(-n_layers // chunks) + 1)
     out = []
-    for q in range(1, n_layers // max(chunks - 2, 1) + 1):
+    for q in range(q_lo, q_hi + 1):
         rest = n_layers - (chunks - 2) * q
-        out += [(a, q, rest - a) for a in range(rest + 1)]
-    return out
+        out += [(a, q, rest - a) for a in range(rest + 1) if a <= 2 * q + 2 and rest - a <= 2 * q + 2]
+    return tuple(out)
 
 
 def family_counts(items: Items, chunks: int, family: tuple[int, int, int]) -> list[int]:
@@ -647,23 +685,33 @@ def _interleaved(items: Items, terms: _Terms, held: np.ndarray, cap: np.ndarray,
     memory kept (the first tried on a tie). Returns (some member fits, items per chunk); where none fits, the
     fastest member.
     """
-    n_c = len(cap)
-    best, fastest = np.full(n_c, np.inf), np.full(n_c, np.inf)
-    choice, quickest = np.zeros((n_c, p * v), dtype=int), np.zeros((n_c, p * v), dtype=int)
-    for fam in chunk_families(items.n_layers, p * v):
-        counts = np.broadcast_to(np.asarray(family_counts(items, p * v, fam)), (n_c, p * v))
-        placed = _place(terms, counts, p, floor)
-        fits = (placed.static + held * placed.act <= cap[:, None]).all(axis=1)
-        load = placed.device.max(axis=1)
-        value = np.where(fits, load, np.inf)
-        better = value < best * (1.0 - PARTITION_TOL)
-        best = np.where(better, value, best)
-        choice = np.where(better[:, None], counts, choice)
-        faster = load < fastest * (1.0 - PARTITION_TOL)
-        fastest = np.where(faster, load, fastest)
-        quickest = np.where(faster[:, None], counts, quickest)
-    ok = np.isfinite(best)
-    return ok, np.where(ok[:, None], choice, quickest)
+    n_c, chunks = len(cap), p * v
+
+    def cum(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.zeros((n_c, 1)), np.cumsum(x, axis=1)], axis=1)
+
+    load, static, act = cum(terms.compute + terms.exposed), cum(terms.static), cum(terms.act)
+    members = np.array([family_counts(items, chunks, fam) for fam in chunk_families(items.n_layers, chunks)])
+    ends = np.cumsum(members, axis=1)
+    starts = ends - members
+    device = np.empty((n_c, len(members)))
+    fits = np.empty((n_c, len(members)), dtype=bool)
+    step = max(1, FAMILY_BATCH // max(n_c * chunks, 1))
+    for lo in range(0, len(members), step):
+        e, b = ends[lo:lo + step], starts[lo:lo + step]
+
+        def per_device(c: np.ndarray, e: np.ndarray = e, b: np.ndarray = b) -> np.ndarray:
+            return (c[:, e] - c[:, b]).reshape(n_c, len(e), v, p).sum(axis=2)
+
+        device[:, lo:lo + step] = np.maximum(load[:, e] - load[:, b], floor[:, None, None]).reshape(
+            n_c, len(e), v, p).sum(axis=2).max(axis=2)
+        fits[:, lo:lo + step] = (per_device(static) + held[:, None, :] * per_device(act) <= cap[:, None, None]
+                                 ).all(axis=2)
+    ok = fits.any(axis=1)
+    value = np.where(fits | ~ok[:, None], device, np.inf)  # where none fits, the fastest member
+    least = value.min(axis=1, keepdims=True)
+    first = (value <= least * (1.0 + PARTITION_TOL)).argmax(axis=1)  # the first member within the tolerance
+    return ok, members[first]
 
 
 # ---- the step -----------------------------------------------------------------------------------------------------
@@ -678,11 +726,13 @@ def train_steps(model: Architecture, system: System, c: TrainCandidates, global_
     eff = eff or training_efficiency_for(system.id)
     it = model_items(model, seq)
     most = np.where(c.interleave > 1, it.n_layers + 2, len(it))
-    if np.any(c.pp * c.interleave > most):
-        i = int(np.argmax(c.pp * c.interleave > most))
+    empty = np.array([v > 1 and stages is None and not chunk_families(it.n_layers, int(p * v))
+                      for p, v in zip(c.pp, c.interleave, strict=True)], dtype=bool)
+    if np.any((c.pp * c.interleave > most) | empty):
+        i = int(np.argmax((c.pp * c.interleave > most) | empty))
         raise InputError(f"training layout PP{int(c.pp[i])} x {int(c.interleave[i])} chunks: '{model.id}' has "
-                         f"{it.n_layers} layers, {len(it)} items with its embedding, MTP and head; at most "
-                         f"{int(most[i])} chunks")
+                         f"{it.n_layers} layers, {len(it)} items with its embedding, MTP and head; no partition of "
+                         "`chunk_families` places them")
     links = _Links(system, eff)
     links.check(c.chips)
     terms = _terms(it, system, c, seq, eff, links)
@@ -747,7 +797,7 @@ def train_steps(model: Architecture, system: System, c: TrainCandidates, global_
         "mfu": model_flops / (step * chips * system.flops["bf16"]), "tokens_per_s": tokens / step,
         "tokens_per_s_per_chip": tokens / step / chips, "hbm_bytes_per_chip": hbm,
         "weights_bytes_per_chip": weights, "fits": fits_part & (hbm <= cap),
-        "micro_batches": m, "usd_per_mtok": usd, "stages": stage_text,
+        "micro_batches": m, "usd_per_mtok": usd, "stages": stage_text, "busiest_device_s": busiest,
     }
 
 
