@@ -787,6 +787,8 @@ def train_steps(model: Architecture, system: System, c: TrainCandidates, global_
     hw_flops = terms.hw_flops.sum(axis=1) * c.tp * c.cp * c.dp * m
     with np.errstate(invalid="ignore"):
         usd = chips * system.price_per_s * step / tokens * 1e6
+    # MFU against the peak of the format the linear layers run in (BF16 for BF16 GEMMs, FP8 for FP8, ...)
+    peak = np.array([gemm_rate(system, TRAIN_DTYPES[int(k)]) for k in c.gemm_dtype])
     return {
         "chips": chips, "step_s": step, "pipeline_s": pipeline, "compute_s": m * compute_dev,
         "bubble_s": pipeline - m * busiest, "dp_s": dp_time, "dp_exposed_s": dp_exposed, "optimizer_s": optimizer,
@@ -794,7 +796,8 @@ def train_steps(model: Architecture, system: System, c: TrainCandidates, global_
         "ep_s": m * terms.ep.sum(axis=1) / c.pp, "tp_exposed_s": m * terms.tp_exp.sum(axis=1) / c.pp,
         "cp_exposed_s": m * terms.cp_exp.sum(axis=1) / c.pp, "ep_exposed_s": m * terms.ep_exp.sum(axis=1) / c.pp,
         "model_flops": np.full(n_c, model_flops), "hardware_flops": hw_flops,
-        "mfu": model_flops / (step * chips * system.flops["bf16"]), "tokens_per_s": tokens / step,
+        "mfu": model_flops / (step * chips * peak), "mfu_bf16": model_flops / (step * chips * system.flops["bf16"]),
+        "tokens_per_s": tokens / step,
         "tokens_per_s_per_chip": tokens / step / chips, "hbm_bytes_per_chip": hbm,
         "weights_bytes_per_chip": weights, "fits": fits_part & (hbm <= cap),
         "micro_batches": m, "usd_per_mtok": usd, "stages": stage_text, "busiest_device_s": busiest,
