@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
 import pandas as pd
 
@@ -90,7 +91,7 @@ class Lifetime:
     serving: SpaceOptions
 
 
-def training_space(life: Lifetime) -> TrainingSpace:
+def training_space(life: Lifetime | _TrainingFields) -> TrainingSpace:
     """The layouts offered to the pre-training: each training system up to the chip budget; DP a power of two."""
     return TrainingSpace(inventory={sid: life.chip_budget for sid in life.train_systems}, tp=(1, 2, 4, 8),
                          pp=(1, 2, 4, 8, 16), dp=tuple(2 ** k for k in range(15)), micro_batch=(1, 2, 4),
@@ -98,7 +99,7 @@ def training_space(life: Lifetime) -> TrainingSpace:
                          gemm_dtype=("bf16",), ep_overlap=("none",))
 
 
-def training_job(life: Lifetime, tokens: float) -> TrainingJob:
+def training_job(life: Lifetime | _TrainingFields, tokens: float) -> TrainingJob:
     """The pre-training of ``tokens`` tokens: global batch a power of two of sequences near the study's tokens."""
     batch = 2 ** max(0, round(math.log2(life.global_batch_tokens / life.seq)))
     return TrainingJob(tokens=tokens, seq=life.seq, global_batch=batch, deadline_s=life.deadline_days * 86400)
@@ -106,9 +107,19 @@ def training_job(life: Lifetime, tokens: float) -> TrainingJob:
 
 def train_cluster(model: Architecture, life: Lifetime, tokens: float) -> dict:
     """The cheapest training layout that meets the deadline within the chip budget (`dse.optimize.training`: an
-    argmin over every layout, exact over the space).
+    argmin over every layout, exact over the space). The answer depends on the model, the tokens and the training
+    fields of ``life`` alone (not on the serving demand), so trials of the same model share one search.
     """
-    systems = [default_systems()[sid] for sid in life.train_systems]
+    return dict(_cluster(model.spec.model_dump_json(), tokens, life.train_systems, life.chip_budget,
+                         life.deadline_days, life.seq, life.global_batch_tokens))
+
+
+@lru_cache(maxsize=256)
+def _cluster(spec: str, tokens: float, train_systems: tuple[str, ...], chip_budget: int, deadline_days: float,
+             seq: int, global_batch_tokens: float) -> dict:
+    model = Architecture(ModelSpec.model_validate_json(spec))
+    life = _TrainingFields(train_systems, chip_budget, deadline_days, seq, global_batch_tokens)
+    systems = [default_systems()[sid] for sid in train_systems]
     job = training_job(life, tokens)
     result = search(model, systems, training_space(life), job, front=False)
     if result.best is None:
@@ -117,6 +128,17 @@ def train_cluster(model: Architecture, life: Lifetime, tokens: float) -> dict:
     row["usd_per_token"] = row["usd"] / tokens
     row["solver_status"] = "optimal"
     return row
+
+
+@dataclass(frozen=True)
+class _TrainingFields:
+    """The fields of `Lifetime` the training cluster reads."""
+
+    train_systems: tuple[str, ...]
+    chip_budget: int
+    deadline_days: float
+    seq: int
+    global_batch_tokens: float
 
 
 def lifetime_cost(n_params: float, life: Lifetime) -> dict:

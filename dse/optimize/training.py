@@ -1,13 +1,16 @@
 """The training-layout search: every layout of a model on a system inventory (DP, TP, PP with its stage partition,
-CP, EP, micro-batch, interleaving, recomputation, ZeRO stage, GEMM format), evaluated at once by the training step
+CP, EP, micro-batch, interleaving, recomputation, ZeRO stage, GEMM format), evaluated by the training step
 (`dse.physics.training.train_steps`), the cheapest that trains a token budget by a deadline, and the exact Pareto
 front of training time against cost.
 
 Layouts do not interact (each is a whole training run), so the optimum is an argmin over the vectorized
 evaluation and the front a non-dominated filter of it: exact over the space, solver ``argmin (vectorized
-enumeration)``, gap 0. The stage partition inside each layout is the partition program's (exact to a relative
-1e-9, `dse.physics.training.greedy_partition`). `tests/test_training_search.py` checks the search, the partition
-and the front against an independent brute force.
+enumeration)``, gap 0. Without the front, layouts are evaluated in order of a lower bound of their cost
+(`dse.physics.training.step_floor`) and the rest skipped once the bound passes the cheapest found (branch and
+bound: the same argmin). Each layout's stage partition is the partition program's: the least bottleneck within
+memory (`dse.physics.training.greedy_partition`, exact over every contiguous partition; interleaved, the best
+member of `chunk_families`). `tests/test_training_search.py` checks the search and its front against an
+independent brute force, `tests/test_training_physics.py` the partition against every partition.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dse.physics.training import (
     chunk_families,
     gemm_rate,
     model_items,
+    step_floor,
     train_steps,
 )
 
@@ -187,42 +191,82 @@ def pareto(df: pd.DataFrame, x: str = "time_s", y: str = "usd") -> pd.DataFrame:
     return d.loc[keep]
 
 
-def lower_bound_s(model: Architecture, system: System, layouts: list[TrainLayout], job: TrainingJob) -> np.ndarray:
-    """Times the job cannot beat on the layouts: its model FLOPs at the chips' fastest peak of the formats each uses
-    (every efficiency at most 1, every other term at least 0).
-    """
-    it = model_items(model, job.seq)
-    flops = job.tokens * float((3.0 * (it.gemm + it.gemm_bf16 + it.head + it.attn)).sum())
-    peak = {d: max(gemm_rate(system, d), system.flops["bf16"]) for d in {lay.gemm_dtype for lay in layouts}}
-    return np.array([flops / (lay.chips * peak[lay.gemm_dtype]) for lay in layouts])
+PRUNE_CHUNK = 128
+"""Layouts evaluated together between two checks of the bound (without the front)."""
+
+
+def cost_floor(model: Architecture, system: System, layouts: list[TrainLayout], job: TrainingJob,
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(time, cost) the job cannot beat on each layout: `step_floor` per step."""
+    t = job.steps * step_floor(model, system, TrainCandidates.from_layouts(layouts), job.global_batch, job.seq)
+    return t, np.array([lay.chips for lay in layouts]) * system.price_per_s * t
 
 
 def search(model: Architecture, systems: list[System], space: TrainingSpace, job: TrainingJob,
            progress=None, front: bool = True) -> TrainingResult:
     """The cheapest layout that fits and meets the deadline, and (``front``) the time-cost front of those that fit.
-    Without the front, layouts that cannot meet the deadline even at peak (`lower_bound_s`) are not evaluated.
+    Without the front, only the layouts whose cost floor (`cost_floor`) is within the deadline and no more than the
+    cheapest found are evaluated, cheapest floor first (where none meets the deadline, the fastest that fits is
+    found the same way, for `shortfall`); ``table`` then holds those evaluated.
     """
-    frames, count = [], 0
+    listed, count = [], 0
     for k, system in enumerate(systems):
         if progress:
             progress(f"{system.id}: enumerating layouts", k, len(systems))
         layouts = enumerate_layouts(model, system, space, job.global_batch, job.seq)
         count += len(layouts)
-        if not front and layouts:
-            layouts = [lay for lay, t in zip(layouts, lower_bound_s(model, system, layouts, job), strict=True)
-                       if t <= job.deadline_s]
         if layouts:
-            frames.append(evaluate_layouts(model, system, layouts, job))
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+            listed.append((system, layouts))
+    if not listed:
+        return TrainingResult(pd.DataFrame(), None, pd.DataFrame(), 0)
+    if not front:
+        bounded = _best(_bounded(model, listed, job, "usd"), False, count)
+        if bounded.best is not None:
+            return bounded
+        # nothing within the deadline: the fastest layout that fits (its own bound), for the shortfall's figures
+        return _best(_bounded(model, listed, job, "time_s"), False, count)
+    return _best(pd.concat([evaluate_layouts(model, system, layouts, job) for system, layouts in listed],
+                           ignore_index=True), front, count)
+
+
+def _best(table: pd.DataFrame, front: bool, count: int) -> TrainingResult:
+    """The cheapest feasible row of ``table`` (then the fastest), and its front when ``front``."""
     if table.empty:
-        return TrainingResult(table, None, table, 0)
+        return TrainingResult(table, None, table, count)
     priced = table[np.isfinite(table["usd"])]
     ok = priced[priced["fits"]]
-    front = pareto(ok) if front else ok.iloc[:0]
     feasible = ok[ok["meets_deadline"]]
     best = feasible.loc[feasible.sort_values(["usd", "time_s"], kind="mergesort").index[0]] if not feasible.empty \
         else None
-    return TrainingResult(table, best, front, count)
+    return TrainingResult(table, best, pareto(ok) if front else ok.iloc[:0], count)
+
+
+def _bounded(model: Architecture, listed: list[tuple[System, list[TrainLayout]]], job: TrainingJob,
+             objective: str) -> pd.DataFrame:
+    """Branch and bound over the layouts of every system on ``objective`` (``usd``: the cheapest that fits and
+    meets the deadline; ``time_s``: the fastest that fits): in order of its floor (`cost_floor`), chunk by chunk,
+    until the next floor exceeds the best found (a layout whose floor equals it may tie: it is evaluated).
+    """
+    order = []
+    for si, (system, layouts) in enumerate(listed):
+        t, usd = cost_floor(model, system, layouts, job)
+        floor = usd if objective == "usd" else t
+        keep = (t <= job.deadline_s * (1 + 1e-12)) if objective == "usd" else np.ones(len(t), dtype=bool)
+        order += [(f, si, i) for i, f in enumerate(floor) if keep[i] and np.isfinite(usd[i])]
+    order.sort()
+    frames, best = [], math.inf
+    for start in range(0, len(order), PRUNE_CHUNK):
+        part = order[start:start + PRUNE_CHUNK]
+        if part[0][0] > best * (1 + 1e-12):
+            break
+        for si in sorted({si for _, si, _ in part}):
+            system, layouts = listed[si]
+            df = evaluate_layouts(model, system, [layouts[i] for _, s_, i in part if s_ == si], job)
+            frames.append(df)
+            ok = df[df["fits"] & np.isfinite(df["usd"]) & (df["meets_deadline"] | (objective != "usd"))]
+            if not ok.empty:
+                best = min(best, float(ok[objective].min()))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def shortfall(model: Architecture, result: TrainingResult, job: TrainingJob) -> InfeasibleError:

@@ -27,19 +27,22 @@ compute leaves exposed (exposed = max(0, communication - overlappable compute)):
 The pipeline's schedule is 1F1B (Narayanan et al. 2021), interleaved over ``interleave`` virtual chunks per
 device: with chunk times c_j (device d holding chunks d, d + PP, ...; t_d their sum) and m micro-batches the
 pipeline takes m max_d t_d + (sum_j c_j - max_d t_d) / v, which is (m + (PP - 1) / v) t for even chunks (ibid.).
-It grows with the busiest device's load, so the stage partition minimizing the step minimizes the bottleneck
-(`greedy_partition`, `chunk_families`). FLOPs: 2 per weight per token forward, 4 backward (data and weight
-gradients); the attention core 2.5 times its forward in the backward (FlashAttention-2 recomputes the scores, Dao
-2023); recomputation adds its forward again. Memory per chip: weights, gradient buffers and Adam's states
-(`ADAM_BYTES`), sharded over the data-parallel group by the ZeRO stage, plus the activations of the micro-batches
-in flight (Korthikanti et al. 2022: the first of PP stages holds PP, (1 + (PP - 1) / (PP v)) times that
-interleaved).
+The partition program minimizes its dominant term, the busiest device's time per micro-batch, within memory
+(`greedy_partition`: exact over every contiguous partition; interleaved, the best member of `chunk_families`);
+the step's other terms that depend on the partition (a chunk's P2P floor, the busiest device's exposed
+data-parallel traffic and optimizer step) are evaluated on it, not minimized.
+
+FLOPs: 2 per weight per token forward, 4 backward (data and weight gradients); the attention core 2.5 times its
+forward in the backward (FlashAttention-2 recomputes the scores, Dao 2023); recomputation adds its forward again.
+Memory per chip: weights, gradient buffers and Adam's states (`ADAM_BYTES`), sharded over the data-parallel group
+by the ZeRO stage, plus the activations of the micro-batches in flight (Korthikanti et al. 2022: the first of PP
+stages holds PP, (1 + (PP - 1) / (PP v)) times that interleaved).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 import numpy as np
@@ -724,20 +727,8 @@ def train_steps(model: Architecture, system: System, c: TrainCandidates, global_
     (`greedy_partition`), for interleaved chunks the best member of `chunk_families`.
     """
     eff = eff or training_efficiency_for(system.id)
-    it = model_items(model, seq)
-    most = np.where(c.interleave > 1, it.n_layers + 2, len(it))
-    empty = np.array([v > 1 and stages is None and not chunk_families(it.n_layers, int(p * v))
-                      for p, v in zip(c.pp, c.interleave, strict=True)], dtype=bool)
-    if np.any((c.pp * c.interleave > most) | empty):
-        i = int(np.argmax((c.pp * c.interleave > most) | empty))
-        raise InputError(f"training layout PP{int(c.pp[i])} x {int(c.interleave[i])} chunks: '{model.id}' has "
-                         f"{it.n_layers} layers, {len(it)} items with its embedding, MTP and head; no partition of "
-                         "`chunk_families` places them")
-    links = _Links(system, eff)
-    links.check(c.chips)
-    terms = _terms(it, system, c, seq, eff, links)
+    it, links, terms, m = _setup(model, system, c, global_batch, seq, eff, stages is None)
     n_c = len(c)
-    m = global_batch / (c.dp * c.micro_batch)
     cap = np.full(n_c, system.hbm_capacity * eff.hbm_usable)
     # what every device holds besides its items: FSDP's gathered layers in flight, the layer full recompute rebuilds
     gathered = np.where(c.zero == 3, 2.0 * ACT_BYTES * (terms.params_dense + terms.params_routed)[:, 1:-1].max(
@@ -802,6 +793,73 @@ def train_steps(model: Architecture, system: System, c: TrainCandidates, global_
         "weights_bytes_per_chip": weights, "fits": fits_part & (hbm <= cap),
         "micro_batches": m, "usd_per_mtok": usd, "stages": stage_text, "busiest_device_s": busiest,
     }
+
+
+def _setup(model: Architecture, system: System, c: TrainCandidates, global_batch: int, seq: int,
+           eff: TrainEfficiency, families: bool) -> tuple[Items, _Links, _Terms, np.ndarray]:
+    """The model's items, the system's links, the per-item terms and the micro-batches per step; an InputError
+    where a layout has more chunks than the model can fill (``families``: interleaved layouts need a member of
+    `chunk_families`).
+    """
+    it = model_items(model, seq)
+    links = _check(model, system, c, seq, eff, families)
+    return it, links, _terms(it, system, c, seq, eff, links), global_batch / (c.dp * c.micro_batch)
+
+
+def _check(model: Architecture, system: System, c: TrainCandidates, seq: int, eff: TrainEfficiency,
+           families: bool) -> _Links:
+    """The system's links; an InputError for a layout with more chunks than items (or no interleaved family) or
+    spanning domains the catalog gives no scale-out bandwidth for.
+    """
+    it = model_items(model, seq)
+    most = np.where(c.interleave > 1, it.n_layers + 2, len(it))
+    empty = np.array([families and v > 1 and not chunk_families(it.n_layers, int(p * v))
+                      for p, v in zip(c.pp, c.interleave, strict=True)], dtype=bool)
+    if np.any((c.pp * c.interleave > most) | empty):
+        i = int(np.argmax((c.pp * c.interleave > most) | empty))
+        raise InputError(f"training layout PP{int(c.pp[i])} x {int(c.interleave[i])} chunks: '{model.id}' has "
+                         f"{it.n_layers} layers, {len(it)} items with its embedding, MTP and head; no partition of "
+                         "`chunk_families` places them")
+    links = _Links(system, eff)
+    links.check(c.chips)
+    return links
+
+
+ITEM_ARRAYS = ("gemm", "gemm_bf16", "head", "ffn_up", "attn", "dense_params", "routed_params", "act_full", "ew",
+               "quant", "tp_attn", "tp_ffn", "moe", "kv")
+
+
+@lru_cache(maxsize=64)
+def distinct_items(model: Architecture, seq: int) -> tuple[Items, np.ndarray]:
+    """The model's distinct items (alike layers once) and how many times each occurs: per-item sums over the model
+    taken on these, weighted by the counts, cost one column per kind of item instead of one per layer.
+    """
+    it = model_items(model, seq)
+    stacked = np.vstack([getattr(it, k) for k in ITEM_ARRAYS] + [it.act[k] for k in RECOMPUTE])
+    _, first, inverse, counts = np.unique(stacked, axis=1, return_index=True, return_inverse=True,
+                                          return_counts=True)
+    keep = np.sort(first)
+    order = np.argsort(first)  # unique columns in order of first occurrence
+    counts = counts[order]
+    sub = {k: getattr(it, k)[keep] for k in ITEM_ARRAYS}
+    return replace(it, kind=tuple(it.kind[i] for i in keep), act={k: v[keep] for k, v in it.act.items()},
+                   **sub), counts.astype(np.float64)
+
+
+def step_floor(model: Architecture, system: System, c: TrainCandidates, global_batch: int, seq: int,
+               eff: TrainEfficiency | None = None) -> np.ndarray:
+    """A lower bound of each candidate's step (`train_steps`) that needs no partition: the chunks' times add up
+    to at least the items' compute and exposed communication S, the busiest device holds at least S / PP, so the
+    pipeline takes at least (m + (PP - 1) / v) S / PP (its time grows with the busiest device's); the
+    data-parallel and optimizer terms are at least 0.
+    """
+    eff = eff or training_efficiency_for(system.id)
+    links = _check(model, system, c, seq, eff, True)
+    it, counts = distinct_items(model, seq)
+    terms = _terms(it, system, c, seq, eff, links)
+    total = (terms.compute + terms.exposed) @ counts
+    m = global_batch / (c.dp * c.micro_batch)
+    return total * (m + (c.pp - 1.0) / c.interleave) / c.pp
 
 
 def _sub(terms: _Terms, idx: np.ndarray) -> _Terms:

@@ -451,3 +451,16 @@ def fit_closed_loop(t: pd.DataFrame, keys: pd.Series, groups: pd.Series) -> tupl
             i, j = np.unravel_index(np.argmin(rest), rest.shape) if (~mine).any() else (0, 0)  # nothing else: physics
             loo[idx[mine]] = pred[i, j, mine]
     return fits, in_sample, loo
+
+
+# ---- the training fits -----------------------------------------------------------------------------------------------
+def bounded_least_squares(residuals, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                          max_nfev: int = 200) -> tuple[np.ndarray, float]:
+    """Least squares of ``residuals(x)`` within [lo, hi] from ``x0`` (scipy's trust-region reflective, Jacobian
+    scaling): the optimum and its objective (half the sum of squares). The training-step fits
+    (`dse.validate.training`) run through it.
+    """
+    from scipy.optimize import least_squares
+
+    res = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", max_nfev=max_nfev)
+    return res.x, float(res.cost)

@@ -195,7 +195,9 @@ def predict_runs(runs: list[TrainRun], eff: TrainEfficiency | TrainEfficiencyCat
 # ---- the fit -------------------------------------------------------------------------------------------------------
 FAMILY_FACTORS = ("gemm", "gemm_fp4", "attention")
 STACK_FACTORS = ("gemm", "link")
-BOUNDS = {"gemm": (0.05, 1.0), "gemm_fp4": (0.05, 1.0), "attention": (0.05, 1.0), "link": (0.02, 1.0)}
+BOUNDS = {"gemm": (0.05, 1.0), "gemm_fp4": (0.05, 1.0), "attention": (0.05, 0.75), "link": (0.02, 1.0)}
+"""Ranges of the fitted factors. The attention core reaches at most 75% of the tensor peak: FlashAttention-3's
+best BF16 forward on H100 (740 of 989 TFLOP/s, Shah et al. 2024), its backward less."""
 LINK_STARTS = (0.8, 0.4, 0.2, 0.1)
 """Where the link share's fit starts: at a share where the runs' collectives hide under compute the loss is flat,
 so the fit starts from each and keeps the best."""
@@ -246,7 +248,7 @@ def fit_factors(runs: list[TrainRun], start: TrainEfficiency, names: tuple[str, 
     """Least squares on log(predicted / measured) over ``runs``, moving the factors they identify among
     ``candidates`` (or ``names``).
     """
-    from scipy.optimize import least_squares
+    from dse.validate.fit import bounded_least_squares
 
     start = _gemm_fp4(start)
     names = identified(runs, start, candidates) if names is None else names
@@ -261,10 +263,10 @@ def fit_factors(runs: list[TrainRun], start: TrainEfficiency, names: tuple[str, 
     best = None
     for link in LINK_STARTS if "link" in names else (start.link,):
         x0 = np.clip([link if k == "link" else getattr(start, k) for k in names], lo + 1e-6, hi - 1e-6)
-        res = least_squares(lambda x: _log_errors(runs, at(x)), x0, bounds=(lo, hi), x_scale="jac", max_nfev=200)
-        if best is None or res.cost < best.cost:
-            best = res
-    return at(best.x), names
+        x, cost = bounded_least_squares(lambda x: _log_errors(runs, at(x)), x0, lo, hi)
+        if best is None or cost < best[1]:
+            best = (x, cost)
+    return at(best[0]), names
 
 
 @dataclass
@@ -433,6 +435,8 @@ def _factor_lines(eff: TrainEfficiency, fitted: tuple[str, ...], indent: str, no
         unit, per = UNITS_OF.get(name, ("fraction", 1.0))
         if name in fitted:
             src, why = "dse_validate_fit", f"{note}: {FACTOR_NOTES[name]}"
+            if name in BOUNDS and value >= BOUNDS[name][1] * (1 - 1e-6):
+                why += f"; at its upper bound {BOUNDS[name][1]:g} (the runs would take it higher)"
         elif name in inherited:
             src, why = "dse_validate_fit", f"not identified by these runs, so the {parent}: {FACTOR_NOTES[name]}"
         else:
