@@ -422,7 +422,9 @@ def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) ->
 
 @app.command()
 def validate(
-    cases: Annotated[Path | None, typer.Option(help="Cases file (default: hw_catalog/calibration/cases.yaml).")] = None,
+    cases: Annotated[Path | None, typer.Option(
+        help="Cases file (default: hw_catalog/calibration/cases.yaml), a measured-runs CSV, or the JSON result of "
+        "a dse export benchmark script.")] = None,
     fit: Annotated[bool, typer.Option("--fit", help="Refit the efficiencies (leave-one-out too); store them, then the "
                                       "error bands.")] = False,
     bands: Annotated[bool, typer.Option("--bands", help="Recompute the error bands of the predictions from the stored "
@@ -443,7 +445,7 @@ def validate(
     from dse.catalog.hardware import default_efficiency, default_efficiency_catalog, hw_dir
 
     err = Console(stderr=True)
-    if cases is not None and cases.suffix.lower() == ".csv":
+    if cases is not None and cases.suffix.lower() in (".csv", ".json", ".jsonl"):
         if bands:
             _fail(InputError(f"{cases}: --bands recomputes the bands from the catalog's cases and its measured runs "
                              "(hw_catalog/calibration/published/measured_serving.csv); drop --cases"))
@@ -517,7 +519,9 @@ def _store_bands(loaded, err: Console) -> None:
 
 
 def _validate_runs(cases: Path, fit: bool, out: Path | None, as_json: bool) -> None:
-    """`dse validate --cases FILE.csv`: measured serving runs predicted at request level, cross-validated."""
+    """`dse validate --cases FILE.csv` (measured serving runs) or ``--cases RESULT.json`` (the result of a dse export's
+    benchmark script): the runs predicted at request level, cross-validated.
+    """
     from dse.validate.report import write_runs_report
     from dse.validate.run import validate_file
 
@@ -528,6 +532,11 @@ def _validate_runs(cases: Path, fit: bool, out: Path | None, as_json: bool) -> N
         v = validate_file(cases)
         target = out or Path("results") / "validate_runs"
         files = write_runs_report(v, target)
+        if cases.suffix.lower() != ".csv":  # a benchmark's result: its runs in the measured-runs columns, to keep
+            from dse.validate.run import read_measured
+
+            read_measured(cases).to_csv(target / "runs.csv", index=False)
+            files.append("runs.csv")
     except InputError as exc:
         _fail(exc)
     doc = v.as_dict()
@@ -592,43 +601,38 @@ def export(
     result: Annotated[Path, typer.Argument(help="A study's output folder (or its summary.json).")],
     model: Annotated[str | None, typer.Option(help="Model of the chosen optimum (when the study has several).")] = None,
     workload: Annotated[str | None, typer.Option(help="Workload of the chosen optimum.")] = None,
-    framework: Annotated[list[str] | None, typer.Option(help="vllm, sglang or trtllm (repeat; default all).")] = None,
-    model_path: Annotated[str | None, typer.Option(help="Weights to serve (default: the catalog repository).")] = None,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs per server node, for multi-node notes.")] = 8,
-    out: Annotated[Path | None, typer.Option(help="Folder for the scripts (default: RESULT/export-MODEL-WORKLOAD).")]
-    = None,
+    framework: Annotated[list[str] | None, typer.Option(
+        help="vllm, sglang or trtllm (repeat; default: every one that runs on the plan's hardware).")] = None,
+    model_path: Annotated[str | None, typer.Option(
+        help="Weights to serve (default: the known chat checkpoint of the plan's weights format).")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(
+        help="GPUs per host (default: the hardware catalog's chips_per_node).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Folder for the scripts, never inside a result folder (default: exports/STUDY/MODEL-WORKLOAD).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Keep files dse did not write in --out.")] = False,
 ) -> None:
-    """Launch commands (vLLM, SGLang, TensorRT-LLM) for an optimum of a study result."""
-    from dse.report.export import FRAMEWORKS, check_model_path, choose_entry, read_summary, write_scripts
+    """Launch scripts (vLLM, SGLang, TensorRT-LLM) for an optimum of a study result, and its benchmark."""
+    from dse.report.export import PLAIN_NAME, choose_entry, read_summary, write_scripts
     from dse.report.export import export as make_scripts
 
     try:
         summary_path = result / "summary.json" if result.is_dir() else result
         if not summary_path.exists():
             raise InputError(f"{result}: no summary.json of a study run there (run `dse run STUDY --out DIR` first)")
-        plan, index = choose_entry(read_summary(summary_path), str(summary_path), model, workload)
-        if model_path is None:
-            try:
-                model_path = check_model_path(_model_repository(plan.model), f"catalog repository of '{plan.model}'")
-            except InputError as exc:
-                raise InputError(f"{summary_path}: field 'best[{index}].model': {exc}; or name the weights with "
-                                 "--model-path") from None
-        scripts = make_scripts(plan, tuple(framework or FRAMEWORKS), model_path, gpus_per_node)
-        target = out or summary_path.parent / f"export-{plan.model}-{plan.workload}"
-        write_scripts(scripts, target, f"--out {target}" if out else str(target),
-                      inside=None if out else summary_path.parent)
+        summary = read_summary(summary_path)
+        plan, index = choose_entry(summary, str(summary_path), model, workload)
+        try:
+            scripts = make_scripts(plan, tuple(framework) if framework else None, model_path, gpus_per_node)
+        except InputError as exc:
+            raise InputError(f"{summary_path}: best[{index}]: {exc}") from None
+        study = summary.get("study")
+        study = study if isinstance(study, str) and PLAIN_NAME.fullmatch(study) else summary_path.parent.name
+        target = out or Path("exports") / study / f"{plan.model}-{plan.workload}"
+        names = write_scripts(scripts, target, plan, force)
     except InputError as exc:
         _fail(exc)
-    Console().print(f"wrote {', '.join(sc.name for sc in scripts)} to {target}/", highlight=False, markup=False)
-
-
-def _model_repository(model_id: str) -> str:
-    """The Hugging Face repository a catalog model was read from, or its id when none is known."""
-    from dse.catalog.models import get_model
-
-    url = get_model(model_id).spec.source.url or ""
-    prefix = "https://huggingface.co/"
-    return url.removeprefix(prefix).strip("/") if url.startswith(prefix) else model_id
+    Console().print(f"wrote {', '.join(sc.name for sc in scripts)} to {target}/ (it holds {len(names)} files)",
+                    highlight=False, markup=False)
 
 
 def _hardware_rows() -> list[dict]:

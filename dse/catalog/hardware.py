@@ -36,6 +36,8 @@ SYSTEM_FIELDS: dict[str, FieldSpec] = {
     "hbm_capacity": FieldSpec("bytes", True, "HBM capacity per chip"),
     "hbm_bandwidth": FieldSpec("byte_rate", True, "HBM bandwidth per chip"),
     "scaleup_domain": FieldSpec("count", True, "chips in one scale-up (NVLink/ICI) domain"),
+    "chips_per_node": FieldSpec("count", False, "chips in one host (a server, or a compute tray of a rack-scale "
+                                "system): the unit a serving framework starts its processes on"),
     "scaleup_bandwidth": FieldSpec("byte_rate", True, "scale-up bandwidth per chip, one direction"),
     "scaleout_bandwidth": FieldSpec("byte_rate", False, "scale-out bandwidth per chip, one direction"),
     "host_memory_capacity": FieldSpec("bytes", False, "host DRAM/LPDDR per chip"),
@@ -136,6 +138,12 @@ class System:
     @property
     def announced(self) -> bool:
         return self.status == "announced"
+
+    @property
+    def chips_per_node(self) -> int | None:
+        """Chips in one host (server or compute tray), or None where the catalog has no sourced figure."""
+        q = self.quantities.get("chips_per_node")
+        return None if q is None else int(q.si)
 
     @property
     def hbm_drain_s(self) -> float:

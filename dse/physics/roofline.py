@@ -1,6 +1,7 @@
 """Vectorized roofline physics of one serving replica, over arrays of candidate configurations.
 
-Per forward pass of a micro-batch through all pipeline stages (the lecture's decode step):
+Per forward pass of a micro-batch through all pipeline stages (the decode step of the lecture: R. Pope, "The math
+behind how LLMs are trained and served", Dwarkesh Podcast, 29 April 2026):
 
     compute = FLOPs / (chips per stage x FLOP/s)                 weights 2 x active params per
                                                                   token, plus attention FLOPs

@@ -153,6 +153,7 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool) -> dict
                        output=space.workload.output, request_level=request_level, system=system)
     if request_level:
         out["binding"] = res.binding
+        out["chunk_tokens"] = space.workload.chunk  # the chunked-prefill budget the plan was solved at
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out
@@ -209,6 +210,7 @@ def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool) -> 
         [(system.id, usd * (1 - share)), (pre_sys.id, usd * share)], [(pre_sys.id, out["ttft_s"])],
         [(system.id, out["tpot_s"])])))
     out["binding"] = res.binding
+    out["chunk_tokens"] = space.workload.chunk  # the chunked-prefill budget the plan was solved at
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out

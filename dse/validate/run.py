@@ -129,11 +129,22 @@ def validate_runs(runs: Runs) -> RunsValidation:
     return RunsValidation(t, scales, runs.skipped, runs.given)
 
 
+def read_measured(path: Path) -> pd.DataFrame:
+    """The raw runs of ``path``: a measured-runs CSV (`read_runs`), or the JSON result of a dse export's benchmark
+    script (`dse.validate.benchmarks.read_benchmark`: vllm bench serve, SGLang bench_serving, aiperf).
+    """
+    if Path(path).suffix.lower() in (".json", ".jsonl"):
+        from dse.validate.benchmarks import read_benchmark
+
+        return read_benchmark(Path(path))
+    return read_runs(path)
+
+
 def validate_file(path: Path) -> RunsValidation:
     """Read, map, predict and cross-validate a CSV of measured serving runs; a file none of whose rows can be
     predicted is an InputError saying why each was skipped.
     """
-    runs = map_runs(read_runs(path))
+    runs = map_runs(read_measured(path))
     if runs.table.empty:
         raise InputError(nothing_predicted(Path(path), runs))
     return validate_runs(runs)

@@ -76,6 +76,8 @@ def model_id(path: str) -> str | None:
     """
     if path in MODEL_IDS:
         return MODEL_IDS[path]
+    if path in default_models():  # a catalog id (the plan of a dse export's benchmark names its model so)
+        return path
     base = QUANTIZED_SUFFIX.sub("", path.rsplit("/", 1)[-1]).lower()
     found = {cid for known, cid in MODEL_IDS.items() if known.rsplit("/", 1)[-1].lower() == base}
     return found.pop() if len(found) == 1 else None
@@ -299,7 +301,8 @@ def map_runs(raw: pd.DataFrame) -> Runs:
             skip(f"weights format {quant!r} is not a catalog number format (allowed: {', '.join(WEIGHTS)})")
             continue
         wd = ed = WEIGHTS[quant]  # a format the chip has no tensor units for runs weight-only (dequantized)
-        kd = "fp8" if wd in ("fp8", "fp4") else "bf16"
+        kd = r.get("kv_dtype") if r.get("kv_dtype") in ("bf16", "fp8", "fp4") else "fp8" if wd in ("fp8", "fp4") \
+            else "bf16"  # stated (a dse export's benchmark knows its KV format), else the frameworks' FP8 recipes
         arch = models[model]
         if wd in INTEGER_DTYPES and arch.is_moe:
             wd = "bf16"  # integer MoE checkpoints quantize the routed experts only (W4A16 experts, the rest BF16)
@@ -370,7 +373,7 @@ def factor_key(table: pd.DataFrame) -> pd.Series:
     attention, all-to-all) and its own scheduler, so the shares of peak, the fixed times and the
     half-performance lengths it reaches are its own; the data demand it: leave-group-out TPOT errs less with
     a factor set per family and framework than with one per family shared by the frameworks (the summary's
-    ``loo_family_factors_median_abs_error``; 14.2% against 16.0% on the measured runs).
+    ``loo_family_factors_median_abs_error`` beside ``loo_median_abs_error``, which `dse validate --cases` prints).
     """
     return family_key(table) + "|" + table["backend"].astype(str)
 
