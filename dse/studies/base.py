@@ -153,7 +153,7 @@ class StudySpec(Strict):
     description: str
     expect: str
     models: list[str] = Field(default=[], max_length=MAX_LIST)
-    workloads: list[WorkloadSpec] = Field(default=[], max_length=MAX_LIST)
+    workloads: list[WorkloadSpec] = Field(max_length=MAX_LIST)
     space: SpaceSpec = SpaceSpec()
     solver: SolverSpec = SolverSpec()
     price: Literal[PRICE_KINDS] = DEFAULT_PRICE_KIND  # type: ignore[valid-type]

@@ -18,7 +18,7 @@ from dse.catalog.hardware import default_systems, priced
 from dse.errors import InputError, unknown_name_message
 from dse.optimize.space import SpaceOptions
 from dse.optimize.training import SOLVER_NAME, TrainingJob, TrainingSpace, layout_of, search, shortfall
-from dse.studies.base import MAX_LIST, Degree, Strict, StudySpec
+from dse.studies.base import MAX_LIST, Degree, Strict, StudySpec, WorkloadSpec
 from dse.studies.contract import Chart, Plot, Progress, Solved, SolverStats, StudyOutput
 from dse.studies.plotting import save, subplots
 
@@ -74,6 +74,7 @@ class TrainingSpec(Strict):
 
 class Spec(StudySpec):
     training: TrainingSpec
+    workloads: list[WorkloadSpec] = Field(default=[], max_length=MAX_LIST)  # serving workloads: none needed
 
     workloads_required = False
 
