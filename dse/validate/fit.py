@@ -134,17 +134,23 @@ def identified(points: list[Point], at: Efficiency, serving: ServingRows | None 
 
 def _identified_by_points(points: list[Point], at: Efficiency) -> tuple[str, ...]:
     """The rule above SENSITIVITY_STEP on the points alone."""
-    jac = sensitivities(points, at)
+    return tuple(FITTED[k] for k in identifiable(sensitivities(points, at), POINTS_PER_FACTOR))
+
+
+def identifiable(jac: np.ndarray, per_factor: int) -> list[int]:
+    """The columns of a sensitivity matrix (rows: data, columns: factors; log change per log change of the factor)
+    the data identify by the rule above SENSITIVITY_STEP, at most one per ``per_factor`` rows, in column order.
+    """
     strong = (np.abs(jac) >= SENSITIVITY_MIN).sum(axis=0)
     norms = np.linalg.norm(jac, axis=0)
     chosen: list[int] = []
-    for k in sorted((k for k in range(len(FITTED)) if strong[k] >= MIN_POINTS), key=lambda k: -norms[k]):
-        if len(chosen) + 1 > len(points) // POINTS_PER_FACTOR:
+    for k in sorted((k for k in range(jac.shape[1]) if strong[k] >= MIN_POINTS), key=lambda k: -norms[k]):
+        if len(chosen) + 1 > jac.shape[0] // per_factor:
             break
         trial = [*chosen, k]
         if np.linalg.cond(jac[:, trial] / norms[trial]) <= MAX_CONDITION:
             chosen = trial
-    return tuple(FITTED[k] for k in sorted(chosen))
+    return sorted(chosen)
 
 
 def used_by(d: DecodeTerms) -> tuple[str, ...]:

@@ -201,9 +201,7 @@ best BF16 forward on H100 (740 of 989 TFLOP/s, Shah et al. 2024), its backward l
 LINK_STARTS = (0.8, 0.4, 0.2, 0.1)
 """Where the link share's fit starts: at a share where the runs' collectives hide under compute the loss is flat,
 so the fit starts from each and keeps the best."""
-SENSITIVITY_MIN = 0.05
 RUNS_PER_FACTOR = 3
-MAX_CONDITION = 100.0
 START = TrainEfficiency(gemm=0.6, attention=0.5, memory=0.8, link=0.8, latency=20e-6, hbm_usable=0.92)
 """Where the fit starts, and the factors it does not move (estimates): the memory-bound kernels' share of HBM
 bandwidth (0.8, a streaming kernel's), a collective's share of link bandwidth (0.8, NCCL's bus bandwidth over
@@ -221,26 +219,17 @@ def _log_errors(runs: list[TrainRun], eff: TrainEfficiency) -> np.ndarray:
 
 
 def identified(runs: list[TrainRun], at: TrainEfficiency, candidates: tuple[str, ...]) -> tuple[str, ...]:
-    """The factors among ``candidates`` these runs identify: a 10% change moves at least two predictions by
-    SENSITIVITY_MIN x 10%, taken most informative first while the chosen columns' condition number stays within
-    MAX_CONDITION and the runs number at least RUNS_PER_FACTOR per factor.
+    """The factors among ``candidates`` these runs identify (`dse.validate.fit.identifiable`: a 10% change moves at
+    least two predictions by 0.5%, most informative first, the chosen columns well conditioned), at most one per
+    RUNS_PER_FACTOR runs.
     """
+    from dse.validate.fit import identifiable
+
     at = _gemm_fp4(at)
     base = _log_errors(runs, at)
-    cols = []
-    for name in candidates:
-        cols.append((_log_errors(runs, replace(at, **{name: getattr(at, name) * 0.9})) - base) / math.log(0.9))
-    jac = np.column_stack(cols)
-    strong = (np.abs(jac) >= SENSITIVITY_MIN).sum(axis=0)
-    norms = np.linalg.norm(jac, axis=0)
-    chosen: list[int] = []
-    for k in sorted((k for k in range(len(candidates)) if strong[k] >= 2), key=lambda k: -norms[k]):
-        if len(chosen) + 1 > len(runs) // RUNS_PER_FACTOR:
-            break
-        trial = [*chosen, k]
-        if np.linalg.cond(jac[:, trial] / norms[trial]) <= MAX_CONDITION:
-            chosen = trial
-    return tuple(candidates[k] for k in sorted(chosen))
+    jac = np.column_stack([(_log_errors(runs, replace(at, **{name: getattr(at, name) * 0.9})) - base) / math.log(0.9)
+                           for name in candidates])
+    return tuple(candidates[k] for k in identifiable(jac, RUNS_PER_FACTOR))
 
 
 def fit_factors(runs: list[TrainRun], start: TrainEfficiency, names: tuple[str, ...] | None = None,
