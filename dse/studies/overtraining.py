@@ -13,6 +13,7 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from dse.errors import InfeasibleError, mask_url
+from dse.optimize.training import SOLVER_NAME
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.contract import Plot, Progress, Solved, SolverStats, StudyOutput
 from dse.studies.plotting import save, subplots
@@ -117,7 +118,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                      "heuristic_overtraining_ratio": heuristic["overtraining_ratio"]})
     return Solved(status="feasible" if best else "infeasible", infeasible=infeasible,
                   tables={"overtraining": pd.DataFrame(rows), "overtraining_best": pd.DataFrame(best)},
-                  stats=SolverStats(f"optuna TPE + {spec.solver.name}", solves=len(rows),
+                  stats=SolverStats(f"optuna TPE + {SOLVER_NAME}", solves=len(rows),
                                     solve_wall_s=float(sum(r.get("solve_wall_s", 0.0) for r in rows))),
                   facts={"optimum": best, "storage": mask_url(storage),
                          "lecture": {"inference_tokens_at_50M_per_s_for_60_days": 50e6 * 60 * 86400}})
