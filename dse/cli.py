@@ -474,7 +474,11 @@ def validate(
             clear_calibration_cache()
         if fit or fit_training:
             _store_training_fit(err, datetime.date.today().isoformat())
-        report = v.run_validation(loaded, use_stored_loo=cases is None or fit or fit_training)
+        # a cases file of one's own is validated alone; the catalog's cases come with the catalog's training runs
+        report = v.run_validation(loaded, use_stored_loo=cases is None or fit or fit_training,
+                                  training=None if cases is None else [])
+        if report.table.empty:
+            raise InputError(f"{cases or v.cases_path()}: no case can be predicted ({len(loaded.skipped)} skipped)")
         target = out or Path("results") / "validate"
         v.write_validation_report(report, target)
     except InputError as exc:

@@ -47,7 +47,8 @@ class TrainingSpec(Strict):
     interleave: list[Degree] = Field(default=[1, 2], min_length=1, max_length=MAX_LIST)
     recompute: list[Literal["none", "selective", "selective_ffn", "full", "reversible"]] = Field(
         default=["none", "selective", "full"], min_length=1, max_length=MAX_LIST)
-    zero: list[Literal[0, 1, 2, 3]] = Field(default=[1, 3], min_length=1, max_length=4)
+    zero: list[Annotated[int, Field(ge=0, le=3)]] = Field(default=[1, 3], min_length=1, max_length=4,
+                                                          description="ZeRO stages: 0 DDP, 1-2, 3 FSDP")
     precision: list[Precision] = Field(default=["bf16", "fp8", "fp4"], min_length=1, max_length=4,
                                        description="GEMM formats offered (a chip gets those it computes in)")
     ep_overlap: list[Literal["none", "two_microbatch"]] = Field(default=["none", "two_microbatch"], min_length=1,
