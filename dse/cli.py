@@ -420,11 +420,16 @@ def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) ->
     console.print(f"wrote {', '.join(files)} to {target}/", highlight=False)
 
 
+RUNS_SUFFIXES = (".csv", ".json", ".jsonl")
+"""Files `dse validate --cases` reads as measured runs: CSVs in the measured-runs columns, benchmark results."""
+
+
 @app.command()
 def validate(
-    cases: Annotated[Path | None, typer.Option(
-        help="Cases file (default: hw_catalog/calibration/cases.yaml), a measured-runs CSV, or the JSON result of "
-        "a dse export benchmark script.")] = None,
+    cases: Annotated[list[Path] | None, typer.Option(
+        help="Cases file (default: hw_catalog/calibration/cases.yaml); or measured runs: CSVs in the measured-runs "
+        "columns and JSON results of a dse export benchmark script, each option one file, several read as one."
+        )] = None,
     fit: Annotated[bool, typer.Option("--fit", help="Refit the efficiencies (leave-one-out too); store them, then the "
                                       "error bands.")] = False,
     bands: Annotated[bool, typer.Option("--bands", help="Recompute the error bands of the predictions from the stored "
@@ -443,24 +448,32 @@ def validate(
     from dse import validate as v
     from dse.catalog.calibration import clear_cache as clear_calibration_cache
     from dse.catalog.hardware import default_efficiency, default_efficiency_catalog, hw_dir
+    from dse.validate.runs import catalog_runs_files
 
     err = Console(stderr=True)
-    if cases is not None and cases.suffix.lower() in (".csv", ".json", ".jsonl"):
+    runs_files = [c for c in cases or [] if c.suffix.lower() in RUNS_SUFFIXES]
+    if runs_files:
+        if len(runs_files) < len(cases):
+            _fail(InputError(f"{', '.join(str(c) for c in cases)}: --cases takes one YAML cases file, or files of "
+                             f"measured runs ({', '.join(RUNS_SUFFIXES)}; several read as one), not both"))
         if bands:
-            _fail(InputError(f"{cases}: --bands recomputes the bands from the catalog's cases and its measured runs "
-                             "(hw_catalog/calibration/published/measured_serving.csv); drop --cases"))
-        _validate_runs(cases, fit, out, as_json)
+            _fail(InputError(f"{cases[0]}: --bands recomputes the bands from the catalog's cases and its measured "
+                             "runs (hw_catalog/calibration/published/*.csv); drop --cases"))
+        _validate_runs(runs_files, fit, out, as_json)
         return
+    if cases and len(cases) > 1:
+        _fail(InputError(f"{', '.join(str(c) for c in cases)}: --cases takes one YAML cases file"))
+    cases = cases[0] if cases else None
     try:
         loaded = v.load_cases(cases)
         if fit:
-            runs_file = hw_dir() / "calibration" / "published" / "measured_serving.csv"
+            runs_files = catalog_runs_files()
             with err.status("fitting the efficiencies, then leaving each point out") as status:
                 cal = v.calibrate(loaded, default_efficiency(), loo=True,
                                   progress=lambda i, n: status.update(f"leave-one-out {i + 1}/{n}"),
                                   stored=default_efficiency_catalog().families,
-                                  serving_file=runs_file if runs_file.exists() else None,
-                                  serving_name=str(runs_file.relative_to(hw_dir())))
+                                  serving_file=runs_files or None,
+                                  serving_name=", ".join(str(f.relative_to(hw_dir())) for f in runs_files))
             v.write_calibration(cal, str(cases or v.cases_path()), hw_dir(), datetime.date.today().isoformat())
             for fam, r in cal.runs.items():
                 if r["fixed_point_largest_move"] > v.FIXED_POINT_TOL:
@@ -510,36 +523,39 @@ def _store_bands(loaded, err: Console) -> None:
     from dse.catalog.hardware import default_efficiency, hw_dir
     from dse.validate.bands import compute_bands
     from dse.validate.report import write_bands
+    from dse.validate.runs import catalog_runs_files
 
-    runs_file = hw_dir() / "calibration" / "published" / "measured_serving.csv"
+    runs_files = catalog_runs_files()
     fitted = load_fitted()
-    if fitted is None or not runs_file.exists():
+    if fitted is None or not runs_files:
         raise InputError(f"{hw_dir() / 'calibration'}: --bands needs the stored fit (fitted.yaml, `dse validate "
                          "--fit`) and the measured runs (published/measured_serving.csv)")
     with err.status("error bands: the measured runs left out by sweep and by family, the families left out"):
-        section = compute_bands(loaded, fitted, default_efficiency(), runs_file,
-                                str(runs_file.relative_to(hw_dir())))
+        section = compute_bands(loaded, fitted, default_efficiency(), runs_files,
+                                ", ".join(str(f.relative_to(hw_dir())) for f in runs_files))
     write_bands(section, hw_dir())
 
 
-def _validate_runs(cases: Path, fit: bool, out: Path | None, as_json: bool) -> None:
-    """`dse validate --cases FILE.csv` (measured serving runs) or ``--cases RESULT.json`` (the result of a dse export's
-    benchmark script): the runs predicted at request level, cross-validated.
+def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool) -> None:
+    """`dse validate --cases FILE [--cases FILE ...]`: measured serving runs (CSVs, or the JSON results of a dse
+    export's benchmark script) predicted at request level, cross-validated.
     """
     from dse.validate.report import write_runs_report
     from dse.validate.run import validate_file
 
     try:
         if fit:
-            raise InputError(f"{cases}: --fit refits the YAML cases' efficiencies; a CSV of measured runs is always "
-                             "cross-validated by leaving whole concurrency sweeps out (drop --fit)")
+            raise InputError(f"{cases[0]}: --fit refits the YAML cases' efficiencies; a CSV of measured runs is "
+                             "always cross-validated by leaving whole concurrency sweeps out (drop --fit)")
         v = validate_file(cases)
         target = out or Path("results") / "validate_runs"
         files = write_runs_report(v, target)
-        if cases.suffix.lower() != ".csv":  # a benchmark's result: its runs in the measured-runs columns, to keep
+        results = [c for c in cases if c.suffix.lower() != ".csv"]
+        if results:  # benchmarks' results: their runs in the measured-runs columns, to keep
             from dse.validate.run import read_measured
+            from dse.validate.runs import read_runs_files
 
-            read_measured(cases).to_csv(target / "runs.csv", index=False)
+            read_runs_files(results, read_measured).to_csv(target / "runs.csv", index=False)
             files.append("runs.csv")
     except InputError as exc:
         _fail(exc)
@@ -561,6 +577,23 @@ def _validate_runs(cases: Path, fit: bool, out: Path | None, as_json: bool) -> N
                   f"{e['in_sample_median_abs_error']:.1%}", f"{e['ideal_median_abs_error']:.1%}",
                   f"{e['signed_median']:+.1%}")
     console.print(t)
+    if doc["rows_layout_unknown"]:
+        console.print(f"{doc['rows_layout_unknown']:,} row(s) state no worker counts (layout_unknown): read by no "
+                      "fit, predicted on the smallest deployment of their worker sizes, reported apart",
+                      highlight=False)
+    f = Table(title="By hardware family: median absolute error, leave-group-out and leave-family-out (the family's "
+                    "rows predicted by the fits on the other families' rows)", header_style="bold")
+    for col in ("family", "n", "frameworks", "TPOT group-out", "TPOT family-out", "TTFT group-out",
+                "TTFT family-out"):
+        f.add_column(col, justify="left" if col in ("family", "frameworks") else "right")
+    def pct(x: float | None) -> str:
+        return "-" if x is None or x != x else f"{x:.1%}"
+
+    for r in doc["families"]:
+        f.add_row(r["family"], str(r["n"]), r["frameworks"], pct(r["tpot_loo_median_abs_error"]),
+                  pct(r["tpot_lfo_median_abs_error"]), pct(r["ttft_loo_median_abs_error"]),
+                  pct(r["ttft_lfo_median_abs_error"]))
+    console.print(f)
     for reason, n in doc["skipped"]["by_reason"].items():
         console.print(f"[dim]skipped[/] {n} row(s): {escape(reason)}", highlight=False)
     console.print(f"wrote {', '.join(files)} to {target}/", highlight=False)
@@ -583,6 +616,17 @@ def _print_validation(report, target: Path) -> None:
     for _, r in report.summary.iterrows():
         s.add_row(*[f"{x:.1%}" if isinstance(x, float) else str(x) for x in r])
     console.print(s)
+    if report.families:
+        f = Table(title="By hardware family (the stored bands): median absolute error out of sample and with the "
+                        "family left out (fitted on the other families alone)", header_style="bold")
+        for col in ("family", "metric", "n", "out of sample", "family left out", "band", "basis"):
+            f.add_column(col, justify="left" if col in ("family", "metric", "basis") else "right")
+        for r in report.families:
+            own, lfo = r["median_abs_error"], r["leave_family_out_median_abs_error"]
+            f.add_row(r["family"], r["metric"], str(r["n"]), "-" if own is None else f"{own:.1%}",
+                      "-" if lfo is None else f"{lfo:.1%}",
+                      "-" if not r["band"] else f"[{r['band'][0]:.2f}, {r['band'][1]:.2f}]", r["basis"])
+        console.print(f)
     train = df[df["category"] == "training_throughput"]
     if not train.empty:
         from dse.validate.training import summarize_training
@@ -766,6 +810,9 @@ def main() -> None:
 
         print(f"dse {__version__}")
         return
+    from dse.physics import keep_freed_memory
+
+    keep_freed_memory()  # the evaluator's temporaries stay in the process instead of page-faulting back each call
     try:
         app()
     except (InputError, InfeasibleError, SolverLimitError) as exc:  # pragma: no cover - commands catch their own

@@ -143,12 +143,17 @@ def test_progress_counts_move_to_the_total():
     import dse
 
     root = Path(__file__).resolve().parent.parent
-    doc = yaml.safe_load((root / "studies" / "overtraining.yaml").read_text())
-    doc["overtraining"].update(trials=4, demands_tokens_per_s=[5e7])
+    doc = yaml.safe_load((root / "studies" / "compute_equalization.yaml").read_text())
+    doc["workloads"][0]["demand_tokens_per_s"] = 2e5
+    doc["space"].update(systems=["h100"], kv_tiers=["hbm"], tp=[1, 2], pp=[1], max_racks=1, max_chips_per_stage=8)
+    doc["equalization"].update(refine_trials=5, family={"widths": [2048, 4096], "sparsities": [1]},
+                               quality={"target_loss": 2.05}, train_systems=["h100"], inventory_nodes={"h100": 64},
+                               launch_by_week=8, deployment_weeks=2, rl={"output": 1000},
+                               sensitivity={"assumptions": False})
     seen: list[tuple] = []
     dse.run(doc, progress=lambda what, done=None, total=None: seen.append((done, total)))
-    counts = [d for d, t in seen if t == 4]
-    assert counts[0] == 0 and counts[-1] == 4 and counts == sorted(counts) and len(set(counts)) >= 4
+    counts = [d for d, t in seen if t == 5]
+    assert counts[0] == 0 and counts[-1] == 5 and counts == sorted(counts) and len(set(counts)) >= 5
     seen.clear()
     dse.run(yaml.safe_load((root / "studies" / "kv_cache_tiers.yaml").read_text()), progress=lambda *a: seen.append(a))
     assert seen

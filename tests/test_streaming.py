@@ -92,3 +92,22 @@ def test_a_request_rate_does_not_depend_on_the_rates_solved_with_it():
     q, w = 1 - x * s, 1 - v * x
     residual = k * x * (s * q + 0.5 * x * s * s + m_td * q / w) - c * q
     assert np.all(np.abs(residual) <= 1e-9 * c)
+
+
+def test_first_min_per_block_is_the_first_least_score_of_each_block():
+    """The per-block argmin, without a sort, equals its definition: per block, sort the pairs by (score, place) and
+    keep the first when its score is finite (NaN scores last, ties to the earlier pair, -0.0 equal to 0.0)."""
+    from dse.optimize.requests import first_min_per_block
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        counts = rng.integers(1, 9, rng.integers(1, 12))
+        pos = np.repeat(np.sort(rng.choice(50, len(counts), replace=False)), counts)
+        score = rng.choice([1.0, 2.0, 3.0, np.inf, -np.inf, np.nan, 0.0, -0.0], len(pos))
+        want = []
+        for block in np.unique(pos):
+            at = np.flatnonzero(pos == block)
+            best = min(at, key=lambda i: (np.isnan(score[i]), 0.0 if np.isnan(score[i]) else score[i], i))
+            if np.isfinite(score[best]):
+                want.append(best)
+        assert first_min_per_block(pos, score).tolist() == want

@@ -149,7 +149,7 @@ def test_bad_storage_url_exits_2(tmp_path, url, message):
 def test_storage_is_refused_for_studies_that_are_not_sweeps(tmp_path):
     r = dse("run", str(ROOT / "studies" / "pareto_latency_cost.yaml"), "--storage", "sqlite:///x.db",
             cwd=tmp_path)
-    assert r.returncode == 2 and "only sweep, tornado and overtraining studies use a storage" in " ".join(r.stderr.split())
+    assert r.returncode == 2 and "only sweep, tornado and compute_equalization studies use a storage" in " ".join(r.stderr.split())
 
 
 def test_a_trial_killed_before_its_first_heartbeat_is_failed(tmp_path, monkeypatch):

@@ -128,15 +128,17 @@ def _binding(n: int, n_hi: int, cap: int | None, m_next: dict | None, tpot_max, 
 
 def first_min_per_block(pos: np.ndarray, score: np.ndarray) -> np.ndarray:
     """Per block of ``pos`` (pairs contiguous by block), the index of the first pair with its least finite score;
-    blocks whose every score is infinite have none. Indices in increasing order.
+    blocks whose every score is infinite have none. Indices in increasing order. One pass, no sort: each block's
+    least score (NaN scores ignored), then the first pair that reaches it.
     """
     if not len(pos):
         return np.zeros(0, dtype=np.int64)
-    order = np.lexsort((np.arange(len(pos)), score, pos))
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = pos[order[1:]] != pos[order[:-1]]
-    heads = order[first]
-    return np.sort(heads[np.isfinite(score[heads])])
+    first = np.concatenate(([True], pos[1:] != pos[:-1]))  # each block's first pair
+    least = np.fmin.reduceat(score, np.flatnonzero(first))  # its least score (NaN only where all are NaN)
+    block = np.cumsum(first) - 1
+    at = np.flatnonzero(score == least[block])  # pairs that reach their block's least score
+    heads = at[np.concatenate(([True], block[at[1:]] != block[at[:-1]]))] if len(at) else at
+    return heads[np.isfinite(score[heads])]
 
 
 def has_next(pos: np.ndarray, idx: np.ndarray) -> np.ndarray:

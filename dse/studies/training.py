@@ -53,6 +53,8 @@ class TrainingSpec(Strict):
                                        description="GEMM formats offered (a chip gets those it computes in)")
     ep_overlap: list[Literal["none", "two_microbatch"]] = Field(default=["none", "two_microbatch"], min_length=1,
                                                                 max_length=2)
+    front: bool = Field(default=True, description="also the front of time against cost (false: the cheapest alone, "
+                                                  "by branch and bound)")
 
     @model_validator(mode="after")
     def _check(self) -> TrainingSpec:
@@ -116,7 +118,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
         if progress:
             progress(f"{mid}: every layout", k, len(spec.models))
         model = models[mid]
-        result = search(model, systems, space, job)
+        result = search(model, systems, space, job, front=tr.front)
         count += result.layouts
         if not result.table.empty:
             t = result.table.copy()
@@ -138,7 +140,8 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
             "stages": str(b["stages"]), "step_s": float(b["step_s"]), "time_s": float(b["time_s"]),
             "time_days": float(b["time_s"]) / 86400, "usd": float(b["usd"]), "mfu": float(b["mfu"]),
             "tokens_per_s_per_chip": float(b["tokens_per_s_per_chip"]),
-            "hbm_bytes_per_chip": float(b["hbm_bytes_per_chip"]), "front_points": len(result.front),
+            "hbm_bytes_per_chip": float(b["hbm_bytes_per_chip"]),
+            "front_points": len(result.front) if tr.front else None,
             "price_kind": spec.price})
     status = "optimal" if optimum and not infeasible else ("feasible" if optimum else "infeasible")
     tables = {"training_best": pd.DataFrame(optimum),
@@ -188,8 +191,8 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
     """One line per model: the cheapest layout, its time and cost, and the size of its front."""
     out = []
     for e in summary["optimum"]:
+        front = "front not computed" if e["front_points"] is None else f"front of {e['front_points']} layouts"
         out.append(f"{e['model']}: {e['chips']} x {e['system']} {e['layout']}: {e['time_days']:.1f} days, "
-                   f"{e['usd']:.4g} USD ({e['price_kind']}), MFU {e['mfu']:.1%}; front of {e['front_points']} "
-                   "layouts")
+                   f"{e['usd']:.4g} USD ({e['price_kind']}), MFU {e['mfu']:.1%}; {front}")
     return out
 
