@@ -718,9 +718,10 @@ def _interleaved(items: Items, terms: _Terms, held: np.ndarray, cap: np.ndarray,
 
 
 # ---- the step -----------------------------------------------------------------------------------------------------
-def train_steps(model: Architecture, system: System, c: TrainCandidates, global_batch: int, seq: int,
+def train_steps(model: Architecture, system: System, c: TrainCandidates, global_batch: int | np.ndarray, seq: int,
                 eff: TrainEfficiency | None = None, stages: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Every candidate's optimizer step of ``global_batch`` sequences of ``seq`` tokens on ``system`` (arrays).
+    """Every candidate's optimizer step of ``global_batch`` sequences (one for all, or one per candidate) of ``seq``
+    tokens on ``system`` (arrays).
 
     ``stages`` (candidates x chunks, items per chunk) fixes the partition; by default the partition program
     chooses it: for one chunk per device the bottleneck-optimal contiguous partition within memory
@@ -771,7 +772,7 @@ def train_steps(model: Architecture, system: System, c: TrainCandidates, global_
                                                                        eff)
         stage_text[idx] = [",".join(map(str, row)) for row in counts]
     step = pipeline + dp_exposed + optimizer
-    tokens = float(global_batch * seq)
+    tokens = np.asarray(global_batch, dtype=np.float64) * seq
     chips = c.chips
     hbm = hbm_items + rebuilt
     model_flops = tokens * float(np.sum(3.0 * (it.gemm + it.gemm_bf16 + it.head) + 3.0 * it.attn))
@@ -786,7 +787,7 @@ def train_steps(model: Architecture, system: System, c: TrainCandidates, global_
         "tp_s": m * terms.tp.sum(axis=1) / c.pp, "cp_s": m * terms.cp.sum(axis=1) / c.pp,
         "ep_s": m * terms.ep.sum(axis=1) / c.pp, "tp_exposed_s": m * terms.tp_exp.sum(axis=1) / c.pp,
         "cp_exposed_s": m * terms.cp_exp.sum(axis=1) / c.pp, "ep_exposed_s": m * terms.ep_exp.sum(axis=1) / c.pp,
-        "model_flops": np.full(n_c, model_flops), "hardware_flops": hw_flops,
+        "model_flops": np.broadcast_to(model_flops, (n_c,)).copy(), "hardware_flops": hw_flops,
         "mfu": model_flops / (step * chips * peak), "mfu_bf16": model_flops / (step * chips * system.flops["bf16"]),
         "tokens_per_s": tokens / step,
         "tokens_per_s_per_chip": tokens / step / chips, "hbm_bytes_per_chip": hbm,
@@ -808,21 +809,34 @@ def _setup(model: Architecture, system: System, c: TrainCandidates, global_batch
 
 def _check(model: Architecture, system: System, c: TrainCandidates, seq: int, eff: TrainEfficiency,
            families: bool) -> _Links:
-    """The system's links; an InputError for a layout with more chunks than items (or no interleaved family) or
-    spanning domains the catalog gives no scale-out bandwidth for.
-    """
+    """The system's links; an InputError for the first layout `refused` names."""
     it = model_items(model, seq)
-    most = np.where(c.interleave > 1, it.n_layers + 2, len(it))
-    empty = np.array([families and v > 1 and not chunk_families(it.n_layers, int(p * v))
-                      for p, v in zip(c.pp, c.interleave, strict=True)], dtype=bool)
-    if np.any((c.pp * c.interleave > most) | empty):
-        i = int(np.argmax((c.pp * c.interleave > most) | empty))
+    chunks = _too_many_chunks(it, c, families)
+    if np.any(chunks):
+        i = int(np.argmax(chunks))
         raise InputError(f"training layout PP{int(c.pp[i])} x {int(c.interleave[i])} chunks: '{model.id}' has "
                          f"{it.n_layers} layers, {len(it)} items with its embedding, MTP and head; no partition of "
                          "`chunk_families` places them")
     links = _Links(system, eff)
     links.check(c.chips)
     return links
+
+
+def _too_many_chunks(it: Items, c: TrainCandidates, families: bool) -> np.ndarray:
+    most = np.where(c.interleave > 1, it.n_layers + 2, len(it))
+    empty = np.array([families and v > 1 and not chunk_families(it.n_layers, int(p * v))
+                      for p, v in zip(c.pp, c.interleave, strict=True)], dtype=bool)
+    return (c.pp * c.interleave > most) | empty
+
+
+def refused(model: Architecture, system: System, c: TrainCandidates, seq: int) -> np.ndarray:
+    """Candidates `train_steps` refuses with an InputError: more pipeline chunks than the model has items
+    (interleaved: than layers + 2, or no member of `chunk_families`), or more chips than one scale-up domain on a
+    system whose scale-out bandwidth the catalog does not know.
+    """
+    so = system.scaleout_bandwidth
+    no_scaleout = not (math.isfinite(so) and so > 0)
+    return _too_many_chunks(model_items(model, seq), c, True) | (no_scaleout & (c.chips > system.scaleup_domain))
 
 
 ITEM_ARRAYS = ("gemm", "gemm_bf16", "head", "ffn_up", "attn", "dense_params", "routed_params", "act_full", "ew",
