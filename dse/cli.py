@@ -342,82 +342,91 @@ def worker(
     err.print(f"worker solved {solved} points")
 
 
-def _pool(pl: dict) -> str:
-    """One pool as an operator reads it: ``39 x prefill [8 mi300x TP1 DP8 EP8 CP]``."""
-    role = "" if pl.get("role", "both") == "both" else f"{pl['role']} "
-    layout = f"{pl['chips']} {pl['system']} TP{pl['tp']} DP{pl['dp']} EP{pl['ep']}" + (
-        f" PP{pl['pp']}" if pl["pp"] > 1 else "") + (" CP" if pl.get("context_parallel") else "")
-    batch = "" if pl.get("role") == "prefill" else f", batch {pl['batch']}"
-    return f"{pl['replicas']} x {role}[{layout}{batch}]"
+def _solver_line(summary: dict) -> str:
+    """What was solved: the status, the solves done now (a resumed sweep says how many points it took from its
+    storage), their time, the run's wall time and the gap.
+    """
+    solver = summary["solver"]
+    if "points_solved_here" in summary:
+        here, total = summary["points_solved_here"], summary["points"]
+        done = (f"{total:,} points: {here:,} solved now, {total - here:,} resumed from the sweep's storage; "
+                f"the points' solves took {solver['solve_wall_s']:.3f} s")
+    else:
+        done = f"{solver['solves']} solves in {solver['solve_wall_s']:.3f} s"
+    return (f"[bold]{escape(summary['study'])}[/] ({summary['kind']}): {summary['status']}, {done} (this run "
+            f"{solver['wall_s']:.2f} s), gap {solver['gap']:.2g}"
+            + (", TIME-LIMITED: the answer depends on this machine's speed (not reproducible)"
+               if solver.get("time_limited") else ""))
 
 
-def _configuration(e: dict) -> str:
-    """The deployment of a ``best`` entry: each pool with its replicas and whole GPUs, then formats and marks."""
-    marks = (" [price is an estimate]" if e.get("price_is_estimate") else "") + (
-        " [uncalibrated family]" if e.get("calibration") == "uncalibrated family" else "")
-    formats = f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}"
-    if e.get("pools"):
-        gpus = sum(pl["replicas"] * pl["chips"] for pl in e["pools"])
-        return f"{' + '.join(_pool(pl) for pl in e['pools'])} = {gpus} GPUs, {formats}{marks}"
-    return (f"{int(e['chips'])} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
-            f"{formats}{marks}")
-
-
-def _price(e: dict) -> str:
-    """USD per request (and per input and output Mtok) where the entry is request-level, else USD per Mtok."""
-    if e.get("usd_per_request") is None:
-        return f"{e['usd_per_mtok']:.4g} USD/Mtok"
-    deployed = e.get("deployed_usd_per_request")
-    return (f"{e['usd_per_request']:.4g} USD/request" + (" at the fluid pool ratio" if deployed else "")
-            + f" (input {e['usd_per_mtok_input']:.4g}, output {e['usd_per_mtok_output']:.4g} USD/Mtok)"
-            + (f"; {deployed:.4g} as deployed ({e['deployed_chips']} GPUs)" if deployed else ""))
+SUMMARY_COLUMNS = ("model / workload", "mode", "GPUs", "USD/request", "USD/Mtok in", "USD/Mtok out", "TTFT", "TPOT",
+                   "tok/s/GPU", "tok/s/user")
 
 
 def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) -> None:
-    """The answer first: the kind's headline lines, then the chosen configurations; fits the terminal width."""
+    """The answer first: the kind's headline lines, then each deployment as an operator reads it
+    (`dse.report.present.answer_lines`), whether it is decided and its alternatives; fits the terminal width (a
+    table of the answers and of the alternatives from 120 columns, lines below).
+    """
+    from dse.report.present import ALTERNATIVE_COLUMNS, alternative_rows, answer_lines, decision_text
     from dse.studies.registry import study_module
 
     console = Console()
-    solver = summary["solver"]
-    console.print(f"[bold]{summary['study']}[/] ({summary['kind']}): {summary['status']}, {solver['solves']} solves "
-                  f"in {solver['solve_wall_s']:.3f} s (total {solver['wall_s']:.2f} s), gap {solver['gap']:.2g}"
-                  + (", TIME-LIMITED: the answer depends on this machine's speed (not reproducible)"
-                     if solver.get("time_limited") else ""), highlight=False)
+    console.print(_solver_line(summary), highlight=False)
     headline = getattr(study_module(summary["kind"]), "headline", None)
     for line in headline(summary, tables) if headline else []:
-        console.print(line, highlight=False)
+        console.print(escape(line), highlight=False)
     wide = console.width >= 120
-    if summary["best"] and wide:
+    best = summary["best"]
+    if best and wide and len(best) > 1:
         t = Table(header_style="bold")
-        for col in ("model", "workload", "serving", "GPUs", "USD/request deployed", "TPOT", "TTFT", "bound"):
-            t.add_column(col, justify="right" if col in ("GPUs", "USD/request deployed", "TPOT", "TTFT") else "left")
-        for e in summary["best"]:  # whole GPUs and what they cost per request (the smallest whole deployment)
-            gpus = e.get("deployed_chips", e["chips"])
-            usd = e.get("deployed_usd_per_request", e.get("usd_per_request"))
-            t.add_row(e["model"], e["workload"], e.get("serving", "-"), f"{int(gpus)}",
-                      "-" if usd is None else f"{usd:.4g}",
-                      _si(e["tpot_s"], "s"), _si(e["ttft_s"], "s"), e["bound"])
+        for col in SUMMARY_COLUMNS:
+            t.add_column(col, justify="left" if col in ("model / workload", "mode") else "right")
+        for e in best:
+            gpus = sum(p["replicas"] * p["chips"] for p in e["pools"])  # what the answer line adds up
+            t.add_row(f"{e['model']} / {e['workload']}", e["serving"], f"{gpus:,}",
+                      f"{e['usd_per_request']:.4g}", f"{e['usd_per_mtok_input']:.4g}",
+                      f"{e['usd_per_mtok_output']:.4g}", _si(e["ttft_s"], "s"), _si(e["tpot_s"], "s"),
+                      f"{e['tokens_per_s_per_gpu']:,.4g}", f"{e['tokens_per_s_per_user']:,.3g}")
         console.print(t)
-        for e in summary["best"]:  # the deployment and its price in full, one paragraph each
-            console.print(f"[bold]{e['model']} / {e['workload']}[/]: {_configuration(e)}; {_price(e)}",
-                          highlight=False)
-    for e in summary["best"] if not wide else []:  # a narrow terminal: one short block per optimum
-        console.print(f"[bold]{e['model']} / {e['workload']}[/]: {_configuration(e)}", highlight=False)
-        console.print(f"  {_price(e)}, TPOT {_si(e['tpot_s'], 's')}, TTFT {_si(e['ttft_s'], 's')}, "
-                      f"{e['bound']}-bound", highlight=False)
-    from dse.report.present import decision_text
-
-    for e in summary["best"]:
+    for e in best:
+        first, *rest = answer_lines(e, micro="u")
+        console.print(f"[bold]{escape(first)}[/]", highlight=False)
+        for line in rest:
+            console.print(f"  {escape(line)}", highlight=False)
         decided = decision_text(e)
         if decided:
-            console.print(escape(f"{e['model']} / {e['workload']}: {decided}"), highlight=False)
+            console.print(f"  {escape(decided)}", highlight=False)
+        alts = alternative_rows(e, micro="u")
+        if not alts:
+            continue
+        if wide:
+            t = Table(title="  alternatives: the next best deployments of each mode", title_justify="left",
+                      header_style="bold", box=None, padding=(0, 1))
+            for col in ALTERNATIVE_COLUMNS:
+                t.add_column(col, justify="left" if col in ("mode", "deployment") else "right",
+                             overflow="fold")
+            for a in alts:
+                t.add_row(*(a[c] for c in ALTERNATIVE_COLUMNS))
+            console.print(t)
+        else:
+            console.print("  alternatives: the next best deployments of each mode", highlight=False)
+            for a in alts:
+                console.print(f"  - {a['mode']}, {escape(a['deployment'])}", highlight=False)
+                console.print(f"    {a['USD/request']} USD/request, TTFT {a['TTFT']}, TPOT {a['TPOT']}, "
+                              f"{a['tok/s/GPU']} tok/s/GPU", highlight=False)
     if "price_kind" in summary:
-        estimates = sorted({e["system"] for e in summary["best"] if e.get("price_is_estimate")})
-        console.print(f"prices: {summary['price_kind']}"
+        estimates = sorted({e["system"] for e in best if e.get("price_is_estimate")})
+        console.print(f"prices: {_price_kinds(summary['price_kind'])}"
                       + (f"; ESTIMATED price for {', '.join(estimates)}" if estimates else "")
                       + f"; no price (left out): {', '.join(summary.get('no_price') or []) or 'none'}",
                       highlight=False)
     console.print(f"wrote {', '.join(files)} to {target}/", highlight=False)
+
+
+def _price_kinds(kind: str | dict) -> str:
+    """A study's price kind, or its kinds by role (``reserved: rental_3yr, hourly: on_demand``)."""
+    return kind if isinstance(kind, str) else ", ".join(f"{role}: {k}" for role, k in kind.items())
 
 
 RUNS_SUFFIXES = (".csv", ".json", ".jsonl")
@@ -684,6 +693,11 @@ def export(
 
 
 def _hardware_rows() -> list[dict]:
+    """Every system with every catalog field: the SI value of each quantity with its source and date (flat), the
+    quantities as written (``quantities``: value, unit, SI value, source, date, note, estimate) and the prices by kind.
+    """
+    from dataclasses import asdict
+
     from dse.catalog.hardware import PRICE_KINDS, SYSTEM_FIELDS, default_systems
 
     rows = []
@@ -701,13 +715,53 @@ def _hardware_rows() -> list[dict]:
             if q is not None:
                 row[f"{name}_source"] = q.source
                 row[f"{name}_date"] = q.date
+        row["quantities"] = {name: asdict(q) for name, q in s.quantities.items()}
         rows.append(row)
     return rows
+
+
+HARDWARE_COLUMNS = (  # (header, wide only, cell of a row)
+    ("id", False, lambda r: r["id"]),
+    ("status", True, lambda r: r["status"]),
+    ("BF16\nPF/s", False, lambda r: _scaled(r["flops_bf16"], 1e15)),
+    ("FP8\nPF/s", False, lambda r: _scaled(r["flops_fp8"], 1e15)),
+    ("FP4\nPF/s", False, lambda r: _scaled(r["flops_fp4"], 1e15)),
+    ("INT8\nPOP/s", True, lambda r: _scaled(r["flops_int8"], 1e15)),
+    ("KV\nformats", True, lambda r: ",".join(r["kv_dtypes"])),
+    ("HBM\nGB", False, lambda r: _scaled(r["hbm_capacity"], 1e9)),
+    ("HBM\nTB/s", False, lambda r: _scaled(r["hbm_bandwidth"], 1e12)),
+    ("domain\nchips", False, lambda r: f"{r['scaleup_domain']:,.0f}"),
+    ("scale-up\nGB/s", False, lambda r: _scaled(r["scaleup_bandwidth"], 1e9)),
+    ("topology", True, lambda r: r["scaleup_topology"]),
+    ("scale-out\nGB/s", True, lambda r: _scaled(r["scaleout_bandwidth"], 1e9)),
+    ("all-in\nkW", True, lambda r: _scaled(r["power_all_in_w"], 1e3) + ("*" if r["power_all_in_is_estimate"] else "")),
+    ("TCO hyp.\nUSD/h", True, lambda r: _price(r, "tco_hyperscaler")),
+    ("TCO neo.\nUSD/h", True, lambda r: _price(r, "tco_neocloud")),
+    ("rent 3y\nUSD/h", True, lambda r: _price(r, "rental_3yr")),
+    ("on-dem.\nUSD/h", False, lambda r: _price(r, "on_demand")),
+)
+"""The columns of `dse catalog hardware`: every one from 150 columns; below, the ones a deployment is sized with
+(peak FLOP/s, HBM, scale-up domain and links, the default price kind)."""
+
+
+def _scaled(v: float | None, unit: float) -> str:
+    """A figure in a column's unit with 3 significant digits; '-' where the catalog has none."""
+    if v is None or v != v:
+        return "-"
+    x = v / unit
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _price(r: dict, kind: str) -> str:
+    p = r["prices"].get(kind)
+    return "-" if p is None else f"{p['usd_per_hour']:.2f}{'*' if p['estimate'] else ''}"
 
 
 @catalog_app.command("hardware")
 def catalog_hardware(as_json: Annotated[bool, typer.Option("--json", help="Print JSON (SI units).")] = False) -> None:
     """The accelerator systems with their dense FLOP/s, HBM, links and prices."""
+    from rich import box
+
     try:
         rows = _hardware_rows()
     except InputError as exc:
@@ -715,73 +769,78 @@ def catalog_hardware(as_json: Annotated[bool, typer.Option("--json", help="Print
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    t = Table(title="Hardware catalog (dense FLOP/s; one-direction link bandwidth per chip; USD per chip-hour by "
-              "kind: TCO hyperscaler / TCO neocloud / 3-year rental / on-demand, * = estimate, - = none)",
-              header_style="bold")
-    for col in ("id", "status", "BF16", "FP8", "FP4", "INT8", "KV formats", "HBM", "HBM BW", "domain", "scale-up",
-                "topology", "scale-out", "power all-in", "USD/chip-h"):
-        t.add_column(col, justify="left" if col in ("id", "status", "KV formats", "topology") else "right")
-    from dse.catalog.hardware import PRICE_KINDS
-
-    def price(r: dict, kind: str) -> str:
-        p = r["prices"].get(kind)
-        return "-" if p is None else f"{p['usd_per_hour']:.2f}{'*' if p['estimate'] else ''}"
-
-    def fmt(v: float | None, unit: str) -> str:
-        return "-" if v is None else _si(v, unit)
-
+    console = Console()
+    wide = console.width >= 150
+    t = Table(title="Hardware catalog: dense FLOP/s and one-direction link bandwidth per chip; USD per chip-hour by "
+              "price kind; * estimate, - none" + ("" if wide else " (150 columns show every field, --json every "
+                                                    "field with its source)"),
+              title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+    columns = [c for c in HARDWARE_COLUMNS if wide or not c[1]]
+    for header, _, _ in columns:
+        t.add_column(header, justify="left" if header in ("id", "status", "topology") or header.startswith("KV")
+                     else "right", no_wrap=True)
     for r in rows:
-        t.add_row(
-            r["id"], r["status"], fmt(r["flops_bf16"], "FLOP/s"), fmt(r["flops_fp8"], "FLOP/s"),
-            fmt(r["flops_fp4"], "FLOP/s"), fmt(r["flops_int8"], "OP/s"), ",".join(r["kv_dtypes"]),
-            fmt(r["hbm_capacity"], "B"), fmt(r["hbm_bandwidth"], "B/s"), f"{r['scaleup_domain']:.0f}",
-            fmt(r["scaleup_bandwidth"], "B/s"), r["scaleup_topology"], fmt(r["scaleout_bandwidth"], "B/s"),
-            fmt(r["power_all_in_w"], "W") + ("*" if r["power_all_in_is_estimate"] else ""),
-            " / ".join(price(r, k) for k in PRICE_KINDS),
-        )
-    Console().print(t)
+        t.add_row(*(cell(r) for _, _, cell in columns))
+    console.print(t)
 
 
-@catalog_app.command("models")
-def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """The model architectures with derived parameter counts and KV bytes per token."""
+def _model_rows() -> list[dict]:
+    """Every model with every catalog field (as ``models.yaml`` writes it) and its derived counts."""
     from dse.catalog.models import default_models
 
-    try:
-        models = default_models()
-    except InputError as exc:
-        _fail(exc)
     rows = []
-    for m in models.values():
+    for m in default_models().values():
         a = m.spec.attention
         rows.append({
-            "id": m.id,
-            "name": m.spec.name,
-            "attention": a.kind + (" + sliding window" if a.sliding_layers else "") + (" + sparse" if a.sparse else ""),
-            "ffn": m.spec.ffn.kind,
-            "layers": m.spec.n_layers,
+            **m.spec.model_dump(mode="json"),
+            "attention_kind": a.kind + (" + sliding window" if a.sliding_layers else "") + (
+                " + sparse" if a.sparse else ""),
+            "max_context_tokens": m.spec.max_context.tokens if m.spec.max_context else None,
             "params_total": m.params_total,
             "params_active": m.params_active,
             "published_total": m.spec.published_b.total * 1e9,
             "published_active": m.spec.published_b.active * 1e9,
             "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"),
-            "hypothetical": m.spec.hypothetical,
         })
+    return rows
+
+
+@catalog_app.command("models")
+def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """The model architectures with derived parameter counts, KV bytes per token and maximum context."""
+    from rich import box
+
+    try:
+        rows = _model_rows()
+    except InputError as exc:
+        _fail(exc)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    t = Table(title="Model catalog (derived counts; active excludes the input-embedding lookup)", header_style="bold")
-    for col in ("id", "attention", "ffn", "layers", "total", "active", "published", "KV/token (bf16)"):
-        t.add_column(col, justify="left" if col in ("id", "attention", "ffn") else "right")
+    console = Console()
+    wide = console.width >= 110
+    t = Table(title="Model catalog: derived parameter counts (active excludes the input-embedding lookup), KV bytes "
+              "per token in bf16, published maximum context; * hypothetical", title_justify="left",
+              header_style="bold", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+    columns = [("id", "left"), ("attention", "left"), ("ffn", "left"), ("layers", "right"), ("params\ntotal", "right"),
+               ("params\nactive", "right"), ("published\ntotal / active", "right"), ("KV per\ntoken", "right"),
+               ("max\ncontext", "right")]
+    if not wide:
+        columns = [c for c in columns if c[0] not in ("layers", "published\ntotal / active")]
+    for name, justify in columns:
+        t.add_column(name, justify=justify, no_wrap=True)
     for r in rows:
-        t.add_row(
-            r["id"] + (" *" if r["hypothetical"] else ""), r["attention"], r["ffn"], str(r["layers"]),
-            f"{r['params_total'] / 1e9:.1f}B", f"{r['params_active'] / 1e9:.2f}B",
-            f"{r['published_total'] / 1e9:g}B / {r['published_active'] / 1e9:g}B",
-            _si(r["kv_bytes_per_token_bf16"], "B"),
-        )
-    Console().print(t)
-    Console().print("* hypothetical model")
+        ctx = r["max_context_tokens"]
+        cells = {"id": r["id"] + (" *" if r["hypothetical"] else ""),
+                 "attention": r["attention_kind"].replace(" + sliding window", " + SWA"), "ffn": r["ffn"]["kind"],
+                 "layers": str(r["n_layers"]), "params\ntotal": f"{r['params_total'] / 1e9:,.1f}B",
+                 "params\nactive": f"{r['params_active'] / 1e9:,.1f}B",
+                 "published\ntotal / active": f"{r['published_total'] / 1e9:g}B / {r['published_active'] / 1e9:g}B",
+                 "KV per\ntoken": _si(r["kv_bytes_per_token_bf16"], "B"),
+                 "max\ncontext": "-" if ctx is None else f"{ctx / 1e3:,.0f}k" if ctx < 1_000_000 else
+                 f"{ctx / 1e6:.3g}M"}
+        t.add_row(*(cells[name] for name, _ in columns))
+    console.print(t)
 
 
 @catalog_app.command("import-model")

@@ -13,12 +13,12 @@ from dse.optimize.fronts import front
 from dse.optimize.operating_points import operating_points
 from dse.optimize.requests import (
     block_optima,
-    disaggregated_demand,
     disaggregated_tables,
     pick,
     pick_disaggregated,
 )
 from dse.optimize.space import SpaceOptions, build_space, pair_chunks, pairs
+from dse.optimize.whole import Budget, whole_aggregated, whole_disaggregated
 from dse.physics import serving
 from dse.physics.serving import Request
 
@@ -51,12 +51,14 @@ def test_chunks_cover_every_pair_once_in_order_without_splitting_a_block(space):
 
 def _answers(space, max_pairs: int) -> dict:
     req = space.workload
-    opt = block_optima(space, req, demand=2e4, max_pairs=max_pairs)
-    t = disaggregated_tables(space, req, demand=2e4, max_pairs=max_pairs)
+    opt = block_optima(space, req, max_pairs=max_pairs)
+    t = disaggregated_tables(space, req, max_pairs=max_pairs)
     sys_idx = space.blocks["system_idx"].to_numpy()
     out = {"n": opt.n.tolist(), "metrics": {k: v.tolist() for k, v in opt.metrics.items()}, "binding": opt.binding,
-           "demand": opt.demand, "evaluated": (opt.evaluated, t.evaluated),
-           "disaggregated_demand": disaggregated_demand(space, t, 2e4)}
+           "evaluated": (opt.evaluated, t.evaluated)}
+    for budget, demand in ((None, 2e4), (Budget(gpus=64), None), (Budget(nodes=16), 2e4)):
+        a, d = whole_aggregated(space, opt, budget, demand)[0], whole_disaggregated(space, t, budget, demand)[0]
+        out[f"whole {budget} {demand}"] = (a.config, a.replicas, a.deployed, d.metrics, d.pools, d.deployed)
     for si in (None, *range(len(space.systems))):
         mask = None if si is None else sys_idx == si
         a, d = pick(space, opt, mask=mask), pick_disaggregated(space, t, mask=mask)
