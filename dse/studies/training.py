@@ -179,12 +179,21 @@ def _front(out: StudyOutput, path: Path) -> None:
     ax.set_xlabel("training time (days)")
     ax.set_ylabel(f"training cost (USD, {out.summary['price_kind']})")
     ax.set_title("Training time against cost: the front, the cheapest within the deadline (star)", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, markerscale=4)
     save(fig, path)
 
 
 PLOTS = (Plot("training_front", "training_front.png", _front, needs="usd"),)
-CHARTS = (Chart("training_front", "time_days", "usd", "Training time (days) against cost (USD): the front"),)
+def _model(table: pd.DataFrame) -> pd.Series:
+    return table["model"]
+
+
+def _system(table: pd.DataFrame) -> pd.Series:
+    return table["system"]
+
+
+CHARTS = (Chart("training_front", "time_days", "usd", "Training time (days) against cost (USD): the front",
+                panel=_model, series=_system),)
 
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
