@@ -444,6 +444,10 @@ def validate(
     bands: Annotated[bool, typer.Option("--bands", help="Recompute the error bands of the predictions from the stored "
                                         "fit and the measured serving runs; store them (calibration/fitted.yaml)."
                                         )] = False,
+    fit_training: Annotated[bool, typer.Option("--fit-training", help="Refit the training factors alone on the "
+                                               "training runs (leave-one-out too); store them "
+                                               "(training_efficiency.yaml, calibration/training_fitted.yaml)."
+                                               )] = False,
     out: Annotated[Path | None, typer.Option(help="Report folder (default: results/validate/).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -490,7 +494,13 @@ def validate(
         if fit or bands:
             _store_bands(loaded, err)
             clear_calibration_cache()
-        report = v.run_validation(loaded, use_stored_loo=cases is None or fit)
+        if fit or fit_training:
+            _store_training_fit(err, datetime.date.today().isoformat())
+        # a cases file of one's own is validated alone; the catalog's cases come with the catalog's training runs
+        report = v.run_validation(loaded, use_stored_loo=cases is None or fit or fit_training,
+                                  training=None if cases is None else [])
+        if report.table.empty:
+            raise InputError(f"{cases or v.cases_path()}: no case can be predicted ({len(loaded.skipped)} skipped)")
         target = out or Path("results") / "validate"
         v.write_validation_report(report, target)
     except InputError as exc:
@@ -499,6 +509,21 @@ def validate(
         typer.echo(json.dumps(report.as_dict(), indent=2))
         return
     _print_validation(report, target)
+
+
+def _store_training_fit(err: Console, date: str) -> None:
+    """`dse validate --fit-training` (and `--fit`): the training factors fitted per family and stack on the training
+    runs, each run left out in turn; stored apart from the serving factors.
+    """
+    from dse.catalog.hardware import hw_dir
+    from dse.catalog.training import default_training_efficiency
+    from dse.validate.training import calibrate_training, load_training_runs, write_training_calibration
+
+    runs = load_training_runs()
+    with err.status("fitting the training factors, then leaving each run out") as status:
+        fit = calibrate_training(runs, loo=True, progress=lambda i, n: status.update(f"training run {i + 1}/{n}"))
+    write_training_calibration(fit, hw_dir(), date)
+    default_training_efficiency.cache_clear()
 
 
 def _store_bands(loaded, err: Console) -> None:
@@ -611,6 +636,18 @@ def _print_validation(report, target: Path) -> None:
                       "-" if lfo is None else f"{lfo:.1%}",
                       "-" if not r["band"] else f"[{r['band'][0]:.2f}, {r['band'][1]:.2f}]", r["basis"])
         console.print(f)
+    train = df[df["category"] == "training_throughput"]
+    if not train.empty:
+        from dse.validate.training import summarize_training
+
+        g = Table(title="Training runs: absolute error on tokens/s per chip by family, kind and stack",
+                  header_style="bold")
+        for col in ("group", "runs", "median", "leave-one-out median", "leave-one-out p90"):
+            g.add_column(col, justify="left" if col == "group" else "right")
+        for key, st in summarize_training(train).items():
+            g.add_row(key, str(st["runs"]), f"{st['median_abs_error']:.1%}",
+                      *(f"{st[k]:.1%}" if k in st else "-" for k in ("loo_median_abs_error", "loo_p90_abs_error")))
+        console.print(g)
     for sk in report.skipped:
         console.print(f"[dim]skipped[/] {sk.case} ({sk.category}): {sk.reason}", highlight=False)
     console.print(f"wrote validate.csv, summary.json, scatter.png, report.html to {target}/")

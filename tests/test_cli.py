@@ -78,7 +78,7 @@ def test_catalog_hardware_and_models():
     r = dse("catalog", "hardware", "--json")
     assert r.returncode == 0
     rows = json.loads(r.stdout)
-    assert len(rows) == 19 and rows[0]["flops_bf16_source"]
+    assert len(rows) == 20 and rows[0]["flops_bf16_source"]
     r = dse("catalog", "models", "--json")
     assert r.returncode == 0
     assert {row["id"] for row in json.loads(r.stdout)} >= {"deepseek-v3", "frontier-5t"}

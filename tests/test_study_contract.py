@@ -42,6 +42,9 @@ TINY: dict[str, dict] = {  # the kind's own fields of a study small enough to so
     "moe_codesign": {"models": [], "codesign": {"effective_params_b": 70, "sparsities": [1, 4], "systems": ["h100"]}},
     "deployment": {"deployment": {"groups": [{"name": "h100", "systems": ["h100"]}]}},
     "fleet": {"fleet": {"systems": ["h100"], "inventory_nodes": {"h100": 1000}, "demand_curve": [0.5, 1.0]}},
+    "training": {"models": ["llama-3.1-8b"], "training": {
+        "tokens": 1e11, "seq": 4096, "global_batch": 256, "deadline_days": 30, "inventory": {"h100": 64},
+        "tp": [1, 2], "pp": [1, 2], "recompute": ["selective"], "zero": [1], "precision": ["bf16", "fp8"]}},
 }
 
 

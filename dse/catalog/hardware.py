@@ -62,7 +62,6 @@ TIER_IDS = ("hbm", "host_dram", "nvme", "hdd")
 EFFICIENCY_FIELDS: dict[str, FieldSpec] = {
     "compute_prefill": FieldSpec("fraction", True, "achieved fraction of peak FLOP/s in prefill"),
     "compute_decode": FieldSpec("fraction", True, "achieved fraction of peak FLOP/s in decode"),
-    "compute_train": FieldSpec("fraction", False, "achieved fraction of peak FLOP/s in training matmuls"),
     "memory": FieldSpec("fraction", True, "achieved fraction of HBM (and host link) bandwidth"),
     "link": FieldSpec("fraction", True, "achieved fraction of scale-up and scale-out bandwidth"),
     "overlap": FieldSpec("fraction", True, "share of the shorter of compute/memory and communication hidden", False),
@@ -184,7 +183,6 @@ class Efficiency:
 
     compute_prefill: float = 1.0
     compute_decode: float = 1.0
-    compute_train: float = 1.0
     memory: float = 1.0
     link: float = 1.0
     overlap: float = 1.0

@@ -19,11 +19,11 @@ import pandas as pd
 
 from dse.catalog.hardware import System
 from dse.catalog.models import Architecture
-from dse.errors import InputError
+from dse.catalog.training import TRAIN_IDEAL
 from dse.optimize.operating_points import operating_points
 from dse.optimize.space import SpaceOptions, build_space
 from dse.physics.serving import Request
-from dse.physics.training import TrainLayout, train_step
+from dse.physics.training import TrainCandidates, TrainLayout, refused, train_steps
 
 TRAIN_TP = (1, 2, 4, 8)
 TRAIN_PP = (1, 2, 4, 8, 16)
@@ -54,27 +54,41 @@ def _layouts(model: Architecture, chips: int, gemm_dtypes: tuple[str, ...]):
 
 def training_options(model: Architecture, system: System, nodes: list[int], seq: int, batch_tokens: float,
                      gemm_dtypes: tuple[str, ...] = ("bf16",), ideal: bool = False) -> pd.DataFrame:
-    """Per number of nodes, the fastest layout that fits (`TRAIN_COLUMNS`), on the front of nodes against
-    tokens/s. Formats the chip has no tensor units for are skipped.
+    """Per number of nodes, the fastest layout that fits (`TRAIN_COLUMNS`; the first listed among equals), on the
+    front of nodes against tokens/s. Formats the chip has no tensor units for, and layouts the step refuses (no
+    scale-out bandwidth across domains, more pipeline chunks than the model places), are skipped. Every layout of
+    every node count is evaluated in one call of the vectorized step (`train_steps`).
     """
     dtypes = tuple(g for g in gemm_dtypes if g == "bf16" or system.is_native(g))
+    listed = [(n, lay) for n in nodes for lay in _layouts(model, n * int(system.scaleup_domain), dtypes)]
     rows: list[dict] = []
+    if not listed:
+        return pd.DataFrame(rows, columns=list(TRAIN_COLUMNS))
+    lays = [lay for _, lay in listed]
+    cand = TrainCandidates.from_layouts(lays)
+    sequences = np.array([max(1, round(batch_tokens / seq / (lay.dp * lay.micro_batch))) * lay.dp * lay.micro_batch
+                          for lay in lays])
+    ok = ~refused(model, system, cand, seq)
+    idx = np.flatnonzero(ok)
+    r = train_steps(model, system, cand.take(idx), sequences[idx], seq, TRAIN_IDEAL if ideal else None) \
+        if idx.size else None
+    fits = np.zeros(len(lays), dtype=bool)
+    tps, mfu, step = (np.full(len(lays), np.nan) for _ in range(3))
+    if r is not None:
+        fits[idx], tps[idx], mfu[idx], step[idx] = r["fits"], r["tokens_per_s"], r["mfu"], r["step_s"]
+    node_of = np.array([n for n, _ in listed])
     for n in nodes:
-        chips = n * int(system.scaleup_domain)
-        best = None
-        for lay in _layouts(model, chips, dtypes):
-            sequences = max(1, round(batch_tokens / seq / (lay.dp * lay.micro_batch))) * lay.dp * lay.micro_batch
-            try:
-                r = train_step(model, system, lay, sequences, seq, ideal=ideal)
-            except InputError:  # a layout the system cannot run (no scale-out bandwidth across domains)
-                continue
-            if r["fits"] and (best is None or r["tokens_per_s"] > best["tokens_per_s"]):
-                best = {"system": system.id, "nodes": n, "chips": chips, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
-                        "ep": lay.ep, "micro_batch": lay.micro_batch, "recompute": lay.recompute,
-                        "gemm_dtype": lay.gemm_dtype, "global_batch": sequences, "seq": seq,
-                        "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"], "step_s": r["step_s"]}
-        if best is not None and (not rows or best["tokens_per_s"] > rows[-1]["tokens_per_s"]):
-            rows.append(best)
+        here = np.flatnonzero((node_of == n) & fits)
+        if not here.size:
+            continue
+        i = int(here[np.argmax(tps[here])])  # the first of the fastest
+        lay = lays[i]
+        if rows and tps[i] <= rows[-1]["tokens_per_s"]:
+            continue
+        rows.append({"system": system.id, "nodes": n, "chips": n * int(system.scaleup_domain), "tp": lay.tp,
+                     "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "micro_batch": lay.micro_batch,
+                     "recompute": lay.recompute, "gemm_dtype": lay.gemm_dtype, "global_batch": int(sequences[i]),
+                     "seq": seq, "tokens_per_s": float(tps[i]), "mfu": float(mfu[i]), "step_s": float(step[i])})
     return pd.DataFrame(rows, columns=list(TRAIN_COLUMNS))
 
 

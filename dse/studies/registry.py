@@ -27,6 +27,7 @@ KINDS: dict[str, str] = {
     "moe_codesign": "dse.studies.moe_codesign",
     "deployment": "dse.studies.deployment",
     "fleet": "dse.studies.fleet",
+    "training": "dse.studies.training",
 }
 
 

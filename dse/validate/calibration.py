@@ -5,7 +5,7 @@ them, then each point left out in turn; the errors give each family's band.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +16,9 @@ from dse.catalog.calibration import family_of
 from dse.catalog.hardware import IDEAL, Efficiency, EfficiencyCatalog
 from dse.validate.decode import DecodeTerms, ServingRows, tpot_passes
 from dse.validate.factors import FACTOR, FITTED, RUN_FITTED
-from dse.validate.fit import choose_two_batch, fit, fit_family, fit_training, leave_one_out
-from dse.validate.points import Cases, TrainPoint
-from dse.validate.predict import predict, predict_runs, predict_training, table
+from dse.validate.fit import choose_two_batch, fit, fit_family, leave_one_out
+from dse.validate.points import Cases
+from dse.validate.predict import predict, predict_runs, table
 from dse.validate.runs import family_key, group_key, map_runs, read_runs_files
 
 
@@ -91,20 +91,6 @@ def load_serving_rows(path: Path | list[Path], factors: EfficiencyCatalog | None
     return ServingRows(terms, split, measured, family)
 
 
-def _calibrate_training(points: list[TrainPoint], default: Efficiency, families: dict[str, Efficiency], loo: bool,
-                        ) -> tuple[Efficiency, dict[str, Efficiency], pd.DataFrame]:
-    """The training matmul efficiency fitted on the training points (`fit_training`) set in every factor set,
-    and the points' table (family ``training``).
-    """
-    value, pred, loo_pred = fit_training(points, default, families, loo)
-    df = table(points, pred, predict_training(points, IDEAL), loo_pred)
-    df["family"] = "training"
-    default = replace(default, compute_train=value)
-    families = {k: replace(v, compute_train=value) for k, v in families.items()}
-    return default, families, df
-
-
-
 def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
               stored: dict[str, Efficiency] | None = None, serving_file: Path | None = None,
               serving_name: str = "") -> Calibration:
@@ -163,10 +149,6 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
     loo_pred = leave_one_out(pts, default, families, serving, progress) if loo else None
     df = table(pts, pred, ideal, loo_pred)
     df["family"] = [family_of(p.system) if family_of(p.system) in families else "default" for p in pts]
-    if cases.training:
-        default, families, train_df = _calibrate_training(cases.training, default, families, loo)
-        rms["training"] = float(np.sqrt(np.mean(np.log(1 + train_df["error"]) ** 2)))
-        df = pd.concat([df, train_df], ignore_index=True)
     band = {}
     col = "loo_error" if loo else "error"
     for fam in ["default", *families]:

@@ -378,9 +378,6 @@ def _quantity(name: str, value: float, source: str, date: str, note: str) -> str
     return f'{{value: {value * f.per_si:.4g}, unit: {f.unit}, source: {source}, date: "{date}", note: "{note}"}}'
 
 
-TRAIN_NOTE = "fitted on the training cases (Megatron-LM 2021 Table 1, Llama 3 Table 4), one value for all"
-
-
 def _family_summary(cal: Calibration) -> dict:
     """Per fitted family: its systems, points, the factors fitted, and the in-sample and leave-one-out errors."""
     out = {}
@@ -428,13 +425,11 @@ def write_calibration(cal: Calibration, cases_file: str, folder: Path, date: str
         out = []
         for name in FACTOR:
             # a fixed time is fitted only where this block's own fit freed it, else it is the estimate
-            fitted = name in FITTED or name == "compute_train" or name in fitted_here
+            fitted = name in FITTED or name in fitted_here
             lo, hi = FACTOR[name].bounds
             value = getattr(eff, name)
             at_bound = fitted and (abs(value - lo) < 1e-6 * max(hi, 1e-9) or abs(value - hi) < 1e-6 * max(hi, 1e-9))
-            if name == "compute_train":
-                why = TRAIN_NOTE
-            elif name in fitted_here:
+            if name in fitted_here:
                 why = f"{note}: {FACTOR[name].meaning}"
             elif fitted:
                 why, at_bound = f"{unfitted}: {FACTOR[name].meaning}", False

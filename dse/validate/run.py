@@ -47,7 +47,7 @@ from dse.validate.decode import predicted_passes, tpot_at
 from dse.validate.factors import FACTORS
 from dse.validate.fit import fit_closed_loop, refit_tpot, refit_tpot_sets
 from dse.validate.points import Cases
-from dse.validate.predict import benchmark_ttft, predict, predict_runs, predict_training, table
+from dse.validate.predict import benchmark_ttft, predict, predict_runs, table
 from dse.validate.report import RunsValidation, Validation, family_bands, summarize
 from dse.validate.runs import (
     METRICS,
@@ -60,23 +60,25 @@ from dse.validate.runs import (
     read_runs,
     read_runs_files,
 )
+from dse.validate.training import TrainRun, load_training_runs, validation_rows
 
 
-def run_validation(cases: Cases, use_stored_loo: bool = True) -> Validation:
-    """Predict every point with the catalog's calibrated factors; attach the stored leave-one-out errors."""
+def run_validation(cases: Cases, use_stored_loo: bool = True, training: list[TrainRun] | None = None,
+                   ) -> Validation:
+    """Predict every point with the catalog's calibrated factors, and every training run (default: the catalog's,
+    `dse.validate.training`) with the training factors; attach the stored leave-one-out errors.
+    """
     pts = cases.points
     df = table(pts, predict(pts, None), predict(pts, IDEAL))
     df["family"] = [family_of(p.system) or "default" for p in pts]
-    if cases.training:
-        tr = cases.training
-        tdf = table(tr, predict_training(tr, None), predict_training(tr, IDEAL))
-        tdf["family"] = "training"
-        df = pd.concat([df, tdf], ignore_index=True)
     fitted = load_fitted() if use_stored_loo else None
     if fitted:
         loo = {row["label"]: row.get("loo_predicted") for row in fitted["table"]}
         df["loo_predicted"] = [loo.get(label, np.nan) for label in df["label"]]
         df["loo_error"] = df["loo_predicted"] / df["measured"] - 1.0
+    runs = load_training_runs() if training is None else training
+    if runs:
+        df = pd.concat([df, validation_rows(runs, use_stored_loo)], ignore_index=True)
     return Validation(df, summarize(df), cases.skipped, family_bands(fitted if use_stored_loo else load_fitted()))
 
 
