@@ -13,7 +13,7 @@ from helpers import dse
 
 from dse.catalog.hardware import efficiency_for
 from dse.validate.run import validate_file, validate_runs
-from dse.validate.runs import GROUP, map_runs, read_runs
+from dse.validate.runs import GROUP, factor_key, map_runs, read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "hw_catalog" / "calibration" / "published" / "measured_serving.csv"
@@ -25,42 +25,50 @@ def full():
 
 
 def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
-    """Coverage and the leave-group-out errors as they stand (the issue's goals: coverage >= 95%, TPOT <= 15%,
-    TTFT <= 25%): the assertions pin what is reached, so a regression shows."""
+    """Coverage and the leave-group-out errors as they stand on the rows that state their layout (the issue's
+    goals: coverage >= 97%, TPOT <= 12%, TTFT <= 25%): the assertions pin what is reached, so a regression shows.
+    The 583 disaggregated rows of unknown layout are reported apart (``layout_unknown``)."""
     doc = full.as_dict()
-    assert doc["rows_given"] == 3113 and doc["coverage"] >= 0.96
+    assert doc["rows_given"] == 3113 and doc["coverage"] >= 0.96  # 96.1%: 123 rows skipped, each with its reason
+    assert doc["rows_layout_unknown"] == 583
     assert doc["rows_failing_the_memory_check"] <= 0.1 * doc["rows_predicted"]  # a finding, reported
     by = {(e["category"], e["metric"]): e for e in doc["summary"]}
     assert {"n", "median_abs_error", "mape", "p90_abs_error", "signed_median", "loo_median_abs_error",
             "within_sweep_median_abs_error"} <= set(by[("all", "tpot")])
+    assert by[("all", "tpot")]["n"] == 2407 and by[("layout_unknown", "tpot")]["n"] == 583
     # each sweep's level removed, the shape across concurrency errs far less than the level: the gap to the goals
     # is the level of whole sweeps
-    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.085  # 7.9%
+    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.085  # 8.1%
     assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.18  # 17.6%
-    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.145  # 14.2%
-    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.125  # 12.0%
+    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.12  # 11.7%
+    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.12  # 11.8%
+    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.4%
     # the data demand a decode factor set per framework: one per family, shared by the frameworks, errs more
-    # out of sample (16.0% overall, 12.6% aggregated)
+    # out of sample (12.2% overall, 12.5% aggregated)
     for cat in ("all", "agg"):
         e = by[(cat, "tpot")]
-        assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.005
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.365  # 35.9%
-    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.33  # 32.3%
+        assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.004
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.33  # 32.3%
+    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.33  # 32.0%
+    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.37  # 36.5%
+    # the rows of unknown layout, predicted by fits that never read them on the smallest deployment of their
+    # worker sizes, are over-predicted (their deployments were larger): 68% median, +67% signed
+    assert by[("layout_unknown", "tpot")]["signed_median"] > 0.5
     # the calibrated physics beats the ideal roofline on what it was calibrated for
     assert by[("all", "tpot")]["median_abs_error"] < by[("all", "tpot")]["ideal_median_abs_error"]
     assert set(doc["partitions"]) == {"system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band",
                                       "workers"}
     workers = {r["workers"]: r["n"] for r in doc["partitions"]["workers"]}
-    assert workers["assumed"] == 583  # disaggregated runs without worker counts (predicted with the stated rule)
-    t = full.table
-    stated_disagg = t[(t["mode"] == "disagg") & (t["workers"] == "stated")]
-    # 10.1% (12.1% before the kernels' curves; a disaggregated closed loop's decode batch follows the predicted
-    # prefill, so the catalog's prefill factors move these rows' decode passes)
-    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.11
+    assert workers == {"stated": 2407, "unknown": 583}
     # the shipped physics (the catalog's factors, fitted jointly on these runs where the workers are stated, and
-    # on offline throughput): 13.7% on the stated rows (14.2% without the kernels' curves, 18.9% with the factors
-    # fitted on throughput alone)
+    # on offline throughput): 13.2% on the stated rows
+    t = full.table
     assert t[t["workers"] == "stated"]["tpot_error"].abs().median() <= 0.14
+    # leave-family-out per family: Hopper's TPOT 34.5% (its rows predicted by factors fitted on Blackwell's)
+    fams = {r["family"]: r for r in doc["families"]}
+    assert set(fams) == {"hopper", "blackwell"}
+    for r in fams.values():
+        assert r["tpot_lfo_median_abs_error"] >= r["tpot_loo_median_abs_error"] - 1e-9
     # the decode factors keep their meaning: shares of a peak in (0, 1], latencies and overheads positive
     for f in full.scales["tpot"].values():
         assert all(0 < v <= 1 for k, v in f["fitted"].items() if k in ("compute_decode", "memory", "link"))
@@ -74,8 +82,7 @@ def test_a_calibrated_decode_step_is_never_faster_than_the_roofline(full):
     t = full.table
     assert (t["predicted_tpot_s"] >= t["ideal_tpot_s"] * (1 - 1e-9)).all()
     assert (t["measured_tpot_s"] * (1 + t["tpot_in_sample_error"]) >= t["ideal_tpot_s"] * (1 - 1e-9)).all()
-    # a left-out sweep whose framework's two-batch choice flips without it is predicted on the other pass
-    assert (t["two_batch_loo"] != t["two_batch"]).any()
+    # a left-out sweep is predicted on the pass its framework's two-batch choice without it takes
     assert (t["measured_tpot_s"] * (1 + t["tpot_loo_error"]) >= t["ideal_tpot_loo_s"] * (1 - 1e-9)).all()
 
 
@@ -110,15 +117,21 @@ def test_the_closed_loop_ttft_fit_recovers_a_known_queue_share_and_fixed_latency
     v = validate_runs(runs)
     assert v.scales["ttft"] and all(f == {"queue_share": pytest.approx(0.2), "fixed_latency_s": pytest.approx(0.15)}
                                     for f in v.scales["ttft"].values())
-    assert v.table["ttft_in_sample_error"].abs().max() < 1e-9
     tv = v.table
     key = tv["backend"] + "|" + tv["mode"]
-    sweeps = tv.assign(g=tv[list(GROUP)].astype(str).agg("|".join, axis=1)).groupby(key)["g"].transform("nunique")
-    assert (sweeps > 1).sum() > 0.9 * len(tv)
-    assert tv.loc[sweeps > 1, "ttft_loo_error"].abs().max() < 1e-9
-    # a sweep alone in its framework and mode has nothing to learn from: the physics' prefill and hand-off alone
-    alone = tv[sweeps == 1]
-    assert np.allclose(alone["benchmark_ttft_loo_s"], alone["prefill_s"] + alone["transfer_s"], rtol=1e-12)
+    fitted = key.isin(list(v.scales["ttft"]))
+    assert tv.loc[fitted, "ttft_in_sample_error"].abs().max() < 1e-9
+    stated = tv[tv["workers"] == "stated"]
+    key = stated["backend"] + "|" + stated["mode"]
+    sweeps = stated.assign(g=stated[list(GROUP)].astype(str).agg("|".join, axis=1)).groupby(key)["g"].transform(
+        "nunique")
+    assert (sweeps > 1).sum() > 0.9 * len(stated)
+    assert stated.loc[sweeps > 1, "ttft_loo_error"].abs().max() < 1e-9
+    # a sweep alone in its framework and mode has nothing to learn from, nor a row of unknown layout whose
+    # framework and mode no stated row has: the physics' prefill and hand-off alone
+    alone = pd.concat([stated[sweeps == 1], tv[~fitted]])
+    assert len(alone) and np.allclose(alone["benchmark_ttft_loo_s"], alone["prefill_s"] + alone["transfer_s"],
+                                      rtol=1e-12)
 
 
 def test_cli_reads_a_subset_and_writes_the_report(tmp_path):
@@ -186,6 +199,7 @@ def test_two_batch_overlap_is_found_in_the_frameworks_whose_runs_it_made():
 
     raw = read_runs(MEASURED)
     runs = map_runs(raw[raw["model_path"].isin(["deepseek-ai/DeepSeek-R1", "MiniMaxAI/MiniMax-M2.5"])])
+    runs.table = runs.table[runs.table["workers"] == "stated"]  # the rows the fits read
     t = runs.table
     sglang = (t["backend"] == "sglang").to_numpy()
     made_split = sglang & (t["ep"] > 1).to_numpy()  # only a pass with an expert all-to-all has one to hide
@@ -197,17 +211,18 @@ def test_two_batch_overlap_is_found_in_the_frameworks_whose_runs_it_made():
     assert eligible and split == eligible
     assert (v.table["two_batch"] == (sglang & (t["ep"] > 1).to_numpy())).all()
     assert v.table["tpot_in_sample_error"].abs().max() < 1e-9
-    assert v.table["tpot_loo_error"].abs().quantile(0.95) < 1e-9
+    assert v.table.loc[made_split, "tpot_loo_error"].abs().max() < 1e-9
+    assert v.table["tpot_loo_error"].abs().quantile(0.85) < 1e-9
 
 
-def test_on_the_measured_runs_one_disaggregated_decode_is_split(full):
-    """With a decode factor set per family and framework the data switch two-batch overlap on for TRT-LLM's
-    disaggregated (wide-EP) decode alone, and for no aggregated deployment. The choice is weakly identified:
-    with one factor set per family (the catalog's fit) the same runs choose SGLang's disaggregated decode
-    instead (`dse.validate.calibration.load_serving_rows`, asserted in test_joint_calibration)."""
+def test_on_the_runs_that_state_their_layout_no_decode_is_split(full):
+    """With a decode factor set per family and framework, the runs that state their layout switch two-batch
+    overlap on for no framework and mode. (With the 583 disaggregated rows of unknown layout in the fits, each
+    class with its own factors, TRT-LLM's disaggregated decode was split: a choice made by rows whose deployment
+    was guessed.)"""
     chosen = full.scales["two_batch_overlap"]
-    assert len(chosen) > 1 and {k for k, on in chosen.items() if on} == {"trtllm|disagg"}
-    assert full.table.loc[full.table["two_batch"], "mode"].eq("disagg").all()
+    assert len(chosen) > 1 and not any(chosen.values())
+    assert not full.table["two_batch"].any()
 
 
 def test_an_attention_tp_that_does_not_divide_the_heads_is_not_run_as_stated(tmp_path):
@@ -256,29 +271,35 @@ def test_a_queued_prompt_costs_its_share_of_a_full_chunk():
     assert "chunk_share_s" not in prefill_pool(cand, mt, st, short)  # the search does not pay for the extra pass
 
 
-def test_rows_with_assumed_workers_do_not_calibrate_the_rows_that_state_them():
-    """Measured TPOTs made by the physics, 20% faster on the rows whose worker counts were assumed (as undisclosed
-    speculative decoding would): each class gets its own factors, so the rows that state their layout keep the
-    catalog's (every error vanishes) and the assumed rows' refit reads HBM faster."""
-    from dse.validate.predict import predict_runs
-    from dse.validate.runs import factor_key
+def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
+    """Measured TPOTs and TTFTs made by the physics, 20% faster on the rows whose worker counts the file leaves
+    empty (as a larger deployment than the smallest one would be): the rows that state their layout keep the
+    catalog's factors (every error vanishes), and the others, read by no fit, are predicted by those factors
+    (their error is the 25% they were made off by), reported apart from the headline."""
+    from dse.validate.predict import benchmark_ttft, predict_runs
+    from dse.validate.report import summary
 
     raw = read_runs(MEASURED)
     runs = map_runs(raw[(raw["mode"] == "disagg") & raw["model_path"].str.startswith("deepseek-ai/")])
     t = runs.table
-    assumed = t["workers"] == "assumed"
-    assert assumed.any() and (~assumed).any()
-    assert not set(factor_key(t[assumed])) & set(factor_key(t[~assumed]))
-    t["measured_tpot_s"] = predict_runs(t)["predicted_tpot_s"].astype(float) * np.where(assumed, 0.8, 1.0)
+    unknown = t["workers"] == "unknown"
+    assert unknown.any() and (~unknown).any()
+    assert (t.loc[unknown, ["replicas", "p_replicas"]] == 1).all().all()  # the smallest deployment
+    p = predict_runs(t)
+    t["measured_tpot_s"] = p["predicted_tpot_s"].astype(float) * np.where(unknown, 0.8, 1.0)
+    t["measured_ttft_s"] = benchmark_ttft(p["prefill_s"], p["chunk_share_s"], p["prompts_per_server"],
+                                          p["transfer_s"], 0.0, 0.0) * np.where(unknown, 0.8, 1.0)
     v = validate_runs(runs)
-    err = v.table["tpot_in_sample_error"].abs()
-    assert err[~assumed].max() < 1e-9 and err[assumed].median() < 0.01
+    err = v.table["tpot_in_sample_error"]
+    assert err[~unknown].abs().max() < 1e-9 and np.allclose(err[unknown], 0.25, atol=1e-9)
+    assert np.allclose(v.table.loc[unknown, "tpot_loo_error"], 0.25, atol=1e-9)
+    assert np.allclose(v.table.loc[unknown, "ttft_loo_error"], 0.25, atol=1e-9)
     for key, f in v.scales["tpot"].items():
         catalog = efficiency_for(v.table.loc[factor_key(v.table) == key, "system"].iloc[0])
-        if "|assumed|" in key:  # decode passes are memory-bound: the HBM share carries the speed-up
-            assert f["fitted"]["memory"] > catalog.memory
-        else:
-            assert f["fitted"]["memory"] == pytest.approx(catalog.memory, rel=1e-6)
+        assert f["fitted"]["memory"] == pytest.approx(catalog.memory, rel=1e-6)
+    cats = {(e["category"], e["metric"]): e for e in summary(v)}
+    assert cats[("all", "tpot")]["n"] == (~unknown).sum() and cats[("layout_unknown", "tpot")]["n"] == unknown.sum()
+    assert cats[("all", "tpot")]["loo_median_abs_error"] < 1e-9
 
 
 def test_the_split_passes_predicted_with_the_unsplit_ones_are_their_own():

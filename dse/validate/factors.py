@@ -28,7 +28,7 @@ class Factor:
 
     name: str
     kind: str  # share (of a peak, a capacity or a time), time (s per collective or layer), length (rows, tokens)
-    fitted_on: str  # cases (the published points), training (the training points), runs (measured serving runs)
+    fitted_on: str  # cases (the published points), runs (measured serving runs)
     unit: str  # as efficiency.yaml stores it
     per_si: float  # stored value per SI value
     bounds: tuple[float, float]
@@ -61,8 +61,6 @@ TABLE = (
            "share of the communication time hidden under compute (0: serialized, 1: fully overlapped)"),
     Factor("hbm_usable", "share", "cases", "fraction", 1.0, (0.8, 0.98),
            "share of the HBM capacity the engine fills with weights, KV cache and activations"),
-    Factor("compute_train", "share", "training", "fraction", 1.0, (0.05, 1.0),
-           "achieved share of the peak dense tensor FLOP/s in training steps"),
     Factor("latency_scaleup", "time", "runs", "us", 1e6, (0.0, 10e-3),
            "fixed latency of one collective inside a scale-up domain (launch and synchronization of a small "
            "message)",
