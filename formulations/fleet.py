@@ -225,22 +225,22 @@ def _index(d: FleetData, elastic: bool = False) -> dict:
             "up": up, "t": {t: i for i, t in enumerate(d.slices)}}
 
 
-def add_nodes_variables(m: pyo.ConcreteModel, d: FleetData) -> None:
+def add_nodes_variables(m: pyo.ConcreteModel, d: FleetData, elastic: bool = False) -> None:
     """Nodes: reserved integers; hourly continuous where every replica occupies whole nodes (the least hourly count
     meeting a whole-node need is then an integer), integers where replicas share nodes; the system-in-use binaries
-    of systems with a fixed cost.
+    of systems with a fixed cost. The inventory bounds them, except in the elastic program, where the inventory is
+    a soft limit (`add_nodes`' shortfall) and the nodes are unbounded above.
     """
     inv = d.inventory
-    if hasattr(m, "short_nodes"):  # the elastic program: inventory is a soft limit
-        inv = inv * 0 + int(d.inventory.to_numpy().max()) * 100 + 1000
     m.S = pyo.Set(initialize=list(d.systems.index))
     m.T = pyo.Set(initialize=d.slices)
     m.K = pyo.Set(initialize=range(len(d.options)))
     m.J = pyo.Set(initialize=range(len(d.classes)))
     shared = d.shares_nodes()
-    m.reserved = pyo.Var(m.S, domain=pyo.NonNegativeIntegers, bounds=lambda _, s: (0, int(inv.loc[s].min())))
+    m.reserved = pyo.Var(m.S, domain=pyo.NonNegativeIntegers,
+                         bounds=lambda _, s: (0, None if elastic else int(inv.loc[s].min())))
     m.hourly = pyo.Var(m.S, m.T, domain=lambda _, s, t: pyo.NonNegativeIntegers if shared[s] else
-                       pyo.NonNegativeReals, bounds=lambda _, s, t: (0, int(inv.loc[s, t])))
+                       pyo.NonNegativeReals, bounds=lambda _, s, t: (0, None if elastic else int(inv.loc[s, t])))
     fixed = [s for s in d.systems.index if float(d.systems.loc[s, "fixed_usd_per_day"]) > 0]
     m.SU = pyo.Set(initialize=fixed)
     m.used = pyo.Var(m.SU, domain=pyo.Binary)
@@ -591,7 +591,7 @@ def build(d: FleetData, elastic: bool = False, hull: str = "aggregated") -> pyo.
     ix = _index(d, elastic)
     split = {int(ix["j_of"][k]) for k in range(len(d.options)) if d.options["role"].iat[k] != "both"}
     ix["hull"] = set() if hull == "none" else {j for j in range(len(d.classes)) if j not in split}
-    add_nodes_variables(m, d)
+    add_nodes_variables(m, d, elastic)
     add_replicas(m, ix)
     add_demand(m, d, ix)
     add_covers(m, d, ix)
@@ -608,7 +608,7 @@ def add_objective(m: pyo.ConcreteModel, d: FleetData) -> None:
     if d.budget_usd_per_day is not None:
         m.budget = pyo.Constraint(expr=m.cost_per_day <= d.budget_usd_per_day + _slack(m, "short_usd", None))
     penalty = 0
-    if hasattr(m, "short_nodes"):
+    if getattr(m, "short_nodes", None) is not None:  # the elastic program
         penalty = ELASTIC * (sum(m.short_nodes.values()) + sum(v / 1e3 for v in m.short_power_w.values())
                              + sum(v / 1e3 for v in m.short_usd.values()))
     m.cost = pyo.Objective(expr=m.cost_per_day + penalty, sense=pyo.minimize)
