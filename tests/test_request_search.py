@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import brute_force_choices, candidates_of, random_space
+from helpers import brute_force_choices, candidates_of, random_space, served
 
 from dse.catalog.hardware import IDEAL
 from dse.catalog.units import DTYPES
@@ -40,7 +40,7 @@ def brute_force(model, w: Request, opts: SpaceOptions):
     a = np.array(rows, dtype=np.int64).T
     cand = candidates_of(rows, w.prompt + w.output)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
-    r = aggregated(cand, mt, st, Request(w.prompt, w.output), IDEAL if opts.ideal else None)
+    r = aggregated(cand, mt, st, served(Request(w.prompt, w.output)), IDEAL if opts.ideal else None)
     cost = r["usd_per_request"]
     ok = r["fits"] & r["stable"] & np.isfinite(cost) & (cost > 0)
     if w.tpot_max is not None:

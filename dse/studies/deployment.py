@@ -154,7 +154,7 @@ def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: 
     cfg = {k: (int(v) if k in ("chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context") else v)
            for k, v in cfg.items()}
     e = config_entry(model, w.name, w.prompt, cfg, spec.space.ideal, output=w.output, request_level=True,
-                     system=systems[cfg["system"]])
+                     system=systems[cfg["system"]], framework=spec.framework, mem_fraction=spec.mem_fraction)
     lam = w.demand_tokens_per_s / w.output
     chips = int((pools["chips"] * pools["replicas"]).sum())
     roles = set(pools["role"])

@@ -253,7 +253,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
         cfg = {key: (int(v) if isinstance(v, (np.integer, int)) and not isinstance(v, bool) else v)
                for key, v in o["cfg"].items()}
         e = config_entry(model_id, cls, w.prompt, cfg, spec.space.ideal, output=w.output, request_level=True,
-                         system=systems_priced[o["system"]])
+                         system=systems_priced[o["system"]], framework=spec.framework, mem_fraction=spec.mem_fraction)
         n = int(r.replicas.loc[k, slices[peak]])
         usd_h = float(d.systems.loc[o["system"], "hourly_usd_per_node_h"]) * o["nodes"]
         e.update(serving=o["serving"], replicas=n, peak_slice=slices[peak],

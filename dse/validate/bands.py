@@ -45,7 +45,7 @@ from dse.catalog.calibration import BAND_METRICS, family_of
 from dse.catalog.calibration import families as hardware_families
 from dse.catalog.hardware import Efficiency
 from dse.validate.decode import tpot_passes
-from dse.validate.fit import fit, fit_closed_loop, refit_tpot
+from dse.validate.fit import fit, fit_stack, refit_tpot
 from dse.validate.points import Cases
 from dse.validate.predict import predict, predict_runs
 from dse.validate.run import validate_runs
@@ -109,7 +109,7 @@ def runs_ratios(path: Path) -> tuple[Ratios, Ratios]:
     own = {m: {f: 1.0 / (1.0 + t.loc[fam == f, f"{m}_loo_error"].to_numpy()) for f in known} for m in meas}
     tp = tpot_passes(t, predict_runs(t))
     _, _, _, tpot_lfo, _ = refit_tpot(replace(tp, groups=fam), t["backend"].astype(str).to_numpy(), meas["tpot"])
-    _, _, ttft_lfo = fit_closed_loop(t, pd.Series(tp.fw_mode, index=t.index), pd.Series(fam, index=t.index))
+    _, _, ttft_lfo = fit_stack(t, pd.Series(fam, index=t.index))
     lfo = {"tpot": meas["tpot"] / tpot_lfo, "ttft": meas["ttft"] / ttft_lfo.to_numpy()}
     return tuple(Ratios(own[m], {f: lfo[m][fam == f] for f in known}, "leave-group-out") for m in ("tpot", "ttft"))
 

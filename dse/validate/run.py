@@ -39,11 +39,12 @@ from dse.catalog.calibration import family_of, load_fitted
 from dse.catalog.hardware import IDEAL
 from dse.errors import InputError
 from dse.validate.decode import predicted_passes
-from dse.validate.fit import fit_closed_loop, refit_tpot_sets
+from dse.validate.fit import fit_stack, refit_tpot_sets
 from dse.validate.points import Cases
 from dse.validate.predict import predict, predict_runs, predict_training, table
 from dse.validate.report import RunsValidation, Validation, summarize
 from dse.validate.runs import METRICS, Runs, factor_key, family_key, group_key, map_runs, nothing_predicted, read_runs
+from dse.validate.stack import stack_rows
 
 
 def run_validation(cases: Cases, use_stored_loo: bool = True) -> Validation:
@@ -97,18 +98,21 @@ def validate_runs(runs: Runs) -> RunsValidation:
         ideal_loo[flipped] = predict_runs(t[flipped], IDEAL, decode_batch=tp.decode_batch(loo_split)[flipped]
                                           )["predicted_tpot_s"].astype(float).to_numpy()
     groups = group_key(t)
-    for col in ("prefill_s", "chunk_share_s", "prompts_per_server", "transfer_s"):
+    for col in ("prefill_s", "wave_s", "transfer_s"):
         t[col] = pred[col].astype(float)
     for m in METRICS:
         t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
         t[f"{m}_ideal_error"] = t[f"ideal_{m}_s"] / t[f"measured_{m}_s"] - 1.0
 
-    # TTFT: the benchmark's closed loop, fitted per framework and mode
+    # TTFT: the physics' closed loop through each framework's serving stack, its terms refitted per framework
+    # and mode
     ttft = t["measured_ttft_s"]
     t["predicted_ttft_s"] = pred["predicted_ttft_s"].astype(float)
     t["ttft_error"] = t["predicted_ttft_s"] / ttft - 1.0
-    scales["ttft"], in_sample, loo = fit_closed_loop(t, pd.Series(tp.fw_mode, index=t.index), groups)
-    t["benchmark_ttft_s"], t["benchmark_ttft_loo_s"] = in_sample, loo
+    fits, in_sample, loo = fit_stack(t, groups, stack_rows(t))
+    scales["ttft"] = {k: {"queue_share": f["terms"].queue_share, "fixed_latency_s": f["terms"].fixed_latency_s,
+                          "rows": f["rows"], "sweeps": f["sweeps"]} for k, f in fits.items()}
+    t["ttft_in_sample_s"], t["ttft_loo_s"] = in_sample, loo
     t["ttft_in_sample_error"] = in_sample / ttft - 1.0
     t["ttft_loo_error"] = loo / ttft - 1.0
 
