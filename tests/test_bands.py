@@ -288,7 +288,7 @@ def _brute_aggregated(model, w: Request, opts, m: Margins, demand: float | None 
         return None
     si = np.array([r[0] for r in rows])
     r = aggregated(candidates_of(rows, w.prompt + w.output), ModelTable.build([model]), SystemTable.build(systems),
-                   served(Request(w.prompt, w.output)), IDEAL if opts.ideal else None)
+                   served(Request(w.prompt, w.output), opts.ideal), IDEAL if opts.ideal else None)
     cost = r["usd_per_request"]
     ok = r["fits"] & r["stable"] & np.isfinite(cost) & (cost > 0)
     if w.tpot_max is not None:
@@ -317,7 +317,7 @@ def _brute_disaggregated(model, w: Request, opts, m: Margins) -> float | None:
     fmt = np.array([(r[6], r[7]) for r in rows])
     best = math.inf
     for j, pr in enumerate(pre_rows):
-        rho = rho_for_ttft(pre["prefill_service_s"][j], pre["kv_transfer_s"][j], w, m.ttft[pr[0]])
+        rho = rho_for_ttft(pre["prefill_service_s"][j], pre["kv_transfer_s"][j], t["req"], m.ttft[pr[0]])
         if not (pre["fits"][j] and np.isfinite(rho) and rho > 0):
             continue
         same = (fmt[:, 0] == pr[6]) & (fmt[:, 1] == pr[7])

@@ -44,8 +44,12 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     for cat in ("all", "agg"):
         e = by[(cat, "tpot")]
         assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.005
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.365  # 35.9%
-    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.33  # 32.3%
+    # TTFT by the optimizer's own physics in a closed loop through the catalog's serving stacks: the shipped
+    # prediction errs 33.3% (median; signed +1.1%), where the optimizer's steady state without the stack's latency and
+    # the closed loop's wave erred 84.6% (signed -83.6%); leave-group-out 34.7% (aggregated 30.5%)
+    assert by[("all", "ttft")]["median_abs_error"] <= 0.34 and abs(by[("all", "ttft")]["signed_median"]) < 0.05
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.35  # 34.7%
+    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.31  # 30.5%
     # the calibrated physics beats the ideal roofline on what it was calibrated for
     assert by[("all", "tpot")]["median_abs_error"] < by[("all", "tpot")]["ideal_median_abs_error"]
     assert set(doc["partitions"]) == {"system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band",
@@ -54,9 +58,10 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert workers["assumed"] == 583  # disaggregated runs without worker counts (predicted with the stated rule)
     t = full.table
     stated_disagg = t[(t["mode"] == "disagg") & (t["workers"] == "stated")]
-    # 10.1% (12.1% before the kernels' curves; a disaggregated closed loop's decode batch follows the predicted
-    # prefill, so the catalog's prefill factors move these rows' decode passes)
-    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.11
+    # 11.2% (10.1% with the closed loop's M/D/1 wait, 12.1% before the kernels' curves; a disaggregated closed
+    # loop's decode batch follows the predicted TTFT, so the prefill physics and the wave move these rows' decode
+    # passes)
+    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.115
     # the shipped physics (the catalog's factors, fitted jointly on these runs where the workers are stated, and
     # on offline throughput): 13.7% on the stated rows (14.2% without the kernels' curves, 18.9% with the factors
     # fitted on throughput alone)
@@ -96,29 +101,40 @@ def test_leave_group_out_never_sees_the_sweep_it_predicts(metric):
     assert odd > 0.4 and rest < odd and odd >= v.table.loc[first, f"{metric}_in_sample_error"].abs().median()
 
 
-def test_the_closed_loop_ttft_fit_recovers_a_known_queue_share_and_fixed_latency():
-    """Measured TTFTs made by the benchmark model itself (xi = 0.2 of the other requests in flight queued ahead,
-    tau = 150 ms): the fit finds both, in sample and with each sweep left out, and every error vanishes."""
-    from dse.validate.predict import benchmark_ttft, predict_runs
+def test_the_stack_fit_recovers_planted_terms_through_the_optimizers_physics():
+    """Measured TTFTs made by the request-level physics itself in a closed loop through planted serving stacks
+    (queue share 0.2 of the wave, fixed latency 150 ms, every framework and mode): the fit finds them, in sample
+    and with each sweep left out, and the errors vanish; a row's prediction is the optimizer's `aggregated` at the
+    row's concurrency, nothing fitted beside it."""
+    from dse.catalog.frameworks import Stack, StackTerms, stack_of
+    from dse.physics.serving import Request, aggregated
+    from dse.validate.predict import predict_runs, run_candidates, run_tables
 
     raw = read_runs(MEASURED)
     runs = map_runs(raw[raw["model_path"].isin(["Qwen/Qwen3-32B", "openai/gpt-oss-120b"])])
     t = runs.table
-    p = predict_runs(t)
-    t["measured_ttft_s"] = benchmark_ttft(p["prefill_s"], p["chunk_share_s"], p["prompts_per_server"],
-                                          p["transfer_s"], 0.2, 0.15)
+    terms = StackTerms(fixed_latency_s=0.15, queue_share=0.2)
+    planted = {fw: Stack(fw, terms, terms) for fw in set(t["backend"])}
+    t["measured_ttft_s"] = predict_runs(t, stacks=planted)["predicted_ttft_s"].astype(float)
     v = validate_runs(runs)
-    assert v.scales["ttft"] and all(f == {"queue_share": pytest.approx(0.2), "fixed_latency_s": pytest.approx(0.15)}
-                                    for f in v.scales["ttft"].values())
-    assert v.table["ttft_in_sample_error"].abs().max() < 1e-9
+    assert v.scales["ttft"] and all(f["queue_share"] == pytest.approx(0.2) and f["fixed_latency_s"] ==
+                                    pytest.approx(0.15) for f in v.scales["ttft"].values())
+    # exact wherever the wave, not a saturated prefill pool, sets the wait (a saturated disaggregated loop's wait
+    # follows its decode batch, which the queue share moves: there the pieces are the catalog's terms')
     tv = v.table
-    key = tv["backend"] + "|" + tv["mode"]
-    sweeps = tv.assign(g=tv[list(GROUP)].astype(str).agg("|".join, axis=1)).groupby(key)["g"].transform("nunique")
-    assert (sweeps > 1).sum() > 0.9 * len(tv)
-    assert tv.loc[sweeps > 1, "ttft_loo_error"].abs().max() < 1e-9
-    # a sweep alone in its framework and mode has nothing to learn from: the physics' prefill and hand-off alone
-    alone = tv[sweeps == 1]
-    assert np.allclose(alone["benchmark_ttft_loo_s"], alone["prefill_s"] + alone["transfer_s"], rtol=1e-12)
+    wave_sets = tv["wait_floor_s"] <= 0.2 * tv["wave_s"]
+    assert wave_sets.mean() > 0.98
+    assert tv.loc[wave_sets, "ttft_in_sample_error"].abs().max() < 1e-9
+    assert tv.loc[wave_sets, "ttft_loo_error"].abs().max() < 1e-9
+    # the shipped prediction of an aggregated row is the optimizer's physics at the row's concurrency
+    row = t[t["mode"] == "agg"].iloc[[0]]
+    models, systems, mt, st = run_tables(row, None, row["backend"].iloc[0])
+    req = Request(int(row["isl"].iloc[0]), int(row["osl"].iloc[0]), arrival="concurrency",
+                  stack=stack_of(row["backend"].iloc[0]))
+    cand = run_candidates(row, models, systems, "", row["in_flight"].to_numpy() / row["pp"].to_numpy(),
+                          int(row["isl"].iloc[0] + row["osl"].iloc[0]))
+    direct = aggregated(cand, mt, st, req)  # one micro-batch: the pass TTFT's prediction is read off
+    assert v.table.loc[row.index, "predicted_ttft_s"].iloc[0] == pytest.approx(direct["ttft_s"][0], rel=1e-12)
 
 
 def test_cli_reads_a_subset_and_writes_the_report(tmp_path):
@@ -164,17 +180,24 @@ def test_a_malformed_csv_exits_2_naming_the_file_and_column(tmp_path, edit, mess
 
 
 def test_closed_loop_of_a_disaggregated_deployment_obeys_littles_law():
-    """lambda (TTFT + (O - 1) TPOT) = C at the solved rate; more requests in flight, longer TTFT."""
+    """lambda (TTFT + (O - 1) TPOT) = C at the solved rate, TTFT in the engine (the stack's fixed latency outside
+    it); more requests in flight, a longer wave and a longer TTFT: S + xi (n - 1) S + transfer + tau."""
+    from dse.catalog.frameworks import Stack, StackTerms
     from dse.physics.serving import Request, disaggregated_closed_loop
 
-    req = Request(4000, 500)
+    terms = StackTerms(fixed_latency_s=0.2, queue_share=0.3)
+    req = Request(4000, 500, arrival="concurrency", stack=Stack("vllm", terms, terms))
     dec = {"tpot_s": np.array([0.02, 0.02, 0.02])}
     pre = {"prefill_service_s": np.array([0.3, 0.3, 0.3]), "servers": np.array([8.0, 8.0, 8.0]),
            "kv_transfer_s": np.array([0.01, 0.01, 0.01])}
     c = np.array([8.0, 64.0, 512.0])
     r = disaggregated_closed_loop(dec, pre, req, c, np.ones(3))
-    np.testing.assert_allclose(r["requests_per_s"] * (r["ttft_s"] + 499 * 0.02), c, rtol=1e-9)
-    assert (np.diff(r["ttft_s"]) > 0).all() and (r["prefill_rho"] < 1).all()
+    np.testing.assert_allclose(r["requests_per_s"] * (r["ttft_s"] - 0.2 + 499 * 0.02), c, rtol=1e-9)
+    wave = 0.3 * np.maximum(c / 8 - 1, 0) * 0.3
+    saturated = c * 0.3 / 8 - 0.3 - 0.01 - 499 * 0.02  # the prefill servers busy all the time: rho = 1
+    np.testing.assert_allclose(r["ttft_s"], 0.3 + np.maximum(wave, saturated) + 0.01 + 0.2, rtol=1e-12)
+    assert saturated[-1] > wave[-1] and r["prefill_rho"][-1] == pytest.approx(1.0)
+    assert (np.diff(r["ttft_s"]) > 0).all() and (r["prefill_rho"] <= 1 + 1e-12).all()
 
 
 def test_two_batch_overlap_is_found_in_the_frameworks_whose_runs_it_made():
@@ -200,13 +223,14 @@ def test_two_batch_overlap_is_found_in_the_frameworks_whose_runs_it_made():
     assert v.table["tpot_loo_error"].abs().quantile(0.95) < 1e-9
 
 
-def test_on_the_measured_runs_one_disaggregated_decode_is_split(full):
-    """With a decode factor set per family and framework the data switch two-batch overlap on for TRT-LLM's
-    disaggregated (wide-EP) decode alone, and for no aggregated deployment. The choice is weakly identified:
-    with one factor set per family (the catalog's fit) the same runs choose SGLang's disaggregated decode
-    instead (`dse.validate.calibration.load_serving_rows`, asserted in test_joint_calibration)."""
+def test_on_the_measured_runs_only_disaggregated_decodes_are_split(full):
+    """With a decode factor set per family and framework the data switch two-batch overlap on for the
+    disaggregated (wide-EP) decodes of TRT-LLM and SGLang, and for no aggregated deployment. The choice is weakly
+    identified: with the closed loop's M/D/1 wait (before its wave) the same runs chose TRT-LLM's alone, and with
+    one factor set per family (the catalog's fit) they choose SGLang's (`dse.validate.calibration.load_serving_rows`,
+    asserted in test_joint_calibration)."""
     chosen = full.scales["two_batch_overlap"]
-    assert len(chosen) > 1 and {k for k, on in chosen.items() if on} == {"trtllm|disagg"}
+    assert len(chosen) > 1 and {k for k, on in chosen.items() if on} == {"sglang|disagg", "trtllm|disagg"}
     assert full.table.loc[full.table["two_batch"], "mode"].eq("disagg").all()
 
 

@@ -56,6 +56,7 @@ def evaluate_pairs(space: Space, blocks: pd.DataFrame, pos: np.ndarray, n: np.nd
     """
     mt, st = space.tables()
     eff = IDEAL if space.ideal else None
+    req = space.served(req)
     keys = (*KEYS, *quantile_keys(req))
     out = {k: np.empty(len(pos)) for k in keys}
     out["fits"] = np.zeros(len(pos), dtype=bool)
@@ -68,7 +69,18 @@ def evaluate_pairs(space: Space, blocks: pd.DataFrame, pos: np.ndarray, n: np.nd
             out[k][sl] = r[k]
         out["fits"][sl] = r["fits"]
         out["stable"][sl] = r["stable"]
+    out["holds"] = holds_concurrency(blocks, pos, n, req)
     return out
+
+
+def holds_concurrency(blocks: pd.DataFrame, pos: np.ndarray, n: np.ndarray, req: Request) -> np.ndarray:
+    """Whether whole replicas of each (block, n) hold exactly the workload's closed loop: N = R x n x DP x PP for a
+    whole number R of replicas (every pair, under Poisson arrivals or without a stated concurrency).
+    """
+    if not req.closed_loop or req.concurrency is None:
+        return np.ones(len(pos), dtype=bool)
+    per_replica = n * blocks["dp"].to_numpy()[pos] * blocks["pp"].to_numpy()[pos]
+    return req.concurrency % per_replica == 0
 
 
 def quantile_keys(req: Request) -> tuple[str, ...]:
@@ -94,10 +106,12 @@ def targets(req: Request) -> list[tuple[str, float, str]]:
 
 def feasible_mask(m: dict[str, np.ndarray], req: Request, tpot_margin: np.ndarray | float = 1.0,
                   ttft_margin: np.ndarray | float = 1.0) -> np.ndarray:
-    """Pairs that fit, keep up with their prefill and meet every target of ``req`` (means and quantiles) with their
-    TPOT and TTFT times the margins.
+    """Pairs that fit, keep up with their prefill, hold the workload's closed loop in whole replicas (``holds``) and
+    meet every target of ``req`` (means and quantiles) with their TPOT and TTFT times the margins.
     """
     ok = m["fits"] & m["stable"] & np.isfinite(m["usd_per_request"]) & (m["usd_per_request"] > 0)
+    if "holds" in m:
+        ok &= m["holds"]
     for key, target, _ in targets(req):
         ok &= m[key] * (tpot_margin if key.startswith("tpot") else ttft_margin) <= target * (1 + TOL)
     return ok
@@ -243,10 +257,11 @@ def diagnose_requests(space: Space, req: Request, margins: Margins | None = None
         if value.min() > target * (1 + TOL):
             i = int(np.argmin(value))
             unit, scale = ("s", 1.0) if key.startswith("ttft") else ("ms", 1e3)
+            metric = key[:4].upper() if key.count("_") == 1 else f"{key.split('_')[1]} {key[:4].upper()}"
             what = "TTFT" if key.startswith("ttft") else "TPOT (with prefill interference)"
-            return (f"{head}: {label} runs out. The fastest request-level {what} (one sequence per rank{edge}, "
-                    f"{fit.iloc[i]['system']}, {int(fit.iloc[i]['chips'])} chips) is {value[i] * scale:.3g} {unit}, "
-                    f"{(value[i] - target) * scale:.3g} {unit} over it")
+            return (f"{head}: the {metric} target runs out ({label}). The fastest request-level {what} (one "
+                    f"sequence per rank{edge}, {fit.iloc[i]['system']}, {int(fit.iloc[i]['chips'])} chips) is "
+                    f"{value[i] * scale:.3g} {unit}, {(value[i] - target) * scale:.3g} {unit} over it")
         met &= m[key] <= target * (1 + TOL)
     return f"{head}: no configuration meets every target at once"
 
@@ -296,7 +311,7 @@ def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only
     """
     mt, st = space.tables()
     eff = IDEAL if space.ideal else None
-    b = space.blocks
+    b, req = space.blocks, space.served(req)
     # a decode pool's passes carry no prefill: every request's TPOT is the pass's, its quantiles the mean
     tpot_targets = [t for key, t, _ in targets(space.workload) if key.startswith("tpot")]
     for pos, n in pair_chunks(b, max_pairs, only):
@@ -347,6 +362,7 @@ def prefill_options(space: Space, req: Request, context_parallel: tuple[bool, ..
         empty = {k: np.zeros(0) for k in PREFILL_KEYS}
         return PrefillOptions(pos, cp, empty, np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool))
     mt, st = space.tables()
+    req = space.served(req)
     sub = b.iloc[pos]
     r = prefill_pool(block_candidates(sub, np.ones(len(pos)), req.prompt), mt, st, req, cp,
                      IDEAL if space.ideal else None)
@@ -431,7 +447,7 @@ def disaggregated_metrics(space: Space, req: Request, dec_i: int, dpos: np.ndarr
     mt, st = space.tables()
     eff = IDEAL if space.ideal else None
     b = space.blocks
-    req = replace(req, report_quantiles=QUANTILES)  # the answer reports every quantile
+    req = replace(space.served(req), report_quantiles=QUANTILES)  # the answer reports every quantile
     dec = decode_pool(block_candidates(b.iloc[[dpos[dec_i]]], np.array([dn[dec_i]]), space.workload.context), mt, st,
                       req, eff)
     pr = prefill_pool(block_candidates(b.iloc[[pre.pos[pre_i]]], np.ones(1), req.prompt), mt, st, req,

@@ -77,6 +77,12 @@ class Space:
     framework: str | None = None  # the serving framework the deployments run (None: each system's default)
     mem_fraction: float | None = None  # its memory fraction (None: its default)
 
+    def served(self, req: Request) -> Request:
+        """``req`` through the space's serving stack (a request derived from another, or built by a caller, is
+        served as the space's workload is).
+        """
+        return req if req.stack == self.workload.stack else replace(req, stack=self.workload.stack)
+
     def tables(self) -> tuple[ModelTable, SystemTable]:
         """The model's and the systems' columns for the physics, each system reserving HBM as the space's framework
         does at its memory fraction.

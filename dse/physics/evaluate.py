@@ -433,6 +433,10 @@ def evaluate_frame(frame, ideal: bool = False):
     if extra:
         raise InputError(f"evaluate_frame: unknown column(s) {', '.join(map(str, extra))}; allowed: "
                          f"{', '.join(Config.__dataclass_fields__)}")
+    per_config = [c for c in ("framework", "mem_fraction", "arrival") if c in frame.columns]
+    if per_config:
+        raise InputError(f"evaluate_frame: column(s) {', '.join(per_config)} are evaluated one configuration at a "
+                         "time (dse.evaluate); a frame reserves memory as each system's default framework does")
     rows, configs = [], []
     for i, rec in enumerate(frame.to_dict(orient="records")):
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}

@@ -255,12 +255,16 @@ def _closed_rate(k: np.ndarray, c: np.ndarray, a: np.ndarray, m_td: np.ndarray, 
     return 2.0 * c / (b + np.sqrt(np.maximum(b * b - 4.0 * k * a * v * c, 0.0)))
 
 
-def closed_loop_ttft(service: np.ndarray, transfer: np.ndarray, wave: np.ndarray, terms: StackTerms) -> np.ndarray:
-    """TTFT in a closed loop as the request sees it: the prefill service S, the wave's wait xi (n - 1) S_b
-    (``wave`` = (n - 1) S_b), the KV transfer (disaggregated) and the stack's fixed latency tau. Affine in
-    (xi, tau), which is how `dse validate` refits the stack's terms without re-running the physics.
+def closed_loop_ttft(service: np.ndarray, transfer: np.ndarray, wave: np.ndarray, terms: StackTerms,
+                     floor: np.ndarray | float = 0.0) -> np.ndarray:
+    """TTFT in a closed loop as the request sees it: the prefill service S, the wait, the KV transfer
+    (disaggregated) and the stack's fixed latency tau. The wait is the wave's, xi (n - 1) S_b (``wave`` = (n - 1)
+    S_b), but never below ``floor``, the saturated loop's: with its prefill servers busy all the time, C requests
+    cycle at the servers' rate, so each waits C S / servers less the rest of its cycle (the machine-repairman
+    asymptote; Kleinrock vol. 1, 4.8). Neither the wave nor the floor depends on (xi, tau), which is how `dse
+    validate` refits the stack's terms without re-running the physics.
     """
-    return service + terms.queue_share * wave + transfer + terms.fixed_latency_s
+    return service + np.maximum(terms.queue_share * wave, floor) + transfer + terms.fixed_latency_s
 
 
 def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
@@ -305,32 +309,38 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     m = req.decode_passes
     terms = req.stack.aggregated
     if not req.closed_loop:  # open loop: M/D/1 at each chunk server
-        wave = np.zeros_like(s)
+        wave = floor = np.zeros_like(s)
         x = _solve_rate(k, conc, s, m * t_d, v)
         wait = mdl_wait(x * s, s)
     else:  # closed loop: the wave behind the other sequences of the rank, each at its share of a full-chunk pass
         per = prompts_per_chunk(req)
         share = np.minimum(carrying(float(per)) / per, s) if per > 1 else s
         wave = np.maximum(np.asarray(c.batch, dtype=np.float64) / dp - 1.0, 0.0) * share
-        wait = terms.queue_share * wave
+        # the saturated loop: a chunk server busy all the time (x = 1/S, where it comes before the interference's
+        # pole) serves C / k requests per cycle of C S / k
+        with np.errstate(divide="ignore", invalid="ignore"):
+            floor = np.where(s > v, conc * s / k - s - m * t_d / (1.0 - v / s), 0.0)
+        wait = np.maximum(terms.queue_share * wave, np.maximum(floor, 0.0))
         x = _closed_rate(k, conc, s + wait, m * t_d, v)
     u = v * x
     rho = x * s
     t_bar = t_d / (1.0 - u)
-    ttft = closed_loop_ttft(s, 0.0, wave, terms) if req.closed_loop else s + wait + terms.fixed_latency_s
+    ttft = s + wait + terms.fixed_latency_s  # closed: `closed_loop_ttft` (S + max(xi wave, floor) + tau)
     tpot = t_bar / req.accept
     lam = k * x
     chips = mean["chips"]
     usd_per_s = chips * systems.price_per_s[np.asarray(c.system)]
     quant = {}
     for q in req.quantiles:
-        w_q = wave_wait_quantile(q, terms.queue_share, wave) if req.closed_loop else s * wait_quantile(q, rho)
+        w_q = (np.maximum(wave_wait_quantile(q, terms.queue_share, wave), floor) if req.closed_loop
+               else s * wait_quantile(q, rho))
         quant[f"ttft_{quantile_name(q)}_s"] = s + w_q + terms.fixed_latency_s
         quant[f"tpot_{quantile_name(q)}_s"] = tpot_quantile(q, t_d, t_c, u, m, chunks, req.accept)
     return _metrics(
         "aggregated", req, lam, ttft, tpot, chips, usd_per_s, u, systems.power_all_in[np.asarray(c.system)],
         fits=peak["fits"], stable=(rho < 1.0) & (u < 1.0), decode_step_s=t_d, chunk_extra_s=t_c, prefill_service_s=s,
-        queue_wait_s=wait, wave_s=wave, stack_latency_s=np.full_like(s, terms.fixed_latency_s),
+        queue_wait_s=wait, wave_s=wave, wait_floor_s=np.maximum(floor, 0.0),
+        stack_latency_s=np.full_like(s, terms.fixed_latency_s),
         hbm_bytes_per_chip=peak["hbm_bytes_per_chip"], step_s=t_bar, bound=mean["bound"], **quant,
     )
 
@@ -500,9 +510,10 @@ def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: n
     ``dec`` is `decode_pool` evaluated at each decode replica's share of the requests in flight, ``pre``
     `prefill_pool` (with ``full_chunk``: ``chunk_share_s``, what each queued prompt costs). A prompt waits in the
     closed loop's wave (`dse.physics.queueing`): W = xi (n - 1) S_b, n = C / (servers x prefill replicas) the
-    requests in flight per prefill server, xi the stack's queue share; TTFT = S + W + transfer + tau. W does not
-    depend on the rate, so Little's law over the engine's stages, lambda (S + W + transfer + (O - 1) TPOT) = C,
-    gives it in closed form (the few requests inside the stack's fixed latency are counted with the engine's).
+    requests in flight per prefill server, xi the stack's queue share, never below the saturated loop's wait
+    (`closed_loop_ttft`); TTFT = S + W + transfer + tau. W does not depend on the rate, so Little's law over the
+    engine's stages, lambda (S + W + transfer + (O - 1) TPOT) = C, gives it in closed form (the few requests inside
+    the stack's fixed latency are counted with the engine's), and the prefill servers' utilisation stays at most 1.
     Returns ``requests_per_s``, ``ttft_s`` (and its quantiles), ``tpot_s``, ``prefill_rho``, ``queue_wait_s``,
     ``wave_s`` and ``stack_latency_s``.
     """
@@ -514,15 +525,18 @@ def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: n
     share = np.asarray(pre.get("chunk_share_s", s), dtype=np.float64)
     terms = req.stack.disaggregated
     wave = np.maximum(c / servers - 1.0, 0.0) * share
-    wait = terms.queue_share * wave
+    tail = max(req.output - 1, 0) * tpot
+    floor = np.maximum(c * s / servers - s - transfer - tail, 0.0)  # the saturated loop's (`closed_loop_ttft`)
+    wait = np.maximum(terms.queue_share * wave, floor)
     engine = s + wait + transfer
-    lam = c / (engine + max(req.output - 1, 0) * tpot)
+    lam = c / (engine + tail)
     tau = np.full(np.shape(engine), terms.fixed_latency_s)
-    out = {"requests_per_s": lam, "ttft_s": closed_loop_ttft(s, transfer, wave, terms) * np.ones_like(engine),
+    out = {"requests_per_s": lam, "ttft_s": closed_loop_ttft(s, transfer, wave, terms, floor) * np.ones_like(engine),
            "tpot_s": tpot, "prefill_rho": lam * s / servers,
-           "queue_wait_s": wait, "wave_s": wave, "stack_latency_s": tau}
+           "queue_wait_s": wait, "wave_s": wave, "wait_floor_s": floor, "stack_latency_s": tau}
     for q in req.quantiles:
-        out[f"ttft_{quantile_name(q)}_s"] = s + wave_wait_quantile(q, terms.queue_share, wave) + transfer + tau
+        w_q = np.maximum(wave_wait_quantile(q, terms.queue_share, wave), floor)
+        out[f"ttft_{quantile_name(q)}_s"] = s + w_q + transfer + tau
         out[f"tpot_{quantile_name(q)}_s"] = tpot * np.ones_like(engine)
     return out
 

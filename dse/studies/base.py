@@ -232,6 +232,15 @@ class StudySpec(Strict):
         repeat = first_repeat(self)
         if repeat:
             raise ValueError(repeat)
+        for i, w in enumerate(self.workloads):
+            if isinstance(w.arrival, ClosedLoop):
+                if "disaggregated" in self.space.serving:
+                    raise ValueError(f"workloads.{i}.arrival: a closed loop ({{concurrency: {w.arrival.concurrency}}}) "
+                                     "is searched over aggregated deployments only (set space.serving: [aggregated]); "
+                                     "it couples a disaggregated deployment's pools through the request rate")
+                if w.demand_tokens_per_s is not None:
+                    raise ValueError(f"workloads.{i}: a closed loop sets its own load; give arrival {{concurrency: N}} "
+                                     "or demand_tokens_per_s, not both")
         return self
 
     def options(self) -> SpaceOptions:

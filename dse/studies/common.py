@@ -166,6 +166,12 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool) -> dict
                        req=space.workload, mem_fraction=space.mem_fraction)
     if request_level:
         out["binding"] = res.binding
+        w = space.workload
+        if w.closed_loop and w.concurrency is not None:  # whole replicas holding the closed loop exactly
+            replicas = w.concurrency // (res.config["batch"] * res.config["pp"])
+            out["pools"][0]["replicas"] = replicas
+            out["concurrency"], out["deployed_chips"] = w.concurrency, replicas * out["chips"]
+            out["deployed_usd_per_request"] = out["usd_per_request"]  # every replica holds its share of the loop
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out

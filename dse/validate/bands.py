@@ -18,7 +18,7 @@ Leave-family-out errors (each family predicted with none of its own data):
   the family's serving-throughput points;
 - tpot and ttft: the runs' fits with each family's rows left out (`dse.validate.fit.refit_tpot` with one decode
   factor set per framework fitted on the other families' rows, two-batch overlap chosen without the family;
-  `dse.validate.fit.fit_closed_loop` per framework and mode on the other families' rows).
+  `dse.validate.fit.fit_stack` per framework and mode on the other families' rows).
 
 A family's band for a metric:
 

@@ -1,7 +1,7 @@
 """Every fit of the validation: the efficiency factors of the catalog (least squares on the published points,
 jointly with the decode passes of measured serving runs), which factors a set of points identifies, the
 leave-one-out refits, the training matmul efficiency, the decode factors of measured runs per key with their
-leave-group-out refits, the two-batch choice, and the closed-loop TTFT model's queue share and fixed latency.
+leave-group-out refits, the two-batch choice, and the serving stacks' closed-loop queue share and fixed latency.
 
 The factors, their ranges and meaning are those of `dse.validate.factors`.
 """
@@ -468,7 +468,8 @@ def fit_stack(t: pd.DataFrame, groups: pd.Series, train: np.ndarray | None = Non
               ) -> tuple[dict, pd.Series, pd.Series]:
     """Per framework and mode (``backend``, ``mode``), the serving stack's terms (xi, tau) minimizing the mean
     |log(predicted / measured)| TTFT on the grids, the prediction being the physics' closed-loop TTFT
-    (`dse.physics.serving.closed_loop_ttft` of the rows' ``prefill_s``, ``transfer_s`` and ``wave_s``); fitted on
+    (`dse.physics.serving.closed_loop_ttft` of the rows' ``prefill_s``, ``transfer_s``, ``wave_s`` and
+    ``wait_floor_s``); fitted on
     the rows of ``train`` (default: all) of that framework and mode, or of the framework where the mode has fewer
     than MIN_SWEEPS groups among them; in sample and with each row's group (its concurrency sweep, or another
     partition) left out. Returns the in-sample terms per ``framework|mode`` (`StackTerms`, with the rows and
@@ -479,8 +480,9 @@ def fit_stack(t: pd.DataFrame, groups: pd.Series, train: np.ndarray | None = Non
     train = np.ones(len(t), dtype=bool) if train is None else np.asarray(train, dtype=bool)
     fw, mode, gk = (t["backend"].astype(str).to_numpy(), t["mode"].to_numpy(), np.asarray(groups))
     grid = StackTerms(QUEUE_SHARES[:, None, None], FIXED_LATENCIES[None, :, None])
-    pieces = [t[c].to_numpy(dtype=float)[None, None, :] for c in ("prefill_s", "transfer_s", "wave_s")]
-    pred = closed_loop_ttft(*pieces, grid)  # every row at every (xi, tau)
+    service, transfer, wave, floor = (t[c].to_numpy(dtype=float)[None, None, :]
+                                      for c in ("prefill_s", "transfer_s", "wave_s", "wait_floor_s"))
+    pred = closed_loop_ttft(service, transfer, wave, grid, floor)  # every row at every (xi, tau)
     err = np.abs(np.log(pred / t["measured_ttft_s"].to_numpy()[None, None, :]))
     for f, m in sorted(set(zip(fw, mode, strict=True))):
         rows = np.flatnonzero((fw == f) & (mode == m))

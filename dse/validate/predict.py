@@ -203,9 +203,10 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     """Predicted TTFT and TPOT (seconds) and whether the configuration fits, per mapped row (same index), by the
     request-level physics the optimizer uses, in a closed loop at the row's concurrency (``arrival:
     concurrency``) through its framework's serving stack (``stacks``, default the catalog's fitted terms). With
-    them the pieces TTFT is affine in (`dse.physics.serving.closed_loop_ttft`): ``prefill_s`` (the prompt's
-    prefill service), ``wave_s`` (the wait behind every other request in flight at its prefill server) and
-    ``transfer_s`` (the KV hand-off), so the stack's terms can be refitted without re-running the physics.
+    them the pieces TTFT is made of (`dse.physics.serving.closed_loop_ttft`): ``prefill_s`` (the prompt's
+    prefill service), ``wave_s`` (the wait behind every other request in flight at its prefill server),
+    ``wait_floor_s`` (the saturated loop's wait) and ``transfer_s`` (the KV hand-off), none of which depends on the
+    stack's terms, so they can be refitted without re-running the physics.
     ``two_batch`` runs every row's decode passes as two overlapped micro-batches
     (`dse.physics.roofline._split_pass`), or those of the rows where it holds (an array over the rows). A
     disaggregated row's decode replicas hold the requests past their prefill (`decode_share_closed_loop`;
@@ -214,7 +215,7 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     ``factors``: the efficiency factors per system where ``eff`` is None (default: the catalog's).
     """
     out = pd.DataFrame(index=table.index, columns=["predicted_ttft_s", "predicted_tpot_s", "fits", "prefill_s",
-                                                   "wave_s", "transfer_s", "decode_batch"], dtype=float)
+                                                   "wave_s", "wait_floor_s", "transfer_s", "decode_batch"], dtype=float)
     if table.empty:
         return out
     models, systems, mt, _ = run_tables(table, factors)
@@ -251,6 +252,7 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
             r["prefill_service_s"] = pre["prefill_service_s"]
         out.loc[g.index, "prefill_s"] = r["prefill_service_s"]
         out.loc[g.index, "wave_s"] = r["wave_s"]
+        out.loc[g.index, "wait_floor_s"] = r["wait_floor_s"]
         out.loc[g.index, "transfer_s"] = transfer
         out.loc[g.index, "predicted_ttft_s"] = r["ttft_s"]
         out.loc[g.index, "predicted_tpot_s"] = tpot

@@ -16,16 +16,17 @@ groups out and predicts the group left out from fits on the others:
   predicted with the factors refitted without it. A factor set per framework is there because the data demand
   it: one per family shared by the frameworks (`family_key`, as the catalog's `dse validate --fit` has it) errs
   more out of sample (``loo_family_factors_median_abs_error``).
-- TTFT: the physics' TTFT assumes Poisson arrivals (M/D/1 queueing at the prefill servers), a benchmark holds a
-  fixed number of identical requests in flight instead. Measured TTFT grows linearly with the concurrency in
-  nearly every sweep (R^2 > 0.9 in most of the 286 aggregated sweeps with 4 or more concurrencies), at a slope
-  of a fraction of one prompt's prefill per request in flight, from an intercept of one prefill plus a fixed
-  latency. `dse.validate.predict.benchmark_ttft` models that: one prompt's prefill S on its server, plus the
-  prompts of a share xi of the other requests in flight on that server queued ahead of it, each costing its
-  share of a pass that carries a full chunk of prompts (queued prompts are prefilled together), plus the KV
-  hand-off (disaggregated), plus the serving stack's fixed latency tau; (xi, tau) are fitted per (framework,
-  mode) on grids (xi in [0, 1/2]: 1/2 is a synchronized wave) by least absolute log error. ``error`` (the
-  shipped physics) stays the M/D/1 prediction.
+- TTFT: the optimizer's request-level physics (`dse.physics.serving`) in a closed loop at the row's concurrency
+  (``arrival: concurrency``: a benchmark holds a fixed number of requests in flight, each replaced as it
+  completes, not the Poisson arrivals of production traffic) through the row's framework's serving stack: one
+  prompt's prefill, plus the wait in the wave of the other requests in flight at its prefill server (a queue share
+  xi of (n - 1) prompts, each at its share of a pass carrying a full chunk of prompts; `dse.physics.queueing`),
+  plus the KV hand-off (disaggregated), plus the stack's fixed latency tau. The shipped terms (xi, tau) per
+  framework and mode are the catalog's (hw_catalog/calibration/serving_stack.yaml, fitted by `dse validate --fit`
+  on the rows with stated layouts); the leave-group-out prediction refits them without the row's sweep
+  (`dse.validate.fit.fit_stack`; TTFT is affine in (xi, tau), `dse.physics.serving.closed_loop_ttft`). Measured
+  TTFT grows nearly linearly with the concurrency in most sweeps (R^2 > 0.9 in most of the 286 aggregated sweeps
+  with 4 or more concurrencies), at a slope of a fraction of one prompt's prefill per request in flight: the wave.
 """
 
 from __future__ import annotations
@@ -77,10 +78,10 @@ def validate_runs(runs: Runs) -> RunsValidation:
     ``two_batch_loo`` the choice made without its sweep, with ``ideal_tpot_loo_s`` the roofline of that pass):
     ``scales["tpot"]`` holds, per key, the factors the rows identify and those kept from the catalog (no row depends
     on them). ``tpot_loo_family_error`` is the leave-group-out error with one factor set per `family_key` instead,
-    shared by the frameworks (the test of whether the data demand a factor set per framework). For TTFT the
-    closed-loop benchmark model (`dse.validate.predict.benchmark_ttft`) is fitted per (framework, mode)
-    (`dse.validate.fit.fit_closed_loop`); ``scales["ttft"]`` holds its queue share and fixed latency, and
-    ``benchmark_ttft_s`` / ``benchmark_ttft_loo_s`` its in-sample and leave-group-out predictions.
+    shared by the frameworks (the test of whether the data demand a factor set per framework). TTFT is the
+    physics' closed loop through the catalog's serving stacks (``error``); the stacks' terms refitted per
+    (framework, mode) on the rows with stated layouts (`dse.validate.fit.fit_stack`) give ``scales["ttft"]`` (queue
+    share, fixed latency, the rows and sweeps they rest on) and ``ttft_in_sample_s`` / ``ttft_loo_s``.
     """
     t = runs.table.copy()
     if t.empty:
@@ -98,7 +99,7 @@ def validate_runs(runs: Runs) -> RunsValidation:
         ideal_loo[flipped] = predict_runs(t[flipped], IDEAL, decode_batch=tp.decode_batch(loo_split)[flipped]
                                           )["predicted_tpot_s"].astype(float).to_numpy()
     groups = group_key(t)
-    for col in ("prefill_s", "wave_s", "transfer_s"):
+    for col in ("prefill_s", "wave_s", "wait_floor_s", "transfer_s"):
         t[col] = pred[col].astype(float)
     for m in METRICS:
         t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)

@@ -31,7 +31,7 @@ def fit_stack_file(path: Path) -> tuple[dict, pd.DataFrame]:
     """
     t = map_runs(read_runs(path)).table
     pred = predict_runs(t)
-    for col in ("prefill_s", "wave_s", "transfer_s"):
+    for col in ("prefill_s", "wave_s", "wait_floor_s", "transfer_s"):
         t[col] = pred[col].astype(float)
     fits, _, _ = fit_stack(t, group_key(t), stack_rows(t))
     return fits, t
