@@ -30,8 +30,10 @@ def random_case(rng: np.random.Generator, moe: bool | None = None):
     # quantile targets (p50, p90, p99 of TTFT and of TPOT) on a third of the cases
     ttft_q = ((float(rng.choice(QUANTILES)), float(rng.choice([0.5, 5.0, 60.0]))),) if rng.random() < 0.33 else ()
     tpot_q = ((float(rng.choice(QUANTILES)), float(rng.choice([0.03, 0.1, 0.3]))),) if rng.random() < 0.33 else ()
+    # a closed loop of N requests in flight (whole replicas holding exactly N) on a fifth of the cases
+    closed = {"arrival": "concurrency", "concurrency": int(rng.choice([48, 64, 256]))} if rng.random() < 0.2 else {}
     w = Request(name="random", prompt=int(rng.choice([128, 2000, 32_000, 200_000])), output=int(rng.choice([16, 500])),
-                tpot_max=tpot, ttft_max=ttft, ttft_quantile_max=ttft_q, tpot_quantile_max=tpot_q)
+                tpot_max=tpot, ttft_max=ttft, ttft_quantile_max=ttft_q, tpot_quantile_max=tpot_q, **closed)
     return model, w, opts
 
 
@@ -46,10 +48,12 @@ def brute_force(model, w: Request, opts: SpaceOptions):
     cand = candidates_of(rows, w.prompt + w.output)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
     quantiles = tuple(q for q, _ in (*w.ttft_quantile_max, *w.tpot_quantile_max))
-    r = aggregated(cand, mt, st, served(Request(w.prompt, w.output, report_quantiles=quantiles), opts.ideal),
-                   IDEAL if opts.ideal else None)
+    r = aggregated(cand, mt, st, served(Request(w.prompt, w.output, report_quantiles=quantiles, arrival=w.arrival),
+                                        opts.ideal), IDEAL if opts.ideal else None)
     cost = r["usd_per_request"]
     ok = r["fits"] & r["stable"] & np.isfinite(cost) & (cost > 0)
+    if w.concurrency is not None:  # whole replicas of n per DP rank and micro-batch hold the N requests exactly
+        ok &= np.array([w.concurrency % (row[9] * row[2] * row[5]) == 0 for row in rows])
     if w.tpot_max is not None:
         ok &= r["tpot_s"] <= w.tpot_max * (1 + 1e-9)
     if w.ttft_max is not None:
