@@ -44,10 +44,23 @@ EXTRA = (
     "joules_per_token", "experts_dtype", "attention_dtype", "beyond_trained_context", "max_context", "framework",
     "mem_fraction", "hbm_usable_per_chip",
 )
+QUANTILE_KEYS = tuple(f"{m}_{quantile_name(q)}_s" for q in QUANTILES for m in ("ttft", "tpot"))
+"""The quantile keys of a request-level entry (``ttft_p90_s``, ...)."""
+
+
+def pools_quantiles(e: dict) -> None:
+    """Clear the quantile keys of an entry whose figures a program combined from several pools: `config_entry`
+    evaluated its largest pool as one aggregated replica, whose quantiles are not the deployment's (the means are
+    set from the pools).
+    """
+    if e.get("serving") != "aggregated":
+        e.update({k: None for k in QUANTILE_KEYS})
+
+
 REQUEST_EXTRA = (
     "serving", "usd_per_request", "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended",
     "tokens_per_s_per_gpu", "tokens_per_s_per_user", "power_w", "price_kind", "prefill_share", "arrival",
-    "stack_latency_s", *(f"{m}_{quantile_name(q)}_s" for q in QUANTILES for m in ("ttft", "tpot")),
+    "stack_latency_s", *QUANTILE_KEYS,
 )
 CONFIG_KEYS = ("system", "chips", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier")
 LAYOUT_KEYS = ("system", "batch", "context", "tp", "ep", "pp", "dp", "etp", "weights_dtype", "kv_dtype", "kv_tier")
@@ -208,8 +221,7 @@ def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool) -> 
     m = res.metrics
     for key in ("ttft_s", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "usd_per_request",
                 "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended", "chips", "power_w",
-                "prefill_share", "kv_transfer_s", "stack_latency_s",
-                *(f"{k}_{quantile_name(q)}_s" for q in QUANTILES for k in ("ttft", "tpot"))):
+                "prefill_share", "kv_transfer_s", "stack_latency_s", *QUANTILE_KEYS):
         out[key] = m[key]
     out["serving"] = "disaggregated"
     out["usd_per_mtok"] = m["usd_per_request"] / space.workload.output * 1e6

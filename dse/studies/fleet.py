@@ -24,7 +24,7 @@ from dse.optimize.operating_points import operating_points
 from dse.optimize.requests import unit_replicas
 from dse.optimize.space import build_space
 from dse.studies.base import MAX_LIST, Strict, StudySpec
-from dse.studies.common import config_entry
+from dse.studies.common import config_entry, pools_quantiles
 from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import save, subplots
 
@@ -260,6 +260,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                  pools=[{k2: (v.item() if hasattr(v, "item") else v) for k2, v in {**p, "replicas": p["replicas"] * n
                                                                                   }.items()} for p in o["pools"]],
                  usd_per_request=usd_h / 3600 / o["requests_per_s"], price_kind=f.hourly_price)
+        pools_quantiles(e)
         e.update(band_keys(e, bands_of(o["system"])))  # the bands of the figures as set above
         best.append(Optimum(e, request_level=True))  # config_entry(request_level=True) above
     return Solved(status=r.result.status, best=best, tables=tables, results=[r.result],

@@ -459,9 +459,9 @@ FIXED_LATENCIES = np.linspace(0.0, 1.0, 101)
 tokenization, scheduling, the first token's detokenization and streaming)."""
 
 
-MIN_SWEEPS = 5
-"""Concurrency sweeps a (framework, mode) needs for terms of its own; with fewer, the mode takes the terms fitted
-on all the framework's rows (the data cannot tell its modes apart)."""
+MIN_SWEEPS = 2
+"""Concurrency sweeps a (framework, mode) needs for terms of its own (two: each then predicted from the other, out of
+sample); with fewer, the mode takes the terms fitted on all the framework's rows."""
 
 
 def fit_stack(t: pd.DataFrame, groups: pd.Series, train: np.ndarray | None = None,
