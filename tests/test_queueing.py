@@ -79,3 +79,17 @@ def test_the_closed_loop_wave_and_one_requests_tpot():
         got = float(Q.tpot_quantile(q, np.array(t_d), np.array(t_c), np.array(u), m, np.array(c)))
         assert got == pytest.approx(np.quantile(simulated, q), rel=1e-3)
     assert float(Q.tpot_quantile(0.9, np.array(t_d), np.array(t_c), np.array(0.0), m, np.array(1.0))) == t_d
+
+
+def test_the_poisson_quantile_and_the_tail_without_scipy_against_scipy():
+    """The command line's paths load no scipy: the Poisson quantile is the cumulative sum's below a mean of 50 (exact)
+    and the Cornish-Fisher expansion's above (at most one count off); the tail's exponent is Newton's root."""
+    from scipy import special, stats
+
+    mu = np.concatenate([np.geomspace(1e-4, 50, 2000), np.linspace(50, 5000, 2000)])
+    for q in Q.QUANTILES:
+        d = np.abs(Q.poisson_quantile(q, mu) - stats.poisson.ppf(q, mu))
+        assert d[mu <= 50].max() == 0 and d.max() <= 1 and (d > 0).mean() < 0.01
+    rho = np.linspace(0.01, 0.99, 500)
+    y, _ = Q.tail(rho)
+    assert np.allclose(y, -special.lambertw(-rho * np.exp(-rho), k=-1).real - rho, rtol=1e-9)

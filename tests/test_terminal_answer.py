@@ -25,7 +25,8 @@ def test_pools_whole_gpus_and_usd_per_request(shipped, monkeypatch, capsys, colu
         assert e["deployed_chips"] == gpus
         line = (f"{pre['replicas']} x prefill [{pre['chips']} {pre['system']} TP{pre['tp']} DP{pre['dp']} "
                 f"EP{pre['ep']}{' CP' if pre['context_parallel'] else ''}] + {dec['replicas']} x decode "
-                f"[{dec['chips']} {dec['system']} TP{dec['tp']} DP{dec['dp']} EP{dec['ep']}, batch {dec['batch']}] "
+                f"[{dec['chips']} {dec['system']} TP{dec['tp']} DP{dec['dp']} EP{dec['ep']}"
+                f"{' PP' + str(dec['pp']) if dec['pp'] > 1 else ''}, batch {dec['batch']}] "
                 f"= {gpus} GPUs")
         assert line in text.replace("│ ", "").replace(" │", ""), line
         assert f"{e['usd_per_request']:.4g} USD/request at the fluid pool ratio" in text

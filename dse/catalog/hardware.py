@@ -200,6 +200,8 @@ class Efficiency:
 
 
 IDEAL = Efficiency()
+MEMORY_FIELDS = ("mem_rule", "mem_fraction", "mem_reserve")
+"""The fields of `Efficiency` a deployment's serving framework sets (its memory reservation): not fitted."""
 
 
 def _nan(q: dict[str, Quantity], name: str) -> float:
