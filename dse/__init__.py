@@ -80,7 +80,7 @@ def run(study: str | Path | dict | StudySpec, out: str | Path | None = None, sto
         progress: Callable[[str], None] | None = None, force: bool = False, plots: bool = True) -> Result:
     """Solve a study; with ``out``, write summary.json, the CSVs, the plots and report.html there.
 
-    ``storage`` is the Optuna storage URL of a sweep, tornado or overtraining study (default: a
+    ``storage`` is the Optuna storage URL of a sweep, tornado or compute_equalization study (default: a
     SQLite file in ``out``, or in a temporary folder when nothing is written). ``out`` must be new, or a
     folder dse wrote; ``force`` lets it hold other files too (dse replaces only its own there). ``plots``
     false writes no PNG figures (the report says they were skipped; summary.json and the CSVs give the same

@@ -361,92 +361,112 @@ def worker(
     err.print(f"worker solved {solved} points")
 
 
-def _pool(pl: dict) -> str:
-    """One pool as an operator reads it: ``39 x prefill [8 mi300x TP1 DP8 EP8 CP]``."""
-    role = "" if pl.get("role", "both") == "both" else f"{pl['role']} "
-    layout = f"{pl['chips']} {pl['system']} TP{pl['tp']} DP{pl['dp']} EP{pl['ep']}" + (
-        f" PP{pl['pp']}" if pl["pp"] > 1 else "") + (" CP" if pl.get("context_parallel") else "")
-    batch = "" if pl.get("role") == "prefill" else f", batch {pl['batch']}"
-    return f"{pl['replicas']} x {role}[{layout}{batch}]"
+def _solver_line(summary: dict) -> str:
+    """What was solved: the status, the solves done now (a resumed sweep says how many points it took from its
+    storage), their time, the run's wall time and the gap.
+    """
+    solver = summary["solver"]
+    if "points_solved_here" in summary:
+        here, total = summary["points_solved_here"], summary["points"]
+        done = (f"{total:,} points: {here:,} solved now, {total - here:,} resumed from the sweep's storage; "
+                f"the points' solves took {solver['solve_wall_s']:.3f} s")
+    else:
+        done = f"{solver['solves']} solves in {solver['solve_wall_s']:.3f} s"
+    return (f"[bold]{escape(summary['study'])}[/] ({summary['kind']}): {summary['status']}, {done} (this run "
+            f"{solver['wall_s']:.2f} s), gap {solver['gap']:.2g}"
+            + (", TIME-LIMITED: the answer depends on this machine's speed (not reproducible)"
+               if solver.get("time_limited") else ""))
 
 
-def _configuration(e: dict) -> str:
-    """The deployment of a ``best`` entry: each pool with its replicas and whole GPUs, then formats and marks."""
-    marks = (" [price is an estimate]" if e.get("price_is_estimate") else "") + (
-        " [uncalibrated family]" if e.get("calibration") == "uncalibrated family" else "")
-    formats = f"{e['weights_dtype']} weights, {e['kv_dtype']} KV in {e['kv_tier']}"
-    if e.get("pools"):
-        gpus = sum(pl["replicas"] * pl["chips"] for pl in e["pools"])
-        return f"{' + '.join(_pool(pl) for pl in e['pools'])} = {gpus} GPUs, {formats}{marks}"
-    return (f"{int(e['chips'])} x {e['system']} TP{e['tp']} DP{e['dp']} EP{e['ep']} PP{e['pp']}, batch {e['batch']}, "
-            f"{formats}{marks}")
-
-
-def _price(e: dict) -> str:
-    """USD per request (and per input and output Mtok) where the entry is request-level, else USD per Mtok."""
-    if e.get("usd_per_request") is None:
-        return f"{e['usd_per_mtok']:.4g} USD/Mtok"
-    deployed = e.get("deployed_usd_per_request")
-    return (f"{e['usd_per_request']:.4g} USD/request" + (" at the fluid pool ratio" if deployed else "")
-            + f" (input {e['usd_per_mtok_input']:.4g}, output {e['usd_per_mtok_output']:.4g} USD/Mtok)"
-            + (f"; {deployed:.4g} as deployed ({e['deployed_chips']} GPUs)" if deployed else ""))
+SUMMARY_COLUMNS = ("model / workload", "mode", "GPUs", "USD/request", "USD/Mtok in", "USD/Mtok out", "TTFT", "TPOT",
+                   "tok/s/GPU", "tok/s/user")
 
 
 def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) -> None:
-    """The answer first: the kind's headline lines, then the chosen configurations; fits the terminal width."""
+    """The answer first: the kind's headline lines, then each deployment as an operator reads it
+    (`dse.report.present.answer_lines`), whether it is decided and its alternatives; fits the terminal width (a
+    table of the answers and of the alternatives from 120 columns, lines below).
+    """
+    from dse.report.present import ALTERNATIVE_COLUMNS, alternative_rows, answer_lines, decision_text
     from dse.studies.registry import study_module
 
     console = Console()
-    solver = summary["solver"]
-    console.print(f"[bold]{summary['study']}[/] ({summary['kind']}): {summary['status']}, {solver['solves']} solves "
-                  f"in {solver['solve_wall_s']:.3f} s (total {solver['wall_s']:.2f} s), gap {solver['gap']:.2g}"
-                  + (", TIME-LIMITED: the answer depends on this machine's speed (not reproducible)"
-                     if solver.get("time_limited") else ""), highlight=False)
+    console.print(_solver_line(summary), highlight=False)
     headline = getattr(study_module(summary["kind"]), "headline", None)
     for line in headline(summary, tables) if headline else []:
-        console.print(line, highlight=False)
+        console.print(escape(line), highlight=False)
     wide = console.width >= 120
-    if summary["best"] and wide:
+    best = summary["best"]
+    if best and wide and len(best) > 1:
         t = Table(header_style="bold")
-        for col in ("model", "workload", "serving", "GPUs", "USD/request deployed", "TPOT", "TTFT", "bound"):
-            t.add_column(col, justify="right" if col in ("GPUs", "USD/request deployed", "TPOT", "TTFT") else "left")
-        for e in summary["best"]:  # whole GPUs and what they cost per request (the smallest whole deployment)
-            gpus = e.get("deployed_chips", e["chips"])
-            usd = e.get("deployed_usd_per_request", e.get("usd_per_request"))
-            t.add_row(e["model"], e["workload"], e.get("serving", "-"), f"{int(gpus)}",
-                      "-" if usd is None else f"{usd:.4g}",
-                      _si(e["tpot_s"], "s"), _si(e["ttft_s"], "s"), e["bound"])
+        for col in SUMMARY_COLUMNS:
+            t.add_column(col, justify="left" if col in ("model / workload", "mode") else "right")
+        for e in best:
+            gpus = sum(p["replicas"] * p["chips"] for p in e["pools"])  # what the answer line adds up
+            t.add_row(f"{e['model']} / {e['workload']}", e["serving"], f"{gpus:,}",
+                      f"{e['usd_per_request']:.4g}", f"{e['usd_per_mtok_input']:.4g}",
+                      f"{e['usd_per_mtok_output']:.4g}", _si(e["ttft_s"], "s"), _si(e["tpot_s"], "s"),
+                      f"{e['tokens_per_s_per_gpu']:,.4g}", f"{e['tokens_per_s_per_user']:,.3g}")
         console.print(t)
-        for e in summary["best"]:  # the deployment and its price in full, one paragraph each
-            console.print(f"[bold]{e['model']} / {e['workload']}[/]: {_configuration(e)}; {_price(e)}",
-                          highlight=False)
-    for e in summary["best"] if not wide else []:  # a narrow terminal: one short block per optimum
-        console.print(f"[bold]{e['model']} / {e['workload']}[/]: {_configuration(e)}", highlight=False)
-        console.print(f"  {_price(e)}, TPOT {_si(e['tpot_s'], 's')}, TTFT {_si(e['ttft_s'], 's')}, "
-                      f"{e['bound']}-bound", highlight=False)
-    from dse.report.present import decision_text
-
-    for e in summary["best"]:
+    for e in best:
+        first, *rest = answer_lines(e, micro="u")
+        console.print(f"[bold]{escape(first)}[/]", highlight=False)
+        for line in rest:
+            console.print(f"  {escape(line)}", highlight=False)
         decided = decision_text(e)
         if decided:
-            console.print(escape(f"{e['model']} / {e['workload']}: {decided}"), highlight=False)
+            console.print(f"  {escape(decided)}", highlight=False)
+        alts = alternative_rows(e, micro="u")
+        if not alts:
+            continue
+        if wide:
+            t = Table(title="  alternatives: the next best deployments of each mode", title_justify="left",
+                      header_style="bold", box=None, padding=(0, 1))
+            for col in ALTERNATIVE_COLUMNS:
+                t.add_column(col, justify="left" if col in ("mode", "deployment") else "right",
+                             overflow="fold")
+            for a in alts:
+                t.add_row(*(a[c] for c in ALTERNATIVE_COLUMNS))
+            console.print(t)
+        else:
+            console.print("  alternatives: the next best deployments of each mode", highlight=False)
+            for a in alts:
+                console.print(f"  - {a['mode']}, {escape(a['deployment'])}", highlight=False)
+                console.print(f"    {a['USD/request']} USD/request, TTFT {a['TTFT']}, TPOT {a['TPOT']}, "
+                              f"{a['tok/s/GPU']} tok/s/GPU", highlight=False)
     if "price_kind" in summary:
-        estimates = sorted({e["system"] for e in summary["best"] if e.get("price_is_estimate")})
-        console.print(f"prices: {summary['price_kind']}"
+        estimates = sorted({e["system"] for e in best if e.get("price_is_estimate")})
+        console.print(f"prices: {_price_kinds(summary['price_kind'])}"
                       + (f"; ESTIMATED price for {', '.join(estimates)}" if estimates else "")
                       + f"; no price (left out): {', '.join(summary.get('no_price') or []) or 'none'}",
                       highlight=False)
     console.print(f"wrote {', '.join(files)} to {target}/", highlight=False)
 
 
+def _price_kinds(kind: str | dict) -> str:
+    """A study's price kind, or its kinds by role (``reserved: rental_3yr, hourly: on_demand``)."""
+    return kind if isinstance(kind, str) else ", ".join(f"{role}: {k}" for role, k in kind.items())
+
+
+RUNS_SUFFIXES = (".csv", ".json", ".jsonl")
+"""Files `dse validate --cases` reads as measured runs: CSVs in the measured-runs columns, benchmark results."""
+
+
 @app.command()
 def validate(
-    cases: Annotated[Path | None, typer.Option(help="Cases file (default: hw_catalog/calibration/cases.yaml).")] = None,
+    cases: Annotated[list[Path] | None, typer.Option(
+        help="Cases file (default: hw_catalog/calibration/cases.yaml); or measured runs: CSVs in the measured-runs "
+        "columns and JSON results of a dse export benchmark script, each option one file, several read as one."
+        )] = None,
     fit: Annotated[bool, typer.Option("--fit", help="Refit the efficiencies (leave-one-out too) and the serving "
                                       "stacks' terms; store them, then the error bands.")] = False,
     bands: Annotated[bool, typer.Option("--bands", help="Recompute the error bands of the predictions from the stored "
                                         "fit and the measured serving runs; store them (calibration/fitted.yaml)."
                                         )] = False,
+    fit_training: Annotated[bool, typer.Option("--fit-training", help="Refit the training factors alone on the "
+                                               "training runs (leave-one-out too); store them "
+                                               "(training_efficiency.yaml, calibration/training_fitted.yaml)."
+                                               )] = False,
     out: Annotated[Path | None, typer.Option(help="Report folder (default: results/validate/).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -456,26 +476,34 @@ def validate(
     from dse import validate as v
     from dse.catalog.calibration import clear_cache as clear_calibration_cache
     from dse.catalog.hardware import default_efficiency, default_efficiency_catalog, hw_dir
+    from dse.validate.runs import catalog_runs_files
 
     err = Console(stderr=True)
-    if cases is not None and cases.suffix.lower() == ".csv":
+    runs_files = [c for c in cases or [] if c.suffix.lower() in RUNS_SUFFIXES]
+    if runs_files:
+        if len(runs_files) < len(cases):
+            _fail(InputError(f"{', '.join(str(c) for c in cases)}: --cases takes one YAML cases file, or files of "
+                             f"measured runs ({', '.join(RUNS_SUFFIXES)}; several read as one), not both"))
         if bands:
-            _fail(InputError(f"{cases}: --bands recomputes the bands from the catalog's cases and its measured runs "
-                             "(hw_catalog/calibration/published/measured_serving.csv); drop --cases"))
-        _validate_runs(cases, fit, out, as_json)
+            _fail(InputError(f"{cases[0]}: --bands recomputes the bands from the catalog's cases and its measured "
+                             "runs (hw_catalog/calibration/published/*.csv); drop --cases"))
+        _validate_runs(runs_files, fit, out, as_json)
         return
+    if cases and len(cases) > 1:
+        _fail(InputError(f"{', '.join(str(c) for c in cases)}: --cases takes one YAML cases file"))
+    cases = cases[0] if cases else None
     try:
         loaded = v.load_cases(cases)
         if fit:
-            runs_file = hw_dir() / "calibration" / "published" / "measured_serving.csv"
-            if runs_file.exists():  # the stack's terms first: the runs' request level (and so the joint fit) uses them
-                _store_stack(runs_file, err)
+            runs_files = catalog_runs_files()
+            if runs_files:  # the stack's terms first: the runs' request level (and so the joint fit) uses them
+                _store_stack(runs_files, err)
             with err.status("fitting the efficiencies, then leaving each point out") as status:
                 cal = v.calibrate(loaded, default_efficiency(), loo=True,
                                   progress=lambda i, n: status.update(f"leave-one-out {i + 1}/{n}"),
                                   stored=default_efficiency_catalog().families,
-                                  serving_file=runs_file if runs_file.exists() else None,
-                                  serving_name=str(runs_file.relative_to(hw_dir())))
+                                  serving_file=runs_files or None,
+                                  serving_name=", ".join(str(f.relative_to(hw_dir())) for f in runs_files))
             v.write_calibration(cal, str(cases or v.cases_path()), hw_dir(), datetime.date.today().isoformat())
             for fam, r in cal.runs.items():
                 if r["fixed_point_largest_move"] > v.FIXED_POINT_TOL:
@@ -484,12 +512,18 @@ def validate(
                               f"{r['fixed_point_largest_move']:.2%} per round", highlight=False)
             default_efficiency_catalog.cache_clear()
             clear_calibration_cache()
-            if runs_file.exists():  # and again at the factors just fitted (the stored fit is its own fixed point)
-                _store_stack(runs_file, err)
+            if runs_files:  # and again at the factors just fitted (the stored fit is its own fixed point)
+                _store_stack(runs_files, err)
         if fit or bands:
             _store_bands(loaded, err)
             clear_calibration_cache()
-        report = v.run_validation(loaded, use_stored_loo=cases is None or fit)
+        if fit or fit_training:
+            _store_training_fit(err, datetime.date.today().isoformat())
+        # a cases file of one's own is validated alone; the catalog's cases come with the catalog's training runs
+        report = v.run_validation(loaded, use_stored_loo=cases is None or fit or fit_training,
+                                  training=None if cases is None else [])
+        if report.table.empty:
+            raise InputError(f"{cases or v.cases_path()}: no case can be predicted ({len(loaded.skipped)} skipped)")
         target = out or Path("results") / "validate"
         v.write_validation_report(report, target)
     except InputError as exc:
@@ -500,7 +534,7 @@ def validate(
     _print_validation(report, target)
 
 
-def _store_stack(runs_file: Path, err: Console) -> None:
+def _store_stack(runs_files: list[Path], err: Console) -> None:
     """The serving stack's terms per framework and mode fitted on the measured runs at the catalog's factors,
     written into calibration/serving_stack.yaml (`dse.validate.stack`).
     """
@@ -508,12 +542,28 @@ def _store_stack(runs_file: Path, err: Console) -> None:
 
     from dse.catalog.frameworks import clear_cache
     from dse.catalog.hardware import hw_dir
-    from dse.validate.stack import fit_stack_file, write_stack
+    from dse.validate.stack import fit_stack_files, write_stack
 
     with err.status("the serving stacks' latency and queue share, fitted on the measured runs' TTFT"):
-        fits, _ = fit_stack_file(runs_file)
-    write_stack(fits, hw_dir(), datetime.date.today().isoformat(), str(runs_file.relative_to(hw_dir())))
+        fits, _ = fit_stack_files(runs_files)
+    write_stack(fits, hw_dir(), datetime.date.today().isoformat(),
+                ", ".join(str(f.relative_to(hw_dir())) for f in runs_files))
     clear_cache()
+
+
+def _store_training_fit(err: Console, date: str) -> None:
+    """`dse validate --fit-training` (and `--fit`): the training factors fitted per family and stack on the training
+    runs, each run left out in turn; stored apart from the serving factors.
+    """
+    from dse.catalog.hardware import hw_dir
+    from dse.catalog.training import default_training_efficiency
+    from dse.validate.training import calibrate_training, load_training_runs, write_training_calibration
+
+    runs = load_training_runs()
+    with err.status("fitting the training factors, then leaving each run out") as status:
+        fit = calibrate_training(runs, loo=True, progress=lambda i, n: status.update(f"training run {i + 1}/{n}"))
+    write_training_calibration(fit, hw_dir(), date)
+    default_training_efficiency.cache_clear()
 
 
 def _store_bands(loaded, err: Console) -> None:
@@ -522,30 +572,40 @@ def _store_bands(loaded, err: Console) -> None:
     from dse.catalog.hardware import default_efficiency, hw_dir
     from dse.validate.bands import compute_bands
     from dse.validate.report import write_bands
+    from dse.validate.runs import catalog_runs_files
 
-    runs_file = hw_dir() / "calibration" / "published" / "measured_serving.csv"
+    runs_files = catalog_runs_files()
     fitted = load_fitted()
-    if fitted is None or not runs_file.exists():
+    if fitted is None or not runs_files:
         raise InputError(f"{hw_dir() / 'calibration'}: --bands needs the stored fit (fitted.yaml, `dse validate "
                          "--fit`) and the measured runs (published/measured_serving.csv)")
     with err.status("error bands: the measured runs left out by sweep and by family, the families left out"):
-        section = compute_bands(loaded, fitted, default_efficiency(), runs_file,
-                                str(runs_file.relative_to(hw_dir())))
+        section = compute_bands(loaded, fitted, default_efficiency(), runs_files,
+                                ", ".join(str(f.relative_to(hw_dir())) for f in runs_files))
     write_bands(section, hw_dir())
 
 
-def _validate_runs(cases: Path, fit: bool, out: Path | None, as_json: bool) -> None:
-    """`dse validate --cases FILE.csv`: measured serving runs predicted at request level, cross-validated."""
+def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool) -> None:
+    """`dse validate --cases FILE [--cases FILE ...]`: measured serving runs (CSVs, or the JSON results of a dse
+    export's benchmark script) predicted at request level, cross-validated.
+    """
     from dse.validate.report import write_runs_report
     from dse.validate.run import validate_file
 
     try:
         if fit:
-            raise InputError(f"{cases}: --fit refits the YAML cases' efficiencies; a CSV of measured runs is always "
-                             "cross-validated by leaving whole concurrency sweeps out (drop --fit)")
+            raise InputError(f"{cases[0]}: --fit refits the YAML cases' efficiencies; a CSV of measured runs is "
+                             "always cross-validated by leaving whole concurrency sweeps out (drop --fit)")
         v = validate_file(cases)
         target = out or Path("results") / "validate_runs"
         files = write_runs_report(v, target)
+        results = [c for c in cases if c.suffix.lower() != ".csv"]
+        if results:  # benchmarks' results: their runs in the measured-runs columns, to keep
+            from dse.validate.run import read_measured
+            from dse.validate.runs import read_runs_files
+
+            read_runs_files(results, read_measured).to_csv(target / "runs.csv", index=False)
+            files.append("runs.csv")
     except InputError as exc:
         _fail(exc)
     doc = v.as_dict()
@@ -566,6 +626,23 @@ def _validate_runs(cases: Path, fit: bool, out: Path | None, as_json: bool) -> N
                   f"{e['in_sample_median_abs_error']:.1%}", f"{e['ideal_median_abs_error']:.1%}",
                   f"{e['signed_median']:+.1%}")
     console.print(t)
+    if doc["rows_layout_unknown"]:
+        console.print(f"{doc['rows_layout_unknown']:,} row(s) state no worker counts (layout_unknown): read by no "
+                      "fit, predicted on the smallest deployment of their worker sizes, reported apart",
+                      highlight=False)
+    f = Table(title="By hardware family: median absolute error, leave-group-out and leave-family-out (the family's "
+                    "rows predicted by the fits on the other families' rows)", header_style="bold")
+    for col in ("family", "n", "frameworks", "TPOT group-out", "TPOT family-out", "TTFT group-out",
+                "TTFT family-out"):
+        f.add_column(col, justify="left" if col in ("family", "frameworks") else "right")
+    def pct(x: float | None) -> str:
+        return "-" if x is None or x != x else f"{x:.1%}"
+
+    for r in doc["families"]:
+        f.add_row(r["family"], str(r["n"]), r["frameworks"], pct(r["tpot_loo_median_abs_error"]),
+                  pct(r["tpot_lfo_median_abs_error"]), pct(r["ttft_loo_median_abs_error"]),
+                  pct(r["ttft_lfo_median_abs_error"]))
+    console.print(f)
     for reason, n in doc["skipped"]["by_reason"].items():
         console.print(f"[dim]skipped[/] {n} row(s): {escape(reason)}", highlight=False)
     console.print(f"wrote {', '.join(files)} to {target}/", highlight=False)
@@ -588,6 +665,29 @@ def _print_validation(report, target: Path) -> None:
     for _, r in report.summary.iterrows():
         s.add_row(*[f"{x:.1%}" if isinstance(x, float) else str(x) for x in r])
     console.print(s)
+    if report.families:
+        f = Table(title="By hardware family (the stored bands): median absolute error out of sample and with the "
+                        "family left out (fitted on the other families alone)", header_style="bold")
+        for col in ("family", "metric", "n", "out of sample", "family left out", "band", "basis"):
+            f.add_column(col, justify="left" if col in ("family", "metric", "basis") else "right")
+        for r in report.families:
+            own, lfo = r["median_abs_error"], r["leave_family_out_median_abs_error"]
+            f.add_row(r["family"], r["metric"], str(r["n"]), "-" if own is None else f"{own:.1%}",
+                      "-" if lfo is None else f"{lfo:.1%}",
+                      "-" if not r["band"] else f"[{r['band'][0]:.2f}, {r['band'][1]:.2f}]", r["basis"])
+        console.print(f)
+    train = df[df["category"] == "training_throughput"]
+    if not train.empty:
+        from dse.validate.training import summarize_training
+
+        g = Table(title="Training runs: absolute error on tokens/s per chip by family, kind and stack",
+                  header_style="bold")
+        for col in ("group", "runs", "median", "leave-one-out median", "leave-one-out p90"):
+            g.add_column(col, justify="left" if col == "group" else "right")
+        for key, st in summarize_training(train).items():
+            g.add_row(key, str(st["runs"]), f"{st['median_abs_error']:.1%}",
+                      *(f"{st[k]:.1%}" if k in st else "-" for k in ("loo_median_abs_error", "loo_p90_abs_error")))
+        console.print(g)
     for sk in report.skipped:
         console.print(f"[dim]skipped[/] {sk.case} ({sk.category}): {sk.reason}", highlight=False)
     console.print(f"wrote validate.csv, summary.json, scatter.png, report.html to {target}/")
@@ -598,46 +698,46 @@ def export(
     result: Annotated[Path, typer.Argument(help="A study's output folder (or its summary.json).")],
     model: Annotated[str | None, typer.Option(help="Model of the chosen optimum (when the study has several).")] = None,
     workload: Annotated[str | None, typer.Option(help="Workload of the chosen optimum.")] = None,
-    framework: Annotated[list[str] | None, typer.Option(help="vllm, sglang or trtllm (repeat; default all).")] = None,
-    model_path: Annotated[str | None, typer.Option(help="Weights to serve (default: the catalog repository).")] = None,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs per server node, for multi-node notes.")] = 8,
-    out: Annotated[Path | None, typer.Option(help="Folder for the scripts (default: RESULT/export-MODEL-WORKLOAD).")]
-    = None,
+    framework: Annotated[list[str] | None, typer.Option(
+        help="vllm, sglang or trtllm (repeat; default: every one that runs on the plan's hardware).")] = None,
+    model_path: Annotated[str | None, typer.Option(
+        help="Weights to serve (default: the known chat checkpoint of the plan's weights format).")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(
+        help="GPUs per host (default: the hardware catalog's chips_per_node).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Folder for the scripts, never inside a result folder (default: exports/STUDY/MODEL-WORKLOAD).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Keep files dse did not write in --out.")] = False,
 ) -> None:
-    """Launch commands (vLLM, SGLang, TensorRT-LLM) for an optimum of a study result."""
-    from dse.report.export import FRAMEWORKS, check_model_path, choose_entry, read_summary, write_scripts
+    """Launch scripts (vLLM, SGLang, TensorRT-LLM) for an optimum of a study result, and its benchmark."""
+    from dse.report.export import PLAIN_NAME, choose_entry, read_summary, write_scripts
     from dse.report.export import export as make_scripts
 
     try:
         summary_path = result / "summary.json" if result.is_dir() else result
         if not summary_path.exists():
             raise InputError(f"{result}: no summary.json of a study run there (run `dse run STUDY --out DIR` first)")
-        plan, index = choose_entry(read_summary(summary_path), str(summary_path), model, workload)
-        if model_path is None:
-            try:
-                model_path = check_model_path(_model_repository(plan.model), f"catalog repository of '{plan.model}'")
-            except InputError as exc:
-                raise InputError(f"{summary_path}: field 'best[{index}].model': {exc}; or name the weights with "
-                                 "--model-path") from None
-        scripts = make_scripts(plan, tuple(framework or FRAMEWORKS), model_path, gpus_per_node)
-        target = out or summary_path.parent / f"export-{plan.model}-{plan.workload}"
-        write_scripts(scripts, target, f"--out {target}" if out else str(target),
-                      inside=None if out else summary_path.parent)
+        summary = read_summary(summary_path)
+        plan, index = choose_entry(summary, str(summary_path), model, workload)
+        try:
+            scripts = make_scripts(plan, tuple(framework) if framework else None, model_path, gpus_per_node)
+        except InputError as exc:
+            raise InputError(f"{summary_path}: best[{index}]: {exc}") from None
+        study = summary.get("study")
+        study = study if isinstance(study, str) and PLAIN_NAME.fullmatch(study) else summary_path.parent.name
+        target = out or Path("exports") / study / f"{plan.model}-{plan.workload}"
+        names = write_scripts(scripts, target, plan, force)
     except InputError as exc:
         _fail(exc)
-    Console().print(f"wrote {', '.join(sc.name for sc in scripts)} to {target}/", highlight=False, markup=False)
-
-
-def _model_repository(model_id: str) -> str:
-    """The Hugging Face repository a catalog model was read from, or its id when none is known."""
-    from dse.catalog.models import get_model
-
-    url = get_model(model_id).spec.source.url or ""
-    prefix = "https://huggingface.co/"
-    return url.removeprefix(prefix).strip("/") if url.startswith(prefix) else model_id
+    Console().print(f"wrote {', '.join(sc.name for sc in scripts)} to {target}/ (it holds {len(names)} files)",
+                    highlight=False, markup=False)
 
 
 def _hardware_rows() -> list[dict]:
+    """Every system with every catalog field: the SI value of each quantity with its source and date (flat), the
+    quantities as written (``quantities``: value, unit, SI value, source, date, note, estimate) and the prices by kind.
+    """
+    from dataclasses import asdict
+
     from dse.catalog.hardware import PRICE_KINDS, SYSTEM_FIELDS, default_systems
 
     rows = []
@@ -655,13 +755,53 @@ def _hardware_rows() -> list[dict]:
             if q is not None:
                 row[f"{name}_source"] = q.source
                 row[f"{name}_date"] = q.date
+        row["quantities"] = {name: asdict(q) for name, q in s.quantities.items()}
         rows.append(row)
     return rows
+
+
+HARDWARE_COLUMNS = (  # (header, wide only, cell of a row)
+    ("id", False, lambda r: r["id"]),
+    ("status", True, lambda r: r["status"]),
+    ("BF16\nPF/s", False, lambda r: _scaled(r["flops_bf16"], 1e15)),
+    ("FP8\nPF/s", False, lambda r: _scaled(r["flops_fp8"], 1e15)),
+    ("FP4\nPF/s", False, lambda r: _scaled(r["flops_fp4"], 1e15)),
+    ("INT8\nPOP/s", True, lambda r: _scaled(r["flops_int8"], 1e15)),
+    ("KV\nformats", True, lambda r: ",".join(r["kv_dtypes"])),
+    ("HBM\nGB", False, lambda r: _scaled(r["hbm_capacity"], 1e9)),
+    ("HBM\nTB/s", False, lambda r: _scaled(r["hbm_bandwidth"], 1e12)),
+    ("domain\nchips", False, lambda r: f"{r['scaleup_domain']:,.0f}"),
+    ("scale-up\nGB/s", False, lambda r: _scaled(r["scaleup_bandwidth"], 1e9)),
+    ("topology", True, lambda r: r["scaleup_topology"]),
+    ("scale-out\nGB/s", True, lambda r: _scaled(r["scaleout_bandwidth"], 1e9)),
+    ("all-in\nkW", True, lambda r: _scaled(r["power_all_in_w"], 1e3) + ("*" if r["power_all_in_is_estimate"] else "")),
+    ("TCO hyp.\nUSD/h", True, lambda r: _price(r, "tco_hyperscaler")),
+    ("TCO neo.\nUSD/h", True, lambda r: _price(r, "tco_neocloud")),
+    ("rent 3y\nUSD/h", True, lambda r: _price(r, "rental_3yr")),
+    ("on-dem.\nUSD/h", False, lambda r: _price(r, "on_demand")),
+)
+"""The columns of `dse catalog hardware`: every one from 150 columns; below, the ones a deployment is sized with
+(peak FLOP/s, HBM, scale-up domain and links, the default price kind)."""
+
+
+def _scaled(v: float | None, unit: float) -> str:
+    """A figure in a column's unit with 3 significant digits; '-' where the catalog has none."""
+    if v is None or v != v:
+        return "-"
+    x = v / unit
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _price(r: dict, kind: str) -> str:
+    p = r["prices"].get(kind)
+    return "-" if p is None else f"{p['usd_per_hour']:.2f}{'*' if p['estimate'] else ''}"
 
 
 @catalog_app.command("hardware")
 def catalog_hardware(as_json: Annotated[bool, typer.Option("--json", help="Print JSON (SI units).")] = False) -> None:
     """The accelerator systems with their dense FLOP/s, HBM, links and prices."""
+    from rich import box
+
     try:
         rows = _hardware_rows()
     except InputError as exc:
@@ -669,73 +809,78 @@ def catalog_hardware(as_json: Annotated[bool, typer.Option("--json", help="Print
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    t = Table(title="Hardware catalog (dense FLOP/s; one-direction link bandwidth per chip; USD per chip-hour by "
-              "kind: TCO hyperscaler / TCO neocloud / 3-year rental / on-demand, * = estimate, - = none)",
-              header_style="bold")
-    for col in ("id", "status", "BF16", "FP8", "FP4", "INT8", "KV formats", "HBM", "HBM BW", "domain", "scale-up",
-                "topology", "scale-out", "power all-in", "USD/chip-h"):
-        t.add_column(col, justify="left" if col in ("id", "status", "KV formats", "topology") else "right")
-    from dse.catalog.hardware import PRICE_KINDS
-
-    def price(r: dict, kind: str) -> str:
-        p = r["prices"].get(kind)
-        return "-" if p is None else f"{p['usd_per_hour']:.2f}{'*' if p['estimate'] else ''}"
-
-    def fmt(v: float | None, unit: str) -> str:
-        return "-" if v is None else _si(v, unit)
-
+    console = Console()
+    wide = console.width >= 150
+    t = Table(title="Hardware catalog: dense FLOP/s and one-direction link bandwidth per chip; USD per chip-hour by "
+              "price kind; * estimate, - none" + ("" if wide else " (150 columns show every field, --json every "
+                                                    "field with its source)"),
+              title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+    columns = [c for c in HARDWARE_COLUMNS if wide or not c[1]]
+    for header, _, _ in columns:
+        t.add_column(header, justify="left" if header in ("id", "status", "topology") or header.startswith("KV")
+                     else "right", no_wrap=True)
     for r in rows:
-        t.add_row(
-            r["id"], r["status"], fmt(r["flops_bf16"], "FLOP/s"), fmt(r["flops_fp8"], "FLOP/s"),
-            fmt(r["flops_fp4"], "FLOP/s"), fmt(r["flops_int8"], "OP/s"), ",".join(r["kv_dtypes"]),
-            fmt(r["hbm_capacity"], "B"), fmt(r["hbm_bandwidth"], "B/s"), f"{r['scaleup_domain']:.0f}",
-            fmt(r["scaleup_bandwidth"], "B/s"), r["scaleup_topology"], fmt(r["scaleout_bandwidth"], "B/s"),
-            fmt(r["power_all_in_w"], "W") + ("*" if r["power_all_in_is_estimate"] else ""),
-            " / ".join(price(r, k) for k in PRICE_KINDS),
-        )
-    Console().print(t)
+        t.add_row(*(cell(r) for _, _, cell in columns))
+    console.print(t)
 
 
-@catalog_app.command("models")
-def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """The model architectures with derived parameter counts and KV bytes per token."""
+def _model_rows() -> list[dict]:
+    """Every model with every catalog field (as ``models.yaml`` writes it) and its derived counts."""
     from dse.catalog.models import default_models
 
-    try:
-        models = default_models()
-    except InputError as exc:
-        _fail(exc)
     rows = []
-    for m in models.values():
+    for m in default_models().values():
         a = m.spec.attention
         rows.append({
-            "id": m.id,
-            "name": m.spec.name,
-            "attention": a.kind + (" + sliding window" if a.sliding_layers else "") + (" + sparse" if a.sparse else ""),
-            "ffn": m.spec.ffn.kind,
-            "layers": m.spec.n_layers,
+            **m.spec.model_dump(mode="json"),
+            "attention_kind": a.kind + (" + sliding window" if a.sliding_layers else "") + (
+                " + sparse" if a.sparse else ""),
+            "max_context_tokens": m.spec.max_context.tokens if m.spec.max_context else None,
             "params_total": m.params_total,
             "params_active": m.params_active,
             "published_total": m.spec.published_b.total * 1e9,
             "published_active": m.spec.published_b.active * 1e9,
             "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"),
-            "hypothetical": m.spec.hypothetical,
         })
+    return rows
+
+
+@catalog_app.command("models")
+def catalog_models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """The model architectures with derived parameter counts, KV bytes per token and maximum context."""
+    from rich import box
+
+    try:
+        rows = _model_rows()
+    except InputError as exc:
+        _fail(exc)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    t = Table(title="Model catalog (derived counts; active excludes the input-embedding lookup)", header_style="bold")
-    for col in ("id", "attention", "ffn", "layers", "total", "active", "published", "KV/token (bf16)"):
-        t.add_column(col, justify="left" if col in ("id", "attention", "ffn") else "right")
+    console = Console()
+    wide = console.width >= 110
+    t = Table(title="Model catalog: derived parameter counts (active excludes the input-embedding lookup), KV bytes "
+              "per token in bf16, published maximum context; * hypothetical", title_justify="left",
+              header_style="bold", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+    columns = [("id", "left"), ("attention", "left"), ("ffn", "left"), ("layers", "right"), ("params\ntotal", "right"),
+               ("params\nactive", "right"), ("published\ntotal / active", "right"), ("KV per\ntoken", "right"),
+               ("max\ncontext", "right")]
+    if not wide:
+        columns = [c for c in columns if c[0] not in ("layers", "published\ntotal / active")]
+    for name, justify in columns:
+        t.add_column(name, justify=justify, no_wrap=True)
     for r in rows:
-        t.add_row(
-            r["id"] + (" *" if r["hypothetical"] else ""), r["attention"], r["ffn"], str(r["layers"]),
-            f"{r['params_total'] / 1e9:.1f}B", f"{r['params_active'] / 1e9:.2f}B",
-            f"{r['published_total'] / 1e9:g}B / {r['published_active'] / 1e9:g}B",
-            _si(r["kv_bytes_per_token_bf16"], "B"),
-        )
-    Console().print(t)
-    Console().print("* hypothetical model")
+        ctx = r["max_context_tokens"]
+        cells = {"id": r["id"] + (" *" if r["hypothetical"] else ""),
+                 "attention": r["attention_kind"].replace(" + sliding window", " + SWA"), "ffn": r["ffn"]["kind"],
+                 "layers": str(r["n_layers"]), "params\ntotal": f"{r['params_total'] / 1e9:,.1f}B",
+                 "params\nactive": f"{r['params_active'] / 1e9:,.1f}B",
+                 "published\ntotal / active": f"{r['published_total'] / 1e9:g}B / {r['published_active'] / 1e9:g}B",
+                 "KV per\ntoken": _si(r["kv_bytes_per_token_bf16"], "B"),
+                 "max\ncontext": "-" if ctx is None else f"{ctx / 1e3:,.0f}k" if ctx < 1_000_000 else
+                 f"{ctx / 1e6:.3g}M"}
+        t.add_row(*(cells[name] for name, _ in columns))
+    console.print(t)
 
 
 @catalog_app.command("import-model")
@@ -764,6 +909,9 @@ def main() -> None:
 
         print(f"dse {__version__}")
         return
+    from dse.physics import keep_freed_memory
+
+    keep_freed_memory()  # the evaluator's temporaries stay in the process instead of page-faulting back each call
     try:
         app()
     except (InputError, InfeasibleError, SolverLimitError) as exc:  # pragma: no cover - commands catch their own

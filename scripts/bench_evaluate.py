@@ -19,9 +19,12 @@ import numpy as np  # noqa: E402
 
 from dse.catalog.hardware import default_systems  # noqa: E402
 from dse.catalog.models import default_models  # noqa: E402
+from dse.physics import keep_freed_memory  # noqa: E402
 from dse.physics.layout import layouts_for  # noqa: E402
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate  # noqa: E402
 from dse.physics.serving import Request, aggregated  # noqa: E402
+
+keep_freed_memory()  # as the dse command does at start
 
 
 def candidates(n: int, seed: int = 0) -> tuple[Candidates, ModelTable, SystemTable]:

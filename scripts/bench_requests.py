@@ -19,6 +19,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import dse  # noqa: E402
+from dse.physics import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()  # as the dse command does at start
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ("cheapest_1m_context.yaml", "pareto_latency_cost.yaml", "fast_slow_mode.yaml")

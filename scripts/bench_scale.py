@@ -36,6 +36,8 @@ FIRST = ("h200", "b200", "gb200-nvl72")
 
 CHILD = r"""
 import json, resource, sys, time
+from dse.physics import keep_freed_memory
+keep_freed_memory()  # as the dse command does at start
 from dse.studies.base import load_study
 from dse.studies.contract import solve_study
 study = json.loads(sys.argv[1])

@@ -161,19 +161,6 @@ def test_public_api_errors_carry_the_cli_message():
         dse.load_study({"study": "x", "kind": "cheapest", "description": "d", "expect": "e", "models": ["llama-3.1-8b"]})
 
 
-def test_readme_python_example_runs(tmp_path, monkeypatch):
-    """The notebook-style example of the README, run as written (in a scratch folder)."""
-    text = (ROOT / "README.md").read_text()
-    block = text.split("```python\n", 1)[1].split("```", 1)[0]
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(ROOT))
-    namespace: dict = {}
-    exec(compile(block.replace("studies/", f"{ROOT}/studies/"), "README.md", "exec"), namespace)
-    result = namespace["result"]
-    assert result.summary["status"] == "optimal" and not result.tables["best"].empty
-    assert (tmp_path / "results" / "readme-example" / "summary.json").exists()
-
-
 def test_version_imports_nothing_heavy():
     code = ("import sys; sys.argv = ['dse', '--version']; from dse.cli import main; main(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "

@@ -13,6 +13,8 @@ from helpers import dse
 
 from dse.catalog.hardware import HW_DIR
 
+ROOT = Path(__file__).resolve().parent.parent
+
 CONTRACT_KEYS = {
     "chips", "compute_s", "memory_s", "comm_s", "step_s", "bound", "tokens_per_s", "tpot_s", "usd_per_mtok",
     "weights_bytes_per_chip", "kv_bytes_per_chip", "fits", "params_total", "params_active", "kv_bytes_per_token",
@@ -76,12 +78,49 @@ def test_catalog_hardware_and_models():
     r = dse("catalog", "hardware", "--json")
     assert r.returncode == 0
     rows = json.loads(r.stdout)
-    assert len(rows) == 19 and rows[0]["flops_bf16_source"]
+    assert len(rows) == 20 and rows[0]["flops_bf16_source"]
     r = dse("catalog", "models", "--json")
     assert r.returncode == 0
     assert {row["id"] for row in json.loads(r.stdout)} >= {"deepseek-v3", "frontier-5t"}
     assert dse("catalog", "hardware").returncode == 0
     assert dse("catalog", "models").returncode == 0
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_catalog_listings_are_readable_at_the_width_of_the_terminal(columns):
+    """No cell cut short (no ellipsis) and no line wider than the terminal, at 80 and 160 columns; every model id
+    whole; the sizing figures (peak FLOP/s, HBM, domain, on-demand price) at 80, every field from 150."""
+    for what in ("hardware", "models"):
+        r = dse("catalog", what, env={"COLUMNS": str(columns)})
+        assert r.returncode == 0, r.stderr
+        assert "…" not in r.stdout and all(len(line) <= columns for line in r.stdout.splitlines())
+        if what == "models":
+            ids = {line.split()[0] for line in r.stdout.splitlines() if line.startswith(" ") and line.split()}
+            assert {"qwen3-coder-480b-a35b", "llama-4-maverick", "deepseek-v3.2"} <= ids
+        else:
+            assert "on-dem." in r.stdout and " 0.989 " in r.stdout  # H100's dense BF16 PF/s
+            assert ("TCO hyp." in r.stdout) == (columns >= 150)
+
+
+def test_catalog_json_carries_every_catalog_field():
+    """`catalog models --json`: every field of models.yaml (maximum context included) and the derived counts;
+    `catalog hardware --json`: every quantity of systems.yaml as written (value, unit, source, date) and in SI."""
+    models = {m["id"]: m for m in yaml.safe_load((ROOT / "model_catalog" / "models.yaml").read_text())["models"]}
+    rows = {row["id"]: row for row in json.loads(dse("catalog", "models", "--json").stdout)}
+    assert rows.keys() == models.keys()
+    for mid, m in models.items():
+        assert set(m) <= set(rows[mid]), set(m) - set(rows[mid])
+        assert rows[mid]["max_context_tokens"] == (m["max_context"]["tokens"] if "max_context" in m else None)
+    assert rows["llama-3-8b-1048k"]["max_context_tokens"] == 1_048_576 and rows["deepseek-v3"]["params_total"] > 6e11
+    systems = {s["id"]: s for s in yaml.safe_load((HW_DIR / "systems.yaml").read_text())["systems"]}
+    hw = {row["id"]: row for row in json.loads(dse("catalog", "hardware", "--json").stdout)}
+    for sid, sy in systems.items():
+        for key, raw in sy.items():
+            if isinstance(raw, dict) and "unit" in raw:
+                q = hw[sid]["quantities"][key]
+                assert (q["value"], q["unit"], q["source"]) == (raw["value"], raw["unit"], raw["source"]), (sid, key)
+            elif key != "prices":
+                assert key in hw[sid] or key == "scaleup_topology", (sid, key)
 
 
 def test_bad_catalog_exits_2_naming_file_row_and_field(tmp_path: Path):
@@ -143,12 +182,17 @@ def test_progress_counts_move_to_the_total():
     import dse
 
     root = Path(__file__).resolve().parent.parent
-    doc = yaml.safe_load((root / "studies" / "overtraining.yaml").read_text())
-    doc["overtraining"].update(trials=4, demands_tokens_per_s=[5e7])
+    doc = yaml.safe_load((root / "studies" / "compute_equalization.yaml").read_text())
+    doc["workloads"][0]["demand_tokens_per_s"] = 2e5
+    doc["space"].update(systems=["h100"], kv_tiers=["hbm"], tp=[1, 2], pp=[1], max_racks=1, max_chips_per_stage=8)
+    doc["equalization"].update(refine_trials=5, family={"widths": [2048, 4096], "sparsities": [1]},
+                               quality={"target_loss": 2.05}, train_systems=["h100"], inventory_nodes={"h100": 64},
+                               launch_by_week=8, deployment_weeks=2, rl={"output": 1000},
+                               sensitivity={"assumptions": False})
     seen: list[tuple] = []
     dse.run(doc, progress=lambda what, done=None, total=None: seen.append((done, total)))
-    counts = [d for d, t in seen if t == 4]
-    assert counts[0] == 0 and counts[-1] == 4 and counts == sorted(counts) and len(set(counts)) >= 4
+    counts = [d for d, t in seen if t == 5]
+    assert counts[0] == 0 and counts[-1] == 5 and counts == sorted(counts) and len(set(counts)) >= 5
     seen.clear()
     dse.run(yaml.safe_load((root / "studies" / "kv_cache_tiers.yaml").read_text()), progress=lambda *a: seen.append(a))
     assert seen

@@ -1,181 +1,338 @@
-"""`dse export`: launch commands whose flags carry the chosen configuration, for each framework."""
+"""`dse export`: launch scripts whose flags are the frameworks' own, with the plan's per-worker values, on the
+plan's hardware, and the benchmark that checks the plan; `dse validate` reads the benchmarks' result files.
+
+Every flag of every script is parsed against ``fixtures/framework_flags.json``: the flags of each tool at the
+release named there, with the file and line that defines each (read from the tools' own argument definitions).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import dse
 
-from dse.report.export import DEFAULT_CHUNK_TOKENS, export
+from dse.errors import InputError
+from dse.report.export import DEFAULT_CHUNK_TOKENS, check_entry, export, memory_budget, memory_flags
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TABLE = json.loads((FIXTURES / "framework_flags.json").read_text())["tools"]
 
 AGGREGATED = {"model": "deepseek-v3", "workload": "chat", "serving": "aggregated", "system": "h200", "chips": 16,
               "tp": 1, "ep": 8, "pp": 2, "dp": 8, "batch": 96, "weights_dtype": "fp8", "kv_dtype": "fp8",
-              "context": 6000, "replicas": 7}
+              "context": 6000, "prompt": 5000, "output": 1000, "replicas": 7, "chunk_tokens": 4096}
 DISAGGREGATED = {"model": "llama-3.1-70b", "workload": "long", "serving": "disaggregated", "context": 130000,
-                 "pools": [
+                 "prompt": 128000, "output": 2000, "pools": [
                      {"role": "prefill", "system": "h100", "replicas": 3, "chips": 8, "tp": 8, "ep": 1, "pp": 1,
                       "dp": 1, "batch": 1, "weights_dtype": "fp8", "kv_dtype": "fp8", "chunk_tokens": 16384},
                      {"role": "decode", "system": "h100", "replicas": 2, "chips": 8, "tp": 4, "ep": 1, "pp": 1,
-                      "dp": 2, "batch": 64, "weights_dtype": "fp8", "kv_dtype": "bf16"}]}
+                      "dp": 2, "batch": 8, "weights_dtype": "fp8", "kv_dtype": "bf16"}]}
+CP_PREFILL = {**DISAGGREGATED, "model": "llama-3.1-8b", "pools": [
+    dict(DISAGGREGATED["pools"][0], tp=1, dp=8, context_parallel=True), DISAGGREGATED["pools"][1]]}
+MI300X = {**AGGREGATED, "system": "mi300x", "chips": 32, "tp": 8, "dp": 4, "ep": 4, "pp": 1, "batch": 220}
+GB200 = {**AGGREGATED, "system": "gb200-nvl72", "chips": 16, "tp": 1, "dp": 16, "ep": 16, "pp": 1, "batch": 256,
+         "weights_dtype": "fp4"}
+TPU = {**AGGREGATED, "model": "llama-3.1-8b", "system": "tpu-v6e", "chips": 4, "tp": 4, "dp": 1, "ep": 1, "pp": 1,
+       "batch": 64, "weights_dtype": "bf16", "kv_dtype": "bf16", "context": 3000, "prompt": 2000}
+
+TOOLS = {("vllm", "serve"): "vllm serve", ("vllm", "bench"): "vllm bench serve",
+         ("-m", "sglang.launch_server"): "python -m sglang.launch_server",
+         ("-m", "sglang.benchmark.serving"): "python -m sglang.benchmark.serving",
+         ("-m", "sglang_router.launch_router"): "python -m sglang_router.launch_router",
+         ("trtllm-serve", "$MODEL"): "trtllm-serve", ("aiperf", "profile"): "aiperf profile"}
 
 
-def _flags(line: str) -> dict[str, str | bool]:
-    words = shlex.split(line.replace('"$1"', "PORT"))
-    out: dict[str, str | bool] = {}
-    for i, w in enumerate(words):
-        if w.startswith("--"):
-            nxt = words[i + 1] if i + 1 < len(words) else ""
-            out[w] = True if nxt.startswith("--") or not nxt else nxt
+def _commands(text: str) -> list[tuple[str, list[str]]]:
+    """(tool, words) of every framework command in a script, the words as bash would split them."""
+    out = []
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        words = shlex.split(line.replace("\\", ""), comments=True)
+        for i in range(len(words) - 1):
+            tool = TOOLS.get((words[i], words[i + 1]))
+            if tool:
+                out.append((tool, words[i:]))
+                break
     return out
 
 
-def _launch_lines(text: str) -> list[str]:
-    return [ln for ln in text.splitlines() if ln.startswith("  ") and ("serve" in ln or "launch_server" in ln)]
+def _parse(tool: str, words: list[str]) -> dict[str, object]:
+    """The flags of one command, each checked against the tool's table: known flag, value of the right kind and in
+    the allowed choices; a repeated flag collects its values."""
+    spec = TABLE[tool]["flags"]
+    skip = {"vllm serve": 3, "vllm bench serve": 3}.get(tool, 2)  # the command's words before its flags
+    args, flags, i = words[skip:], {}, 0
+    while i < len(args):
+        flag = args[i]
+        assert flag.startswith("--"), (tool, flag, words)
+        assert flag in spec, f"{tool}: {flag} is not a flag of {TABLE[tool]['package']} {TABLE[tool]['version']}"
+        kind = spec[flag]["value"]
+        if kind == "none":
+            flags[flag] = True
+            i += 1
+            continue
+        values = []
+        while i + 1 < len(args) and not args[i + 1].startswith("--"):
+            values.append(args[i + 1])
+            i += 1
+        i += 1
+        assert values, (tool, flag)
+        for v in values:
+            if "$" in v:
+                continue  # a shell expansion (model, address, rank, output path): checked by running the scripts
+            if kind == "int":
+                assert int(v) >= 0, (flag, v)
+            elif kind == "float":
+                x = float(v)
+                lo, hi = spec[flag].get("range", (-math.inf, math.inf))
+                assert lo < x <= hi, (flag, v)
+            elif kind == "json":
+                json.loads(v)
+            if "choices" in spec[flag]:
+                assert v in spec[flag]["choices"], (tool, flag, v, spec[flag]["choices"])
+        flags[flag] = values[0] if len(values) == 1 else values
+    return flags
 
 
-def _by_name(entry: dict) -> dict[str, str]:
-    return {s.name: s.text() for s in export(entry, ("vllm", "sglang", "trtllm"), "org/model")}
+def _files(entry: dict, frameworks=None, **kw) -> dict[str, str]:
+    return {s.name: s.text() for s in export(entry, frameworks, **kw)}
 
 
-def test_aggregated_flags_carry_the_layout_batch_and_formats():
-    files = _by_name(AGGREGATED)
-    (v,) = [_flags(ln) for ln in _launch_lines(files["launch_vllm.sh"])]
-    assert (v["--tensor-parallel-size"], v["--data-parallel-size"], v["--pipeline-parallel-size"]) == ("1", "8", "2")
-    assert v["--enable-expert-parallel"] is True and v["--kv-cache-dtype"] == "fp8"
-    assert v["--max-num-seqs"] == str(96 * 2 // 8)  # sequences in flight per data-parallel engine
-    assert v["--max-num-batched-tokens"] == str(DEFAULT_CHUNK_TOKENS) and v["--max-model-len"] == "6000"
-    (sg,) = [_flags(ln) for ln in _launch_lines(files["launch_sglang.sh"])]
-    assert (sg["--tp-size"], sg["--dp-size"], sg["--ep-size"], sg["--pp-size"]) == ("8", "8", "8", "2")
-    assert sg["--enable-dp-attention"] is True and sg["--max-running-requests"] == "192"
-    assert sg["--kv-cache-dtype"] == "fp8_e4m3" and "--disaggregation-mode" not in sg
-    (t,) = [_flags(ln) for ln in _launch_lines(files["launch_trtllm.sh"])]
-    assert (t["--tp_size"], t["--pp_size"], t["--ep_size"], t["--max_batch_size"]) == ("8", "2", "8", "24")
-    assert "enable_attention_dp: true" in files["trtllm_both.yaml"] and "dtype: fp8" in files["trtllm_both.yaml"]
-    assert "weights fp8" in files["launch_vllm.sh"] and "spans 2 nodes" in files["launch_sglang.sh"]
+def _all(entry: dict, name: str, tool: str, frameworks=None) -> list[dict]:
+    return [_parse(t, w) for t, w in _commands(_files(entry, frameworks)[name]) if t == tool]
 
 
-def test_disaggregated_pools_get_their_roles_and_a_router():
-    files = _by_name(DISAGGREGATED)
-    sg = [_flags(ln) for ln in _launch_lines(files["launch_sglang.sh"])]
-    assert [f["--disaggregation-mode"] for f in sg] == ["prefill", "decode"]
-    assert sg[0]["--chunked-prefill-size"] == "16384" and sg[1]["--kv-cache-dtype"] == "auto"
-    assert "--dp-size" not in sg[0] and sg[1]["--dp-size"] == "2" and sg[1]["--tp-size"] == "8"
-    assert "sglang_router.launch_router --pd-disaggregation --prefill" in files["launch_sglang.sh"]
-    v = [_flags(ln) for ln in _launch_lines(files["launch_vllm.sh"])]
-    assert all("NixlConnector" in f["--kv-transfer-config"] for f in v)
-    assert "3 replica(s)" in files["launch_vllm.sh"] and "2 replica(s)" in files["launch_vllm.sh"]
-    disagg = files["trtllm_disagg.yaml"]
-    assert "context_servers:" in disagg and "generation_servers:" in disagg
-    assert "cache_transceiver_config" in files["trtllm_prefill.yaml"]
-    assert "not expressible" in files["launch_trtllm.sh"]  # attention TP4 x DP2 in the decode pool
-
-
-def test_cli_writes_executable_scripts_and_refuses_ambiguous_choices(tmp_path):
-    result = tmp_path / "result"
-    result.mkdir()
-    (result / "summary.json").write_text(json.dumps({"best": [AGGREGATED, dict(AGGREGATED, workload="long")]}))
-
-    r = dse("export", str(result))
-    assert r.returncode == 2 and "--model deepseek-v3 --workload long" in " ".join(r.stderr.split())
-    r = dse("export", str(result), "--workload", "chat", "--framework", "sglang")
-    assert r.returncode == 0, r.stderr
-    script = result / "export-deepseek-v3-chat" / "launch_sglang.sh"
-    assert script.stat().st_mode & 0o111 and "deepseek-ai/DeepSeek-V3" in script.read_text()
-    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    assert dse("export", str(result), "--workload", "chat", "--framework", "tgi").returncode == 2
-
-
-@pytest.mark.parametrize("entry", [AGGREGATED, DISAGGREGATED])
-def test_every_script_is_valid_bash(tmp_path, entry):
-    for name, text in _by_name(entry).items():
+@pytest.mark.parametrize("entry", [AGGREGATED, DISAGGREGATED, CP_PREFILL, MI300X, GB200, TPU],
+                         ids=["aggregated", "disaggregated", "cp-prefill", "mi300x", "gb200", "tpu"])
+def test_every_flag_of_every_script_is_the_frameworks_own(entry):
+    files = _files(entry)
+    seen = set()
+    for name, text in files.items():
         if name.endswith(".sh"):
-            path = tmp_path / name
-            path.write_text(text)
-            assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, name
+            for tool, words in _commands(text):
+                _parse(tool, words)
+                seen.add(tool)
+            assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0, name
+    assert {"vllm serve", "vllm bench serve"} <= seen
 
 
-def test_context_parallel_prefill_pool_is_stated():
-    entry = {**DISAGGREGATED, "pools": [dict(DISAGGREGATED["pools"][0], context_parallel=True, dp=4, tp=2),
-                                        DISAGGREGATED["pools"][1]]}
-    for name, text in _by_name(entry).items():
-        if not name.endswith(".sh"):
-            continue  # the launch scripts carry the comments, not the framework's option files
-        assert "context parallel: dse planned each prompt split over this replica's 4 DP ranks" in text, name
-    assert not any("context parallel" in t for t in _by_name(DISAGGREGATED).values())
+def test_per_worker_values_are_the_plans():
+    """vLLM takes per-engine values; SGLang divides its totals over the attention-DP ranks (server_args:
+    chunked_prefill_size // attn_dp_size; kv_cache_configurator: max_running_requests // attn_dp_size)."""
+    (v,) = _all(AGGREGATED, "launch_vllm.sh", "vllm serve")[:1]
+    assert (v["--tensor-parallel-size"], v["--data-parallel-size"], v["--pipeline-parallel-size"]) == ("1", "8", "2")
+    assert v["--max-num-seqs"] == str(96 * 2 // 8) and v["--max-num-batched-tokens"] == "4096"  # the plan's chunk
+    (sg,) = _all(AGGREGATED, "launch_sglang.sh", "python -m sglang.launch_server")
+    assert (sg["--tp-size"], sg["--attn-dp-size"], sg["--ep-size"], sg["--pp-size"]) == ("8", "8", "8", "2")
+    assert int(sg["--max-running-requests"]) // 8 == 24 and int(sg["--chunked-prefill-size"]) // 8 == 4096
+    # the issue's case: a context-parallel prefill replica of batch 1 over 8 ranks holds one request, not 0 per rank
+    pre = _all(CP_PREFILL, "launch_sglang.sh", "python -m sglang.launch_server")[0]
+    assert pre["--attn-cp-size"] == "8" and "--attn-dp-size" not in pre and pre["--max-running-requests"] == "1"
+    vpre = _all(CP_PREFILL, "launch_vllm.sh", "vllm serve")[0]
+    assert vpre["--prefill-context-parallel-size"] == "8" and vpre["--data-parallel-size"] == "1"
+    assert vpre["--max-num-batched-tokens"] == "16384"
+    (t,) = _all(AGGREGATED, "launch_trtllm.sh", "trtllm-serve")
+    assert (t["--tp_size"], t["--pp_size"], t["--ep_size"], t["--max_batch_size"]) == ("8", "2", "8", "24")
 
 
-def test_a_layout_vllm_cannot_express_is_noted():
-    entry = dict(AGGREGATED, ep=4)  # experts EP4 x expert-TP2 over the 8 chips of a stage
-    text = _by_name(entry)["launch_vllm.sh"]
-    assert "TP x DP = 8; this layout has EP 4: not expressible exactly" in text
+def test_hosts_come_from_the_catalog():
+    """GB200 NVL72 compute trays hold 4 GPUs: a 16-GPU replica spans 4 hosts (not 2 of 8)."""
+    text = _files(GB200, ("vllm",))["launch_vllm.sh"]
+    assert "spans 4 hosts of 4 GPUs" in text
+    first, other = _all(GB200, "launch_vllm.sh", "vllm serve", ("vllm",))
+    assert first["--data-parallel-size-local"] == "4" and first["--data-parallel-address"] == "$DSE_HEAD_ADDR"
+    assert other["--headless"] is True and other["--data-parallel-start-rank"] == "$((rank * 4))"
+    (sg,) = _all(GB200, "launch_sglang.sh", "python -m sglang.launch_server", ("sglang",))
+    assert (sg["--nnodes"], sg["--node-rank"], sg["--dist-init-addr"]) == ("4", "$rank", "$DSE_HEAD_ADDR:5000")
+    big = {**GB200, "tp": 8, "dp": 2, "ep": 16}  # one DP rank of 8 GPUs spans 2 trays
+    first, other = _all(big, "launch_vllm.sh", "vllm serve", ("vllm",))
+    assert (first["--nnodes"], first["--node-rank"], first["--master-addr"]) == ("4", "$rank", "$DSE_HEAD_ADDR")
+    assert other["--headless"] is True and "--headless" not in first
+    assert "--gpus_per_node" in _all(GB200, "launch_trtllm.sh", "trtllm-serve", ("trtllm",))[0]
 
 
-def test_pools_of_one_role_get_their_own_function_and_options_file():
-    second = dict(DISAGGREGATED["pools"][1], tp=8, dp=1, replicas=1)
-    files = _by_name({**DISAGGREGATED, "pools": [*DISAGGREGATED["pools"], second]})
-    vllm = files["launch_vllm.sh"]
-    assert "launch_decode() {" in vllm and "launch_decode_2() {" in vllm and "launch_decode_2 8102 &" in vllm
-    assert {"trtllm_decode.yaml", "trtllm_decode_2.yaml", "trtllm_prefill.yaml"} <= set(files)
-    assert "--extra_llm_api_options trtllm_decode_2.yaml" in files["launch_trtllm.sh"]
-    assert "num_instances: 2" in files["trtllm_disagg.yaml"]
+def test_only_frameworks_that_run_on_the_hardware():
+    files = _files(MI300X)
+    assert not any("trtllm" in n for n in files) and "launch_vllm.sh" in files and "launch_sglang.sh" in files
+    assert "ROCm build of vLLM" in files["launch_vllm.sh"]
+    with pytest.raises(InputError, match=r"--framework trtllm: does not run on AMD \(mi300x\); allowed for this "
+                                         r"plan: vllm, sglang"):
+        export(MI300X, ("trtllm",))
+    assert set(_files(TPU)) == {"launch_vllm.sh", "bench_vllm.sh", "dse-plan.json"}
+    with pytest.raises(InputError, match="spans 2 TPU hosts"):
+        export({**TPU, "chips": 16, "tp": 16})
+
+
+def test_wide_expert_parallelism_gets_an_all_to_all_backend():
+    assert _all(AGGREGATED, "launch_vllm.sh", "vllm serve")[0]["--all2all-backend"] == "deepep_high_throughput"
+    sg = _all(AGGREGATED, "launch_sglang.sh", "python -m sglang.launch_server")[0]
+    assert sg["--moe-a2a-backend"] == "deepep"
+    assert _all(MI300X, "launch_vllm.sh", "vllm serve")[0]["--all2all-backend"] == "mori_high_throughput"
+    assert _all(MI300X, "launch_sglang.sh", "python -m sglang.launch_server")[0]["--moe-a2a-backend"] == "mori"
+    decode = {**DISAGGREGATED, "model": "deepseek-v3", "pools": [
+        DISAGGREGATED["pools"][0], dict(DISAGGREGATED["pools"][1], tp=1, dp=8, ep=8, batch=64)]}
+    flags = _all(decode, "launch_vllm.sh", "vllm serve")
+    assert "--all2all-backend" not in flags[0] and flags[1]["--all2all-backend"] == "deepep_low_latency"
+
+
+def test_memory_fractions_hold_the_plans_budget():
+    plan = check_entry(AGGREGATED)
+    mem = memory_budget(plan, plan.pools[0])
+    assert mem.usable == pytest.approx(mem.capacity * 0.98)  # the Hopper family's hbm_usable
+    want = memory_flags(mem)
+    assert _all(AGGREGATED, "launch_vllm.sh", "vllm serve")[0]["--gpu-memory-utilization"] == f"{want['vllm']:g}"
+    sg = _all(AGGREGATED, "launch_sglang.sh", "python -m sglang.launch_server")[0]
+    assert float(sg["--mem-fraction-static"]) * mem.capacity <= mem.usable - mem.activations
+    t = _all(AGGREGATED, "launch_trtllm.sh", "trtllm-serve")[0]
+    free = mem.capacity - mem.weights - mem.activations
+    assert float(t["--kv_cache_free_gpu_memory_fraction"]) * free == pytest.approx(
+        mem.usable - mem.weights - mem.activations, rel=2e-3)
+
+
+def test_checkpoints_follow_the_weights_format_and_are_chat_models():
+    assert "DEFAULT_MODEL=deepseek-ai/DeepSeek-V3 " in _files(AGGREGATED)["launch_vllm.sh"]
+    assert "DEFAULT_MODEL=nvidia/Llama-3.1-70B-Instruct-FP8 " in _files(DISAGGREGATED)["launch_vllm.sh"]
+    assert "DEFAULT_MODEL=amd/Llama-3.1-70B-Instruct-FP8-KV " in _files({**DISAGGREGATED, "pools": [
+        dict(p, system="mi300x") for p in DISAGGREGATED["pools"]]})["launch_vllm.sh"]
+    bf16 = _files({**AGGREGATED, "model": "llama-3.1-8b", "weights_dtype": "bf16", "ep": 1})["launch_vllm.sh"]
+    assert "DEFAULT_MODEL=meta-llama/Llama-3.1-8B-Instruct " in bf16
+
+
+def test_an_unknown_checkpoint_stops_the_script_until_one_is_named(tmp_path):
+    text = _files({**AGGREGATED, "weights_dtype": "bf16"}, ("vllm",))["launch_vllm.sh"]  # no BF16 DeepSeek-V3
+    script = tmp_path / "launch_vllm.sh"
+    script.write_text(text)
+    r = subprocess.run(["bash", str(script), "both"], capture_output=True, text=True, env={"PATH": os.defpath})
+    assert r.returncode != 0 and "no chat-tuned bf16 checkpoint of deepseek-v3" in r.stderr, r.stderr
+
+
+def test_the_benchmark_measures_the_plan():
+    for name, tool in (("bench_vllm.sh", "vllm bench serve"), ("bench_sglang.sh", "python -m sglang.benchmark.serving"),
+                       ("bench_trtllm.sh", "aiperf profile")):
+        (b,) = _all(DISAGGREGATED, name, tool)
+        conc = "--max-concurrency" if tool != "aiperf profile" else "--concurrency"
+        assert b[conc] == str(2 * 8)  # two decode replicas of 8 in flight
+        prompt = b.get("--random-input-len") or b["--synthetic-input-tokens-mean"]
+        output = b.get("--random-output-len") or b["--output-tokens-mean"]
+        assert (prompt, output) == ("128000", "2000")
+    plan = json.loads(_files(DISAGGREGATED)["dse-plan.json"])["frameworks"]["vllm"]
+    assert plan["concurrency"] == 16 and [p["replicas"] for p in plan["pools"]] == [3, 2]
+
+
+def test_scripts_run_with_hostile_model_paths_pass_each_as_one_argument(tmp_path):
+    """Each script run for real with the framework binaries replaced by a stub that records its argv: the model
+    path arrives as one argument, and no command hidden in it runs."""
+    stub = f"#!{sys.executable} -S\nimport json, os, sys\n" \
+           "open(os.path.join(os.environ['STUB_LOG'], str(os.getpid())), 'w').write(json.dumps(sys.argv[1:]))\n"
+    bins, log = tmp_path / "bin", tmp_path / "log"
+    bins.mkdir()
+    log.mkdir()
+    for name in ("vllm", "python", "trtllm-serve", "aiperf"):
+        (bins / name).write_text(stub)
+        (bins / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bins}{os.pathsep}{os.environ['PATH']}", "STUB_LOG": str(log),
+           "DSE_HEAD_ADDR": "10.0.0.1"}
+    env.pop("DSE_MODEL_PATH", None)
+    hostile = "/srv/my weights/it's \"q\" $(touch PWNED) `touch PWNED`; touch PWNED | x=$HOME > PWNED"
+    run = tmp_path / "run"
+    run.mkdir()
+    for sc in export(DISAGGREGATED, model_path=hostile):
+        (run / sc.name).write_text(sc.text())
+    for script, pools in (("launch_vllm.sh", ["prefill", "decode"]), ("launch_sglang.sh", ["prefill", "decode",
+                                                                                           "router"]),
+                          ("launch_trtllm.sh", ["prefill", "decode"]), ("bench_vllm.sh", [""]),
+                          ("bench_sglang.sh", [""]), ("bench_trtllm.sh", [""])):
+        for pool in pools:
+            r = subprocess.run(["bash", script, *([pool] if pool else [])], cwd=run, env=env, capture_output=True,
+                               text=True, timeout=60)
+            assert r.returncode == 0, (script, pool, r.stderr)
+    calls = [json.loads(p.read_text()) for p in log.iterdir()]
+    with_model = [c for c in calls if hostile in c]
+    assert len(with_model) == 3 * 2 + 3 and all(c.count(hostile) in (1, 2) for c in with_model)
+    assert not list(tmp_path.rglob("PWNED"))
 
 
 def test_an_entry_is_checked_before_any_script_is_written():
-    from dse.errors import InputError
-
     bad = {**DISAGGREGATED, "pools": [DISAGGREGATED["pools"][0], dict(DISAGGREGATED["pools"][1], replicas=-3)]}
     with pytest.raises(InputError, match=r"field 'best\[0\]\.pools\[1\]\.replicas': must be a positive integer, "
                                          r"got -3"):
-        export(bad, ("vllm",), "org/model")
+        export(bad, ("vllm",))
     with pytest.raises(InputError, match="--model-path"):
         export(AGGREGATED, ("vllm",), "org/model\nrm -rf ~")
+    with pytest.raises(InputError, match=r"field 'best\[0\]\.output': missing"):
+        export({k: v for k, v in AGGREGATED.items() if k != "output"})
+    assert check_entry({k: v for k, v in AGGREGATED.items() if k != "chunk_tokens"}).pools[0].chunk_tokens \
+        == DEFAULT_CHUNK_TOKENS
 
 
-HOSTILE = ["/srv/my weights/it's \"q\" $(touch PWNED) `touch PWNED`; touch PWNED && touch PWNED | touch PWNED",
-           "'; touch PWNED; '", "\"$(touch PWNED)\"", "* ~ a\\", "x=$HOME > PWNED < /dev/null"]
-STUB = """#!{python} -S
-import json, os, sys
-with open(os.path.join(os.environ["STUB_LOG"], str(os.getpid()) + ".json"), "w") as f:
-    json.dump([os.path.basename(sys.argv[0]), *sys.argv[1:]], f)
-"""
+def test_cli_exports_to_a_folder_of_its_own_and_frameworks_coexist(tmp_path):
+    result = tmp_path / "result"
+    result.mkdir()
+    (result / "summary.json").write_text(json.dumps({"study": "s", "best": [AGGREGATED, dict(AGGREGATED,
+                                                                                            workload="long")]}))
+    (result / ".dse-output.json").write_text(json.dumps({"version": 2, "files": {}}))  # a study's result folder
+    r = dse("export", str(result), cwd=tmp_path)
+    assert r.returncode == 2 and "--model deepseek-v3 --workload long" in " ".join(r.stderr.split())
+    r = dse("export", str(result), "--workload", "chat", "--framework", "sglang", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    folder = tmp_path / "exports" / "s" / "deepseek-v3-chat"
+    assert (folder / "launch_sglang.sh").stat().st_mode & 0o111 and not list(result.glob("export*"))
+    r = dse("export", str(result), "--workload", "chat", "--framework", "vllm", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert {"launch_sglang.sh", "launch_vllm.sh", "bench_sglang.sh", "bench_vllm.sh"} <= {p.name for p in
+                                                                                           folder.iterdir()}
+    assert set(json.loads((folder / "dse-plan.json").read_text())["frameworks"]) == {"sglang", "vllm"}
+    r = dse("export", str(result), "--workload", "chat", "--out", str(result / "scripts"), cwd=tmp_path)
+    assert r.returncode == 2 and "inside the study results" in r.stderr and not (result / "scripts").exists()
+    (folder / "notes.txt").write_text("mine")
+    r = dse("export", str(result), "--workload", "chat", "--framework", "vllm", cwd=tmp_path)
+    assert r.returncode == 2 and "notes.txt" in r.stderr
+    r = dse("export", str(result), "--workload", "chat", "--framework", "vllm", "--force", cwd=tmp_path)
+    assert r.returncode == 0 and (folder / "notes.txt").read_text() == "mine"
+    assert dse("export", str(result), "--workload", "chat", "--framework", "tgi", cwd=tmp_path).returncode == 2
 
 
-@pytest.mark.parametrize("entry", [AGGREGATED, DISAGGREGATED], ids=["aggregated", "disaggregated"])
-def test_scripts_run_with_hostile_model_paths_pass_each_as_one_argument(tmp_path, entry):
-    """Each generated script, run for real with the framework binaries replaced by a stub that records its
-    argv: the model path arrives as one argument, and no command hidden in it runs.
-    """
-    stubs, log = tmp_path / "bin", tmp_path / "log"
-    stubs.mkdir()
-    for name in ("vllm", "python", "trtllm-serve"):
-        (stubs / name).write_text(STUB.format(python=sys.executable))
-        (stubs / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "STUB_LOG": str(log)}
-    for i, model_path in enumerate(HOSTILE):
-        run = tmp_path / f"run{i}"
-        run.mkdir()
-        log.mkdir(exist_ok=True)
-        for old in log.iterdir():
-            old.unlink()
-        scripts = export(entry, ("vllm", "sglang", "trtllm"), model_path)
-        for sc in scripts:
-            (run / sc.name).write_text(sc.text())
-        for sc in scripts:
-            if not sc.name.endswith(".sh"):
-                continue
-            assert subprocess.run(["bash", "-n", sc.name], cwd=run).returncode == 0, (sc.name, model_path)
-            r = subprocess.run(["bash", sc.name], cwd=run, env=env, capture_output=True, text=True, timeout=60)
-            assert r.returncode == 0, (sc.name, model_path, r.stderr)
-        calls = [json.loads(p.read_text()) for p in log.iterdir()]
-        servers = [c for c in calls if "sglang.launch_server" in c or c[0] == "vllm" or
-                   (c[0] == "trtllm-serve" and c[1] != "disaggregated")]
-        pools = len(entry.get("pools", [entry]))
-        assert len(servers) == 3 * pools, (model_path, calls)
-        for argv in servers:
-            assert argv.count(model_path) == 1, (model_path, argv)
-        assert not list(tmp_path.rglob("PWNED")), model_path
+# ---- the benchmarks' result files, read by dse validate ------------------------------------------------------
+@pytest.mark.parametrize(("path", "framework", "ttft_ms", "tpot_ms", "mode"), [
+    ("bench/vllm_bench_serve.json", "vllm", 95.2, 13.4, "agg"),
+    ("bench/sglang_bench_serving.jsonl", "sglang", 1210.0, 45.6, "disagg"),
+    ("bench/aiperf/profile_export_aiperf.json", "trtllm", 91.5, 13.1, "agg"),
+])
+def test_validate_reads_each_benchmark_result(path, framework, ttft_ms, tpot_ms, mode):
+    from dse.validate.benchmarks import read_benchmark
+    from dse.validate.runs import map_runs
+
+    raw = read_benchmark(FIXTURES / path)
+    (row,) = raw.to_dict("records")
+    assert (row["backend"], row["mode"], row["silicon_ttft_ms"], row["silicon_tpot_ms"]) == (framework, mode, ttft_ms,
+                                                                                            tpot_ms)
+    runs = map_runs(raw)
+    assert len(runs.table) == 1 and not runs.skipped, runs.skipped
+    t = runs.table.iloc[0]
+    if mode == "agg":
+        assert (t["model"], t["system"], t["tp"], t["dp"], t["concurrency"], t["kd"]) == ("llama-3.1-8b", "h100", 1, 1,
+                                                                                          32.0, "fp8")
+    else:
+        assert (t["p_tp"], t["tp"], t["dp"], t["replicas"], t["p_replicas"], t["concurrency"]) == (8, 4, 2, 1.0, 2.0,
+                                                                                                   64.0)
+
+
+def test_validate_cli_compares_a_benchmark_with_the_prediction(tmp_path):
+    r = dse("validate", "--cases", str(FIXTURES / "bench" / "vllm_bench_serve.json"), "--out", str(tmp_path / "v"),
+            "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["rows_given"] == 1 and doc["rows_predicted"] == 1
+    runs = (tmp_path / "v" / "runs.csv").read_text().splitlines()
+    assert runs[0].startswith("id,model_path,system,backend,mode") and ",llama-3.1-8b,h100,vllm,agg," in runs[1]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"mean_ttft_ms": 1.0}))
+    r = dse("validate", "--cases", str(bad))
+    assert r.returncode == 2 and "no dse_plan" in r.stderr

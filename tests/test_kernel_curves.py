@@ -80,13 +80,13 @@ def test_a_verify_pass_pays_the_half_rows_once():
 def test_the_fitted_curves_are_physical_where_runs_measure_them():
     """Fitted on the measured serving runs, each family's lengths are positive and of kernel scale (a GEMM
     reaches half its rate below 512 rows, decode attention below 8,192 tokens of context); families without
-    runs keep the roofline's 0 (no size dependence), and the asymptotic shares stay at most 1."""
+    runs in three sweeps or more keep the roofline's 0 (no size dependence), and the asymptotic shares stay at most 1."""
     cat = default_efficiency_catalog()
-    for fam in ("hopper", "blackwell"):
+    for fam in ("hopper", "blackwell", "cdna3"):
         e = cat.families[fam]
         assert 1.0 < e.gemm_half_rows < 512.0, fam
         assert 10.0 < e.attention_half_context < 8192.0, fam
         assert 0 < e.compute_decode <= 1 and 0 < e.memory <= 1
-    for fam in ("cdna3", "cdna4", "tpu"):
+    for fam in ("cdna4", "tpu"):
         assert all(getattr(cat.families[fam], k) == 0.0 for k in CURVES), fam
     assert all(getattr(cat.default, k) == 0.0 for k in CURVES)

@@ -14,7 +14,7 @@ MODEL_IDS = {
     "deepseek-v3", "deepseek-v3.2", "kimi-k2", "qwen3-235b-a22b", "gpt-oss-120b", "llama-3.1-8b",
     "llama-3.1-70b", "llama-3.1-405b", "llama-3.3-70b", "mixtral-8x22b", "frontier-5t",
     "qwen3-32b", "qwen3.5-397b-a17b", "minimax-m2.5", "kimi-k2.5", "glm-5", "llama-4-maverick", "llama-3-8b-1048k",
-    "llama-2-70b", "qwen3-coder-480b-a35b",
+    "llama-2-70b", "qwen3-coder-480b-a35b", "mixtral-8x7b", "gpt-3-175b",
 }
 
 

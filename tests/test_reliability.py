@@ -108,7 +108,7 @@ def test_corrupt_model_catalog_names_the_model_and_field(tmp_path):
 
 def test_validate_refuses_a_csv_and_a_malformed_case_file(tmp_path):
     (tmp_path / "some.csv").write_text("a,b\n1,2\n")
-    (tmp_path / "bad.yaml").write_text("cases:\n  - id: train_llama3_405b_table4\n    rows: [1]\n")
+    (tmp_path / "bad.yaml").write_text("cases:\n  - id: trtllm_perf_overview_v1_llama33_70b\n    rows: [1]\n")
     for name in ("some.csv", "bad.yaml"):
         r = dse_cli("validate", "--cases", str(tmp_path / name), "--out", str(tmp_path / "v"))
         assert r.returncode == 2 and name in r.stderr and "Traceback" not in r.stderr

@@ -1,9 +1,10 @@
 """Every shipped study, run as a user runs it: `--json` parses, and report.html renders in a real browser.
 
 The browser is Debian's Chromium driven by Playwright (CI installs both, as .ci/run says); each report
-must load without console errors, every image and chart must render, and the headline must be
-there. Screenshots are kept in reports/ in pytest's base temporary folder for a person to look at (its path
-is printed: `pytest -s` shows it).
+must load without console errors, every image and chart must render, every chart's labels must lie inside it
+and clear of each other (their bounding boxes, as the browser lays them out), and the headline must be there.
+Screenshots are kept in reports/ in pytest's base temporary folder for a person to look at (its path is printed:
+`pytest -s` shows it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,30 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = sorted((ROOT / "studies").glob("*.yaml"))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+LABELS_CLEAR = """() => {
+  const out = [];
+  for (const svg of document.querySelectorAll('figure.chart svg')) {
+    const box = svg.getBoundingClientRect();
+    const texts = Array.from(svg.querySelectorAll('text')).map(t => [t.textContent, t.getBoundingClientRect()]);
+    const ticks = Array.from(svg.querySelectorAll('text.tick'));
+    if (ticks.length < 4 || !svg.querySelector('text.legend') || svg.querySelectorAll('text.axis').length < 2)
+      out.push(`ticks, legend or axis titles missing (${ticks.length} ticks)`);
+    for (const [text, r] of texts)
+      if (r.left < box.left - 0.5 || r.right > box.right + 0.5 || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5)
+        out.push(`'${text}' outside its chart`);
+    for (let i = 0; i < texts.length; i++)
+      for (let j = i + 1; j < texts.length; j++) {
+        const [a, ra] = texts[i], [b, rb] = texts[j];
+        if (ra.left < rb.right - 0.5 && rb.left < ra.right - 0.5 && ra.top < rb.bottom - 0.5 && rb.top < ra.bottom - 0.5)
+          out.push(`'${a}' overlaps '${b}'`);
+      }
+  }
+  return out;
+}"""
+"""The charts' text (tick labels, axis titles, legend) inside each chart's box and clear of each other; every chart
+with ticks on both axes, a legend and its axis titles."""
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +91,7 @@ def test_every_report_renders_in_chromium(shipped_runs, tmp_path_factory):
             images = page.evaluate("Array.from(document.images).map(i => [i.complete, i.naturalWidth])")
             charts = page.evaluate("Array.from(document.querySelectorAll('figure.chart svg'))"
                                    ".map(s => [s.getBoundingClientRect().width, s.querySelectorAll('circle').length])")
+            crowded = page.evaluate(LABELS_CLEAR)
             headline = page.inner_text("#headline") if page.query_selector("#headline") else ""
             page.screenshot(path=str(screenshots / f"{study}.png"), full_page=True)
             page.close()
@@ -75,6 +101,8 @@ def test_every_report_renders_in_chromium(shipped_runs, tmp_path_factory):
                 problems.append(f"{study}: an image did not render {images}")
             if any(width == 0 or points == 0 for width, points in charts):
                 problems.append(f"{study}: a chart did not render {charts}")
+            if crowded:
+                problems.append(f"{study}: chart labels clipped or overlapping: {crowded}")
             if "Answer" not in headline or len(headline.splitlines()) < 2:
                 problems.append(f"{study}: no headline ({headline!r})")
             if any(not u.startswith(("file:", "data:")) for u in requests):

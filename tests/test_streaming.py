@@ -13,12 +13,12 @@ from dse.optimize.fronts import front
 from dse.optimize.operating_points import operating_points
 from dse.optimize.requests import (
     block_optima,
-    disaggregated_demand,
     disaggregated_tables,
     pick,
     pick_disaggregated,
 )
 from dse.optimize.space import SpaceOptions, build_space, pair_chunks, pairs
+from dse.optimize.whole import Budget, whole_aggregated, whole_disaggregated
 from dse.physics import serving
 from dse.physics.serving import Request
 
@@ -51,12 +51,14 @@ def test_chunks_cover_every_pair_once_in_order_without_splitting_a_block(space):
 
 def _answers(space, max_pairs: int) -> dict:
     req = space.workload
-    opt = block_optima(space, req, demand=2e4, max_pairs=max_pairs)
-    t = disaggregated_tables(space, req, demand=2e4, max_pairs=max_pairs)
+    opt = block_optima(space, req, max_pairs=max_pairs)
+    t = disaggregated_tables(space, req, max_pairs=max_pairs)
     sys_idx = space.blocks["system_idx"].to_numpy()
     out = {"n": opt.n.tolist(), "metrics": {k: v.tolist() for k, v in opt.metrics.items()}, "binding": opt.binding,
-           "demand": opt.demand, "evaluated": (opt.evaluated, t.evaluated),
-           "disaggregated_demand": disaggregated_demand(space, t, 2e4)}
+           "evaluated": (opt.evaluated, t.evaluated)}
+    for budget, demand in ((None, 2e4), (Budget(gpus=64), None), (Budget(nodes=16), 2e4)):
+        a, d = whole_aggregated(space, opt, budget, demand)[0], whole_disaggregated(space, t, budget, demand)[0]
+        out[f"whole {budget} {demand}"] = (a.config, a.replicas, a.deployed, d.metrics, d.pools, d.deployed)
     for si in (None, *range(len(space.systems))):
         mask = None if si is None else sys_idx == si
         a, d = pick(space, opt, mask=mask), pick_disaggregated(space, t, mask=mask)
@@ -92,3 +94,22 @@ def test_a_request_rate_does_not_depend_on_the_rates_solved_with_it():
     q, w = 1 - x * s, 1 - v * x
     residual = k * x * (s * q + 0.5 * x * s * s + m_td * q / w) - c * q
     assert np.all(np.abs(residual) <= 1e-9 * c)
+
+
+def test_first_min_per_block_is_the_first_least_score_of_each_block():
+    """The per-block argmin, without a sort, equals its definition: per block, sort the pairs by (score, place) and
+    keep the first when its score is finite (NaN scores last, ties to the earlier pair, -0.0 equal to 0.0)."""
+    from dse.optimize.requests import first_min_per_block
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        counts = rng.integers(1, 9, rng.integers(1, 12))
+        pos = np.repeat(np.sort(rng.choice(50, len(counts), replace=False)), counts)
+        score = rng.choice([1.0, 2.0, 3.0, np.inf, -np.inf, np.nan, 0.0, -0.0], len(pos))
+        want = []
+        for block in np.unique(pos):
+            at = np.flatnonzero(pos == block)
+            best = min(at, key=lambda i: (np.isnan(score[i]), 0.0 if np.isnan(score[i]) else score[i], i))
+            if np.isfinite(score[best]):
+                want.append(best)
+        assert first_min_per_block(pos, score).tolist() == want

@@ -24,8 +24,13 @@ TINY: dict[str, dict] = {  # the kind's own fields of a study small enough to so
     "fast_slow": {"fast_slow": {"speedups": [1.0, 2.0]}},
     "sweep": {"sweep": {"factors": [1.0, 2.0], "per_system": False}},
     "tornado": {"tornado": {"parameters": ["hbm_bandwidth"]}},
-    "overtraining": {"models": [], "overtraining": {"demands_tokens_per_s": [5e7], "trials": 4,
-                                                    "train_systems": ["h100"], "params_b": [50, 200]}},
+    "compute_equalization": {"models": [], "workloads": [{**CHAT, "demand_tokens_per_s": 2e5}],
+                             "equalization": {"family": {"widths": [2048, 3072], "sparsities": [1, 8]},
+                                              "quality": {"target_loss": 2.05}, "train_systems": ["h100"],
+                                              "inventory_nodes": {"h100": 64}, "launch_by_week": 8,
+                                              "deployment_weeks": 2, "refine_trials": 2,
+                                              "rl": {"output": 1000, "tpot_max_s": 0.1},
+                                              "sensitivity": {"assumptions": False}}},
     "expert_placement": {"models": ["deepseek-v3"], "placement": {
         "system": "h100", "gpus": 2, "domain_gpus": 1, "experts": 8, "skews": [1.0], "redundant": 1,
         "tokens_per_step": 512, "extra_slots": 1, "node_limit": 20}},
@@ -37,6 +42,9 @@ TINY: dict[str, dict] = {  # the kind's own fields of a study small enough to so
     "moe_codesign": {"models": [], "codesign": {"effective_params_b": 70, "sparsities": [1, 4], "systems": ["h100"]}},
     "deployment": {"deployment": {"groups": [{"name": "h100", "systems": ["h100"]}]}},
     "fleet": {"fleet": {"systems": ["h100"], "inventory_nodes": {"h100": 1000}, "demand_curve": [0.5, 1.0]}},
+    "training": {"models": ["llama-3.1-8b"], "training": {
+        "tokens": 1e11, "seq": 4096, "global_batch": 256, "deadline_days": 30, "inventory": {"h100": 64},
+        "tp": [1, 2], "pp": [1, 2], "recompute": ["selective"], "zero": [1], "precision": ["bf16", "fp8"]}},
 }
 
 

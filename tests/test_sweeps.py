@@ -45,7 +45,10 @@ def test_hbm_bandwidth_sensitivity_study(hbm_run):
     assert set(sweep["factor"]) == {0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0}
     for workload, g in sweep.groupby("workload"):
         g = g.sort_values("factor")
-        assert (g["usd_per_request"].diff().dropna() <= 1e-12).all(), workload  # more bandwidth never costs more
+        # more bandwidth never costs more (the optimum each point minimizes: at the fluid pool ratio)
+        assert (g["usd_per_request_fluid"].diff().dropna() <= 1e-12).all(), workload
+        assert (g["usd_per_request"] >= g["usd_per_request_fluid"] * (1 - 1e-12)).all()  # its whole deployment
+        assert g["chips"].dtype.kind == "i"  # whole GPUs
     long = sweep[sweep["workload"] == "1m-context"].sort_values("factor")
     # per request, the compute-bound prefill (most of a 1M-token request's cost) does not move with bandwidth:
     # the request's elasticity stays small while the decode share (output cost) moves nearly one for one
@@ -65,14 +68,14 @@ def test_tornado_price_moves_cost_one_for_one(shipped):
     best = json.loads((out / "summary.json").read_text())["best"]
     mesh = any(default_systems()[e["system"]].topology == "mesh" for e in best)
     for _, g in t.groupby("workload"):
-        base = g[g["factor"] == 1.0]["usd_per_request"].iloc[0]
-        price = g[g["parameter"] == "price"].set_index("factor")["usd_per_request"]
+        base = g[g["factor"] == 1.0]["usd_per_request_fluid"].iloc[0]
+        price = g[g["parameter"] == "price"].set_index("factor")["usd_per_request_fluid"]
         assert price[2.0] == pytest.approx(2 * base, rel=1e-9)
         assert price[0.5] == pytest.approx(0.5 * base, rel=1e-9)
         for parameter, h in g[g["parameter"] != "price"].groupby("parameter"):
             if parameter == "scaleup_domain" and mesh:
                 continue  # a wider full mesh with the same total bandwidth per chip thins each peer's link
-            h = h.set_index("factor")["usd_per_request"]
+            h = h.set_index("factor")["usd_per_request_fluid"]
             assert h[2.0] <= base * (1 + 1e-9) <= h[0.5] * (1 + 1e-9), parameter  # more hardware never costs more
     assert (out / "tornado.png").exists()
 
@@ -149,7 +152,7 @@ def test_bad_storage_url_exits_2(tmp_path, url, message):
 def test_storage_is_refused_for_studies_that_are_not_sweeps(tmp_path):
     r = dse("run", str(ROOT / "studies" / "pareto_latency_cost.yaml"), "--storage", "sqlite:///x.db",
             cwd=tmp_path)
-    assert r.returncode == 2 and "only sweep, tornado and overtraining studies use a storage" in " ".join(r.stderr.split())
+    assert r.returncode == 2 and "only sweep, tornado and compute_equalization studies use a storage" in " ".join(r.stderr.split())
 
 
 def test_a_trial_killed_before_its_first_heartbeat_is_failed(tmp_path, monkeypatch):
@@ -176,7 +179,7 @@ def test_a_sweep_storage_reads_in_optuna_as_a_dashboard_shows_it(hbm_run):
                      "hbm_bandwidth_sensitivity/llama-4-maverick/chat"]
     for name in names:
         study = optuna.load_study(study_name=name, storage=storage)
-        assert study.metric_names == ["usd_per_request"]
+        assert study.metric_names == ["usd_per_request_fluid"]
         done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
         assert sorted(t.params["factor"] for t in done) == [0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0]
         assert {t.params["parameter"] for t in done} == {"hbm_bandwidth"}

@@ -93,7 +93,7 @@ def test_every_fitted_factor_is_defined_once_in_the_table():
     assert len(names) == len(set(names)) == len(FACTOR)
     assert set(names) == {f.name for f in fields(Efficiency)} - set(MEMORY_FIELDS)  # those the framework sets
     assert RUN_FITTED == (*FIXED_TIMES, *CURVES)
-    assert set(FITTED) | set(RUN_FITTED) | {"compute_train"} == set(names)
+    assert set(FITTED) | set(RUN_FITTED) == set(names)
     for f in TABLE:
         lo, hi = f.bounds
         assert lo <= hi and f.meaning and f.unit

@@ -13,7 +13,7 @@ from helpers import dse
 
 from dse.catalog.hardware import efficiency_for
 from dse.validate.run import validate_file, validate_runs
-from dse.validate.runs import GROUP, map_runs, read_runs
+from dse.validate.runs import GROUP, factor_key, map_runs, read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "hw_catalog" / "calibration" / "published" / "measured_serving.csv"
@@ -25,47 +25,57 @@ def full():
 
 
 def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
-    """Coverage and the leave-group-out errors as they stand (the issue's goals: coverage >= 95%, TPOT <= 15%,
-    TTFT <= 25%): the assertions pin what is reached, so a regression shows."""
+    """Coverage and the leave-group-out errors as they stand on the rows that state their layout (the issue's
+    goals: coverage >= 97%, TPOT <= 12%, TTFT <= 25%): the assertions pin what is reached, so a regression shows.
+    The 583 disaggregated rows of unknown layout are reported apart (``layout_unknown``)."""
     doc = full.as_dict()
-    assert doc["rows_given"] == 3113 and doc["coverage"] >= 0.96
+    assert doc["rows_given"] == 3113 and doc["coverage"] >= 0.96  # 96.1%: 123 rows skipped, each with its reason
+    assert doc["rows_layout_unknown"] == 583
     assert doc["rows_failing_the_memory_check"] <= 0.1 * doc["rows_predicted"]  # a finding, reported
     by = {(e["category"], e["metric"]): e for e in doc["summary"]}
     assert {"n", "median_abs_error", "mape", "p90_abs_error", "signed_median", "loo_median_abs_error",
             "within_sweep_median_abs_error"} <= set(by[("all", "tpot")])
+    assert by[("all", "tpot")]["n"] == 2407 and by[("layout_unknown", "tpot")]["n"] == 583
     # each sweep's level removed, the shape across concurrency errs far less than the level: the gap to the goals
     # is the level of whole sweeps
-    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.085  # 7.9%
+    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.085  # 8.1%
     assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.18  # 17.6%
-    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.145  # 14.2%
-    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.125  # 12.0%
+    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.12  # 11.7%
+    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.12  # 11.8%
+    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.4%
     # the data demand a decode factor set per framework: one per family, shared by the frameworks, errs more
-    # out of sample (16.0% overall, 12.6% aggregated)
+    # out of sample (12.2% overall, 12.5% aggregated)
     for cat in ("all", "agg"):
         e = by[(cat, "tpot")]
-        assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.005
-    # TTFT by the optimizer's own physics in a closed loop through the catalog's serving stacks: the shipped
-    # prediction errs 33.5% (median; signed +2.6%), where the optimizer's steady state without the stack's latency and
-    # the closed loop's wave erred 84.6% (signed -83.6%); leave-group-out 34.6% (aggregated 30.5%)
+        assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.004
+    # TTFT by the optimizer's own physics in a closed loop through the catalog's serving stacks, where the
+    # optimizer's steady state without the stack's latency and the closed loop's wave erred 84.6% (signed -83.6%)
     assert by[("all", "ttft")]["median_abs_error"] <= 0.34 and abs(by[("all", "ttft")]["signed_median"]) < 0.05
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.35  # 34.7%
-    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.31  # 30.5%
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.35
+    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.31
+    # the rows of unknown layout, predicted by fits that never read them on the smallest deployment of their
+    # worker sizes, are over-predicted (their deployments were larger)
+    assert by[("layout_unknown", "tpot")]["signed_median"] > 0.5
     # the calibrated physics beats the ideal roofline on what it was calibrated for
     assert by[("all", "tpot")]["median_abs_error"] < by[("all", "tpot")]["ideal_median_abs_error"]
     assert set(doc["partitions"]) == {"system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band",
                                       "workers"}
     workers = {r["workers"]: r["n"] for r in doc["partitions"]["workers"]}
-    assert workers["assumed"] == 583  # disaggregated runs without worker counts (predicted with the stated rule)
+    assert workers == {"stated": 2407, "unknown": 583}
     t = full.table
     stated_disagg = t[(t["mode"] == "disagg") & (t["workers"] == "stated")]
-    # 11.6% (10.1% with the closed loop's M/D/1 wait, 12.1% before the kernels' curves; a disaggregated closed
-    # loop's decode batch follows the predicted TTFT, so the prefill physics and the wave move these rows' decode
-    # passes)
+    # a disaggregated closed loop's decode batch follows the predicted TTFT, so the prefill physics and the wave
+    # move these rows' decode passes
     assert stated_disagg["tpot_loo_error"].abs().median() <= 0.12
     # the shipped physics (the catalog's factors, fitted jointly on these runs where the workers are stated, and
-    # on offline throughput): 13.7% on the stated rows (14.2% without the kernels' curves, 18.9% with the factors
-    # fitted on throughput alone)
+    # on offline throughput): 13.2% on the stated rows
+    t = full.table
     assert t[t["workers"] == "stated"]["tpot_error"].abs().median() <= 0.14
+    # leave-family-out per family: Hopper's TPOT 34.5% (its rows predicted by factors fitted on Blackwell's)
+    fams = {r["family"]: r for r in doc["families"]}
+    assert set(fams) == {"hopper", "blackwell"}
+    for r in fams.values():
+        assert r["tpot_lfo_median_abs_error"] >= r["tpot_loo_median_abs_error"] - 1e-9
     # the decode factors keep their meaning: shares of a peak in (0, 1], latencies and overheads positive
     for f in full.scales["tpot"].values():
         assert all(0 < v <= 1 for k, v in f["fitted"].items() if k in ("compute_decode", "memory", "link"))
@@ -73,12 +83,14 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert doc["worst"]["tpot"] and doc["skipped"]["count"] == doc["rows_given"] - doc["rows_predicted"]
 
 
-def test_the_stored_serving_stacks_are_the_fit_on_these_runs(full):
+def test_the_stored_serving_stacks_are_the_fit_on_these_runs():
     """calibration/serving_stack.yaml is its own fixed point: the terms refitted in sample on the stated rows of the
-    measured runs, at the catalog's factors, are the stored ones, framework by framework and mode by mode."""
+    catalog's measured runs, at the catalog's factors, are the stored ones, framework by framework and mode by mode."""
     from dse.catalog.frameworks import stack_of
+    from dse.validate.runs import catalog_runs_files
 
-    assert set(full.scales["ttft"]) == {f"{fw}|{m}" for fw in ("sglang", "trtllm", "vllm") for m in ("agg", "disagg")}
+    full = validate_file(catalog_runs_files())  # the files `dse validate --fit` fits the stacks on
+    assert set(full.scales["ttft"]) >= {f"{fw}|{m}" for fw in ("sglang", "trtllm", "vllm") for m in ("agg", "disagg")}
     for key, f in full.scales["ttft"].items():
         fw, mode = key.split("|")
         stored = stack_of(fw).terms("aggregated" if mode == "agg" else "disaggregated")
@@ -91,8 +103,7 @@ def test_a_calibrated_decode_step_is_never_faster_than_the_roofline(full):
     t = full.table
     assert (t["predicted_tpot_s"] >= t["ideal_tpot_s"] * (1 - 1e-9)).all()
     assert (t["measured_tpot_s"] * (1 + t["tpot_in_sample_error"]) >= t["ideal_tpot_s"] * (1 - 1e-9)).all()
-    # a left-out sweep whose framework's two-batch choice flips without it is predicted on the other pass
-    assert (t["two_batch_loo"] != t["two_batch"]).any()
+    # a left-out sweep is predicted on the pass its framework's two-batch choice without it takes
     assert (t["measured_tpot_s"] * (1 + t["tpot_loo_error"]) >= t["ideal_tpot_loo_s"] * (1 - 1e-9)).all()
 
 
@@ -132,12 +143,18 @@ def test_the_stack_fit_recovers_planted_terms_through_the_optimizers_physics():
     assert v.scales["ttft"] and all(f["queue_share"] == pytest.approx(0.2) and f["fixed_latency_s"] ==
                                     pytest.approx(0.15) for f in v.scales["ttft"].values())
     # exact wherever the wave, not a saturated prefill pool, sets the wait (a saturated disaggregated loop's wait
-    # follows its decode batch, which the queue share moves: there the pieces are the catalog's terms')
+    # follows its decode batch, which the queue share moves: there the pieces are the catalog's terms'), on the
+    # rows whose framework and mode has fitted terms (a row of unknown layout whose framework and mode no stated row
+    # has takes none: the physics' prefill, wait floor and hand-off alone)
     tv = v.table
+    fitted = (tv["backend"] + "|" + tv["mode"]).isin(list(v.scales["ttft"]))
     wave_sets = tv["wait_floor_s"] <= 0.2 * tv["wave_s"]
     assert wave_sets.mean() > 0.98
-    assert tv.loc[wave_sets, "ttft_in_sample_error"].abs().max() < 1e-9
-    assert tv.loc[wave_sets, "ttft_loo_error"].abs().max() < 1e-9
+    assert tv.loc[wave_sets & fitted, "ttft_in_sample_error"].abs().max() < 1e-9
+    assert tv.loc[wave_sets & fitted, "ttft_loo_error"].abs().max() < 1e-9
+    alone = tv[~fitted]
+    assert np.allclose(alone["ttft_loo_s"], alone["prefill_s"] + np.maximum(alone["wait_floor_s"], 0.0)
+                       + alone["transfer_s"], rtol=1e-12)
     # the shipped prediction of an aggregated row is the optimizer's physics at the row's concurrency
     row = t[t["mode"] == "agg"].iloc[[0]]
     models, systems, mt, st = run_tables(row, None, row["backend"].iloc[0])
@@ -221,6 +238,7 @@ def test_two_batch_overlap_is_found_in_the_frameworks_whose_runs_it_made():
 
     raw = read_runs(MEASURED)
     runs = map_runs(raw[raw["model_path"].isin(["deepseek-ai/DeepSeek-R1", "MiniMaxAI/MiniMax-M2.5"])])
+    runs.table = runs.table[runs.table["workers"] == "stated"]  # the rows the fits read
     t = runs.table
     sglang = (t["backend"] == "sglang").to_numpy()
     made_split = sglang & (t["ep"] > 1).to_numpy()  # only a pass with an expert all-to-all has one to hide
@@ -232,17 +250,18 @@ def test_two_batch_overlap_is_found_in_the_frameworks_whose_runs_it_made():
     assert eligible and split == eligible
     assert (v.table["two_batch"] == (sglang & (t["ep"] > 1).to_numpy())).all()
     assert v.table["tpot_in_sample_error"].abs().max() < 1e-9
-    assert v.table["tpot_loo_error"].abs().quantile(0.95) < 1e-9
+    assert v.table.loc[made_split, "tpot_loo_error"].abs().max() < 1e-9
+    assert v.table["tpot_loo_error"].abs().quantile(0.85) < 1e-9
 
 
-def test_on_the_measured_runs_one_disaggregated_decode_is_split(full):
-    """With a decode factor set per family and framework the data switch two-batch overlap on for TRT-LLM's
-    disaggregated (wide-EP) decode alone, and for no aggregated deployment. The choice is weakly identified:
-    with one factor set per family (the catalog's fit) the same runs choose SGLang's disaggregated decode
-    instead (`dse.validate.calibration.load_serving_rows`, asserted in test_joint_calibration)."""
+def test_on_the_runs_that_state_their_layout_no_decode_is_split(full):
+    """With a decode factor set per family and framework, the runs that state their layout switch two-batch
+    overlap on for no framework and mode. (With the 583 disaggregated rows of unknown layout in the fits, each
+    class with its own factors, TRT-LLM's disaggregated decode was split: a choice made by rows whose deployment
+    was guessed.)"""
     chosen = full.scales["two_batch_overlap"]
-    assert len(chosen) > 1 and {k for k, on in chosen.items() if on} == {"trtllm|disagg"}
-    assert full.table.loc[full.table["two_batch"], "mode"].eq("disagg").all()
+    assert len(chosen) > 1 and not any(chosen.values())
+    assert not full.table["two_batch"].any()
 
 
 def test_an_attention_tp_that_does_not_divide_the_heads_is_not_run_as_stated(tmp_path):
@@ -291,29 +310,35 @@ def test_a_queued_prompt_costs_its_share_of_a_full_chunk():
     assert "chunk_share_s" not in prefill_pool(cand, mt, st, short)  # the search does not pay for the extra pass
 
 
-def test_rows_with_assumed_workers_do_not_calibrate_the_rows_that_state_them():
-    """Measured TPOTs made by the physics, 20% faster on the rows whose worker counts were assumed (as undisclosed
-    speculative decoding would): each class gets its own factors, so the rows that state their layout keep the
-    catalog's (every error vanishes) and the assumed rows' refit reads HBM faster."""
-    from dse.validate.predict import predict_runs
-    from dse.validate.runs import factor_key
+def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
+    """Measured TPOTs and TTFTs made by the physics, 20% faster on the rows whose worker counts the file leaves
+    empty (as a larger deployment than the smallest one would be): the rows that state their layout keep the
+    catalog's factors (every error vanishes), and the others, read by no fit, are predicted by those factors
+    (their error is the 25% they were made off by), reported apart from the headline."""
+    from dse.validate.predict import benchmark_ttft, predict_runs
+    from dse.validate.report import summary
 
     raw = read_runs(MEASURED)
     runs = map_runs(raw[(raw["mode"] == "disagg") & raw["model_path"].str.startswith("deepseek-ai/")])
     t = runs.table
-    assumed = t["workers"] == "assumed"
-    assert assumed.any() and (~assumed).any()
-    assert not set(factor_key(t[assumed])) & set(factor_key(t[~assumed]))
-    t["measured_tpot_s"] = predict_runs(t)["predicted_tpot_s"].astype(float) * np.where(assumed, 0.8, 1.0)
+    unknown = t["workers"] == "unknown"
+    assert unknown.any() and (~unknown).any()
+    assert (t.loc[unknown, ["replicas", "p_replicas"]] == 1).all().all()  # the smallest deployment
+    p = predict_runs(t)
+    t["measured_tpot_s"] = p["predicted_tpot_s"].astype(float) * np.where(unknown, 0.8, 1.0)
+    t["measured_ttft_s"] = benchmark_ttft(p["prefill_s"], p["chunk_share_s"], p["prompts_per_server"],
+                                          p["transfer_s"], 0.0, 0.0) * np.where(unknown, 0.8, 1.0)
     v = validate_runs(runs)
-    err = v.table["tpot_in_sample_error"].abs()
-    assert err[~assumed].max() < 1e-9 and err[assumed].median() < 0.01
+    err = v.table["tpot_in_sample_error"]
+    assert err[~unknown].abs().max() < 1e-9 and np.allclose(err[unknown], 0.25, atol=1e-9)
+    assert np.allclose(v.table.loc[unknown, "tpot_loo_error"], 0.25, atol=1e-9)
+    assert np.allclose(v.table.loc[unknown, "ttft_loo_error"], 0.25, atol=1e-9)
     for key, f in v.scales["tpot"].items():
         catalog = efficiency_for(v.table.loc[factor_key(v.table) == key, "system"].iloc[0])
-        if "|assumed|" in key:  # decode passes are memory-bound: the HBM share carries the speed-up
-            assert f["fitted"]["memory"] > catalog.memory
-        else:
-            assert f["fitted"]["memory"] == pytest.approx(catalog.memory, rel=1e-6)
+        assert f["fitted"]["memory"] == pytest.approx(catalog.memory, rel=1e-6)
+    cats = {(e["category"], e["metric"]): e for e in summary(v)}
+    assert cats[("all", "tpot")]["n"] == (~unknown).sum() and cats[("layout_unknown", "tpot")]["n"] == unknown.sum()
+    assert cats[("all", "tpot")]["loo_median_abs_error"] < 1e-9
 
 
 def test_the_split_passes_predicted_with_the_unsplit_ones_are_their_own():

@@ -36,6 +36,8 @@ SYSTEM_FIELDS: dict[str, FieldSpec] = {
     "hbm_capacity": FieldSpec("bytes", True, "HBM capacity per chip"),
     "hbm_bandwidth": FieldSpec("byte_rate", True, "HBM bandwidth per chip"),
     "scaleup_domain": FieldSpec("count", True, "chips in one scale-up (NVLink/ICI) domain"),
+    "chips_per_node": FieldSpec("count", False, "chips in one host (a server, or a compute tray of a rack-scale "
+                                "system): the unit a serving framework starts its processes on"),
     "scaleup_bandwidth": FieldSpec("byte_rate", True, "scale-up bandwidth per chip, one direction"),
     "scaleout_bandwidth": FieldSpec("byte_rate", False, "scale-out bandwidth per chip, one direction"),
     "host_memory_capacity": FieldSpec("bytes", False, "host DRAM/LPDDR per chip"),
@@ -60,7 +62,6 @@ TIER_IDS = ("hbm", "host_dram", "nvme", "hdd")
 EFFICIENCY_FIELDS: dict[str, FieldSpec] = {
     "compute_prefill": FieldSpec("fraction", True, "achieved fraction of peak FLOP/s in prefill"),
     "compute_decode": FieldSpec("fraction", True, "achieved fraction of peak FLOP/s in decode"),
-    "compute_train": FieldSpec("fraction", False, "achieved fraction of peak FLOP/s in training matmuls"),
     "memory": FieldSpec("fraction", True, "achieved fraction of HBM (and host link) bandwidth"),
     "link": FieldSpec("fraction", True, "achieved fraction of scale-up and scale-out bandwidth"),
     "overlap": FieldSpec("fraction", True, "share of the shorter of compute/memory and communication hidden", False),
@@ -140,6 +141,12 @@ class System:
         return self.status == "announced"
 
     @property
+    def chips_per_node(self) -> int | None:
+        """Chips in one host (server or compute tray), or None where the catalog has no sourced figure."""
+        q = self.quantities.get("chips_per_node")
+        return None if q is None else int(q.si)
+
+    @property
     def hbm_drain_s(self) -> float:
         """Time to read the whole HBM once: capacity / bandwidth."""
         return self.hbm_capacity / self.hbm_bandwidth
@@ -183,7 +190,6 @@ class Efficiency:
 
     compute_prefill: float = 1.0
     compute_decode: float = 1.0
-    compute_train: float = 1.0
     memory: float = 1.0
     link: float = 1.0
     overlap: float = 1.0

@@ -142,6 +142,16 @@ class FFN(_Strict):
         return self
 
 
+class MTP(_Strict):
+    """Multi-token-prediction modules trained beside the main head (DeepSeek-V3 report Sec. 2.2): each is two
+    norms, a 2d -> d projection and one transformer layer of the model's last kind, sharing the embedding and the
+    output head. Left out of the published totals; trained, and dropped or used for speculation at inference.
+    """
+
+    modules: Pos
+    source: str
+
+
 class Source(_Strict):
     title: str
     url: str = ""
@@ -184,6 +194,7 @@ class ModelSpec(_Strict):
     tie_embeddings: bool = False
     attention: Attention
     ffn: FFN
+    mtp: MTP | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -334,6 +345,20 @@ class Architecture:
         f = self.spec.ffn
         routed_active = self.moe_layers * f.top_k * self.expert_params
         return self.params_dense - self.params_embedding + routed_active
+
+    @cached_property
+    def params_mtp(self) -> int:
+        """Weights of the MTP modules (not in `params_total`): per module two norms, the 2d -> d projection and one
+        layer of the last layer's kind (its embedding and head shared with the main model).
+        """
+        s = self.spec
+        if not s.mtp:
+            return 0
+        d = s.d_model
+        ffn = self.dense_ffn_params_per_layer + s.ffn.n_experts * self.expert_params if self.is_moe else \
+            self.dense_ffn_params_per_layer
+        mixer = self.attention_params_per_layer if self.linear_layers < s.n_layers else self.linear_params_per_layer
+        return s.mtp.modules * (2 * d + 2 * d * d + mixer + ffn)
 
     @property
     def max_context(self) -> int | None:

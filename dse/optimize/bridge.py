@@ -118,11 +118,12 @@ def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: f
 
     ``node_limit`` and ``settings`` go to `dse.optimize.solver.solve`; ``columns`` to `compile_model`. With
     ``warm_start``, every variable that holds a value (a greedy solution, or an earlier stage's) is passed to the
-    solver as a hint, in column order.
+    solver as a hint, in column order (not to HiGHS: OR-Tools 9.15's HiGHS interface crashes the process on a
+    model with hints, so HiGHS starts cold).
     """
     transform(model, gdp)
     m, vmap, _ = compile_model(model, columns=columns)
-    if warm_start:
+    if warm_start and solver != "highs":  # OR-Tools 9.15 crashes (segmentation fault) passing hints to HiGHS
         for v, x in vmap.values():
             if v.value is not None and not v.fixed:
                 m.add_hint(x, float(v.value))

@@ -22,15 +22,19 @@ from dse.physics.serving import Request
 TOP_K = 8
 
 
-def moe_model(d: int, sparsity: int) -> Architecture:
-    """DeepSeek-V3-shaped: 61 layers (3 dense), MLA, 1 shared + 8 routed of 8 x sparsity experts."""
+def moe_model(d: int, sparsity: int, top_k: int = TOP_K) -> Architecture:
+    """DeepSeek-V3-shaped: 61 layers (3 dense), MLA, 1 shared + ``top_k`` routed of ``top_k`` x sparsity experts
+    (sparsity 1: dense, of the same width).
+    """
     heads = max(8, round(d / 56 / 8) * 8)
     expert_ff = max(256, round(d * 2 / 7 / 128) * 128)
     ffn = {"kind": "dense", "d_ff": 4 * expert_ff * 9 // 4} if sparsity == 1 else {
-        "kind": "moe", "n_experts": TOP_K * sparsity, "top_k": TOP_K, "n_shared": 1, "d_ff_expert": expert_ff,
+        "kind": "moe", "n_experts": top_k * sparsity, "top_k": top_k, "n_shared": 1, "d_ff_expert": expert_ff,
         "dense_layers": 3, "d_ff_dense": round(d * 18 / 7 / 128) * 128}
+    routed = top_k != TOP_K and sparsity > 1
     return Architecture(ModelSpec.model_validate({
-        "id": f"moe-d{d}-s{sparsity}", "name": f"MoE d={d} sparsity {sparsity}", "d_model": d, "n_layers": 61,
+        "id": f"moe-d{d}-s{sparsity}" + (f"-k{top_k}" if routed else ""),
+        "name": f"MoE d={d} sparsity {sparsity}" + (f" top-{top_k}" if routed else ""), "d_model": d, "n_layers": 61,
         "vocab": 129280,
         "source": {"title": "DeepSeek-V3-shaped family of dse.optimize.codesign", "date": "2026-11-22"},
         "published_b": {"total": 1, "active": 1, "precision_total": 1e9, "precision_active": 1e9, "source": "n/a"},

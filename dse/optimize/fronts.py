@@ -37,6 +37,7 @@ from dse.optimize.requests import (
     feasible_mask,
     numerics_group,
     prefill_of,
+    unit_replicas_many,
 )
 from dse.optimize.space import Space, chunk_size, pair_chunks
 from dse.physics.codes import KV_TIERS
@@ -59,7 +60,8 @@ def non_dominated(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return order[ys < best_before]
 
 
-COLUMNS = ("serving", "pos", "n", "prefill", "tpot_s", "ttft_s", "usd_per_request", "chips", "chip_s_per_token")
+COLUMNS = ("serving", "pos", "n", "prefill", "tpot_s", "ttft_s", "usd_per_request", "chips", "pool_ratio",
+           "prefill_chips", "prefill_usd_per_request", "chip_s_per_token")
 
 
 def candidate_chunks(space: Space, req: Request, aggregated: bool, dis: DisaggregatedTables | PrefillOptions | None,
@@ -67,9 +69,10 @@ def candidate_chunks(space: Space, req: Request, aggregated: bool, dis: Disaggre
                      ) -> Iterator[pd.DataFrame]:
     """Every feasible configuration of the space (of the blocks at positions ``only``, when given) as rows, in
     chunks of whole blocks: serving, block position, n, prefill option (-1 for aggregated), TPOT, TTFT, USD per
-    request, chips per decode-or-aggregated replica, chip-seconds per output token and the deployment's tokens/s
-    per GPU. Aggregated rows come first, then disaggregated ones (when ``dis`` gives the prefill options), each
-    block by block and n ascending.
+    request (at the fluid pool ratio), chips per decode-or-aggregated replica, the fluid pool ratio (prefill
+    replicas per decode replica; 0 aggregated), a prefill replica's chips, the prefill term of the USD per request,
+    chip-seconds per output token and the deployment's tokens/s per GPU. Aggregated rows come first, then
+    disaggregated ones (when ``dis`` gives the prefill options), each block by block and n ascending.
     """
     w = space.workload
     b = space.blocks
@@ -82,6 +85,7 @@ def candidate_chunks(space: Space, req: Request, aggregated: bool, dis: Disaggre
             yield _rows(pd.DataFrame({
                 "serving": "aggregated", "pos": pos[ok], "n": n[ok], "prefill": -1, "tpot_s": m["tpot_s"][ok],
                 "ttft_s": m["ttft_s"][ok], "usd_per_request": m["usd_per_request"][ok], "chips": chips[ok],
+                "pool_ratio": 0.0, "prefill_chips": 0, "prefill_usd_per_request": 0.0,
                 "chip_s_per_token": chip_s[ok]}))
     if dis is not None and not b.empty:
         pre = dis.pre if isinstance(dis, DisaggregatedTables) else dis
@@ -98,7 +102,8 @@ def candidate_chunks(space: Space, req: Request, aggregated: bool, dis: Disaggre
             yield _rows(pd.DataFrame({
                 "serving": "disaggregated", "pos": pos[ok], "n": n[ok], "prefill": j_ok, "tpot_s": dm["tpot_s"],
                 "ttft_s": ttft[j_ok], "usd_per_request": dm["usd_per_request"] + pre_usd[j_ok],
-                "chips": dm["chips"] + ratio * pre.metrics["chips"][j_ok],
+                "chips": dm["chips"].astype(np.int64), "pool_ratio": ratio,
+                "prefill_chips": pre.metrics["chips"][j_ok].astype(np.int64), "prefill_usd_per_request": pre_usd[j_ok],
                 "chip_s_per_token": (dm["chips"] / lam + pre_chip_s[j_ok]) / req.output}))
 
 
@@ -164,3 +169,23 @@ def describe_points(space: Space, f: pd.DataFrame, pre: PrefillOptions | None = 
         for key in ("chips", "tp", "ep", "dp"):
             out["prefill_" + key] = np.where(has, pr[key].to_numpy(), 0)
     return out
+
+
+def smallest_whole(f: pd.DataFrame) -> pd.DataFrame:
+    """Each point's smallest whole deployment (`unit_replicas_many`; aggregated: one replica) costed as deployed:
+    ``prefill_replicas``, ``decode_replicas``, ``chips`` (its GPUs in total), ``usd_per_request`` (every chip's
+    USD/s over the requests its decode replicas serve, the prefill pool's idle share included) and the point's own
+    figure at the fluid pool ratio as ``usd_per_request_fluid``.
+    """
+    ratio = f["pool_ratio"].to_numpy(dtype=float)
+    dis = ratio > 0
+    p, d = unit_replicas_many(np.where(dis, ratio, 1.0))
+    p, d = np.where(dis, p, 0), np.where(dis, d, 1)
+    fluid = f["usd_per_request"].to_numpy(dtype=float)
+    pre = f["prefill_usd_per_request"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        deployed = np.where(dis, fluid + pre * (p / (d * ratio) - 1.0), fluid)
+    return pd.DataFrame({"prefill_replicas": p, "decode_replicas": d,
+                         "chips": p * f["prefill_chips"].to_numpy(dtype=np.int64) + d * f["chips"].to_numpy(
+                             dtype=np.int64), "usd_per_request": deployed, "usd_per_request_fluid": fluid},
+                        index=f.index)

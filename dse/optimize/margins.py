@@ -13,8 +13,8 @@ each metric. That keeps the searches of `dse.optimize.requests` exact:
   system's band edge is again a target divided by a constant, and the prefill cost still falls as 1 / rho, so
   per numerics group the robust optimum is the cheapest scaled decode pair plus the cheapest scaled prefill
   option, at the highest utilisation the tightened target allows;
-- whole replicas for a demand: every pair's replica count is the demand over its throughput at the band's low
-  end, evaluated pair by pair as before.
+- whole deployments for a budget or a demand (`dse.optimize.whole`): each replica serves its requests/s at the
+  throughput band's low end, one figure per block, so the enumeration of replica counts is unchanged.
 """
 
 from __future__ import annotations

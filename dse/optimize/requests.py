@@ -17,13 +17,13 @@ reports the solver as ``argmin (vectorized enumeration)`` with gap 0.
 
 Robust searches. With `dse.optimize.margins.Margins` (a multiplier per system on cost, TPOT and TTFT), every
 search here judges a configuration at the unfavourable end of its band: its targets met by its scaled TTFT and
-TPOT, its cost scaled, whole replicas for a demand at its throughput's low end; the reported metrics stay the
-predictions. Each multiplier is one per block, so the searches stay exact (`dse.optimize.margins` says why).
+TPOT, its cost scaled (whole deployments: `dse.optimize.whole`); the reported metrics stay the predictions. Each
+multiplier is one per block, so the searches stay exact (`dse.optimize.margins` says why).
 
 Bounded memory. Every search here streams the pairs in chunks of whole blocks (`dse.optimize.space.pair_chunks`)
-and keeps, per block, only the pairs some question can choose (its cheapest feasible batch per request, the
-highest feasible request rate, the cheapest whole deployment for a demand): the memory of a search grows with
-the number of blocks, never with the number of configurations.
+and keeps, per block, only the pairs some question can choose (its cheapest feasible batch per request, which is
+also what a whole deployment takes of it, and the highest feasible request rate): the memory of a search grows
+with the number of blocks, never with the number of configurations.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def feasible_mask(m: dict[str, np.ndarray], req: Request, tpot_margin: np.ndarra
     return ok
 
 
-def _per_pair(margins: Margins | None, space: Space, pos: np.ndarray) -> tuple[np.ndarray | float, ...]:
+def per_pair(margins: Margins | None, space: Space, pos: np.ndarray) -> tuple[np.ndarray | float, ...]:
     """The (cost, TPOT, TTFT) margins of the pairs at block positions ``pos``: ones without margins."""
     if margins is None:
         return 1.0, 1.0, 1.0
@@ -135,6 +135,13 @@ class RequestResult:
     metrics: dict
     binding: str
     stats: dict = field(default_factory=dict)
+    replicas: int = 1
+    """Whole replicas deployed (a budget or a demand sets them; else one)."""
+    deployed: dict = field(default_factory=dict)
+    """The deployment's figures as deployed (`aggregated_deployed`): its USD per request over what its replicas
+    serve, its GPUs, power and output tokens/s per GPU."""
+    whole: bool = False
+    """Chosen among whole deployments (a budget or a demand): ``deployed`` is what it was judged on."""
 
 
 @dataclass
@@ -146,7 +153,6 @@ class BlockOptima:
     metrics: dict[str, np.ndarray]
     binding: list[str]
     evaluated: int
-    demand: dict | None = None
     margins: Margins | None = None  # the robust search's (None: judged as predicted)
 
 
@@ -165,15 +171,17 @@ def _binding(n: int, n_hi: int, cap: int | None, m_next: dict | None, req: Reque
 
 def first_min_per_block(pos: np.ndarray, score: np.ndarray) -> np.ndarray:
     """Per block of ``pos`` (pairs contiguous by block), the index of the first pair with its least finite score;
-    blocks whose every score is infinite have none. Indices in increasing order.
+    blocks whose every score is infinite have none. Indices in increasing order. One pass, no sort: each block's
+    least score (NaN scores ignored), then the first pair that reaches it.
     """
     if not len(pos):
         return np.zeros(0, dtype=np.int64)
-    order = np.lexsort((np.arange(len(pos)), score, pos))
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = pos[order[1:]] != pos[order[:-1]]
-    heads = order[first]
-    return np.sort(heads[np.isfinite(score[heads])])
+    first = np.concatenate(([True], pos[1:] != pos[:-1]))  # each block's first pair
+    least = np.fmin.reduceat(score, np.flatnonzero(first))  # its least score (NaN only where all are NaN)
+    block = np.cumsum(first) - 1
+    at = np.flatnonzero(score == least[block])  # pairs that reach their block's least score
+    heads = at[np.concatenate(([True], block[at[1:]] != block[at[:-1]]))] if len(at) else at
+    return heads[np.isfinite(score[heads])]
 
 
 def has_next(pos: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -182,14 +190,14 @@ def has_next(pos: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return (idx + 1 < len(pos)) & (pos[after] == pos[idx])
 
 
-def block_optima(space: Space, req: Request | None = None, demand: float | None = None,
-                 max_pairs: int | None = None, margins: Margins | None = None) -> BlockOptima:
+def block_optima(space: Space, req: Request | None = None, max_pairs: int | None = None,
+                 margins: Margins | None = None) -> BlockOptima:
     """Evaluate every (block, n) pair of the space; keep each block's cheapest feasible n per request.
 
-    With ``demand`` (output tokens/s), also the configuration meeting it with the fewest USD/s in
-    whole replicas: ceil(demand / (lambda O)) x USD/s per replica, over every pair. The pairs are streamed in
-    chunks of whole blocks (``max_pairs``), each reduced before the next is evaluated. With ``margins``, the
-    targets are met at the band's edge and a replica serves lambda O / (cost margin) (`Margins`).
+    A block's USD/s is one figure at every n, so its cheapest n per request is also the n serving the most
+    requests/s: what a whole deployment for a budget or a demand takes of it (`dse.optimize.whole`). The pairs are
+    streamed in chunks of whole blocks (``max_pairs``), each reduced before the next is evaluated. With
+    ``margins``, the targets are met at the band's edge (`Margins`).
     """
     req = req or space.workload
     w = space.workload
@@ -198,11 +206,11 @@ def block_optima(space: Space, req: Request | None = None, demand: float | None 
     metrics = {k: np.full(len(b), np.nan) for k in KEYS}
     nxt = {"stable": np.ones(len(b), dtype=bool)}  # the pair at best n + 1, when the block has one
     nxt.update({key: np.full(len(b), np.nan) for key, _, _ in targets(w)})
-    dem, evaluated = None, 0
+    evaluated = 0
     for pos, n in pair_chunks(b, max_pairs):
         m = evaluate_pairs(space, b, pos, n, req)
         evaluated += len(pos)
-        cost_m, tpot_m, ttft_m = _per_pair(margins, space, pos)
+        _, tpot_m, ttft_m = per_pair(margins, space, pos)
         ok = feasible_mask(m, w, tpot_m, ttft_m)
         heads = first_min_per_block(pos, np.where(ok, m["usd_per_request"], np.inf))
         at = pos[heads]
@@ -214,13 +222,6 @@ def block_optima(space: Space, req: Request | None = None, demand: float | None 
         judged.update({key: m[key] * (tpot_m if key.startswith("tpot") else ttft_m) for key, _, _ in targets(w)})
         for k in nxt:
             nxt[k][pos[more]] = judged[k][more + 1]
-        if demand is not None and ok.any():
-            tps = m["requests_per_s"] * req.output / cost_m
-            total = np.where(ok, np.ceil(demand / tps * (1 - 1e-12)) * m["usd_per_s"], np.inf)
-            i = int(np.argmin(total))
-            if dem is None or total[i] < dem["usd_per_s"]:
-                dem = {"pos": int(pos[i]), "n": int(n[i]), "replicas": int(np.ceil(demand / tps[i] * (1 - 1e-12))),
-                       "usd_per_s": float(total[i])}
     cap = int(space.stats.get("max_batch_per_rank", 0)) or None
     n_hi = b["n_hi"].to_numpy()
     binding = []
@@ -230,7 +231,7 @@ def block_optima(space: Space, req: Request | None = None, demand: float | None 
             continue
         following = {k: v[j] for k, v in nxt.items()} if best_n[j] < n_hi[j] else None
         binding.append(_binding(int(best_n[j]), int(n_hi[j]), cap, following, w))
-    return BlockOptima(b, best_n, metrics, binding, evaluated, dem, margins)
+    return BlockOptima(b, best_n, metrics, binding, evaluated, margins)
 
 
 def diagnose_requests(space: Space, req: Request, margins: Margins | None = None) -> str:
@@ -244,7 +245,7 @@ def diagnose_requests(space: Space, req: Request, margins: Margins | None = None
             f"{w.output:,} tokens, aggregated)")
     fit = b[b["n_hi"] >= 1]
     m = evaluate_pairs(space, fit, np.arange(len(fit)), np.ones(len(fit), dtype=np.int64), req)
-    _, tpot_m, ttft_m = _per_pair(margins, space, np.flatnonzero((b["n_hi"] >= 1).to_numpy()))
+    _, tpot_m, ttft_m = per_pair(margins, space, np.flatnonzero((b["n_hi"] >= 1).to_numpy()))
     for key, _, _ in targets(w):
         m[key] = m[key] * (tpot_m if key.startswith("tpot") else ttft_m)
     edge = ", at the high end of its error band" if margins is not None else ""
@@ -271,6 +272,14 @@ def pick(space: Space, opt: BlockOptima, mask: np.ndarray | None = None, t0: flo
     """The argmin over the blocks where ``mask`` holds (of the cost times its margin, with ``opt.margins``);
     InfeasibleError names the binding limit.
     """
+    return ranked(space, opt, 1, mask, t0, req)[0]
+
+
+def ranked(space: Space, opt: BlockOptima, top: int, mask: np.ndarray | None = None, t0: float | None = None,
+           req: Request | None = None) -> list[RequestResult]:
+    """The ``top`` cheapest blocks where ``mask`` holds, each at its cheapest batch (judged as `pick` judges),
+    cheapest first; InfeasibleError names the binding limit where there is none.
+    """
     t0 = time.perf_counter() if t0 is None else t0
     cost_m = opt.margins.cost[opt.blocks["system_idx"].to_numpy()] if opt.margins is not None else 1.0
     cost = np.where(opt.n > 0, opt.metrics["usd_per_request"] * cost_m, np.inf)
@@ -279,12 +288,52 @@ def pick(space: Space, opt: BlockOptima, mask: np.ndarray | None = None, t0: flo
     if not np.isfinite(cost).any():
         sub = space if mask is None else subset(space, mask)
         raise InfeasibleError(diagnose_requests(sub, req or space.workload, opt.margins))
-    j = int(np.argmin(cost))
+    order = np.argsort(cost, kind="stable")[:top]
+    out = []
+    for j in order[np.isfinite(cost[order])]:
+        res = SolveResult("optimal", "argmin", float(cost[j]), float(cost[j]), 0.0, time.perf_counter() - t0,
+                          SOLVER_NAME)
+        out.append(aggregated_result(space, opt, int(j), res))
+    return out
+
+
+def aggregated_result(space: Space, opt: BlockOptima, j: int, res: SolveResult, replicas: int = 1,
+                      demand: float | None = None, whole: bool = False) -> RequestResult:
+    """The result of block position ``j`` at its cheapest batch, ``replicas`` whole replicas deployed (serving
+    ``demand`` output tokens/s, when given, else their capacity). A closed loop of a stated concurrency is held by
+    exactly the replicas it fills (`holds_concurrency`): that many, whatever ``replicas`` says.
+    """
     metrics = {k: float(v[j]) for k, v in opt.metrics.items()}
     choice = Choice(int(opt.blocks.index[j]), int(opt.n[j]), metrics["tpot_s"], metrics["usd_per_request"])
-    res = SolveResult("optimal", "argmin", float(cost[j]), float(cost[j]), 0.0, time.perf_counter() - t0, SOLVER_NAME)
+    chips = int(opt.blocks["chips"].iloc[j])
+    w = space.workload
+    if w.closed_loop and w.concurrency is not None and demand is None:
+        replicas = w.concurrency // (int(opt.n[j]) * int(opt.blocks["dp"].iloc[j]) * int(opt.blocks["pp"].iloc[j]))
+    system = space.systems[int(opt.blocks["system_idx"].iloc[j])]
+    rate = replicas * metrics["requests_per_s"] if demand is None else demand / space.workload.output
     return RequestResult(res, choice, describe_choice(space, choice), metrics, opt.binding[j],
-                         {"pairs_evaluated": opt.evaluated, "blocks": len(opt.blocks)})
+                         {"pairs_evaluated": opt.evaluated, "blocks": len(opt.blocks)}, replicas,
+                         aggregated_deployed(metrics, replicas, chips, system.power_all_in_w, rate, space.workload),
+                         whole)
+
+
+def aggregated_deployed(metrics: dict, replicas: int, chips: int, power_per_chip: float, rate: float,
+                        req: Request) -> dict:
+    """An aggregated deployment of ``replicas`` replicas (one replica's request-level ``metrics`` at its batch)
+    serving ``rate`` requests/s (their capacity or less), costed as deployed: every chip's USD/s over the requests
+    served, split into input and output by the replica's prefill share of time. TTFT and TPOT are those at the
+    planned batch (below it, no higher).
+    """
+    usd_s = replicas * metrics["usd_per_s"]
+    usd_req = usd_s / rate
+    u = metrics["prefill_share"]
+    gpus = replicas * chips
+    return {"usd_per_request": usd_req, "usd_per_mtok_input": usd_req * u / req.prompt * 1e6,
+            "usd_per_mtok_output": usd_req * (1 - u) / req.output * 1e6,
+            "usd_per_mtok_blended": usd_req / (req.prompt + req.output) * 1e6, "prefill_share": u,
+            "chips": gpus, "power_w": gpus * power_per_chip, "requests_per_s": rate, "usd_per_s": usd_s,
+            "tokens_per_s_per_gpu": rate * req.output / gpus, "ttft_s": metrics["ttft_s"], "tpot_s": metrics["tpot_s"],
+            "replicas": replicas}
 
 
 def solve_requests(space: Space, req: Request | None = None) -> RequestResult:
@@ -320,7 +369,7 @@ def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only
         m["fits"] = np.asarray(r["fits"], dtype=bool)
         m["ok"] = m["fits"] & np.isfinite(m["usd_per_request"]) & (m["usd_per_request"] > 0)
         for tpot_max in tpot_targets:
-            m["ok"] &= m["tpot_s"] * _per_pair(margins, space, pos)[1] <= tpot_max * (1 + TOL)
+            m["ok"] &= m["tpot_s"] * per_pair(margins, space, pos)[1] <= tpot_max * (1 + TOL)
         yield pos, n, m
 
 
@@ -380,7 +429,7 @@ def judged_prefill(space: Space, pre: PrefillOptions, margins: Margins) -> Prefi
     if w.ttft_max is None and not w.ttft_quantile_max:
         return pre
     rho = rho_for_ttft(pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"], w,
-                       _per_pair(margins, space, pre.pos)[2])
+                       per_pair(margins, space, pre.pos)[2])
     return replace(pre, rho=rho, ok=pre.fits & np.isfinite(rho) & (rho > 0))
 
 
@@ -422,28 +471,48 @@ class DisaggregatedResult:
     prefill_block: int
     context_parallel: bool
     metrics: dict
+    """The search's figures: the pools at their fluid ratio (``prefill_replicas`` prefill replicas per decode
+    replica), per decode replica."""
     pools: list[dict]
     binding: str
     stats: dict = field(default_factory=dict)
+    deployed: dict = field(default_factory=dict)
+    """The whole deployment of ``pools`` as deployed (`disaggregated_deployed`)."""
+    whole: bool = False
+    """Chosen among whole deployments (a budget or a demand): ``deployed`` is what it was judged on."""
 
 
 def unit_replicas(ratio: float, within: float = 0.05, largest: int = 1000) -> tuple[int, int]:
     """The smallest whole deployment (prefill replicas, decode replicas) whose prefill share is within
     ``within`` of the fluid ratio (prefill replicas per decode replica) while covering it.
     """
-    best = (max(1, math.ceil(ratio)), 1)
+    p, d = unit_replicas_many(np.array([ratio]), within, largest)
+    return int(p[0]), int(d[0])
+
+
+def unit_replicas_many(ratio: np.ndarray, within: float = 0.05, largest: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """`unit_replicas` of each ratio: the fewest decode replicas d (up to ``largest``) whose p = ceil(ratio d)
+    prefill replicas are within ``within`` of ratio d; where none is, the (p, d) of least p / d.
+    """
+    ratio = np.asarray(ratio, dtype=np.float64)
+    best_p, best_d = np.maximum(1, np.ceil(ratio)).astype(np.int64), np.ones(len(ratio), dtype=np.int64)
+    found = np.zeros(len(ratio), dtype=bool)
     for d in range(1, largest + 1):
-        p = max(1, math.ceil(ratio * d * (1 - 1e-12)))
-        if p / (ratio * d) <= 1 + within:
-            return p, d
-        if p / d < best[0] / best[1]:
-            best = (p, d)
-    return best
+        p = np.maximum(1, np.ceil(ratio * d * (1 - 1e-12))).astype(np.int64)
+        hit = ~found & (p / (ratio * d) <= 1 + within)
+        closer = ~found & ~hit & (p * best_d < best_p * d)
+        best_p, best_d = np.where(hit | closer, p, best_p), np.where(hit | closer, d, best_d)
+        found |= hit
+        if found.all():
+            break
+    return best_p, best_d
 
 
 def disaggregated_metrics(space: Space, req: Request, dec_i: int, dpos: np.ndarray, dn: np.ndarray,
-                          pre: PrefillOptions, pre_i: int) -> dict:
-    """Request-level metrics of one (decode pair, prefill option) through `dse.physics.serving.disaggregated`."""
+                          pre: PrefillOptions, pre_i: int, rho: float | None = None) -> dict:
+    """Request-level metrics of one (decode pair, prefill option) through `dse.physics.serving.disaggregated`, the
+    prefill pool at utilisation ``rho`` (default: the option's planned one).
+    """
     mt, st = space.tables()
     eff = IDEAL if space.ideal else None
     b = space.blocks
@@ -452,7 +521,7 @@ def disaggregated_metrics(space: Space, req: Request, dec_i: int, dpos: np.ndarr
                       req, eff)
     pr = prefill_pool(block_candidates(b.iloc[[pre.pos[pre_i]]], np.ones(1), req.prompt), mt, st, req,
                       np.array([pre.cp[pre_i]]), eff)
-    m = disaggregated(dec, pr, req, np.array([pre.rho[pre_i]]))
+    m = disaggregated(dec, pr, req, np.array([pre.rho[pre_i] if rho is None else rho]))
     return {k: (float(np.asarray(v).ravel()[0]) if np.ndim(v) or isinstance(v, (float, int, np.number)) else v)
             for k, v in m.items() if k != "serving"}
 
@@ -462,10 +531,11 @@ class DisaggregatedTables:
     """The decode pairs of a space that any question asked of it can choose, and every prefill option.
 
     Every (block, n) pair is evaluated once, streamed; per block are kept the pairs that are the answer to some
-    question a mask over blocks can ask: its cheapest feasible decode pair per request, its highest feasible
-    request rate, its fastest pair that fits (for the diagnosis) and, with ``demand``, its cheapest whole decode
-    pool for that demand. Each is the first of its block in batch order, so an argmin over the kept pairs equals
-    the argmin over all of them. ``dm['tpot_next_s']`` is the TPOT at one more sequence per rank (what binds).
+    question a mask over blocks can ask: its cheapest feasible decode pair per request (a block's USD/s is one
+    figure, so this is also the pair serving the most requests/s, what a whole decode pool for a budget or a
+    demand takes), its highest feasible request rate and its fastest pair that fits (for the diagnosis). Each is
+    the first of its block in batch order, so an argmin over the kept pairs equals the argmin over all of them.
+    ``dm['tpot_next_s']`` is the TPOT at one more sequence per rank (what binds).
     """
 
     req: Request
@@ -475,7 +545,6 @@ class DisaggregatedTables:
     dok: np.ndarray  # fits and meets the TPOT target
     pre: PrefillOptions
     evaluated: int = 0  # decode pairs evaluated
-    demand: float | None = None  # output tokens/s the demand winners were kept for
     margins: Margins | None = None  # the robust search's (None: judged as predicted)
     judged_pre: PrefillOptions | None = None  # with margins: the prefill options at the tightened TTFT targets
 
@@ -487,18 +556,8 @@ class DisaggregatedTables:
         return self.pre if self.judged_pre is None else self.judged_pre
 
 
-def _decode_demand_cost(dm: dict[str, np.ndarray], ok: np.ndarray, lam: float, cost_margin: np.ndarray | float = 1.0
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """Whole decode replicas for a request rate ``lam`` (each serving its rate over its cost margin), and their
-    USD/s (infinite where not ``ok``).
-    """
-    replicas = np.ceil(lam / (dm["requests_per_s"] / cost_margin) * (1 - 1e-12))
-    return replicas, np.where(ok, replicas * dm["usd_per_s"], np.inf)
-
-
 def disaggregated_tables(space: Space, req: Request | None = None, context_parallel: tuple[bool, ...] = (False, True),
-                         demand: float | None = None, max_pairs: int | None = None, margins: Margins | None = None
-                         ) -> DisaggregatedTables:
+                         max_pairs: int | None = None, margins: Margins | None = None) -> DisaggregatedTables:
     """Evaluate every decode pair (streamed, reduced per block) and every prefill option of the space; with
     ``margins``, each judged at the unfavourable end of its band (`Margins`).
     """
@@ -511,9 +570,6 @@ def disaggregated_tables(space: Space, req: Request | None = None, context_paral
         picks = [first_min_per_block(pos, np.where(ok, m["usd_per_request"], np.inf)),
                  first_min_per_block(pos, np.where(ok, -m["requests_per_s"], np.inf)),
                  first_min_per_block(pos, np.where(m["fits"], m["tpot_s"], np.inf))]
-        if demand is not None:
-            cost_m = _per_pair(margins, space, pos)[0]
-            picks.append(first_min_per_block(pos, _decode_demand_cost(m, ok, demand / req.output, cost_m)[1]))
         sel = np.unique(np.concatenate(picks))
         same = has_next(pos, sel)
         tpot_next = np.where(same, m["tpot_s"][np.minimum(sel + 1, len(pos) - 1)], np.nan)
@@ -530,7 +586,7 @@ def disaggregated_tables(space: Space, req: Request | None = None, context_paral
         dm["fits"] = dm["ok"] = np.zeros(0, dtype=bool)
     dok = dm.pop("ok")
     pre = prefill_options(space, req, context_parallel)
-    return DisaggregatedTables(req, dpos, dn, dm, dok, pre, evaluated, demand, margins,
+    return DisaggregatedTables(req, dpos, dn, dm, dok, pre, evaluated, margins,
                                None if margins is None else judged_prefill(space, pre, margins))
 
 
@@ -558,49 +614,111 @@ def solve_disaggregated(space: Space, req: Request | None = None,
 def pick_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarray | None = None,
                        t0: float | None = None) -> DisaggregatedResult:
     """The cheapest (decode pair, prefill option) whose blocks lie where ``mask`` (over ``space.blocks``) holds."""
+    return ranked_disaggregated(space, t, 1, mask, t0)[0]
+
+
+def ranked_disaggregated(space: Space, t: DisaggregatedTables, top: int, mask: np.ndarray | None = None,
+                         t0: float | None = None) -> list[DisaggregatedResult]:
+    """The ``top`` cheapest (decode pair, prefill option) combinations of one numerics group each, whose blocks
+    lie where ``mask`` holds, cheapest first (the decode term plus the prefill term, each judged at its margin).
+    Per group the ``top`` cheapest of a sum lie among the ``top`` cheapest of each term, so only those are paired.
+    """
     t0 = time.perf_counter() if t0 is None else t0
-    w, pre = space.workload, t.searched_pre
+    pre = t.searched_pre
     dok, pok = t.dok, pre.ok
     if mask is not None:
         dok = dok & mask[t.dpos]
         pok = pok & mask[pre.pos]
-    dec_m, tpot_m = _per_pair(t.margins, space, t.dpos)[:2]
-    pre_usd = pre.usd_per_request * _per_pair(t.margins, space, pre.pos)[0]
-    bestp = best_prefill(space, pre, np.where(pok, pre_usd, np.inf))
-    jp = prefill_of(bestp, numerics_group(space, t.dpos))
-    total = np.where(dok & (jp >= 0), t.dm["usd_per_request"] * dec_m + pre_usd[jp], np.inf)
-    if not np.isfinite(total).any():
+    dec_usd = np.where(dok, t.dm["usd_per_request"] * per_pair(t.margins, space, t.dpos)[0], np.inf)
+    pre_usd = np.where(pok, pre.usd_per_request * per_pair(t.margins, space, pre.pos)[0], np.inf)
+    dg, pg = numerics_group(space, t.dpos), numerics_group(space, pre.pos)
+    combos = []
+    for g in np.intersect1d(dg[np.isfinite(dec_usd)], pg[np.isfinite(pre_usd)]):
+        di, pj = (np.flatnonzero((grp == g) & np.isfinite(c)) for grp, c in ((dg, dec_usd), (pg, pre_usd)))
+        di = di[np.argsort(dec_usd[di], kind="stable")[:top]]
+        pj = pj[np.argsort(pre_usd[pj], kind="stable")[:top]]
+        combos += [(float(dec_usd[i] + pre_usd[j]), int(i), int(j)) for i in di for j in pj]
+    if not combos:
         raise InfeasibleError(diagnose_disaggregated(space, t, mask))
-    i = int(np.argmin(total))
-    j = int(jp[i])
+    combos.sort(key=lambda c: c[0])
+    out = []
+    for total, i, j in combos[:top]:
+        res = SolveResult("optimal", "argmin", total, total, 0.0, time.perf_counter() - t0, SOLVER_NAME)
+        out.append(disaggregated_result(space, t, i, j, res))
+    return out
+
+
+def disaggregated_result(space: Space, t: DisaggregatedTables, i: int, j: int, res: SolveResult,
+                         replicas: tuple[int, int] | None = None, demand: float | None = None,
+                         whole: bool = False) -> DisaggregatedResult:
+    """The result of decode pair ``i`` (of the tables) with prefill option ``j`` (of ``t.searched_pre``): its
+    figures at the fluid pool ratio, and ``replicas`` (prefill, decode; default: the smallest whole deployment
+    within 5% of the fluid ratio) as deployed, serving ``demand`` output tokens/s when given, else their capacity.
+    """
+    w, pre = space.workload, t.searched_pre
     metrics = disaggregated_metrics(space, t.req, i, t.dpos, t.dn, pre, j)
     block = int(space.blocks.index[t.dpos[i]])
     choice = Choice(block, int(t.dn[i]), metrics["tpot_s"], metrics["usd_per_request"])
-    pools = deployment_pools(space, choice, int(space.blocks.index[pre.pos[j]]), bool(pre.cp[j]), metrics, t.req)
+    p, d = replicas or unit_replicas(metrics["prefill_replicas"])
+    deployed = disaggregated_deployed(space, t, i, j, metrics, p, d, demand)
+    pools = deployment_pools(space, choice, int(space.blocks.index[pre.pos[j]]), bool(pre.cp[j]), deployed, p, d)
     n_hi = int(space.blocks["n_hi"].iloc[t.dpos[i]])
     nxt = None
     if t.dn[i] < n_hi:
-        tpot_next = t.dm["tpot_next_s"][i] * (tpot_m[i] if t.margins else 1.0)
+        tpot_m = per_pair(t.margins, space, t.dpos[i:i + 1])[1]
+        tpot_next = t.dm["tpot_next_s"][i] * float(np.ravel(tpot_m)[0])
         nxt = {key: tpot_next for key, _, _ in targets(w) if key.startswith("tpot")}  # a decode pass: one TPOT
     binding = _binding(int(t.dn[i]), n_hi, int(space.stats.get("max_batch_per_rank", 0)) or None, nxt, w)
-    res = SolveResult("optimal", "argmin", float(total[i]), float(total[i]), 0.0, time.perf_counter() - t0,
-                      SOLVER_NAME)
     return DisaggregatedResult(res, choice, int(space.blocks.index[pre.pos[j]]), bool(pre.cp[j]), metrics, pools,
-                               binding, {"decode_pairs_evaluated": t.evaluated, "prefill_options": len(pre.pos)})
+                               binding, {"decode_pairs_evaluated": t.evaluated, "prefill_options": len(pre.pos)},
+                               deployed, whole)
 
 
-def deployment_pools(space: Space, decode: Choice, prefill_block: int, cp: bool, metrics: dict,
-                     req: Request) -> list[dict]:
-    """The two pools of a disaggregated deployment as the output contract lists them, with the smallest whole
-    deployment (prefill and decode replicas) within 5% of the fluid pool ratio.
+def prefill_capacity(pre: PrefillOptions, j: int | np.ndarray) -> np.ndarray | float:
+    """Requests/s one prefill replica of option ``j`` serves at its planned utilisation: servers x rho / service."""
+    return pre.metrics["servers"][j] * pre.rho[j] / pre.metrics["prefill_service_s"][j]
+
+
+def disaggregated_deployed(space: Space, t: DisaggregatedTables, i: int, j: int, fluid: dict, p: int, d: int,
+                           demand: float | None = None) -> dict:
+    """``p`` prefill replicas of option ``j`` and ``d`` decode replicas of pair ``i`` (``fluid``: their metrics at
+    the fluid ratio) serving ``demand`` output tokens/s, else their capacity R = min(p a, d lambda), costed as
+    deployed: every chip's USD/s over the requests served (each pool's idle share included), input the prefill
+    pool's cost, output the decode pool's. The prefill pool runs at utilisation R S / (p servers), at most its
+    planned one, and TTFT is the physics' at that utilisation; TPOT is the decode pool's at its planned batch
+    (below its capacity, no higher).
     """
-    ratio = metrics["prefill_replicas"]
-    p, d = unit_replicas(ratio)
+    req, pre = space.workload, t.searched_pre
+    lam = fluid["requests_per_s"]
+    servers, service = pre.metrics["servers"][j], pre.metrics["prefill_service_s"][j]
+    rate = min(p * prefill_capacity(pre, j), d * lam) if demand is None else demand / req.output
+    m = disaggregated_metrics(space, t.req, i, t.dpos, t.dn, pre, j, rho=rate * service / (p * servers))
+    b = space.blocks
+    pre_sys, dec_sys = (space.systems[int(b["system_idx"].iloc[k])] for k in (pre.pos[j], t.dpos[i]))
+    pre_chips, dec_chips = int(pre.metrics["chips"][j]), int(b["chips"].iloc[t.dpos[i]])
+    usd_pre = p * pre.metrics["usd_per_s"][j]
+    usd = usd_pre + d * t.dm["usd_per_s"][i]
+    gpus = p * pre_chips + d * dec_chips
+    m.update({"usd_per_request": usd / rate, "usd_per_mtok_input": usd_pre / rate / req.prompt * 1e6,
+              "usd_per_mtok_output": (usd - usd_pre) / rate / req.output * 1e6,
+              "usd_per_mtok_blended": usd / rate / (req.prompt + req.output) * 1e6, "prefill_share": usd_pre / usd,
+              "chips": gpus, "power_w": p * pre_chips * pre_sys.power_all_in_w + d * dec_chips * dec_sys.power_all_in_w,
+              "requests_per_s": rate, "usd_per_s": usd, "tokens_per_s_per_gpu": rate * req.output / gpus,
+              "prefill_replicas": p, "decode_replicas": d, "tpot_s": fluid["tpot_s"],
+              "tokens_per_s_per_user": fluid["tokens_per_s_per_user"]})
+    return m
+
+
+def deployment_pools(space: Space, decode: Choice, prefill_block: int, cp: bool, deployed: dict, p: int,
+                     d: int) -> list[dict]:
+    """The two pools of a disaggregated deployment as the output contract lists them: ``p`` prefill replicas (at
+    the utilisation ``deployed`` states) and ``d`` decode replicas.
+    """
     dec = describe_choice(space, decode)
     pre = describe_choice(space, Choice(prefill_block, 1, math.nan, math.nan))
-    pre.update(batch=pre["dp"] if not cp else 1, context=req.prompt, kv_tier="hbm")
+    pre.update(batch=pre["dp"] if not cp else 1, context=space.workload.prompt, kv_tier="hbm")
     keys = ("system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier")
-    return [{"role": "prefill", "replicas": p, "context_parallel": cp, "utilisation": metrics["prefill_rho"],
+    return [{"role": "prefill", "replicas": p, "context_parallel": cp, "utilisation": deployed["prefill_rho"],
              **{k: pre[k] for k in keys}},
             {"role": "decode", "replicas": d, **{k: dec[k] for k in keys}}]
 
@@ -617,14 +735,14 @@ def diagnose_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarra
         return diagnose(space if mask is None else subset(space, mask), w.tpot_max)
     edge = ", at the high end of its error band" if t.margins is not None else ""
     if not dok.any():
-        tpot = t.dm["tpot_s"] * _per_pair(t.margins, space, t.dpos)[1]
+        tpot = t.dm["tpot_s"] * per_pair(t.margins, space, t.dpos)[1]
         tp = float(np.min(np.where(dfit, tpot, np.inf)))
         return (f"{head}: the TPOT target runs out in the decode pool. The fastest decode TPOT{edge} is "
                 f"{tp * 1e3:.3g} ms, {(tp - (w.tpot_max or 0)) * 1e3:.3g} ms over the {(w.tpot_max or 0) * 1e3:g} ms "
                 "target")
     if not (pre.ok & pin).any() and w.ttft_max is not None:
         tt = ((pre.metrics["prefill_service_s"] + pre.metrics["kv_transfer_s"])
-              * _per_pair(t.margins, space, pre.pos)[2])
+              * per_pair(t.margins, space, pre.pos)[2])
         tt = np.where(pin & pre.fits, tt, np.inf)
         k = int(np.argmin(tt))
         if np.isfinite(tt[k]):
@@ -634,33 +752,6 @@ def diagnose_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarra
                     f"{tt[k] - w.ttft_max:.3g} s over the {w.ttft_max:g} s target")
     return (f"{head}: HBM capacity runs out in the prefill pool (no layout holds one {w.prompt:,}-token prompt's KV "
             "and activations) or no prefill layout shares a (weights, KV) format with a feasible decode layout")
-
-
-def disaggregated_demand(space: Space, t: DisaggregatedTables, demand: float) -> dict | None:
-    """The cheapest whole disaggregated deployment for ``demand`` output tokens/s, exactly: with the request rate
-    Lambda = demand / O, the decode pool needs ceil(Lambda / lambda) replicas of its configuration and the
-    prefill pool ceil(Lambda S / (servers rho)) of its own; each count and cost depends on its pool's
-    configuration alone, so per format group the optimum is the cheapest decode pair plus the cheapest
-    prefill option (None if no pair is feasible).
-    """
-    if t.demand != demand:
-        raise ValueError(f"the tables kept each block's cheapest decode pool for a demand of {t.demand} output "
-                         f"tokens/s, not {demand}: build them with disaggregated_tables(..., demand={demand})")
-    pre = t.searched_pre
-    lam = demand / t.req.output
-    d_n, d_cost = _decode_demand_cost(t.dm, t.dok, lam, _per_pair(t.margins, space, t.dpos)[0])
-    service = pre.metrics["prefill_service_s"] * _per_pair(t.margins, space, pre.pos)[0]
-    p_n = np.ceil(lam * service / (pre.metrics["servers"] * pre.rho) * (1 - 1e-12))
-    p_cost = np.where(pre.ok, p_n * pre.metrics["usd_per_s"], np.inf)
-    jp = prefill_of(best_prefill(space, pre, p_cost), numerics_group(space, t.dpos))
-    total = np.where(jp >= 0, d_cost + p_cost[jp], np.inf)
-    if not np.isfinite(total).any():
-        return None
-    i = int(np.argmin(total))
-    j = int(jp[i])
-    return {"decode_pos": int(t.dpos[i]), "n": int(t.dn[i]), "decode_replicas": int(d_n[i]),
-            "prefill_pos": int(pre.pos[j]), "context_parallel": bool(pre.cp[j]), "prefill_replicas": int(p_n[j]),
-            "usd_per_s": float(total[i])}
 
 
 def solve_cheapest(space: Space, modes: tuple[str, ...] = ("aggregated", "disaggregated"),

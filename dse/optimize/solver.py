@@ -10,18 +10,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-
-from ortools.linear_solver.python import model_builder as mb
+from typing import TYPE_CHECKING
 
 from dse.errors import InputError
 
+if TYPE_CHECKING:  # OR-Tools is imported by the solves that use it (its import costs a study that solves none 0.2 s)
+    from ortools.linear_solver.python import model_builder as mb
+
 SOLVERS = ("highs", "scip", "sat")
-_STATUS = {
-    mb.SolveStatus.OPTIMAL: "optimal",
-    mb.SolveStatus.FEASIBLE: "feasible",
-    mb.SolveStatus.INFEASIBLE: "infeasible",
-    mb.SolveStatus.UNBOUNDED: "unbounded",
-}
+_STATUS = {"OPTIMAL": "optimal", "FEASIBLE": "feasible", "INFEASIBLE": "infeasible", "UNBOUNDED": "unbounded"}
+"""Solve statuses by their `model_builder.SolveStatus` names."""
 
 
 @dataclass
@@ -72,6 +70,8 @@ def solve(model: mb.Model, solver: str = "highs", time_limit_s: float = 60.0,
     ``settings`` are further solver-specific parameters, one per line in the back end's own syntax (SCIP:
     ``separating/maxroundsroot = 2``), set before the node limit.
     """
+    from ortools.linear_solver.python import model_builder as mb
+
     if solver not in SOLVERS:
         raise InputError(f"solver '{solver}' is not allowed; allowed: {', '.join(SOLVERS)}")
     engine = mb.Solver(solver)
@@ -89,7 +89,7 @@ def solve(model: mb.Model, solver: str = "highs", time_limit_s: float = 60.0,
     t0 = time.perf_counter()
     status = engine.solve(model)
     wall = time.perf_counter() - t0
-    name = _STATUS.get(status, "unknown")
+    name = _STATUS.get(getattr(status, "name", ""), "unknown")
     if name in ("optimal", "feasible"):
         obj, bound = engine.objective_value, engine.best_objective_bound
     else:

@@ -1,6 +1,7 @@
 """Vectorized roofline physics of one serving replica, over arrays of candidate configurations.
 
-Per forward pass of a micro-batch through all pipeline stages (the lecture's decode step):
+Per forward pass of a micro-batch through all pipeline stages (the decode step of the lecture: R. Pope, "The math
+behind how LLMs are trained and served", Dwarkesh Podcast, 29 April 2026):
 
     compute = FLOPs / (chips per stage x FLOP/s)                 weights 2 x active params per
                                                                   token, plus attention FLOPs
@@ -55,8 +56,9 @@ bytes, FLOP).
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from statistics import NormalDist
 
 import numpy as np
 
@@ -84,8 +86,14 @@ def _f(x: object) -> np.ndarray:
 
 
 DTYPE_BYTES_ARR = _f([DTYPE_BYTES[d] for d in DTYPES])
-# expected maximum of n standard normals (Blom's order-statistic approximation), n = 0..4096
-_Z_MAX = _f([0.0, 0.0] + [NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) for n in range(2, 4097)])
+@functools.cache
+def _z_max() -> np.ndarray:
+    """Expected maximum of n standard normals (Blom's order-statistic approximation), n = 0..4096 (made on first
+    use: 4,095 inverse normal CDFs, which a command that routes no experts does not pay for at start-up).
+    """
+    from statistics import NormalDist
+
+    return _f([0.0, 0.0] + [NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) for n in range(2, 4097)])
 
 
 def expected_max_binomial(n: object, trials: object, q: object) -> np.ndarray:
@@ -101,7 +109,7 @@ def expected_max_binomial(n: object, trials: object, q: object) -> np.ndarray:
     n, trials, q = n.ravel(), trials.ravel(), q.ravel()
     mean = trials * q
     sd = np.sqrt(mean * (1.0 - q))
-    z = _Z_MAX[np.clip(n, 0, 4096).astype(np.int64)]
+    z = _z_max()[np.clip(n, 0, 4096).astype(np.int64)]
     with np.errstate(divide="ignore", invalid="ignore"):
         skew = np.where(sd > 0, (1.0 - 2.0 * q) / sd, 0.0)
     out = np.clip(mean + sd * (z + skew * (z * z - 1.0) / 6.0), mean, trials)
@@ -113,28 +121,42 @@ def expected_max_binomial(n: object, trials: object, q: object) -> np.ndarray:
     if small.size:
         sds = np.sqrt(ms[small] * (1.0 - qs[small]))
         bound = np.minimum(np.ceil(ms[small] + 10.0 * sds + 10.0), np.floor(trials[small]))
-        order = np.argsort(bound, kind="stable")  # the loop below narrows to the counts still in support
-        idx, jb = small[order], bound[order]
-        nn, m_, p, fl = n[idx], trials[idx], qs[idx], flip[idx]
-        pmf = np.exp(m_ * np.log1p(-p))
-        cdf = pmf.copy()
-
-        def term(c: np.ndarray, s: slice) -> np.ndarray:
-            c = np.minimum(c, 1.0)
-            return np.where(fl[s], (1.0 - c) ** nn[s], 1.0 - c ** nn[s])
-
-        total = term(cdf, slice(None))
-        ratio = p / (1.0 - p)
-        start = 0
-        for j in range(1, int(jb[-1]) + 1):
-            if jb[start] < j:
-                start = int(np.searchsorted(jb, j, side="left"))
-            s = slice(start, None)
-            pmf[s] *= np.maximum(m_[s] - j + 1.0, 0.0) / j * ratio[s]
-            cdf[s] += pmf[s]
-            total[s] += term(cdf[s], s)
-        out[idx] = np.where(fl, trials[idx] - total, total)
+        for complement in (False, True):  # each row's sum takes one of the two forms: each form its own rows
+            mine = flip[small] == complement
+            if mine.any():
+                rows = small[mine]
+                total = _exact_sum(n[rows], trials[rows], qs[rows], bound[mine], complement)
+                out[rows] = trials[rows] - total if complement else total
     return out.reshape(shape)
+
+
+def _exact_sum(n: np.ndarray, trials: np.ndarray, p: np.ndarray, bound: np.ndarray, complement: bool) -> np.ndarray:
+    """`expected_max_binomial`'s exact sum over j = 0 .. ``bound`` of 1 - F(j)^n for Binomial(trials, p) counts,
+    or with ``complement`` of (1 - F(j))^n (the expected maximum is then trials less it).
+    """
+    order = np.argsort(bound, kind="stable")  # the loop below narrows to the counts still in support
+    jb = bound[order]
+    nn, m_, p = n[order], trials[order], p[order]
+    pmf = np.exp(m_ * np.log1p(-p))
+    cdf = pmf.copy()
+
+    def term(c: np.ndarray, s: slice) -> np.ndarray:
+        c = np.minimum(c, 1.0)
+        return (1.0 - c) ** nn[s] if complement else 1.0 - c ** nn[s]
+
+    total = term(cdf, slice(None))
+    ratio = p / (1.0 - p)
+    start = 0
+    for j in range(1, int(jb[-1]) + 1):
+        if jb[start] < j:
+            start = int(np.searchsorted(jb, j, side="left"))
+        s = slice(start, None)
+        pmf[s] *= np.maximum(m_[s] - j + 1.0, 0.0) / j * ratio[s]
+        cdf[s] += pmf[s]
+        total[s] += term(cdf[s], s)
+    out = np.empty_like(total)
+    out[order] = total
+    return out
 
 
 def _expert_key(n_exp: np.ndarray, top_k: np.ndarray, ep: np.ndarray) -> np.ndarray:
@@ -142,6 +164,41 @@ def _expert_key(n_exp: np.ndarray, top_k: np.ndarray, ep: np.ndarray) -> np.ndar
     (2^48 in all: exact in a float64).
     """
     return (n_exp * 4096.0 + top_k) * 16777216.0 + ep
+
+
+def distinct_rows(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by equal (``a``, ``b``), ``a`` whole numbers >= 0 and ``b`` floats: (one row of each group,
+    each row's group).
+
+    Where ``b`` is whole too and its range is at most some times the number of rows, the values of ``b`` are
+    numbered through a table indexed by ``b``, and the groups read off a table indexed by a x (values of b) +
+    b's number: a few passes over the rows and tables, no sort. Otherwise by `np.unique` of a + i b.
+    """
+    if not a.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    a = np.asarray(a, dtype=np.int64)
+    lo, hi = float(b.min()), float(b.max())
+    limit = 32 * a.size + 65536
+    if lo >= 0 and hi < limit:
+        bi = b.astype(np.int64)
+        if np.array_equal(bi, b):
+            seen = np.zeros(int(hi) + 1, dtype=bool)
+            seen[bi] = True
+            number = np.cumsum(seen)
+            values = int(number[-1])
+            span = (int(a.max()) + 1) * values
+            if span <= limit:
+                slot = a * values
+                slot += number[bi]
+                slot -= 1
+                row = np.full(span, -1, dtype=np.int64)
+                row[slot] = np.arange(a.size)
+                present = row >= 0
+                rank = np.cumsum(present)
+                rank -= 1
+                return row[present], rank[slot]
+    _, first, inverse = np.unique(a + 1j * b, return_index=True, return_inverse=True)
+    return first, inverse.ravel()
 
 
 def routed_straggler(tokens: object, n_exp: object, top_k: object,
@@ -175,17 +232,20 @@ def routed_straggler(tokens: object, n_exp: object, top_k: object,
 
 
 def _straggler(tokens: np.ndarray, nn: np.ndarray, top_k: np.ndarray, groups: np.ndarray) -> list[np.ndarray]:
-    """`routed_straggler` of MoE rows with EP > 1."""
+    """`routed_straggler` of MoE rows with EP > 1 (the three maxima in one `expected_max_binomial`)."""
     per = np.ceil(nn / groups)
     k = np.minimum(top_k, nn)
     mean_load = tokens * k / groups
     q = np.clip(1.0 - (1.0 - 1.0 / groups) * (nn - k) / np.maximum(nn - 1.0, 1.0), 1e-12, 1.0)
     p = -np.expm1(tokens * np.log1p(-k / nn))
     h = group_hit(nn, k, groups)
+    r = len(tokens)
     with np.errstate(divide="ignore", invalid="ignore"):
-        touched = np.maximum(expected_max_binomial(groups, per, p), np.minimum(1.0, per))
-        received = np.maximum(expected_max_binomial(groups, tokens, h), np.minimum(1.0, tokens))
-        load = np.maximum(expected_max_binomial(groups, mean_load / q, q), np.ceil(mean_load - 1e-9))
+        most = expected_max_binomial(np.concatenate([groups, groups, groups]),
+                                     np.concatenate([per, tokens, mean_load / q]), np.concatenate([p, h, q]))
+        touched = np.maximum(most[:r], np.minimum(1.0, per))
+        received = np.maximum(most[r:2 * r], np.minimum(1.0, tokens))
+        load = np.maximum(most[2 * r:], np.ceil(mean_load - 1e-9))
         load = np.maximum(load, np.maximum(touched, received))
         return [np.where(mean > 0, most / mean, 1.0)
                 for most, mean in ((load, mean_load), (touched, per * p), (received, tokens * h))]
@@ -399,11 +459,17 @@ def alltoall_factor(group: np.ndarray, dims: np.ndarray, domain: np.ndarray | fl
     k = group^(1/n), uniform traffic travels n k / 4 hops on average over 2n links per chip, so the
     achieved share is min(1, 4 / (n k)).
     """
-    n = np.maximum(dims, 1.0)
-    side = np.power(np.maximum(group, 1.0), 1.0 / n)
-    torus = np.minimum(1.0, 4.0 / (n * side))
-    mesh = np.minimum(1.0, np.maximum(group - 1.0, 1.0) / np.maximum(_f(domain) - 1.0, 1.0))
-    return np.where(dims > 0, torus, np.where(dims < 0, mesh, 1.0))
+    shape = np.broadcast_shapes(np.shape(group), np.shape(dims), np.shape(domain))
+    group, dims, domain = (np.broadcast_to(_f(x), shape).ravel() for x in (group, dims, domain))
+    out = np.ones(group.shape)
+    torus, mesh = np.flatnonzero(dims > 0), np.flatnonzero(dims < 0)  # each computed on its own rows only
+    if torus.size:
+        n = np.maximum(dims[torus], 1.0)
+        side = np.power(np.maximum(group[torus], 1.0), 1.0 / n)
+        out[torus] = np.minimum(1.0, 4.0 / (n * side))
+    if mesh.size:
+        out[mesh] = np.minimum(1.0, np.maximum(group[mesh] - 1.0, 1.0) / np.maximum(domain[mesh] - 1.0, 1.0))
+    return out.reshape(shape)
 
 
 def group_hit(n_exp: object, top_k: object, ep: object) -> np.ndarray:
@@ -421,7 +487,7 @@ def group_hit(n_exp: object, top_k: object, ep: object) -> np.ndarray:
     return (1.0 - miss)[inverse].reshape(shape)
 
 
-def dispatch_copies(n_exp, top_k, ep, etp, tp, chips, domain) -> tuple[np.ndarray, np.ndarray]:
+def dispatch_copies(n_exp, top_k, ep, etp, tp, chips, domain, hit=None) -> tuple[np.ndarray, np.ndarray]:
     """Copies of one token an MoE dispatch sends from the chips holding it (its DP rank's ``tp`` chips) over
     scale-up links and over the scale-out network, among ``chips`` chips of which ``domain`` share a scale-up
     domain, with ``n_exp`` experts over ``ep`` groups of ``etp`` chips (uniform routing).
@@ -431,16 +497,24 @@ def dispatch_copies(n_exp, top_k, ep, etp, tp, chips, domain) -> tuple[np.ndarra
     token's own domain cross scale-up links; across domains one copy per destination domain crosses the
     scale-out network and is forwarded inside it (DeepEP's internode dispatch). With experts TP-sharded over
     the attention TP group (EP 1, DP 1) every chip already holds every token: no dispatch (the MLP's
-    all-reduce is the TP all-reduce). The combine sends the same copies back.
+    all-reduce is the TP all-reduce). The combine sends the same copies back. ``hit``: `group_hit` of the
+    rows, where the caller has it.
     """
     top_k, ep, etp, tp, chips = (np.asarray(x, dtype=np.float64) for x in (top_k, ep, etp, tp, chips))
     local = np.minimum(chips, domain)
-    groups = np.where(ep > 1, ep * group_hit(n_exp, top_k, ep), np.minimum(top_k, 1.0))
+    groups = np.where(ep > 1, ep * (group_hit(n_exp, top_k, ep) if hit is None else hit), np.minimum(top_k, 1.0))
     copies = groups * etp  # chips that need the token
     scaleup = copies * np.maximum(local - tp, 0.0) / chips
     domains = chips / local
-    hit = domains * -np.expm1(copies * np.log1p(-1.0 / np.maximum(domains, 1.0 + 1e-12)))
-    return scaleup, np.where(domains > 1, hit * (domains - 1.0) / domains, 0.0)
+    shape = np.broadcast_shapes(np.shape(copies), np.shape(domains))
+    copies, domains = np.broadcast_to(copies, shape).ravel(), np.broadcast_to(domains, shape).ravel()
+    scaleout = np.zeros(shape).ravel()
+    many = np.flatnonzero(domains > 1)  # a replica within one domain sends nothing over the scale-out network
+    if many.size:
+        d = domains[many]
+        hit = d * -np.expm1(copies[many] * np.log1p(-1.0 / np.maximum(d, 1.0 + 1e-12)))
+        scaleout[many] = hit * (d - 1.0) / d
+    return scaleup, scaleout.reshape(shape)
 
 
 def busiest_stage_layers(layers: object, pp: object) -> np.ndarray:
@@ -457,17 +531,20 @@ def _causal(context: np.ndarray, cap: np.ndarray) -> np.ndarray:
 
 
 class _Gathered:
-    """Per-candidate copies of the table columns and layout degrees, gathered once."""
+    """Per-candidate copies of the table columns and layout degrees, gathered once; what every pass shares is
+    computed once, on first use, and what depends on the context again for each context.
+    """
 
     def __init__(self, c: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency) -> None:
         m, s = c.model, c.system
+        self.model = np.asarray(m)
         self.eff = eff
         self.tp, self.dp, self.ep, self.etp, self.pp = (_f(x) for x in (c.tp, c.dp, c.ep, c.etp, c.pp))
         self.cps = self.tp * self.dp
         self.chips = self.cps * self.pp
         self.batch, self.ctx = _f(c.batch), _f(c.context)
         self.phase = np.asarray(c.phase)
-        dtype_bytes = _f([DTYPE_BYTES[d] for d in DTYPES])
+        dtype_bytes = DTYPE_BYTES_ARR
         wd = np.asarray(c.weights_dtype)
         ed = np.where(np.asarray(c.experts_dtype) < 0, wd, c.experts_dtype)
         # weight-only quantization (a format without tensor units) reads its group scales too
@@ -479,6 +556,7 @@ class _Gathered:
         attn_fp8 = (DTYPE_BYTES_ARR[np.asarray(c.kv_dtype)] <= 1.0) & systems.native[s, fp8]
         self.attn_rate = np.where(attn_fp8, systems.flops[s, fp8], systems.flops[s, DTYPES.index("bf16")])
         self.on_host = np.asarray(c.kv_tier) == 1
+        self.any_host = bool(self.on_host.any())
         self.imbalance = _f(c.imbalance)
         self.micro = _f(c.micro_batches)
         self.chunk = _f(c.chunk)
@@ -497,6 +575,7 @@ class _Gathered:
         # KV split by head: a rank keeps ceil(kv_heads / TP) heads of every sequence (a whole copy where there
         # are fewer KV heads than ranks); split by sequence: all heads of 1/TP of the sequences
         self.by_seq = (np.asarray(c.kv_shard) == 1) & (self.tp > 1)
+        self.any_by_seq = bool(self.by_seq.any())
         shard = np.where(self.by_seq, 1.0, np.ceil(models.kv_heads[m] / self.tp) / models.kv_heads[m])
         self.kv_main = models.kv_elems[m] * dtype_bytes[c.kv_dtype] * shard  # bytes per token per layer per chip
         # linear-attention state: split over TP with its heads (or whole, by sequence), read and written once
@@ -504,7 +583,7 @@ class _Gathered:
         self.state = models.state_bytes[m] / np.where(self.by_seq, 1.0, self.tp)
         self.attn_io = models.attn_io[m]
         self.attn_layers = sum(self.g_layers)  # layers with attention over a KV cache
-        self._context_terms()
+        self._context: dict[str, np.ndarray] = {}
         # system columns
         self.hbm_cap = systems.hbm_capacity[s]
         self.hbm_bw = systems.hbm_bandwidth[s] * eff.memory
@@ -529,8 +608,19 @@ class _Gathered:
         self.dense_read = self.wbytes * (self.p_dense - self.p_emb) / (self.tp * self.pp_even)
         local = np.minimum(self.cps, self.domain)
         self.inter = np.maximum(self.cps - self.domain, 0.0) / self.cps
+        # MoE rows and their (model, EP) groups: routing statistics are computed once per group
+        self.moe_rows = np.flatnonzero(self.n_exp > 0)  # positions in the raveled candidates
+        self.expert_group = np.zeros(self.moe_rows.shape, dtype=np.int64)
+        hit = None
+        if self.moe_rows.size:
+            ep, moe = self.ep.ravel(), self.moe_rows
+            first, self.expert_group = distinct_rows(np.broadcast_to(self.model, self.ep.shape).ravel()[moe], ep[moe])
+            rows = moe[first]
+            hit = np.zeros(ep.shape)
+            hit[moe] = group_hit(self.n_exp.ravel()[rows], self.top_k.ravel()[rows], ep[rows])[self.expert_group]
+            hit = hit.reshape(self.ep.shape)
         self.copies_scaleup, self.copies_scaleout = dispatch_copies(
-            self.n_exp, self.top_k, self.ep, self.etp, self.tp, self.cps, self.domain)
+            self.n_exp, self.top_k, self.ep, self.etp, self.tp, self.cps, self.domain, hit=hit)
         self.a2a_bw = self.su * alltoall_factor(local, self.topo, self.domain)
         # on a full mesh a ring all-reduce over TP chips and a PP hand-off use only their peers' links
         mesh = self.topo < 0
@@ -544,17 +634,58 @@ class _Gathered:
         self.lat_ep = np.where(self.inter > 0, eff.latency_scaleout, eff.latency_scaleup)
         self.lat_pp = np.where(self.chips <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
         self.overhead = (self.n_layers * eff.layer_overhead + self.moe_l * eff.moe_layer_overhead) * self.stretch
+        # the parts of each pass's terms that do not depend on its batch, context or phase
+        self.dense_flops = 2.0 * (self.p_act - self.routed_active)  # per token
+        self.attn_split = np.where(self.by_seq, 1.0, self.tp)  # TP splits the heads, or the sequences
+        self.tp_bw = np.where(self.tp <= self.domain, self.su * self.tp_link, self.so)
+        self.any_tp = bool((self.tp > 1).any())
+        self.ring_share = 2.0 * (self.tp - 1) / self.tp  # a ring all-reduce's bytes per byte reduced
+        self.tp_layers = 2.0 * self.n_layers / self.pp_even  # all-reduces per pass through a stage
+        self.dispatch = (self.n_exp > 0) & (self.copies_scaleup + self.copies_scaleout > 0)
+        self.any_dispatch = bool(self.dispatch.any())
+        self.any_inter = bool((self.inter > 0).any())
+        self.any_pp = bool((self.pp > 1).any())
+        self.hand_bw = np.where(self.chips <= self.domain, self.su * self.p2p_link, self.so)
+        self.any_split = bool((self.micro > 1).any())
+        self.skew = self.imbalance - 1.0
+        self.any_skew = bool((self.skew != 0.0).any())
+        self.weights_bytes = self.wbytes * self.p_dense / (self.tp * self.pp_even) + self.routed_bytes_per_chip
+        self.mem_a_act, self.mem_a_kv, self.mem_budget = memory_budget(self.hbm_cap, eff, self.chunk, self.tp,
+                                                                       self.pp)
 
-    def _context_terms(self) -> None:
-        """The KV attended, read and stored per sequence at the candidates' context."""
-        self.attended = _gsum(self.g_layers, [np.minimum(self.ctx, cap) for cap in self.g_cap])
-        indexer = self.idx_b * self.n_layers * self.ctx
-        # decode attention reaches half its bandwidth at attention_half_context tokens: each layer's kernel
-        # costs a sequence that many tokens of KV more than it holds
-        half = self.kv_main * self.eff.attention_half_context * self.attn_layers
-        self.read_per_seq = self.kv_main * self.attended + half + indexer + 2.0 * self.state  # decode bytes per seq
-        self.stored_per_seq = (self.kv_main * _gsum(self.g_stored, [np.minimum(self.ctx, w) for w in self.g_window])
-                               + indexer + self.state)
+    def _ctx(self, name: str) -> np.ndarray:
+        """A term at the candidates' context, computed on first use: ``attended`` (KV tokens attended per
+        sequence, summed over attention layers), ``read_per_seq`` (decode KV bytes read per sequence) or
+        ``stored_per_seq`` (KV bytes held per sequence).
+        """
+        if name not in self._context:
+            ctx = self.ctx
+            if name == "attended":
+                value = _gsum(self.g_layers, [np.minimum(ctx, cap) for cap in self.g_cap])
+            elif name == "indexer":
+                value = self.idx_b * self.n_layers * ctx
+            elif name == "read_per_seq":
+                # decode attention reaches half its bandwidth at attention_half_context tokens: each layer's
+                # kernel costs a sequence that many tokens of KV more than it holds
+                half = self.kv_main * self.eff.attention_half_context * self.attn_layers
+                value = self.kv_main * self._ctx("attended") + half + self._ctx("indexer") + 2.0 * self.state
+            else:
+                value = (self.kv_main * _gsum(self.g_stored, [np.minimum(ctx, w) for w in self.g_window])
+                         + self._ctx("indexer") + self.state)
+            self._context[name] = value
+        return self._context[name]
+
+    @property
+    def attended(self) -> np.ndarray:
+        return self._ctx("attended")
+
+    @property
+    def read_per_seq(self) -> np.ndarray:
+        return self._ctx("read_per_seq")
+
+    @property
+    def stored_per_seq(self) -> np.ndarray:
+        return self._ctx("stored_per_seq")
 
     def with_inputs(self, batch: object = None, context: object = None, phase: object = None,
                     kv_tier: object = None) -> _Gathered:
@@ -566,9 +697,10 @@ class _Gathered:
             g.phase = np.broadcast_to(np.asarray(phase), self.phase.shape)
         if kv_tier is not None:
             g.on_host = np.broadcast_to(np.asarray(kv_tier) == 1, self.on_host.shape)
+            g.any_host = bool(g.on_host.any())
         if context is not None:
             g.ctx = np.broadcast_to(_f(context), self.ctx.shape)
-            g._context_terms()
+            g._context = {}
         return g
 
 
@@ -587,15 +719,59 @@ def _where(cond: np.ndarray | bool, a: object, b: object) -> np.ndarray:
     return np.where(cond, a(), b())
 
 
+def _uniform(a: np.ndarray) -> bool:
+    """Whether ``a`` is one value broadcast (a scalar, or a view that repeats one element)."""
+    return a.ndim == 0 or a.size <= 1 or not any(a.strides)
+
+
+def _occupancy(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool
+               ) -> tuple[np.ndarray | float, np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens each sequence adds, and the sequences, tokens and KV-holding sequences of the busiest rank's chip."""
+    per_seq = _where(prefill, lambda: g.ctx, lambda: 1.0)  # tokens each sequence adds
+    seqs_rank = np.ceil(batch / g.dp)  # sequences on the busiest attention (DP) rank
+    tokens_rank = seqs_rank if prefill is False else seqs_rank * per_seq
+    # sequences whose KV the busiest chip of the rank holds and attends: all (split by head) or 1/TP of them
+    seqs_kv = np.where(g.by_seq, np.ceil(seqs_rank / g.tp), seqs_rank) if g.any_by_seq else seqs_rank
+    return per_seq, seqs_rank, tokens_rank, seqs_kv
+
+
+def _routing(g: _Gathered, batch: np.ndarray, tokens: np.ndarray, per_seq: np.ndarray | float
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per candidate: the busiest expert group's routed pairs and received tokens over the mean group's
+    (`routed_straggler`, plus the placement's skew) and the share of its experts a token lands on. Computed once
+    per distinct (model, EP, tokens) of the MoE rows (the tokens told apart by the batch where every sequence
+    adds as many).
+    """
+    shape = tokens.shape
+    load_f, received_f, share = np.ones(shape), np.ones(shape), np.zeros(shape)
+    moe = g.moe_rows
+    if moe.size:
+        load_f, received_f, share, tokens = load_f.ravel(), received_f.ravel(), share.ravel(), tokens.ravel()
+        key = (np.broadcast_to(batch, shape) if _uniform(np.asarray(per_seq)) else tokens).ravel()
+        first, inverse = distinct_rows(g.expert_group, key[moe])
+        rows = moe[first]
+        t, nn, kk, e = tokens[rows], g.n_exp.ravel()[rows], g.top_k.ravel()[rows], g.ep.ravel()[rows]
+        touched = -np.expm1(t * np.log1p(-kk / np.maximum(nn, 1.0)))
+        f_load, f_touched, f_received = np.ones(len(rows)), np.ones(len(rows)), np.ones(len(rows))
+        multi = np.flatnonzero(e > 1)
+        if multi.size:
+            for o, f in zip((f_load, f_touched, f_received), _straggler(t[multi], nn[multi], kk[multi], e[multi]),
+                            strict=True):
+                o[multi] = f
+        load_f[moe] = f_load[inverse]
+        received_f[moe] = f_received[inverse]
+        share[moe] = np.minimum(touched * f_touched, 1.0)[inverse]
+        load_f, received_f, share = load_f.reshape(shape), received_f.reshape(shape), share.reshape(shape)
+    if g.any_skew:
+        load_f, received_f = load_f + g.skew, received_f + g.skew
+    return load_f, received_f, share
+
+
 def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[str, np.ndarray]:
     """Compute, memory and communication time of one forward pass of a micro-batch of ``batch``."""
     eff, ctx = g.eff, g.ctx
-    per_seq = _where(prefill, lambda: ctx, lambda: 1.0)  # tokens each sequence adds
-    tokens = batch * per_seq
-    seqs_rank = np.ceil(batch / g.dp)  # sequences on the busiest attention (DP) rank
-    tokens_rank = seqs_rank * per_seq
-    # sequences whose KV the busiest chip of the rank holds and attends: all (split by head) or 1/TP of them
-    seqs_kv = np.where(g.by_seq, np.ceil(seqs_rank / g.tp), seqs_rank)
+    per_seq, seqs_rank, tokens_rank, seqs_kv = _occupancy(g, batch, prefill)
+    tokens = batch if prefill is False else batch * per_seq
     eff_c = _where(prefill, lambda: eff.compute_prefill, lambda: eff.compute_decode)
 
     # compute: attention, dense MLPs and shared experts run per DP rank on its own sequences (TP
@@ -609,20 +785,17 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
 
     attn = _where(prefill, attn_prefill, attn_decode)  # attention FLOPs per sequence
     rate, rate_e, rate_a = g.flops_rate * eff_c, g.experts_rate * eff_c, g.attn_rate * eff_c
-    dense_flops = 2.0 * (g.p_act - g.routed_active)  # per token
-    attn_s = seqs_kv * attn / rate_a / np.where(g.by_seq, 1.0, g.tp)  # TP splits the heads, or the sequences
+    rate_rank = g.tp * rate
+    attn_s = seqs_kv * attn / rate_a / g.attn_split  # TP splits the heads, or the sequences
     # the slowest expert group sets the step: its routed tokens are the expected maximum over the EP
     # groups (routing statistics) plus the placement's skew; the share of its experts a token lands on
-    load_f, touched_f, received_f = routed_straggler(tokens, g.n_exp, g.top_k, g.ep)
-    load_f, received_f = load_f + (g.imbalance - 1.0), received_f + (g.imbalance - 1.0)
-    touched = np.where(g.n_exp > 0, -np.expm1(tokens * np.log1p(-g.top_k / np.maximum(g.n_exp, 1.0))), 0.0)
-    expert_share = np.minimum(touched * touched_f, 1.0)
+    load_f, received_f, expert_share = _routing(g, batch, tokens, per_seq)
     # a GEMM of m rows takes (m + gemm_half_rows) rows' time (Hockney's half-performance length): once per
     # dense weight matrix of the rank, once per routed expert the busiest chip multiplies
     # (the layer work of the whole model, stretched to PP passes through the busiest stage)
-    gemm_fixed_s = eff.gemm_half_rows * (dense_flops / (g.tp * rate) * g.stretch
+    gemm_fixed_s = eff.gemm_half_rows * (g.dense_flops / rate_rank * g.stretch
                                          + 2.0 * g.pp * g.routed_per_chip * expert_share / rate_e)
-    compute_s = (tokens_rank * dense_flops / (g.tp * rate) * g.stretch + attn_s * g.stretch + gemm_fixed_s
+    compute_s = (tokens_rank * g.dense_flops / rate_rank * g.stretch + attn_s * g.stretch + gemm_fixed_s
                  + load_f * tokens * 2.0 * g.routed_active / (g.cps * rate_e) * g.stretch)
 
     # memory: weights of the stage (routed experts only where a token landed, on the group touching the
@@ -631,28 +804,33 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
     kv_bytes = seqs_kv * g.stored_per_seq * g.stretch  # the stage holds PP micro-batches of its layers
     kv_read = _where(prefill, lambda: kv_bytes, lambda: seqs_kv * g.read_per_seq * g.stretch) / g.pp
     with np.errstate(divide="ignore", invalid="ignore"):
-        kv_time = np.where(g.on_host, np.where(kv_read > 0, kv_read / g.host_bw, 0.0), kv_read / g.hbm_bw)
+        if g.any_host:
+            kv_time = np.where(g.on_host, np.where(kv_read > 0, kv_read / g.host_bw, 0.0), kv_read / g.hbm_bw)
+        else:
+            kv_time = kv_read / g.hbm_bw
         memory_s = g.pp * (weights_read / g.hbm_bw + kv_time)
 
-        # communication: TP all-reduce (ring), EP dispatch + combine all-to-all, PP hand-off
-        msg = tokens_rank * g.d * ACT_BYTES
-        tp_bw = np.where(g.tp <= g.domain, g.su * g.tp_link, g.so)
-        allreduce = np.where(g.tp > 1, 2.0 * (g.tp - 1) / g.tp * msg / tp_bw + g.lat_tp, 0.0)
-        tp_s = 2.0 * g.n_layers / g.pp_even * allreduce
+        # communication: TP all-reduce (ring), EP dispatch + combine all-to-all, PP hand-off (terms no
+        # candidate has are 0)
+        tp_s = ep_s = pp_s = 0.0
+        if g.any_tp:
+            msg = tokens_rank * g.d * ACT_BYTES
+            allreduce = np.where(g.tp > 1, g.ring_share * msg / g.tp_bw + g.lat_tp, 0.0)
+            tp_s = g.tp_layers * allreduce
         # KV split by sequence: queries to the rank holding their sequence's KV, outputs back (two all-to-alls)
-        if g.by_seq.any():
+        if g.any_by_seq:
             io = tokens_rank * g.attn_io * ACT_BYTES / g.tp * (g.tp - 1.0) / g.tp
-            tp_s = tp_s + np.where(g.by_seq, g.n_layers / g.pp_even * (io / (tp_bw * g.tp_a2a) + 2.0 * g.lat_tp),
+            tp_s = tp_s + np.where(g.by_seq, g.n_layers / g.pp_even * (io / (g.tp_bw * g.tp_a2a) + 2.0 * g.lat_tp),
                                    0.0)
-        disp = np.where(g.ebytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
-        # each TP chip sends 1/TP of its rank's tokens; the busiest group receives received_f x the mean
-        token_bytes = received_f * tokens_rank / g.tp * g.d * (disp + ACT_BYTES)
-        scaleout = np.where(g.inter > 0, token_bytes * g.copies_scaleout / g.so, 0.0)
-        a2a = np.maximum(token_bytes * g.copies_scaleup / g.a2a_bw, scaleout) + 2.0 * g.lat_ep  # dispatch and combine
-        dispatch = (g.n_exp > 0) & (g.copies_scaleup + g.copies_scaleout > 0)
-        ep_s = np.where(dispatch, g.moe_l / g.pp_even * a2a, 0.0)
-        hand_bw = np.where(g.chips <= g.domain, g.su * g.p2p_link, g.so)
-        pp_s = np.where(g.pp > 1, tokens * g.d * ACT_BYTES / g.cps / hand_bw + g.lat_pp, 0.0)
+        if g.any_dispatch:
+            disp = np.where(g.ebytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
+            # each TP chip sends 1/TP of its rank's tokens; the busiest group receives received_f x the mean
+            token_bytes = received_f * tokens_rank / g.tp * g.d * (disp + ACT_BYTES)
+            scaleout = np.where(g.inter > 0, token_bytes * g.copies_scaleout / g.so, 0.0) if g.any_inter else 0.0
+            a2a = np.maximum(token_bytes * g.copies_scaleup / g.a2a_bw, scaleout) + 2.0 * g.lat_ep  # both ways
+            ep_s = np.where(g.dispatch, g.moe_l / g.pp_even * a2a, 0.0)
+        if g.any_pp:
+            pp_s = np.where(g.pp > 1, tokens * g.d * ACT_BYTES / g.cps / g.hand_bw + g.lat_pp, 0.0)
     comm_s = g.pp * (tp_s + ep_s + pp_s)
 
     work = np.maximum(compute_s, memory_s)
@@ -664,9 +842,10 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
         "tokens_rank": tokens_rank, "eff_c": eff_c, "attn": attn, "tokens": tokens,
         "overlap": np.broadcast_to(_f(eff.overlap), step_s.shape),
     }
-    split = (g.micro > 1) & ~np.asarray(prefill, dtype=bool)
-    if split.any():
-        _split_pass(g, batch, prefill, split, out)
+    if g.any_split and prefill is not True:
+        split = (g.micro > 1) & ~np.asarray(prefill, dtype=bool)
+        if split.any():
+            _split_pass(g, batch, prefill, split, out)
     return out
 
 
@@ -682,6 +861,7 @@ def _split_pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool, spl
     n = g.micro
     one = copy.copy(g)
     one.micro = np.ones_like(n)
+    one.any_split = False
     h = _pass(one, batch / n, prefill)
     for k in ("compute_s", "memory_s", "comm_s", "tp_s", "ep_s", "pp_s", "work", "gemm_fixed_s"):
         out[k] = np.where(split, n * h[k], out[k])
@@ -689,6 +869,49 @@ def _split_pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool, spl
     out["overlap"] = np.where(split, 1.0, out["overlap"])
 
 
+SLICE = 1 << 16
+"""Candidates `evaluate` and the request-level functions (`dse.physics.serving`) evaluate at once: a longer list
+goes through in slices of this many, so a call's temporaries (some hundred arrays of a slice) stay near the
+processor's caches: 2M candidates of `serving.aggregated` at once ran at 0.77M evaluations/s on one core, in
+slices of 2^16 at 1.2M/s. Every output entry depends on its own candidate alone, so the slices change no figure."""
+
+
+def in_slices(shared: int) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
+    """``fn(cand, *args, **kwargs)`` over slices of `SLICE` candidates where there are more, its outputs joined:
+    the first ``shared`` of ``args`` go whole to every slice, every further argument must be one value for all
+    candidates or one per candidate (an `Efficiency` of either), else the candidates go through at once.
+    """
+    return functools.partial(_in_slices, shared=shared)
+
+
+def _in_slices(fn: Callable[..., dict], shared: int) -> Callable[..., dict]:
+    def columns(a: object) -> list:
+        return [getattr(a, f.name) for f in fields(a)] if isinstance(a, Efficiency) else [a]
+
+    def part(a: object, sl: slice) -> object:
+        if isinstance(a, Efficiency):
+            return Efficiency(*(part(v, sl) for v in columns(a)))
+        return a[sl] if np.ndim(a) else a
+
+    @functools.wraps(fn)
+    def run(cand: Candidates, *args: object, **kwargs: object) -> dict:
+        c = cand.broadcast()
+        n = c.model.size
+        rest = [v for a in (*args[shared:], *kwargs.values()) for v in columns(a)]
+        if c.model.ndim != 1 or n <= SLICE or any(np.ndim(v) and np.shape(v) != (n,) for v in rest):
+            return fn(c, *args, **kwargs)
+        outs = []
+        for lo in range(0, n, SLICE):
+            sl = slice(lo, lo + SLICE)
+            outs.append(fn(Candidates(*(getattr(c, f.name)[sl] for f in fields(c))), *args[:shared],
+                           *(part(a, sl) for a in args[shared:]), **{k: part(v, sl) for k, v in kwargs.items()}))
+        return {k: np.concatenate([np.broadcast_to(o[k], (min(SLICE, n - lo),))
+                                   for o, lo in zip(outs, range(0, n, SLICE), strict=True)]) for k in outs[0]}
+
+    return run
+
+
+@in_slices(2)
 def evaluate(
     cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency | None = None, ttft: bool = True
 ) -> dict[str, np.ndarray]:
@@ -706,46 +929,78 @@ def evaluate(
 def evaluate_at(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency | None,
                 inputs: list[dict]) -> list[dict[str, np.ndarray]]:
     """`evaluate` (without TTFT) of the same candidates at several inputs, each a dict of ``batch``,
-    ``context``, ``phase`` or ``kv_tier`` overrides; the catalog columns are gathered once.
+    ``context``, ``phase`` or ``kv_tier`` overrides; the catalog columns are gathered once. An input with
+    ``times: False`` gets only the memory check (``MEMORY_KEYS``), not the pass times.
     """
     c = cand.broadcast()
     if eff is None:
         eff = systems.efficiency_of(np.asarray(c.system))
     g = _Gathered(c, models, systems, eff)
-    return [_evaluate(g.with_inputs(**kw), ttft=False, brief=True) for kw in inputs]
+    out = []
+    for kw in inputs:
+        kw = dict(kw)
+        times = kw.pop("times", True)
+        out.append(_evaluate(g.with_inputs(**kw), ttft=False, brief=True) if times else _memory(g.with_inputs(**kw)))
+    return out
 
 
 BRIEF_KEYS = ("chips", "compute_s", "memory_s", "comm_s", "step_s", "bound", "overhead_s", "kv_bytes_per_chip",
               "hbm_bytes_per_chip", "fits", "overlap", "gemm_fixed_s", "weights_bytes_per_chip",
               "activation_bytes_per_chip")
 """What `evaluate_at` returns: the pass times and the memory check (what request-level physics builds on)."""
+MEMORY_KEYS = ("chips", "kv_bytes_per_chip", "hbm_bytes_per_chip", "fits")
+"""What `evaluate_at` returns for an input with ``times: False``: the memory check alone."""
 
 
-def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.ndarray]:
+def _phase(g: _Gathered) -> np.ndarray | bool:
+    """The candidates' prefill flags, or one bool where every candidate is in the same phase."""
     prefill = g.phase == 1
     if prefill.ndim and (prefill.all() or not prefill.any()):
         prefill = bool(prefill.all())  # uniform phase: take one branch only
+    return prefill
+
+
+def _hbm(g: _Gathered, prefill: np.ndarray | bool, seqs_rank: np.ndarray, tokens_rank: np.ndarray,
+         kv_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Activation and HBM bytes per chip, and whether the candidate fits (HBM, and host memory for KV held there)."""
+    # prefill activations: at most the chunked-prefill budget per DP rank is resident at once
+    act_tokens = _where(prefill, lambda: np.minimum(tokens_rank, g.chunk), lambda: tokens_rank)
+    act_bytes = act_tokens * ACT_WIDTH * g.d * ACT_BYTES + seqs_rank * g.vocab / g.tp * LOGIT_BYTES
+    kv_hbm = np.where(g.on_host, 0.0, kv_bytes) if g.any_host else kv_bytes
+    hbm_bytes = g.weights_bytes + kv_hbm + act_bytes
+    # the framework's check (`memory_budget`), and every byte within the HBM
+    fits = ((g.weights_bytes + g.mem_a_act * act_bytes + g.mem_a_kv * kv_hbm <= g.mem_budget)
+            & (hbm_bytes <= g.hbm_cap))
+    if g.any_host:
+        fits &= ~g.on_host | (kv_bytes <= g.host_cap)
+    return act_bytes, hbm_bytes, fits
+
+
+def _memory(g: _Gathered) -> dict[str, np.ndarray]:
+    """The memory check of `_evaluate` without the pass times (``MEMORY_KEYS``)."""
+    prefill = _phase(g)
+    _, seqs_rank, tokens_rank, seqs_kv = _occupancy(g, g.batch, prefill)
+    kv_bytes = seqs_kv * g.stored_per_seq * g.stretch
+    _, hbm_bytes, fits = _hbm(g, prefill, seqs_rank, tokens_rank, kv_bytes)
+    return {"chips": g.chips, "kv_bytes_per_chip": kv_bytes, "hbm_bytes_per_chip": hbm_bytes, "fits": fits}
+
+
+def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.ndarray]:
+    prefill = _phase(g)
     r = _pass(g, g.batch, prefill)
     step_s, compute_s, memory_s, comm_s = r["step_s"], r["compute_s"], r["memory_s"], r["comm_s"]
     bound = np.where(comm_s > r["work"], 2, np.where(memory_s > compute_s, 1, 0))
 
     # memory capacity per chip
-    weights_bytes = g.wbytes * g.p_dense / (g.tp * g.pp_even) + g.routed_bytes_per_chip
+    weights_bytes = g.weights_bytes
     kv_bytes = r["kv_bytes"]
-    # prefill activations: at most the chunked-prefill budget per DP rank is resident at once
-    act_tokens = _where(prefill, lambda: np.minimum(r["tokens_rank"], g.chunk), lambda: r["tokens_rank"])
-    act_bytes = act_tokens * ACT_WIDTH * g.d * ACT_BYTES + r["seqs_rank"] * g.vocab / g.tp * LOGIT_BYTES
-    kv_hbm = np.where(g.on_host, 0.0, kv_bytes)
-    hbm_bytes = weights_bytes + kv_hbm + act_bytes
-    a_act, a_kv, budget = memory_budget(g.hbm_cap, g.eff, g.chunk, g.tp, g.pp)
-    fits = ((weights_bytes + a_act * act_bytes + a_kv * kv_hbm <= budget) & (hbm_bytes <= g.hbm_cap)
-            & (~g.on_host | (kv_bytes <= g.host_cap)))
+    act_bytes, hbm_bytes, fits = _hbm(g, prefill, r["seqs_rank"], r["tokens_rank"], kv_bytes)
     if brief:
         return {"chips": g.chips, "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s,
-                "bound": bound, "overhead_s": g.overhead * np.ones_like(step_s), "kv_bytes_per_chip": kv_bytes,
-                "hbm_bytes_per_chip": hbm_bytes, "fits": fits, "overlap": r["overlap"],
-                "gemm_fixed_s": r["gemm_fixed_s"] * np.ones_like(step_s), "weights_bytes_per_chip": weights_bytes,
-                "activation_bytes_per_chip": act_bytes}
+                "bound": bound, "overhead_s": np.broadcast_to(g.overhead, step_s.shape),
+                "kv_bytes_per_chip": kv_bytes, "hbm_bytes_per_chip": hbm_bytes, "fits": fits,
+                "overlap": r["overlap"], "gemm_fixed_s": np.broadcast_to(r["gemm_fixed_s"], step_s.shape),
+                "weights_bytes_per_chip": weights_bytes, "activation_bytes_per_chip": act_bytes}
 
     # throughput and cost: PP micro-batches are in flight
     seqs_in_flight = g.batch * g.pp

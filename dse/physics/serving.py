@@ -64,7 +64,7 @@ from dse.catalog.frameworks import Stack, StackTerms
 from dse.catalog.hardware import Efficiency
 from dse.physics.codes import DEFAULT_CHUNK  # re-exported: the default chunk budget (vLLM / SGLang)
 from dse.physics.queueing import quantile_name, rho_for_wait_quantile, tpot_quantile, wait_quantile, wave_wait_quantile
-from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate_at, memory_budget
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate_at, in_slices, memory_budget
 
 RHO_MAX = 0.9  # highest utilisation a prefill pool is planned at (M/D/1 waits grow as 1 / (1 - rho))
 NEWTON_STEPS = 200  # a cap only: bracketed Newton stops after a handful of steps
@@ -161,7 +161,8 @@ def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v
     with k x R(x) - C there, so the root is bracketed. Newton's method on h, replaced by bisection
     whenever its step leaves the bracket, converges quadratically near the root and never diverges; each
     rate stops when it moves by no more than ``NEWTON_RTOL`` of itself, so a rate does not depend on which
-    other rates it is solved with, and converged ones cost nothing more. (Newton on the unmultiplied equation
+    other rates it is solved with (stopped ones leave the arrays once an eighth has stopped; until then their
+    further steps are computed and discarded). (Newton on the unmultiplied equation
     from a start clipped at the pole only halves its distance to the pole per step and needs tens of steps.)
     """
     shape = np.broadcast_shapes(*(np.shape(a) for a in (k, c, s, m_td, v)))
@@ -171,24 +172,42 @@ def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v
         hi = np.minimum(1.0 / s, 1.0 / v)  # whichever pole comes first: the queue's or the interference's
     x = np.minimum(c / (k * (s + m_td)), 0.5 * hi)
     out = x.copy()
-    idx = np.arange(x.size)  # the rates still moving: each stops on its own, whatever else is solved with it
+    # per rate: k, C, S, m t_d, v, the derivative's constant factors k S, k m t_d, C S, and its position in out
+    rows = np.stack([k, c, s, m_td, v, k * s, k * m_td, c * s, np.arange(x.size, dtype=np.float64)])
+    live = None  # the rates still moving among the rows (None: all); stopped ones leave in batches
     for _ in range(NEWTON_STEPS):
-        q = 1.0 - x * s
-        w = 1.0 - v * x
+        k, c, s, m_td, v, ks, km, cs, at = rows
+        xs = x * s
+        q = 1.0 - xs
+        vx = v * x
+        w = 1.0 - vx
         h = k * x * (s * q + 0.5 * x * s * s + m_td * q / w) - c * q
-        dh = k * s * q + k * m_td * ((q - s * x) * w + v * x * q) / (w * w) + c * s
+        dh = ks * q + km * ((q - xs) * w + vx * q) / (w * w) + cs
         lo = np.where(h < 0, x, lo)
         hi = np.where(h > 0, x, hi)
         x_new = x - h / dh
-        outside = ~((x_new >= lo) & (x_new <= hi))  # a step that rounds to nothing stays
-        x_new = np.where(outside, 0.5 * (lo + hi), x_new)
-        out[idx] = x_new
+        outside = np.flatnonzero(~((x_new >= lo) & (x_new <= hi)))  # a step that rounds to nothing stays
+        if outside.size:
+            x_new[outside] = 0.5 * (lo[outside] + hi[outside])
         moving = np.abs(x_new - x) > NEWTON_RTOL * x
-        if not moving.any():
-            break
-        if not moving.all():
-            idx, x_new, lo, hi, k, c, s, m_td, v = (a[moving] for a in (idx, x_new, lo, hi, k, c, s, m_td, v))
+        stopped = ~moving
+        if live is not None:
+            moving &= live
+            stopped &= live
+        if stopped.any():
+            out[at[stopped].astype(np.int64)] = x_new[stopped]
+            if not moving.any():
+                break
+            if 8 * np.count_nonzero(moving) < 7 * moving.size or moving.size < 4096:  # drop them once an eighth
+                keep = np.flatnonzero(moving)
+                rows, x_new, lo, hi = rows.take(keep, axis=1), x_new.take(keep), lo.take(keep), hi.take(keep)
+                live = None
+            else:
+                live = moving
         x = x_new
+    else:
+        sel = slice(None) if live is None else live
+        out[rows[8][sel].astype(np.int64)] = x[sel]
     return out.reshape(shape)
 
 
@@ -201,15 +220,15 @@ def _passes(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Eff
             prefill: bool = False, decode: bool = True, full_chunk: bool = False) -> dict[str, dict]:
     """The passes a request-level metric needs, evaluated over one gathering of the catalog columns:
     ``mean`` and ``peak``, the decode pass at the mean context P + O/2 (times) and at the peak P + O
-    (memory); ``prefill``, one prompt per DP rank (batch = DP) prefilled in one pass with its KV in HBM,
+    (its memory check alone); ``prefill``, one prompt per DP rank (batch = DP) prefilled in one pass with its KV in HBM,
     its work scaled to the computed (uncached) share of the prompt; ``full_chunk``, the same with as many
     whole prompts per DP rank as one chunk carries (`prompts_per_chunk`).
     """
     names, inputs = [], []
     if decode:
         names += ["mean", "peak"]
-        inputs += [{"context": req.prompt + req.output / 2.0, "phase": 0}, {"context": req.prompt + req.output,
-                                                                             "phase": 0}]
+        inputs += [{"context": req.prompt + req.output / 2.0, "phase": 0},
+                   {"context": req.prompt + req.output, "phase": 0, "times": False}]
     dp = np.asarray(cand.dp, dtype=np.float64)
     if prefill:
         names.append("prefill")
@@ -267,6 +286,7 @@ def closed_loop_ttft(service: np.ndarray, transfer: np.ndarray, wave: np.ndarray
     return service + np.maximum(terms.queue_share * wave, floor) + transfer + terms.fixed_latency_s
 
 
+@in_slices(3)
 def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
                eff: Efficiency | None = None) -> dict[str, np.ndarray]:
     """Request-level metrics of aggregated replicas: ``cand.batch`` sequences per micro-batch in flight.
@@ -368,6 +388,7 @@ def _metrics(serving: str, req: Request, lam: np.ndarray, ttft: np.ndarray, tpot
     return out
 
 
+@in_slices(3)
 def decode_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
                 eff: Efficiency | None = None) -> dict[str, np.ndarray]:
     """A decode replica of a disaggregated deployment: TPOT, request rate, USD per request, memory."""
@@ -387,6 +408,7 @@ def decode_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req:
             "power_per_chip": systems.power_all_in[np.asarray(c.system)]}
 
 
+@in_slices(3)
 def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
                  context_parallel: np.ndarray | bool = False, eff: Efficiency | None = None,
                  full_chunk: bool = False) -> dict[str, np.ndarray]:

@@ -70,18 +70,24 @@ def explain(o: Optimum, space) -> str:
     else:
         cap = "the batch stops where a larger one no longer lowers the cost per token, or at the study's limit"
     free = e["hbm_capacity_per_chip"] - e["hbm_bytes_per_chip"]
+    pool = e["pools"][-1] if o.request_level and e.get("pools") else e  # the aggregated or decode replica
+    which = {"both": "Each replica", "decode": "Each decode replica"}.get(pool.get("role", ""), "The replica")
+    price = (f" at {e.get('usd_per_chip_hour') or float('nan'):.3g} USD per chip-hour ({e.get('price_kind', '')}"
+             f"{', <b>ESTIMATE</b>' if e.get('price_is_estimate') else ''})")
+    if o.request_level:
+        cost = (f"Cost {e['usd_per_request']:.4g} USD per request as deployed{price}: {e['usd_per_mtok_input']:.4g} "
+                f"USD per million input tokens, {e['usd_per_mtok_output']:.4g} per million output tokens")
+    else:
+        cost = (f"Cost {e['usd_per_mtok']:.4g} USD per million output tokens{_band(e)}{price}, "
+                f"{e['usd_per_mtok_input']:.4g} per million input tokens (prefill one prompt at a time)")
     return (
-        f"<p><b>{html.escape(e['model'])} / {html.escape(e['workload'])}</b>: {e['chips']} x {e['system']} "
-        f"({e['racks']} scale-up domain{'s' if e['racks'] > 1 else ''}), TP{e['tp']} DP{e['dp']} EP{e['ep']} "
-        f"PP{e['pp']}, batch {e['batch']}, weights {e['weights_dtype']}, KV {e['kv_dtype']} in {e['kv_tier']}. "
-        f"Binding resource: <b>{binding}</b> ({times} per step). {cap}. "
+        f"<p><b>{html.escape(e['model'])} / {html.escape(e['workload'])}</b>: {which}: {pool['chips']} x "
+        f"{e['system']} ({pool['racks']} scale-up domain{'s' if pool['racks'] > 1 else ''}), TP{e['tp']} DP{e['dp']} "
+        f"EP{e['ep']} PP{e['pp']}, batch {e['batch']}, weights {e['weights_dtype']}, KV {e['kv_dtype']} in "
+        f"{e['kv_tier']}. Binding resource: <b>{binding}</b> ({times} per step). {cap}. "
         f"Memory per chip: weights {_fmt_bytes(e['weights_bytes_per_chip'])}, KV {_fmt_bytes(e['kv_bytes_per_chip'])}, "
         f"activations {_fmt_bytes(e['activation_bytes_per_chip'])}, free {_fmt_bytes(free)} of "
-        f"{_fmt_bytes(e['hbm_capacity_per_chip'])}. Cost {e['usd_per_mtok']:.4g} USD per million output tokens"
-        f"{_band(e)} at {e.get('usd_per_chip_hour') or float('nan'):.3g} USD per "
-        f"chip-hour ({e.get('price_kind', '')}{', <b>ESTIMATE</b>' if e.get('price_is_estimate') else ''}), "
-        f"{e['usd_per_mtok_input']:.4g} per million input tokens "
-        f"({'its share of the request by time on prefill' if o.request_level else 'prefill one prompt at a time'}); "
+        f"{_fmt_bytes(e['hbm_capacity_per_chip'])}. {cost}; "
         f"TPOT {e['tpot_s'] * 1e3:.3g} ms, TTFT {e['ttft_s']:.3g} s.{_request(o)}{_power(e)}"
         + (f" <b>Context {e['context']:,} is beyond the model's published maximum of {e['max_context']:,} tokens "
            "(allow_beyond_trained_context).</b>" if e.get("beyond_trained_context") else "")
@@ -93,8 +99,8 @@ def _request(o: Optimum) -> str:
     if not o.request_level:
         return ""
     e = o.entry
-    return (f" Request level ({e['serving']}, prefill counted): {e['usd_per_request']:.4g} USD per request, "
-            f"prefill {e['prefill_share']:.0%} of it; the decode step alone takes {e['step_tpot_s'] * 1e3:.3g} ms.")
+    return (f" Request level ({e['serving']}, {e['chips']:,} GPUs in all, prefill counted): prefill "
+            f"{e['prefill_share']:.0%} of the cost; the decode step alone takes {e['step_tpot_s'] * 1e3:.3g} ms.")
 
 
 def _power(e: dict) -> str:

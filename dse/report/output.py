@@ -58,6 +58,9 @@ def _jsonable(obj):
 
 MARKER = ".dse-output.json"
 """The file that marks a folder as dse's output and records the SHA-256 hash of each file dse wrote there."""
+EXPORT_MARKER = ".dse-export.json"
+"""The same record for a folder of launch scripts (`dse export`): a study's results and an export never share a
+folder, so neither command can take the other's files for its own."""
 MARKER_VERSION = 2
 """Version 1 (dse before the hashes) listed names only; such a marker proves nothing."""
 STORAGE_FILES = (STORAGE, f"{STORAGE}-journal", f"{STORAGE}-wal", f"{STORAGE}-shm")
@@ -154,11 +157,21 @@ class Survey:
     """Everything else: the user's."""
 
 
-def _read_marker(folder: Path) -> tuple[str, dict[str, set[str]]]:
+def read_marker_doc(folder: Path, marker: str = MARKER) -> dict | None:
+    """The parsed marker file of ``folder`` (None when there is none, or it is not a JSON object)."""
+    data = _read_regular(folder / marker, 1 << 20)
+    try:
+        doc = json.loads(data) if data else None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _read_marker(folder: Path, marker: str = MARKER) -> tuple[str, dict[str, set[str]]]:
     """The marker's state and the hashes it records per name (only plain names with well-formed hashes)."""
-    if not os.path.lexists(folder / MARKER):
+    if not os.path.lexists(folder / marker):
         return "none", {}
-    data = _read_regular(folder / MARKER, 1 << 20)
+    data = _read_regular(folder / marker, 1 << 20)
     if data == b"":  # created and killed before its first write: it holds nothing
         return "none", {}
     try:
@@ -174,24 +187,24 @@ def _read_marker(folder: Path) -> tuple[str, dict[str, set[str]]]:
     hashes: dict[str, set[str]] = {}
     for key in ("files", "next"):  # "next": the files a run replacing them one by one was putting in place
         for name, digest in doc.get(key, {}).items():
-            if _plain(name) and name != MARKER and name not in STORAGE_FILES and isinstance(digest, str) \
+            if _plain(name) and name != marker and name not in STORAGE_FILES and isinstance(digest, str) \
                     and _SHA.fullmatch(digest):
                 hashes.setdefault(name, set()).add(digest)
     return "ours", hashes
 
 
-def survey(folder: Path) -> Survey:
-    """Which entries of ``folder`` dse wrote (proven by the marker's hashes), which are its sweep storage, and
-    which are someone else's.
+def survey(folder: Path, marker: str = MARKER) -> Survey:
+    """Which entries of ``folder`` dse wrote (proven by the ``marker`` file's hashes), which are its sweep storage,
+    and which are someone else's.
     """
     result = Survey()
     if not _is_folder(folder):
         return result
-    result.marker, hashes = _read_marker(folder)
-    storage_ours = is_dse_storage(folder / STORAGE)
+    result.marker, hashes = _read_marker(folder, marker)
+    storage_ours = marker == MARKER and is_dse_storage(folder / STORAGE)
     for name in sorted(os.listdir(folder)):
         path = folder / name
-        if name == MARKER and result.marker in ("ours", "none"):
+        if name == marker and result.marker in ("ours", "none"):
             continue
         if name in STORAGE_FILES and storage_ours and stat.S_ISREG(getattr(_lstat(path), "st_mode", 0)):
             result.storage.append(name)
@@ -207,19 +220,19 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _check(target: Path, found: Survey, force: bool, needs) -> None:
+def _check(target: Path, found: Survey, force: bool, needs, label: str = "--out") -> None:
     """Refuse a folder dse cannot write without touching a file that is not its own."""
     if found.marker == "old":
         raise InputError(f"--out {target}: written by an older dse, whose {MARKER} lists no SHA-256 hashes, so "
                          "dse cannot tell its files from yours there; keep what you need elsewhere and delete the "
                          "folder, or choose another --out")
     if found.foreign and not force:
-        raise InputError(f"--out {target}: holds files dse did not write or that changed since "
+        raise InputError(f"{label} {target}: holds files dse did not write or that changed since "
                          f"({_shown(found.foreign)}); choose a new or empty folder, or give --force to keep them and "
                          "replace only dse's own files there")
     clash = [name for name in found.foreign if name in needs]
     if clash:
-        raise InputError(f"--out {target}: {_shown(clash)} there {'is' if len(clash) == 1 else 'are'} not dse's "
+        raise InputError(f"{label} {target}: {_shown(clash)} there {'is' if len(clash) == 1 else 'are'} not dse's "
                          "(written by someone else, or changed since dse wrote it) and dse needs that name for its "
                          "results; move it away or choose another --out")
 
@@ -327,25 +340,25 @@ def hold(target: Path) -> Iterator[Path]:
             os.close(fd)
 
 
-def _drop_old(old: Path, real: Path) -> None:
+def _drop_old(old: Path, real: Path, marker: str = MARKER) -> None:
     """Remove the previous folder a swap moved aside: its storage moves into the new folder, the files dse
     wrote are deleted; anything else stays (and with it the folder).
     """
-    found = survey(old)
+    found = survey(old, marker)
     for name in found.storage:
         if not os.path.lexists(real / name):
             os.rename(old / name, real / name)
     for name in found.own:
         os.unlink(old / name)
     if found.marker == "ours":
-        os.unlink(old / MARKER)
+        os.unlink(old / marker)
     try:
         old.rmdir()
     except OSError:
         pass  # it holds something dse cannot prove it wrote: left for the user
 
 
-def _finish(real: Path, fd: int) -> None:
+def _finish(real: Path, fd: int, marker: str = MARKER) -> None:
     """Put back or remove the temporary folders of the run the lock file names, then mark it idle."""
     token = _token(fd)
     if token == _IDLE:
@@ -356,8 +369,8 @@ def _finish(real: Path, fd: int) -> None:
     if _is_folder(old):
         if not os.path.lexists(real):
             os.rename(old, real)  # killed between the two renames: the previous results go back
-        elif survey(real).marker == "ours":  # the new results arrived: the previous ones go
-            _drop_old(old, real)
+        elif survey(real, marker).marker == "ours":  # the new results arrived: the previous ones go
+            _drop_old(old, real, marker)
         # else something else took the folder's name meanwhile: both are left as they are
     os.pwrite(fd, _lock_record(_IDLE), 0)
 
@@ -387,10 +400,10 @@ def prepare(target: Path, force: bool = False, storage: bool = False) -> None:
             (real / MARKER).write_text(json.dumps({"version": MARKER_VERSION, "files": {}}))
 
 
-def _put_marker(real: Path, scratch: Path, doc: dict) -> None:
+def _put_marker(real: Path, scratch: Path, doc: dict, marker: str = MARKER) -> None:
     """Replace ``real``'s marker in one rename."""
     (scratch / ".dse-output.next").write_text(json.dumps(doc, indent=1))
-    os.replace(scratch / ".dse-output.next", real / MARKER)
+    os.replace(scratch / ".dse-output.next", real / marker)
 
 
 def write_outputs(out: StudyOutput, spec: StudySpec, target: Path, force: bool = False,
@@ -427,23 +440,90 @@ def write_outputs(out: StudyOutput, spec: StudySpec, target: Path, force: bool =
             write_report(out, spec, new, drawn, skipped=None if plots else plot_files(out, spec))
             digests = {name: _sha256(new / name) for name in sorted(files)}
             doc = {"version": MARKER_VERSION, "study": spec.study, "files": digests}
-            (new / MARKER).write_text(json.dumps(doc, indent=1))
-            found = survey(real)
-            _check(target, found, force, {*files, MARKER})
-            if found.foreign:  # --force: replace dse's own files one by one, keep the others
-                _put_marker(real, new, {**doc, "files": found.own, "next": digests})
-                for name in digests:
-                    os.replace(new / name, real / name)
-                for name, digest in found.own.items():
-                    if name not in digests and _sha256(real / name) == digest:
-                        os.unlink(real / name)
-                _put_marker(real, new, doc)
-            else:
-                old = _sibling(real, "old", token)
-                os.chmod(new, stat.S_IMODE(os.stat(real).st_mode))  # the folder keeps its permissions
-                os.rename(real, old)
-                os.rename(new, real)
-                _drop_old(old, real)
+            _publish(real, new, target, token, doc, force)
         finally:
             _finish(real, fd)
     return sorted(files)
+
+
+def _publish(real: Path, new: Path, target: Path, token: str, doc: dict, force: bool, marker: str = MARKER,
+             label: str = "--out") -> None:
+    """Put the files of ``new`` (their hashes in ``doc["files"]``) in place of ``real``'s, all or nothing: the
+    folder swapped in one rename, or with ``force`` and files there that dse did not write, dse's own files
+    replaced one by one and the others kept.
+    """
+    digests = doc["files"]
+    (new / marker).write_text(json.dumps(doc, indent=1))
+    found = survey(real, marker)
+    _check(target, found, force, {*digests, marker}, label)
+    if found.foreign:  # --force: replace dse's own files one by one, keep the others
+        _put_marker(real, new, {**doc, "files": found.own, "next": digests}, marker)
+        for name in digests:
+            os.replace(new / name, real / name)
+        for name, digest in found.own.items():
+            if name not in digests and _sha256(real / name) == digest:
+                os.unlink(real / name)
+        _put_marker(real, new, doc, marker)
+    else:
+        old = _sibling(real, "old", token)
+        os.chmod(new, stat.S_IMODE(os.stat(real).st_mode))  # the folder keeps its permissions
+        os.rename(real, old)
+        os.rename(new, real)
+        _drop_old(old, real, marker)
+
+
+def result_folder_above(path: Path) -> Path | None:
+    """The nearest folder at or above ``path`` (links resolved) that holds a study's results (a `MARKER` of dse's,
+    of this version or an older one), or None.
+    """
+    real = Path(path).resolve()
+    for folder in (real, *real.parents):
+        if _read_marker(folder)[0] in ("ours", "old"):
+            return folder
+    return None
+
+
+def write_export(files: dict[str, str], executable: set[str], target: Path, record: dict, keep,
+                 force: bool = False) -> list[str]:
+    """Write the files of an export (name -> text; the names in ``executable`` made executable) into the folder
+    ``target``, all or nothing, under the ownership rules of a study's results: a file dse did not write is never
+    deleted or overwritten (refused unless ``force``, then kept), the export's own files are recorded by hash in
+    `EXPORT_MARKER` with ``record`` (what the export was of), and the files of an earlier export that
+    ``keep(previous_record, name)`` says to keep are carried over (another framework's scripts of the same
+    plan). A folder holding a study's results, or inside one, is refused. Returns the names the folder holds.
+    """
+    target = Path(target)
+    label = "--out"
+    results = result_folder_above(target)
+    if results is not None:
+        raise InputError(f"{label} {target}: inside the study results in {results} (dse run replaces that folder); "
+                         "write the export to a folder of its own")
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise InputError(f"{label} {target}: exists and is not a folder; choose a new or empty folder")
+    with hold(target) as real:
+        _finish(real, _lock_fd(real), EXPORT_MARKER)
+        fd = _lock_fd(real)
+        token = secrets.token_hex(8)
+        new = _sibling(real, "new", token)
+        os.pwrite(fd, _lock_record(token), 0)
+        try:
+            real.mkdir(parents=True, exist_ok=True)
+            found = survey(real, EXPORT_MARKER)
+            previous = read_marker_doc(real, EXPORT_MARKER) or {}
+            new.mkdir()
+            carried = [name for name in found.own if name not in files and keep(previous, name)]
+            for name in carried:
+                shutil.copy2(real / name, new / name)
+            for name, text in files.items():
+                (new / name).write_text(text, encoding="utf-8")
+                if name in executable:
+                    (new / name).chmod(0o755)
+            names = sorted({*files, *carried})
+            doc = {"version": MARKER_VERSION, "kind": "export", **record,
+                   "files": {name: _sha256(new / name) for name in names},
+                   "from": {**{n: previous.get("from", {}).get(n) for n in carried}, **{n: record.get("writer")
+                                                                                         for n in files}}}
+            _publish(real, new, target, token, doc, force, EXPORT_MARKER, label)
+        finally:
+            _finish(real, fd, EXPORT_MARKER)
+    return names

@@ -212,6 +212,8 @@ class StudySpec(Strict):
 
     models_required: ClassVar[bool] = True
     """Whether the study must name catalog models (kinds that build their own models do not)."""
+    workloads_required: ClassVar[bool] = True
+    """Whether the study must name serving workloads (a training study does not)."""
     system_fields: ClassVar[tuple[str, ...]] = ()
     """Dotted fields of the kind's block that name catalog systems (``space.systems`` always does)."""
 
@@ -224,7 +226,7 @@ class StudySpec(Strict):
     def _check(self) -> StudySpec:
         if not self.models and self.models_required:
             raise ValueError("models: must list at least one model")
-        if not self.workloads:
+        if not self.workloads and self.workloads_required:
             raise ValueError("workloads: must list at least one workload")
         for sid, usd in self.prices.items():
             if not usd > 0:

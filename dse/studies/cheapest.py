@@ -1,8 +1,11 @@
-"""``kind: cheapest``: the cost optimum of every (model, workload), the deployment for its demand, and
-the best deployment of every system, on the request-level objective: USD per request (prefill
-counted, TTFT and TPOT targets on the request-level figures) of aggregated replicas and of
-disaggregated prefill and decode pools (``space.serving``), found by `dse.optimize.requests` over
-every (block, batch) pair of the space. Table ``serving`` gives each mode's optimum side by side.
+"""``kind: cheapest``: the cost optimum of every (model, workload) and the best deployment of every system, on the
+request-level objective: USD per request (prefill counted, TTFT and TPOT targets on the request-level figures) of
+aggregated replicas and of disaggregated prefill and decode pools (``space.serving``), found by
+`dse.optimize.requests` over every (block, batch) pair of the space. With a ``budget`` (GPUs or nodes) or a
+workload's demand, every answer is the best whole deployment within the budget and for the demand, costed as
+deployed (`dse.optimize.whole`); else the optimum at the fluid pool ratio, reported with its smallest whole
+deployment. Table ``serving`` gives each mode's optimum side by side; each `best` entry lists the next
+``ALTERNATIVES`` deployments of each mode.
 """
 
 from __future__ import annotations
@@ -11,20 +14,22 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, model_validator
 
 from dse.errors import InfeasibleError
-from dse.optimize.requests import disaggregated_demand
-from dse.optimize.space import Choice, Space, describe_choice
-from dse.studies.base import StudySpec
+from dse.optimize.space import Space
+from dse.optimize.whole import Budget
+from dse.studies.base import Strict, StudySpec
 from dse.studies.common import (
+    ALTERNATIVES,
     CONFIG_KEYS,
-    METRICS,
     Found,
+    Whole,
     band_columns,
+    deployment_text,
     mode_tables,
     optimum,
     pick_modes,
-    pool_text,
     run_serving,
 )
 from dse.studies.contract import Chart, Plot, Progress, Solved, StudyOutput
@@ -34,66 +39,70 @@ USES_STORAGE = False
 WORKERS = False
 
 
+class BudgetSpec(Strict):
+    """The most GPUs, or nodes (hosts, the catalog's ``chips_per_node``: an 8-GPU server, a GB200 compute tray of
+    4), one deployment may take.
+    """
+
+    gpus: int | None = Field(default=None, ge=1, le=100_000)
+    nodes: int | None = Field(default=None, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _one(self) -> BudgetSpec:
+        if (self.gpus is None) == (self.nodes is None):
+            raise ValueError("state exactly one of gpus and nodes")
+        return self
+
+    def budget(self) -> Budget:
+        return Budget(self.gpus, self.nodes)
+
+
 class Spec(StudySpec):
-    """A cheapest-configuration study: the common fields only."""
+    """A cheapest-deployment study: the common fields and, optionally, a budget each deployment fits in. With a
+    budget or a workload's demand, each answer is the best whole deployment (integer replicas per pool) within
+    the budget and for the demand, costed as deployed (`dse.optimize.whole`); else the fluid optimum and its
+    smallest whole deployment.
+    """
+
+    budget: BudgetSpec | None = None
 
 
-ROW_KEYS = ("serving", "chips", "racks", *CONFIG_KEYS[2:], *METRICS, "usd_per_request", "usd_per_mtok_input",
-            "usd_per_mtok_output", "usd_per_mtok_blended", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
-            "prefill_share", "bound", "binding", "calibration", "price_is_estimate")
+ROW_KEYS = ("serving", "chips", "usd_per_request", "usd_per_request_fluid", "usd_per_mtok_input",
+            "usd_per_mtok_output", "ttft_s", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "racks",
+            *CONFIG_KEYS[2:], "tokens_per_s", "hbm_bytes_per_chip", "usd_per_mtok_blended", "prefill_share", "bound",
+            "binding", "calibration", "price_is_estimate")
+"""The columns of a table row of an optimum, the operator's figures first (``chips``: the whole deployment's
+GPUs; the configuration columns are the decode pool's for a disaggregated one, ``deployment`` spells out both)."""
 MODE_KEYS = ("etp", "step_tpot_s", "step_ttft_s", "power_w", "price_kind", "pool_ratio", "prefill_utilisation",
              "context_parallel", "kv_transfer_s")
 """Besides ROW_KEYS, what the ``serving`` table gives of each mode's optimum (the decode pool's layout for a
 disaggregated one, with its pools spelled out in ``pools``)."""
 
 
-def _demand(space: Space, tables, e: dict, demand: float) -> None:
-    """The cheapest whole deployment for the workload's demand in the chosen mode, added to its entry."""
-    e["demand_tokens_per_s"] = demand
-    if e["serving"] == "aggregated" and tables.aggregated is not None and tables.aggregated.demand is not None:
-        d = tables.aggregated.demand
-        opt = tables.aggregated
-        choice = Choice(int(opt.blocks.index[d["pos"]]), d["n"], float("nan"), float("nan"))
-        e["replicas"] = d["replicas"]
-        e["usd_per_mtok_at_demand"] = d["usd_per_s"] / demand * 1e6
-        e["demand_config"] = describe_choice(space, choice)
-        e["demand_chips"] = d["replicas"] * int(opt.blocks.iloc[d["pos"]]["chips"])
-    elif e["serving"] == "disaggregated" and tables.disaggregated is not None:
-        d = disaggregated_demand(space, tables.disaggregated, demand)
-        if d is None:
-            return
-        b = space.blocks
-        dec = describe_choice(space, Choice(int(b.index[d["decode_pos"]]), d["n"], float("nan"), float("nan")))
-        pre = describe_choice(space, Choice(int(b.index[d["prefill_pos"]]), 1, float("nan"), float("nan")))
-        e["replicas"] = d["decode_replicas"]
-        e["prefill_replicas_at_demand"] = d["prefill_replicas"]
-        e["usd_per_mtok_at_demand"] = d["usd_per_s"] / demand * 1e6
-        e["demand_config"] = {"decode": dec, "prefill": {**pre, "context_parallel": d["context_parallel"]}}
-        e["demand_chips"] = d["decode_replicas"] * dec["chips"] + d["prefill_replicas"] * pre["chips"]
-
-
-def solve_one(space: Space, spec: StudySpec, ideal: bool, found: Found) -> None:
+def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
     w = space.workload
     if space.blocks.empty:
         raise InfeasibleError(f"{space.model.id} / {w.name}: {space.empty_reason}")
-    tables = mode_tables(space, spec, demand=w.demand)  # every (block, batch) pair, evaluated once per mode
-    picked, reasons = pick_modes(space, tables, ideal)
+    whole = Whole.of(spec.budget.budget() if spec.budget else None, w.demand)
+    tables = mode_tables(space, spec, whole)  # every (block, batch) pair, evaluated once per mode
+    picked, reasons = pick_modes(space, tables, ideal, alternatives=ALTERNATIVES)
     if not picked:
         raise InfeasibleError("; ".join(reasons))
     found.results += [r.result for _, r in picked]
     e = picked[0][0]
+    if whole is not None:
+        e["budget"] = None if whole.budget is None else whole.budget.text()
+        e["demand_tokens_per_s"] = whole.demand
     if len(picked) > 1:
         alt = picked[1][0]
         e["other_serving"] = alt["serving"]
         e["other_serving_usd_per_request"] = alt["usd_per_request"]
-    if w.demand is not None:
-        _demand(space, tables, e, w.demand)
     found.best.append(optimum(*picked[0]))
     modes = []
     for me, _ in picked:
-        modes.append({"model": space.model.id, "workload": w.name, "status": "optimal", "reason": "",
-                      "system": me["system"], **{k: me.get(k) for k in (*ROW_KEYS, *MODE_KEYS)},
-                      **band_columns(me), "pools": "; ".join(pool_text(p) for p in me["pools"])})
+        modes.append({"model": space.model.id, "workload": w.name, "serving": me["serving"], "status": "optimal",
+                      "deployment": deployment_text(me["pools"]), "system": me["system"],
+                      **{k: me.get(k) for k in (*ROW_KEYS[1:], *MODE_KEYS)}, **band_columns(me), "reason": ""})
     for reason in reasons:
         modes.append({"model": space.model.id, "workload": w.name, "serving": reason.split(":")[0],
                       "status": "infeasible", "reason": reason})
@@ -104,12 +113,13 @@ def solve_one(space: Space, spec: StudySpec, ideal: bool, found: Found) -> None:
         row = {"model": space.model.id, "workload": w.name, "system": system.id}
         got, why = pick_modes(space, tables, ideal, mask=sys_idx == si)
         if not got:
-            row.update(status="infeasible", reason="; ".join(why))
+            row.update(status="infeasible")
         else:
             se, r = got[0]
             found.results.append(r.result)
-            row.update(status=r.result.status, reason="")
-            row.update({k: se.get(k) for k in ROW_KEYS}, **band_columns(se))
+            row.update(status=r.result.status, serving=se["serving"], deployment=deployment_text(se["pools"]))
+            row.update({k: se.get(k) for k in ROW_KEYS[1:]}, **band_columns(se))
+        row["reason"] = "; ".join(why) if not got else ""  # last: the first screen shows the answers
         rows.append(row)
     found.rows.setdefault("systems", []).extend(rows)
 
@@ -144,5 +154,5 @@ def _cost_by_system(out: StudyOutput, path: Path) -> None:
 
 
 PLOTS = (Plot("systems", "cost_by_system.png", _cost_by_system, needs="usd_per_request"), TIME_BREAKDOWN)
-CHARTS = (Chart("systems", "tpot_s", "usd_per_mtok", "Best configuration of each system: TPOT against cost",
-                label=lambda t: t["model"] + " / " + t["workload"] + " on " + t["system"]),)
+CHARTS = (Chart("systems", "tpot_s", "usd_per_request", "Best deployment of each system: TPOT against USD per request "
+                "as deployed", label=lambda t: t["system"] + ": " + t["deployment"].fillna("")),)

@@ -24,12 +24,13 @@ from dse.optimize.requests import (
     RequestResult,
     block_optima,
     disaggregated_tables,
-    pick,
-    pick_disaggregated,
+    ranked,
+    ranked_disaggregated,
 )
 from dse.optimize.serving import ServingResult
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Space, build_space, describe_choice, subset
+from dse.optimize.whole import Budget, whole_aggregated, whole_disaggregated
 from dse.physics.evaluate import Config, evaluate_config
 from dse.physics.queueing import QUANTILES, quantile_name
 from dse.physics.serving import Request
@@ -166,7 +167,7 @@ def pooled_bands(cost: list[tuple[str, float]], ttft: list[tuple[str, float]], t
     return Bands((1.0 / scaled(1), 1.0 / scaled(0)), worst(tpot, "tpot"), worst(ttft, "ttft"))
 
 
-def entry(space: Space, res: ServingResult | RequestResult, ideal: bool) -> dict:
+def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_low: bool = False) -> dict:
     """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`).
 
     A `RequestResult` (the request-level search) gives the request-level keys under the contract's
@@ -179,38 +180,44 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool) -> dict
                        req=space.workload, mem_fraction=space.mem_fraction)
     if request_level:
         out["binding"] = res.binding
-        w = space.workload
-        if w.closed_loop and w.concurrency is not None:  # whole replicas holding the closed loop exactly
-            replicas = w.concurrency // (res.config["batch"] * res.config["pp"])
-            out["pools"][0]["replicas"] = replicas
-            out["concurrency"], out["deployed_chips"] = w.concurrency, replicas * out["chips"]
-            out["deployed_usd_per_request"] = out["usd_per_request"]  # every replica holds its share of the loop
+        out["pools"][0]["replicas"] = res.replicas
+        as_deployed(out, res.deployed, res.metrics["usd_per_request"], space.workload.output)
+        if space.workload.closed_loop and space.workload.concurrency is not None:
+            out["concurrency"] = space.workload.concurrency  # the replicas hold the closed loop exactly
+        parts = [(system.id, out[k]) for k in ("usd_per_request", "ttft_s", "tpot_s")]
+        out.update(band_keys(out, None if ideal else pooled_bands(*([p] for p in parts), sized_low=sized_low)))
+        out["chunk_tokens"] = space.workload.chunk  # the chunked-prefill budget the plan was solved at
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out
 
 
-def whole_deployment(space: Space, res: DisaggregatedResult) -> dict:
-    """The smallest whole deployment of a disaggregated optimum (its ``pools``: p prefill and d decode replicas
-    covering the fluid pool ratio) costed as deployed: USD/s of every chip over the requests the d decode
-    replicas serve (the prefill pool's idle share included), its chips, power and output tokens per second.
-    The search compares deployments at the fluid ratio (the entry's ``usd_per_request``, the figure it minimizes
-    exactly); this is that optimum rounded to whole replicas, not a minimum over whole deployments (a demand or a
-    budget gives those).
+DEPLOYED_KEYS = ("ttft_s", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "usd_per_request",
+                 "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended", "chips", "power_w",
+                 "prefill_share", "requests_per_s")
+"""The request-level keys of an entry that are its whole deployment's, as deployed."""
+
+
+def as_deployed(out: dict, deployed: dict, fluid_usd_per_request: float, output: int) -> None:
+    """An entry's request-level figures made those of its whole deployment as deployed (`dse.optimize.requests`'s
+    ``deployed``: every chip's USD/s over the requests served, its GPUs in total), the search's per-request cost at
+    fractional replica counts kept as ``usd_per_request_fluid``.
     """
-    by_id = {s.id: s for s in space.systems}
-    usd_s = sum(pl["replicas"] * pl["chips"] * by_id[pl["system"]].price_per_s for pl in res.pools)
-    power = sum(pl["replicas"] * pl["chips"] * by_id[pl["system"]].power_all_in_w for pl in res.pools)
-    decode = next(pl for pl in res.pools if pl["role"] == "decode")
-    lam = decode["replicas"] * res.metrics["requests_per_s"]
-    return {"usd_per_request": usd_s / lam, "chips": int(sum(pl["replicas"] * pl["chips"] for pl in res.pools)),
-            "power_w": power, "tokens_per_s": lam * space.workload.output, "requests_per_s": lam}
+    for key in DEPLOYED_KEYS:
+        if key in deployed:
+            out[key] = deployed[key]
+    out["chips"] = int(out["chips"])
+    out["usd_per_request_fluid"] = fluid_usd_per_request
+    out["usd_per_mtok"] = out["usd_per_request"] / output * 1e6
+    out["tokens_per_s"] = out["requests_per_s"] * output
 
 
-def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool) -> dict:
+def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool, sized_low: bool = False) -> dict:
     """A disaggregated optimum as the contract names it: the decode pool's configuration and step figures at the
-    top level (as an aggregated entry has its replica's), the request-level keys of the whole deployment
-    (prefill pool at its planned utilisation, KV transfer in TTFT, costs of both pools), and ``pools``.
+    top level (as an aggregated entry has its replica's), the request-level keys of the whole deployment as
+    deployed (`as_deployed`: its GPUs, both pools' costs over the requests served, TTFT with the KV transfer at the
+    prefill pool's utilisation as deployed), the figure at the fluid pool ratio, and ``pools``. ``sized_low``: the
+    replicas were bought for a demand at the low end of each pool's throughput band (its cost band says so).
     """
     system = next(s for s in space.systems if s.id == res.pools[1]["system"])
     pre_sys = next(s for s in space.systems if s.id == res.pools[0]["system"])
@@ -218,45 +225,58 @@ def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool) -> 
     out = config_entry(space.model.id, space.workload.name, space.workload.prompt, cfg, ideal,
                        output=space.workload.output, request_level=True, system=system,
                        req=space.workload, mem_fraction=space.mem_fraction)
-    m = res.metrics
-    for key in ("ttft_s", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "usd_per_request",
-                "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended", "chips", "power_w",
-                "prefill_share", "kv_transfer_s", "stack_latency_s", *QUANTILE_KEYS):
-        out[key] = m[key]
+    m, dep = res.metrics, res.deployed
     out["serving"] = "disaggregated"
-    out["usd_per_mtok"] = m["usd_per_request"] / space.workload.output * 1e6
-    out["tokens_per_s"] = m["tokens_per_s_per_gpu"] * m["chips"]
-    whole = whole_deployment(space, res)  # what one buys; the search compares deployments at the fluid ratio
-    out["deployed_chips"], out["deployed_usd_per_request"] = whole["chips"], whole["usd_per_request"]
-    out["deployed_power_w"] = whole["power_w"]
+    as_deployed(out, dep, m["usd_per_request"], space.workload.output)
+    out["kv_transfer_s"] = dep["kv_transfer_s"]
+    for key in ("stack_latency_s", *QUANTILE_KEYS):  # at the prefill pool's utilisation as deployed
+        out[key] = dep.get(key)
     out["pool_ratio"] = m["prefill_replicas"]  # prefill replicas per decode replica (fluid)
-    out["prefill_utilisation"] = m["prefill_rho"]
-    out["prefill_service_s"] = m["prefill_service_s"]
+    out["prefill_utilisation"] = dep["prefill_rho"]  # as deployed (at most the planned one)
+    out["prefill_service_s"] = dep["prefill_service_s"]
     out["context_parallel"] = res.context_parallel
     out["pools"] = res.pools
     out["price_is_estimate"] = bool(system.price_is_estimate or pre_sys.price_is_estimate)
     cal = {family_of(s.id) or "uncalibrated family" for s in (system, pre_sys)}
     out["calibration"] = "uncalibrated family" if "uncalibrated family" in cal else ", ".join(sorted(cal))
-    usd, share = out["usd_per_request"], m["prefill_share"]
+    usd, share = out["usd_per_request"], out["prefill_share"]
     out.update(band_keys(out, None if ideal else pooled_bands(
         [(system.id, usd * (1 - share)), (pre_sys.id, usd * share)], [(pre_sys.id, out["ttft_s"])],
-        [(system.id, out["tpot_s"])])))
+        [(system.id, out["tpot_s"])], sized_low=sized_low)))
     out["binding"] = res.binding
+    out["chunk_tokens"] = space.workload.chunk  # the chunked-prefill budget the plan was solved at
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out
 
 
+@dataclass(frozen=True)
+class Whole:
+    """The whole deployments a study asks for: within ``budget``, serving ``demand`` output tokens/s, or both."""
+
+    budget: Budget | None = None
+    demand: float | None = None
+
+    @classmethod
+    def of(cls, budget: Budget | None, demand: float | None) -> Whole | None:
+        """The question, or None where neither is stated (then the fluid optimum and its smallest whole
+        deployment answer).
+        """
+        return None if budget is None and demand is None else cls(budget, demand)
+
+
 @dataclass
 class ModeTables:
     """The evaluated pairs of each searched deployment mode of one space (evaluated once, masked per question),
-    judged as ``decide`` says (``margins``: the robust search's multipliers, None as predicted).
+    judged as ``decide`` says (``margins``: the robust search's multipliers, None as predicted), and the whole
+    deployments asked for (``whole``; None: the fluid optimum of each mode).
     """
 
     aggregated: BlockOptima | None
     disaggregated: DisaggregatedTables | None
     decide: str = "expected"
     margins: Margins | None = None
+    whole: Whole | None = None
 
 
 def candidate_systems(space: Space) -> list[System]:
@@ -274,71 +294,89 @@ def decide_of(spec: StudySpec, systems: list[System]) -> str:
     return "robust" if any(family_of(s.id) is None for s in systems) else "expected"
 
 
-def mode_tables(space: Space, spec: StudySpec, demand: float | None = None) -> ModeTables:
+def mode_tables(space: Space, spec: StudySpec, whole: Whole | None = None) -> ModeTables:
     """Evaluate the space once per deployment mode the study searches (``space.serving``), judged as the study
-    decides (`decide_of`; robust: `dse.optimize.margins`).
+    decides (`decide_of`; robust: `dse.optimize.margins`), for the whole deployments ``whole`` asks for.
     """
     modes = spec.space.serving
     req = space.workload
     decide = "expected" if space.ideal else decide_of(spec, candidate_systems(space))  # the ideal has no band
     margins = margins_for(space.systems, decide)
-    agg = block_optima(space, req, demand=demand, margins=margins) if "aggregated" in modes else None
+    agg = block_optima(space, req, margins=margins) if "aggregated" in modes else None
     cps = (False, True) if spec.space.context_parallel else (False,)
-    dis = disaggregated_tables(space, req, cps, demand=demand, margins=margins) if "disaggregated" in modes else None
-    return ModeTables(agg, dis, decide, margins)
+    dis = disaggregated_tables(space, req, cps, margins=margins) if "disaggregated" in modes else None
+    return ModeTables(agg, dis, decide, margins, whole)
 
 
-def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray | None = None, entries: bool = True
-               ) -> tuple[list[tuple[dict, object]], list[str]]:
-    """The optimum of each searched mode where ``mask`` holds: (entry, result) pairs, cheapest first as the tables
+Result = RequestResult | DisaggregatedResult
+
+
+def _search(space: Space, tables: ModeTables, mode: str, mask: np.ndarray | None, top: int) -> list[Result]:
+    """The ``top`` best deployments of one mode where ``mask`` holds, best first: whole deployments where the
+    tables ask for them (`dse.optimize.whole`), else the fluid optima (`ranked`, `ranked_disaggregated`).
+    """
+    w = tables.whole
+    if mode == "aggregated":
+        if w is not None:
+            return whole_aggregated(space, tables.aggregated, w.budget, w.demand, mask, top)
+        return ranked(space, tables.aggregated, top, mask)
+    if w is not None:
+        return whole_disaggregated(space, tables.disaggregated, w.budget, w.demand, mask, top)
+    return ranked_disaggregated(space, tables.disaggregated, top, mask)
+
+
+ALTERNATIVES = 5
+"""How many alternatives per deployment mode a `best` entry lists (``alternatives``)."""
+
+
+def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray | None = None, entries: bool = True,
+               alternatives: int = 0) -> tuple[list[tuple[dict, object]], list[str]]:
+    """The optimum of each searched mode where ``mask`` holds: (entry, result) pairs, best first as the searches
     judge them (robust: at each system's band edge), and the reason of each mode that has none. With ``entries``
     false the entry holds only ``serving`` and ``usd_per_request`` (no `dse evaluate` of the configuration).
-    Over the whole space (no ``mask``) with ``entries``, the cheapest entry says how it was chosen (``decide``)
-    and whether it is decided against the best of every other system and mode (`decision`).
+    Over the whole space (no ``mask``) with ``entries``, the best entry says how it was chosen (``decide``),
+    whether it is decided against the best of every other system and mode (`decision`) and, with
+    ``alternatives``, lists the next best deployments of each mode (`alternative`).
     """
-    found, reasons = [], []
-    searches = (("aggregated", tables.aggregated, pick, entry),
-                ("disaggregated", tables.disaggregated, pick_disaggregated, disaggregated_entry))
-    for mode, table, choose, describe in searches:
+    found, reasons, others = [], [], {}
+    sized = tables.margins is not None and tables.whole is not None and tables.whole.demand is not None
+    modes = (("aggregated", tables.aggregated, entry), ("disaggregated", tables.disaggregated, disaggregated_entry))
+    for mode, table, describe in modes:
         if table is None:
             continue
         try:
-            r = choose(space, table, mask=mask)
+            results = _search(space, tables, mode, mask, 1 + alternatives)
         except InfeasibleError as exc:
             reasons.append(f"{mode}: {exc}")
             continue
-        e = describe(space, r, ideal) if entries else {"serving": mode, "usd_per_request": _cost(space, r)}
+        r = results[0]
+        e = describe(space, r, ideal, sized) if entries else {"serving": mode, "usd_per_request": _cost(r)}
         found.append((e, r))
-    found.sort(key=lambda fr: judged(tables, fr[0]["usd_per_request"], fr[1]))
+        others[mode] = results
+    found.sort(key=lambda fr: fr[1].result.objective)
     if found and entries and mask is None:
         e, r = found[0]
         e["decide"] = tables.decide
-        e.update(decision(e, rivals(space, tables, ideal, _deployment_key(e["serving"], _pools_of(r)))))
+        e.update(decision(e, rivals(space, tables, ideal, _deployment_key(e["serving"], _pools_of(r))), _cost(r)))
+        if alternatives:
+            e["alternatives"] = [alternative(space, mode, x) for mode, results in others.items()
+                                 for x in (results[1:] if mode == e["serving"] else results)[:alternatives]]
     return found, reasons
 
 
-def _cost(space: Space, r: RequestResult | DisaggregatedResult) -> float:
-    """USD per request as the search minimizes it: a disaggregated optimum at the fluid pool ratio (its smallest
-    whole deployment, `whole_deployment`, is what the entry's ``deployed_*`` keys give).
+def _cost(r: Result) -> float:
+    """USD per request as the search compared it: as deployed for a whole deployment (a budget or a demand), else
+    at the fluid pool ratio (the smallest whole deployment is what the entry's figures give).
     """
-    return r.metrics["usd_per_request"]
-
-
-def judged(tables: ModeTables, usd_per_request: float, r: RequestResult | DisaggregatedResult) -> float:
-    """A result's USD per request as its search judged it: as predicted, or (robust) times the margin its search
-    applied (its objective over its predicted cost: one system's, or its pools' weighted by their costs).
-    """
-    if tables.margins is None:
-        return usd_per_request
-    return usd_per_request * r.result.objective / r.metrics["usd_per_request"]
+    return r.deployed["usd_per_request"] if r.whole else r.metrics["usd_per_request"]
 
 
 CONTENDERS = 5
 """The most configurations a `best` entry lists as ``contenders``."""
 
 
-def _pools_of(r: RequestResult | DisaggregatedResult) -> list[dict]:
-    return r.pools if isinstance(r, DisaggregatedResult) else [{"role": "both", "replicas": 1, **r.config}]
+def _pools_of(r: Result) -> list[dict]:
+    return r.pools if isinstance(r, DisaggregatedResult) else [{"role": "both", "replicas": r.replicas, **r.config}]
 
 
 def _deployment_key(serving: str, pools: list[dict]) -> tuple[str, tuple[str, ...]]:
@@ -347,10 +385,39 @@ def _deployment_key(serving: str, pools: list[dict]) -> tuple[str, tuple[str, ..
 
 
 def pool_text(p: dict) -> str:
-    """One pool in a line: role, replicas, chips, system, layout and batch."""
-    cp = ", context parallel" if p.get("context_parallel") else ""
-    return (f"{p['role']} x{p['replicas']}: {p['chips']} x {p['system']} TP{p['tp']} DP{p['dp']} EP{p['ep']} "
-            f"PP{p['pp']} batch {p['batch']}{cp}")
+    """One pool in a line: replicas, role, chips, system, layout and batch (``2 x decode [8 h200 TP8 DP1 EP1,
+    batch 64]``); a prefill pool's batch is one prompt per DP rank, so it is not repeated.
+    """
+    role = "" if p.get("role", "both") == "both" else f"{p['role']} "
+    layout = f"{p['chips']} {p['system']} TP{p['tp']} DP{p['dp']} EP{p['ep']}" + (
+        f" PP{p['pp']}" if p["pp"] > 1 else "") + (" CP" if p.get("context_parallel") else "")
+    batch = "" if p.get("role") == "prefill" else f", batch {p['batch']}"
+    return f"{p['replicas']} x {role}[{layout}{batch}]"
+
+
+def deployment_text(pools: list[dict]) -> str:
+    """A deployment in a line: its pools joined, then its GPUs in total."""
+    gpus = sum(p["replicas"] * p["chips"] for p in pools)
+    return f"{' + '.join(pool_text(p) for p in pools)} = {gpus:,} GPU{'s' if gpus != 1 else ''}"
+
+
+ALTERNATIVE_KEYS = ("usd_per_request", "usd_per_mtok_input", "usd_per_mtok_output", "ttft_s", "tpot_s",
+                    "tokens_per_s_per_gpu", "chips", "requests_per_s")
+
+
+def alternative(space: Space, mode: str, r: Result) -> dict:
+    """Another deployment as an operator reads it: mode, pools (replicas, layout, batch), GPUs, USD per request
+    as deployed (and at the fluid pool ratio), per input and output Mtok, TTFT, TPOT, tokens/s per GPU and per
+    user, formats and what binds its batch.
+    """
+    pools = [{k: v for k, v in p.items() if k not in ("context", "etp")} for p in _pools_of(r)]
+    dep = r.deployed
+    out = {"serving": mode, "pools": pools, "layout": deployment_text(pools),
+           **{k: dep[k] for k in ALTERNATIVE_KEYS}, "usd_per_request_fluid": r.metrics["usd_per_request"],
+           "tokens_per_s_per_user": 1.0 / dep["tpot_s"], "weights_dtype": pools[-1]["weights_dtype"],
+           "kv_dtype": pools[-1]["kv_dtype"], "kv_tier": pools[-1]["kv_tier"], "binding": r.binding}
+    out["chips"] = int(out["chips"])
+    return out
 
 
 def _cost_band(cost: float, system: str, ideal: bool) -> list[float]:
@@ -360,47 +427,49 @@ def _cost_band(cost: float, system: str, ideal: bool) -> list[float]:
 
 
 def rivals(space: Space, tables: ModeTables, ideal: bool, exclude: tuple[str, tuple[str, ...]]) -> list[dict]:
-    """The best configuration of every (system, mode) of the space, all of its pools on that system, judged as
-    the tables judge (`pick`, `pick_disaggregated` over that system's blocks), except the deployment key
-    ``exclude`` (the winner's), cheapest judged first: system, serving, layout, USD per request as bought (as a
-    `best` entry states it) and its band, and the judged cost.
+    """The best deployment of every (system, mode) of the space, all of its pools on that system, judged as the
+    tables judge (whole deployments where they ask for them), except the deployment key ``exclude`` (the
+    winner's), best judged first: system, serving, layout, USD per request as compared (`_cost`) and its band, and
+    the judged cost.
     """
     si = space.blocks["system_idx"].to_numpy()
     agg, dis = tables.aggregated, tables.disaggregated
     out = []
     for k, system in enumerate(space.systems):
         mine = si == k
-        searches = []
+        modes = []
         if agg is not None and ((agg.n > 0) & mine).any():
-            searches.append(("aggregated", agg, pick))
+            modes.append("aggregated")
         pre = None if dis is None else dis.searched_pre
         if dis is not None and (dis.dok & mine[dis.dpos]).any() and (pre.ok & mine[pre.pos]).any():
-            searches.append(("disaggregated", dis, pick_disaggregated))
-        for mode, table, choose in searches:
+            modes.append("disaggregated")
+        for mode in modes:
             try:
-                r = choose(space, table, mask=mine)
+                r = _search(space, tables, mode, mine, 1)[0]
             except InfeasibleError:  # no prefill option shares a numerics group with a feasible decode pair
                 continue
             pools = _pools_of(r)
             if _deployment_key(mode, pools) == exclude:
                 continue
-            cost = float(_cost(space, r))
-            out.append({"system": system.id, "serving": mode, "layout": "; ".join(pool_text(p) for p in pools),
+            cost = float(_cost(r))
+            out.append({"system": system.id, "serving": mode, "layout": deployment_text(pools),
                         "usd_per_request": cost, "usd_per_request_band": _cost_band(cost, system.id, ideal),
-                        "judged_usd_per_request": judged(tables, cost, r)})
+                        "judged_usd_per_request": r.result.objective})
     return sorted(out, key=lambda o: o["judged_usd_per_request"])
 
 
-def decision(winner: dict, others: list[dict]) -> dict:
-    """Whether the model separates ``winner`` (a `best` entry) from ``others`` (`rivals`: the best of every other
-    system and mode, cheapest judged first): ``decided`` when the winner's USD per request at the unfavourable
-    end of its band lies below every other's at the favourable end of its own (the runner-up's included); else
-    ``contenders``, the others it does not clear (CONTENDERS at most). ``runner_up`` is the best other.
+def decision(winner: dict, others: list[dict], cost: float | None = None) -> dict:
+    """Whether the model separates ``winner`` (a `best` entry, whose USD per request as compared is ``cost``,
+    default its ``usd_per_request``) from ``others`` (`rivals`: the best of every other system and mode, best
+    judged first): ``decided`` when the winner's cost at the unfavourable end of its band lies below every other's
+    at the favourable end of its own (the runner-up's included); else ``contenders``, the others it does not clear
+    (CONTENDERS at most). ``runner_up`` is the best other; ``decision_band`` the winner's band of the cost compared.
     """
     band = winner.get("usd_per_request_band") or [winner["usd_per_request"]] * 2
+    band = [(cost or winner["usd_per_request"]) * b / winner["usd_per_request"] for b in band]
     close = [o for o in others if o["usd_per_request_band"][0] <= band[1]]
     keep = ("system", "serving", "layout", "usd_per_request", "usd_per_request_band")
-    return {"decided": not close,
+    return {"decided": not close, "decision_band": band,
             "runner_up": {k: others[0][k] for k in keep} if others else None,
             "contenders": [{k: o[k] for k in keep} for o in close[:CONTENDERS]]}
 

@@ -171,10 +171,21 @@ def label_column(table: pd.DataFrame) -> pd.Series:
     return table["label"]
 
 
+def model_workload(table: pd.DataFrame) -> pd.Series:
+    """``model / workload`` of each row: one panel per model and workload."""
+    return table["model"] + " / " + table["workload"]
+
+
+def serving_mode(table: pd.DataFrame) -> pd.Series:
+    """The deployment mode of each row (aggregated or disaggregated)."""
+    return table["serving"]
+
+
 @dataclass(frozen=True)
 class Chart:
     """One hover chart of a study's report (log-log, a point per row of ``table``), drawn where the table has rows
-    and both columns; ``label`` names each point.
+    and both columns: one panel per value of ``panel`` (one model and workload), points coloured by ``series``
+    (with a legend); ``label`` names each point.
     """
 
     table: str
@@ -182,3 +193,5 @@ class Chart:
     y: str
     title: str
     label: Callable[[pd.DataFrame], pd.Series] = label_column
+    panel: Callable[[pd.DataFrame], pd.Series] = model_workload
+    series: Callable[[pd.DataFrame], pd.Series] = serving_mode

@@ -182,6 +182,7 @@ def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: 
     e["tokens_per_s_per_user"] = 1.0 / e["tpot_s"]
     e["power_w"] = float((pools["power_w"] * pools["replicas"]).sum())
     e["price_kind"] = spec.price
+    e["chunk_tokens"] = w.chunk_tokens
     e["mode_searched"] = mode
     e["pools"] = [{k: (v.item() if hasattr(v, "item") else v) for k, v in p.items() if k in POOL_KEYS}
                   for p in pools.to_dict("records")]

@@ -15,11 +15,11 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from dse.errors import InfeasibleError
-from dse.optimize.fronts import candidate_chunks, describe_points, front
+from dse.optimize.fronts import candidate_chunks, describe_points, front, smallest_whole
 from dse.optimize.requests import TOL, prefill_options
 from dse.optimize.space import Space
 from dse.studies.base import MAX_LIST, Strict, StudySpec
-from dse.studies.common import Found, mode_tables, optimum, pick_modes, run_serving
+from dse.studies.common import ALTERNATIVES, Found, mode_tables, optimum, pick_modes, run_serving
 from dse.studies.contract import Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import TIME_BREAKDOWN, save, subplots
 
@@ -50,7 +50,7 @@ def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
     the cheapest at TPOT <= base TPOT / multiplier, re-provisioned or on the base point's own layout.
     """
     w = space.workload
-    picked, reasons = pick_modes(space, mode_tables(space, spec), ideal)
+    picked, reasons = pick_modes(space, mode_tables(space, spec), ideal, alternatives=ALTERNATIVES)
     if not picked:
         raise InfeasibleError("; ".join(reasons))
     found.best.append(optimum(*picked[0]))
@@ -93,8 +93,9 @@ def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
             row["batch_same_layout"] = 0
         desc = describe_points(relaxed, point, dis).iloc[0].to_dict()
         row.update(desc)
-        row.update({k: float(point[k].iloc[0]) for k in ("tpot_s", "ttft_s", "usd_per_request", "chips",
-                                                          "tokens_per_s_per_gpu", "tokens_per_s_per_user")})
+        row.update(smallest_whole(point).iloc[0].to_dict())
+        row.update({k: float(point[k].iloc[0]) for k in ("tpot_s", "ttft_s", "tokens_per_s_per_gpu",
+                                                          "tokens_per_s_per_user")})
         rows.append(row)
     found.rows.setdefault("fast_slow", []).extend(rows)
 

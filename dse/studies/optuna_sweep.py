@@ -28,7 +28,7 @@ from dse.errors import InputError, mask_in, mask_url
 from dse.optimize.serving import SOLVER_NAME
 from dse.optimize.space import build_space
 from dse.studies.base import StudySpec
-from dse.studies.common import mode_tables, pick_modes
+from dse.studies.common import ALTERNATIVES, mode_tables, pick_modes
 from dse.studies.contract import Optimum, Solved, SolverStats
 from dse.studies.sweep_storage import STORAGE, create_storage
 
@@ -42,8 +42,9 @@ FACTOR_RANGE = (1e-3, 1e3)
 """Factors a sweep may take: the trials' fixed search space (Optuna refuses one that changes)."""
 CONFIG_ATTRS = ("serving", "system", "chips", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier",
                 "bound", "status", "tpot_s", "ttft_s")
-SWEEP_KEYS = ("usd_per_request", "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended",
-              "tokens_per_s_per_gpu", "tokens_per_s_per_user", "prefill_share", "step_tpot_s", "binding", "power_w")
+SWEEP_KEYS = ("usd_per_request_fluid", "usd_per_request", "usd_per_mtok_input", "usd_per_mtok_output",
+              "usd_per_mtok_blended", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "prefill_share", "step_tpot_s",
+              "binding", "power_w")
 """Request-level figures of each point's optimum kept in the sweep table."""
 """Fields of a point's optimum also stored as trial user attributes (what a dashboard shows)."""
 HEARTBEAT_S = 2
@@ -148,7 +149,9 @@ def open_storage(url: str, create_tables: bool = True, wait_s: float = WORKER_WA
 
 Studies = dict[tuple[str, str], optuna.Study]
 """A sweep's Optuna studies: one per (model, workload), so a dashboard shows one search space each."""
-OBJECTIVE = "usd_per_request"
+OBJECTIVE = "usd_per_request_fluid"
+"""What each point minimizes and a sweep compares: USD per request at the fluid pool ratio (the whole deployment's
+figures, ``usd_per_request`` and ``chips``, round it to whole replicas)."""
 
 
 def study_name(spec: StudySpec, model: str, workload: str) -> str:
@@ -250,9 +253,10 @@ def solve_point(spec: SweepStudy, p: Point) -> dict:
         tables = None
     else:
         tables = mode_tables(space, spec)  # every (block, batch) pair, evaluated once per mode
-        found, reasons = pick_modes(space, tables, spec.space.ideal)
+        found, reasons = pick_modes(space, tables, spec.space.ideal,
+                                    alternatives=ALTERNATIVES if p.factor == 1.0 else 0)
     if not found:
-        out.update(status="infeasible", reason="; ".join(reasons), usd_per_request=math.inf)
+        out.update(status="infeasible", reason="; ".join(reasons), **{OBJECTIVE: math.inf})
     else:
         e, res = found[0]
         out.update({k: e[k] for k in (*SWEEP_KEYS, *CONFIG_ATTRS) if k in e})
@@ -264,7 +268,7 @@ def solve_point(spec: SweepStudy, p: Point) -> dict:
         sys_idx = space.blocks["system_idx"].to_numpy()
         for si, system in enumerate(space.systems):
             got, _ = pick_modes(space, tables, spec.space.ideal, mask=sys_idx == si, entries=False)
-            per_system[system.id] = got[0][0]["usd_per_request"] if got else None
+            per_system[system.id] = got[0][0]["usd_per_request"] if got else None  # as compared: fluid
     out["per_system"] = per_system
     out["solve_wall_s"] = time.perf_counter() - t0
     return out
@@ -294,7 +298,7 @@ def work(spec: SweepStudy, studies: Studies, points: list[Point], progress: Call
             if name in attrs:
                 trial.set_user_attr(name, attrs[name])
         done += 1
-        cost = attrs["usd_per_request"]
+        cost = attrs[OBJECTIVE]
         return cost if math.isfinite(cost) else 1e300
 
     while max_points is None or done < max_points:
@@ -361,10 +365,10 @@ def results(studies: Studies, points: list[Point]) -> pd.DataFrame:
     df["elasticity"] = np.nan
     for _, g in df.groupby(["model", "workload", "parameter"], sort=False):
         g = g.sort_values("factor")
-        ok = np.isfinite(g["usd_per_request"].to_numpy(dtype=float)) & (g["factor"].to_numpy() > 0)
+        ok = np.isfinite(g[OBJECTIVE].to_numpy(dtype=float)) & (g["factor"].to_numpy() > 0)
         if ok.sum() >= 2:
             x = np.log(g["factor"].to_numpy()[ok])
-            y = np.log(g["usd_per_request"].to_numpy(dtype=float)[ok])
+            y = np.log(g[OBJECTIVE].to_numpy(dtype=float)[ok])
             df.loc[g.index[ok], "elasticity"] = np.gradient(y, x)
         if "bound" in g:
             changed = g["bound"].ne(g["bound"].shift()) & g["bound"].shift().notna()
@@ -397,7 +401,7 @@ def run_sweep_study(spec: SweepStudy, storage_url: str, progress: Callable[[str]
     for _, r in df.iterrows():
         for system, cost in (r.get("per_system") or {}).items():
             per_system.append({"model": r["model"], "workload": r["workload"], "parameter": r["parameter"],
-                               "factor": r["factor"], "system": system, "usd_per_request": cost})
+                               "factor": r["factor"], "system": system, OBJECTIVE: cost})
         if r["status"] == "infeasible":
             infeasible.append({"model": r["model"], "workload": r["workload"],
                                "reason": f"{r['parameter']} x {r['factor']:g}: {r['reason']}"})

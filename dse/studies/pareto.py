@@ -11,17 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import pandas as pd
 from pydantic import Field
 
 from dse.errors import InfeasibleError
-from dse.optimize.fronts import OBJECTIVES, describe_points, front
+from dse.optimize.fronts import OBJECTIVES, describe_points, front, smallest_whole
 from dse.optimize.space import Space
 from dse.studies.base import Strict, StudySpec
-from dse.studies.common import Found, mode_tables, optimum, pick_modes, run_serving
+from dse.studies.common import ALTERNATIVES, Found, mode_tables, optimum, pick_modes, run_serving
 from dse.studies.contract import Chart, Plot, Progress, Solved, StudyOutput
-from dse.studies.plotting import TIME_BREAKDOWN, save, subplots
+from dse.studies.plotting import TIME_BREAKDOWN, place_labels, save, spread, subplots
 
 USES_STORAGE = False
 WORKERS = False
@@ -41,7 +40,7 @@ class Spec(StudySpec):
 
 def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
     tables = mode_tables(space, spec)
-    picked, reasons = pick_modes(space, tables, ideal)
+    picked, reasons = pick_modes(space, tables, ideal, alternatives=ALTERNATIVES)
     found.facts["labels"] = spec.pareto.labels
     if not picked:
         raise InfeasibleError("; ".join(reasons))
@@ -54,11 +53,10 @@ def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
     for objective in spec.pareto.fronts:
         f = front(space, req, tables.aggregated is not None, dis, objective)
         desc = describe_points(space, f, dis.pre if dis is not None else None)
-        rows = pd.concat([desc, f[["tpot_s", "ttft_s", "usd_per_request", "chips", "tokens_per_s_per_gpu",
-                                   "tokens_per_s_per_user"]]], axis=1)
+        rows = pd.concat([desc, smallest_whole(f), f[["tpot_s", "ttft_s", "tokens_per_s_per_gpu",
+                                                      "tokens_per_s_per_user"]]], axis=1)
         rows.insert(0, "workload", w.name)
         rows.insert(0, "model", space.model.id)
-        rows["usd_per_mtok_output_all_in"] = rows["usd_per_request"] / w.output * 1e6
         rows["usd_per_mtok_blended"] = rows["usd_per_request"] / (w.prompt + w.output) * 1e6
         rows["price_kind"] = spec.price
         rows["label"] = [_label(r) for r in rows.to_dict(orient="records")]
@@ -81,50 +79,48 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
     return run_serving(spec, solve_one, progress)
 
 
-def _labelled(g: pd.DataFrame, k: int) -> list[int]:
-    """A handful of points spread along the front (the report's hover chart has them all)."""
-    return sorted({round(i) for i in np.linspace(0, len(g) - 1, min(k, len(g)))}) if k else []
-
-
 def _draw(out: StudyOutput, path: Path, table: str, y: str, ylabel: str, title: str, x: str = "tpot_s") -> None:
     data = out.tables[table]
-    fig, ax = subplots(figsize=(9, 6))
+    groups = list(data.groupby(["model", "workload"], sort=False))
+    fig, axes = subplots(len(groups), 1, figsize=(9, 5.5 * len(groups)), squeeze=False)  # one model per panel
     k = int(out.summary.get("labels", 6))
-    for (model, workload), g in data.groupby(["model", "workload"], sort=False):
+    labels = []
+    for ax, ((model, workload), g) in zip(axes[:, 0], groups, strict=True):
         g = g.reset_index(drop=True)
         xs = g[x] * (1e3 if x == "tpot_s" else 1.0)
         for serving, marker in (("aggregated", "o"), ("disaggregated", "s")):
             sel = g["serving"] == serving
             if sel.any():
-                ax.plot(xs[sel], g[y][sel], marker, ms=3, label=f"{model} / {workload}: {serving}")
-        ax.plot(xs, g[y], "-", lw=0.8, color="grey", drawstyle="steps-post")
-        for i in _labelled(g, k):
-            right = i > len(g) / 2
-            ax.annotate(g["label"][i], (xs[i], g[y][i]), fontsize=6, xytext=(-6 if right else 6, 4),
-                        ha="right" if right else "left", textcoords="offset points",
-                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.8})
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("TPOT (ms per output token, request level)" if x == "tpot_s" else x)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7)
+                ax.plot(xs[sel], g[y][sel], marker, ms=3, label=serving)
+        ax.plot(xs, g[y], "-", lw=0.8, color="grey", drawstyle="steps-post", label="front")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("TPOT (ms per output token, request level)" if x == "tpot_s" else x.replace("_", " "))
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{model} / {workload}: {title}", fontsize=10)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+        marked = spread(xs, g[y], k)
+        labels.append((ax, xs[marked].to_numpy(), g[y][marked].to_numpy(), [g["label"][i] for i in marked],
+                       (xs.to_numpy(), g[y].to_numpy())))
+    for ax, lx, ly, texts, avoid in labels:  # every panel drawn: the layout is final
+        place_labels(ax, lx, ly, texts, avoid=avoid)
     save(fig, path)
 
 
 def _cost(out: StudyOutput, path: Path) -> None:
-    _draw(out, path, "pareto", "usd_per_request", "USD per request (prefill included)",
-          "Pareto front: TPOT against cost per request (every point: no configuration is both faster and cheaper)")
+    _draw(out, path, "pareto", "usd_per_request_fluid", "USD per request at the fluid pool ratio (prefill included)",
+          "TPOT against cost per request (no configuration is both faster and cheaper than a point)")
 
 
 def _throughput(out: StudyOutput, path: Path) -> None:
     _draw(out, path, "pareto_throughput", "tokens_per_s_per_gpu", "output tokens/s per GPU (both pools counted)",
-          "Pareto front: tokens/s per user against tokens/s per GPU", x="tokens_per_s_per_user")
+          "tokens/s per user against tokens/s per GPU", x="tokens_per_s_per_user")
 
 
-PLOTS = (TIME_BREAKDOWN, Plot("pareto", "pareto.png", _cost, needs="usd_per_request"),
+PLOTS = (TIME_BREAKDOWN, Plot("pareto", "pareto.png", _cost, needs="usd_per_request_fluid"),
          Plot("pareto_throughput", "pareto_throughput.png", _throughput, needs="tokens_per_s_per_gpu"))
-CHARTS = (Chart("pareto", "tpot_s", "usd_per_request", "Pareto front: TPOT against USD per request"),
+CHARTS = (Chart("pareto", "tpot_s", "usd_per_request_fluid",
+                "Pareto front: TPOT against USD per request at the fluid pool ratio"),
           Chart("pareto_throughput", "tokens_per_s_per_user", "tokens_per_s_per_gpu",
                 "Pareto front: tokens/s per user against tokens/s per GPU"))
 
@@ -137,10 +133,11 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
         g = t[(t["model"] == s["model"]) & (t["workload"] == s["workload"])] if not t.empty else t
         if g.empty:
             continue
-        what = ("USD per request {:.3g} (TPOT {:.3g} ms) to {:.3g} (TPOT {:.3g} ms)" if s["front"] == "cost" else
+        what = ("USD per request at the fluid pool ratio {:.3g} (TPOT {:.3g} ms) to {:.3g} (TPOT {:.3g} ms)"
+                if s["front"] == "cost" else
                 "{:.4g} tokens/s per GPU at {:.3g} ms TPOT to {:.4g} at {:.3g} ms")
         first, last = g.iloc[-1], g.iloc[0]
-        ykey = "usd_per_request" if s["front"] == "cost" else "tokens_per_s_per_gpu"
+        ykey = "usd_per_request_fluid" if s["front"] == "cost" else "tokens_per_s_per_gpu"
         lines.append(f"{s['model']} / {s['workload']} {s['front']} front: {s['points']} non-dominated points of "
                      f"{s['candidates']:,} feasible configurations ({s['aggregated_points']} aggregated); "
                      + what.format(first[ykey], first["tpot_s"] * 1e3, last[ykey], last["tpot_s"] * 1e3))

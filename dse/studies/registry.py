@@ -20,13 +20,14 @@ KINDS: dict[str, str] = {
     "fast_slow": "dse.studies.fast_slow",
     "sweep": "dse.studies.sweep",
     "tornado": "dse.studies.tornado",
-    "overtraining": "dse.studies.overtraining",
+    "compute_equalization": "dse.studies.compute_equalization",
     "expert_placement": "dse.studies.expert_placement",
     "kv_tiers": "dse.studies.kv_tiers",
     "api_pricing": "dse.studies.api_pricing",
     "moe_codesign": "dse.studies.moe_codesign",
     "deployment": "dse.studies.deployment",
     "fleet": "dse.studies.fleet",
+    "training": "dse.studies.training",
 }
 
 

@@ -13,8 +13,8 @@ from pydantic import Field, field_validator
 
 from dse.studies.base import MAX_LIST, Strict
 from dse.studies.contract import Plot, Progress, Solved, StudyOutput
-from dse.studies.optuna_sweep import SweepStudy, run_sweep_study
-from dse.studies.plotting import save, subplots
+from dse.studies.optuna_sweep import OBJECTIVE, SweepStudy, run_sweep_study
+from dse.studies.plotting import place_labels, save, subplots
 
 USES_STORAGE = True
 WORKERS = True
@@ -62,34 +62,37 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 def _sweep(out: StudyOutput, path: Path) -> None:
     table, systems = out.tables["sweep"], out.tables.get("sweep_systems")
     groups = list(table.groupby(["model", "workload", "parameter"], sort=False))
-    fig, axes = subplots(len(groups), 1, figsize=(8, 3.6 * len(groups)), squeeze=False)
+    fig, axes = subplots(len(groups), 1, figsize=(8, 4.2 * len(groups)), squeeze=False)
+    labels = []
     for ax, ((model, workload, parameter), g) in zip(axes[:, 0], groups, strict=True):
         g = g.sort_values("factor")
         if systems is not None and not systems.empty:
             sg = systems[(systems["model"] == model) & (systems["workload"] == workload)]
             for k, (_, h) in enumerate(sg.groupby("system")):
                 h = h.sort_values("factor")
-                ax.plot(h["factor"], h["usd_per_request"], lw=0.7, alpha=0.5, color="grey",
+                ax.plot(h["factor"], h[OBJECTIVE], lw=0.7, alpha=0.5, color="grey",
                         label="best of each system" if k == 0 else None)
-        ok = np.isfinite(g["usd_per_request"].astype(float))
-        ax.plot(g["factor"][ok], g["usd_per_request"][ok], "o-", lw=2, color="#3b7dd8",
+        ok = np.isfinite(g[OBJECTIVE].astype(float))
+        ax.plot(g["factor"][ok], g[OBJECTIVE][ok], "o-", lw=2, color="#3b7dd8",
                 label="optimum over all systems")
-        for _, r in g[ok].iterrows():
-            ax.annotate(f"{r['system']}\n{r['bound']}", (r["factor"], r["usd_per_request"]), fontsize=6,
-                        xytext=(3, 4), textcoords="offset points")
         if "bound_changes_here" in g:
             ch = g[g["bound_changes_here"].fillna(False).astype(bool) & ok]
-            ax.plot(ch["factor"], ch["usd_per_request"], "r*", markersize=12, label="binding resource changes")
+            ax.plot(ch["factor"], ch[OBJECTIVE], "r*", markersize=12, label="binding resource changes")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(f"{parameter} (x catalog value)")
-        ax.set_ylabel("USD per request (prefill included)")
+        ax.set_ylabel("USD per request at the fluid pool ratio")
         ax.set_title(f"{model} / {workload} (grey: best of each system)", fontsize=10)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
+        shown = g[ok]
+        xy = (shown["factor"].to_numpy(), shown[OBJECTIVE].to_numpy())
+        labels.append((ax, *xy, [f"{r['system']}, {r['bound']}" for _, r in shown.iterrows()], xy))
+    for ax, lx, ly, texts, avoid in labels:  # every panel drawn: the layout is final
+        place_labels(ax, lx, ly, texts, avoid=avoid)
     save(fig, path)
 
 
-PLOTS = (Plot("sweep", "sweep.png", _sweep, needs="usd_per_request"),)
+PLOTS = (Plot("sweep", "sweep.png", _sweep, needs=OBJECTIVE),)
 
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
@@ -97,14 +100,15 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
     lines = []
     table = tables.get("sweep", pd.DataFrame())
     for (model, workload, parameter), g in table.groupby(["model", "workload", "parameter"], sort=False):
-        ok = g[np.isfinite(g["usd_per_request"].astype(float))].sort_values("factor")
+        ok = g[np.isfinite(g[OBJECTIVE].astype(float))].sort_values("factor")
         if ok.empty:
             lines.append(f"{model} / {workload}: no feasible point")
             continue
         lo, hi = ok.iloc[0], ok.iloc[-1]
         el = ok["elasticity"].dropna()
         span = f"; elasticity {el.min():.2f} to {el.max():.2f}" if not el.empty else ""
-        lines.append(f"{model} / {workload}: {parameter} x{lo['factor']:g} -> {lo['usd_per_request']:.4g} USD "
-                     f"per request ({lo['system']}, {lo['bound']}), x{hi['factor']:g} -> {hi['usd_per_request']:.4g} "
+        lines.append(f"{model} / {workload}: {parameter} x{lo['factor']:g} -> {lo[OBJECTIVE]:.4g} USD "
+                     f"per request at the fluid pool ratio ({lo['system']}, {lo['bound']}), x{hi['factor']:g} -> "
+                     f"{hi[OBJECTIVE]:.4g} "
                      f"({hi['system']}, {hi['bound']}){span}")
     return lines

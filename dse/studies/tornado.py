@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from dse.studies.base import Strict
 from dse.studies.contract import Plot, Progress, Solved, StudyOutput
-from dse.studies.optuna_sweep import SweepStudy, run_sweep_study
+from dse.studies.optuna_sweep import OBJECTIVE, SweepStudy, run_sweep_study
 from dse.studies.plotting import save, subplots
 from dse.studies.sweep import Parameter
 
@@ -55,11 +55,11 @@ def swings(g: pd.DataFrame) -> tuple[float, list[tuple[str, float, float]]]:
     """The base cost of one (model, workload) and each parameter's relative cost change at its low and high
     factor, smallest swing first.
     """
-    base = g[g["factor"] == 1.0]["usd_per_request"].iloc[0]
+    base = g[g["factor"] == 1.0][OBJECTIVE].iloc[0]
     rows = []
     for parameter, h in g[g["factor"] != 1.0].groupby("parameter", sort=False):
-        lo = h[h["factor"] < 1]["usd_per_request"].iloc[0] / base - 1
-        hi = h[h["factor"] > 1]["usd_per_request"].iloc[0] / base - 1
+        lo = h[h["factor"] < 1][OBJECTIVE].iloc[0] / base - 1
+        hi = h[h["factor"] > 1][OBJECTIVE].iloc[0] / base - 1
         rows.append((parameter, lo, hi))
     return base, sorted(rows, key=lambda r: max(abs(r[1]), abs(r[2])))
 
@@ -76,12 +76,12 @@ def _tornado(out: StudyOutput, path: Path) -> None:
         ax.set_yticks(y, [r[0] for r in rows], fontsize=8)
         ax.axvline(0, color="k", lw=0.8)
         ax.set_xlabel("change of the optimal cost per token (%)")
-        ax.set_title(f"{model} / {workload}: base {base:.3g} USD per request", fontsize=10)
+        ax.set_title(f"{model} / {workload}: base {base:.3g} USD per request (fluid pool ratio)", fontsize=10)
         ax.legend(fontsize=8)
     save(fig, path)
 
 
-PLOTS = (Plot("tornado", "tornado.png", _tornado, needs="usd_per_request"),)
+PLOTS = (Plot("tornado", "tornado.png", _tornado, needs=OBJECTIVE),)
 
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
@@ -91,6 +91,6 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
     for (model, workload), g in table.groupby(["model", "workload"], sort=False):
         base, rows = swings(g)
         ranked = ", ".join(f"{p} {lo:+.0%}/{hi:+.0%}" for p, lo, hi in reversed(rows))
-        lines.append(f"{model} / {workload} (base {base:.4g} USD per request), cost change at low/high factor, largest "
-                     f"first: {ranked}")
+        lines.append(f"{model} / {workload} (base {base:.4g} USD per request at the fluid pool ratio), cost change "
+                     f"at low/high factor, largest first: {ranked}")
     return lines

@@ -9,23 +9,25 @@ The metrics and their out-of-sample errors:
   fits without its concurrency sweep (leave-group-out: TPOT's decode factors per family and framework, TTFT's
   closed-loop queue share and fixed latency per framework and mode; `dse.validate.run.validate_runs`), pooled
   over the frameworks and modes (a prediction names neither framework nor benchmark). Rows whose worker counts
-  the file leaves empty are left out: their layout is assumed, and a prediction always knows its own.
+  the file leaves empty are left out: their layout is unknown, and a prediction always knows its own.
 
 Leave-family-out errors (each family predicted with none of its own data):
 
 - throughput: the global factors (those a system of no family uses) refitted on the other families' points by
   the global fit of `dse validate --fit` (`dse.validate.fit.fit`, from the stored global factors), predicting
   the family's serving-throughput points;
-- tpot and ttft: the runs' fits with each family's rows left out (`dse.validate.fit.refit_tpot` with one decode
-  factor set per framework fitted on the other families' rows, two-batch overlap chosen without the family;
-  `dse.validate.fit.fit_stack` per framework and mode on the other families' rows).
+- tpot and ttft: the runs' fits with each family's rows left out (`dse.validate.run.validate_runs`'s
+  ``tpot_lfo_error`` and ``ttft_lfo_error``: one decode factor set per framework fitted on the other families'
+  rows, two-batch overlap chosen without the family; the serving stacks' terms per framework and mode on the
+  other families' rows).
 
 A family's band for a metric:
 
-- with at least MIN_POINTS points of the metric: the percentiles of its own out-of-sample ratios;
-- with fewer: the envelope (lowest low, highest high) of those and its leave-family-out band: a few points'
-  percentiles understate the spread, and its leave-family-out errors are those of the factors it would have
-  without them;
+- with at least MIN_POINTS independent units of the metric (published points; for TPOT and TTFT concurrency
+  sweeps, whose rows are correlated): the percentiles of its own out-of-sample ratios;
+- with fewer: the envelope (lowest low, highest high) of those, its leave-family-out band and 1 (the prediction
+  itself): a few units' percentiles understate the spread, its leave-family-out errors are those of the factors
+  it would have without them, and a bias measured on so few is not trusted to exclude the prediction;
 - with none: the unseen family's band.
 
 The unseen family's band (``default``: the systems of no family, and the families with no point of the metric)
@@ -35,7 +37,7 @@ band of any calibrated family.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,15 +46,15 @@ import pandas as pd
 from dse.catalog.calibration import BAND_METRICS, family_of
 from dse.catalog.calibration import families as hardware_families
 from dse.catalog.hardware import Efficiency
-from dse.validate.decode import tpot_passes
-from dse.validate.fit import fit, fit_stack, refit_tpot
+from dse.validate.fit import fit
 from dse.validate.points import Cases
-from dse.validate.predict import predict, predict_runs
+from dse.validate.predict import predict
 from dse.validate.run import validate_runs
-from dse.validate.runs import map_runs, read_runs
+from dse.validate.runs import group_key, map_runs, read_runs_files
 
 MIN_POINTS = 10
-"""A family with fewer points of a metric takes the envelope of its own band and its leave-family-out band."""
+"""A family with fewer independent units of a metric (points; sweeps of runs) takes the envelope of its own band,
+its leave-family-out band and 1."""
 PERCENTILES = (0.1, 0.9)
 """The band: these percentiles of measured / predicted (pandas' linear interpolation)."""
 DIGITS = 4
@@ -67,6 +69,8 @@ class Ratios:
     left_out: dict[str, np.ndarray]
     source: str
     """How ``own`` was predicted (the basis a band of it states)."""
+    units: dict[str, int] | None = None
+    """Independent units of ``own`` per family (the concurrency sweeps of runs); None: each ratio is one."""
 
 
 def percentiles(ratio: np.ndarray) -> tuple[float, float]:
@@ -97,39 +101,51 @@ def published_ratios(cases: Cases, fitted: dict, start: Efficiency) -> Ratios:
     return Ratios({k: v for k, v in own.items() if len(v)}, left_out, "leave-one-out")
 
 
-def runs_ratios(path: Path) -> tuple[Ratios, Ratios]:
-    """TPOT and TTFT: the leave-group-out ratios of the measured runs of ``path`` with stated worker counts, per
-    family, and each family's rows predicted by the fits on the other families' rows.
+def runs_ratios(paths: list[Path]) -> tuple[Ratios, Ratios]:
+    """TPOT and TTFT: the leave-group-out ratios of the measured runs of ``paths`` (read as one) with stated
+    worker counts, per family, and each family's rows predicted by the fits on the other families' rows.
     """
-    t = validate_runs(map_runs(read_runs(path))).table
-    t = t[t["workers"] != "assumed"].reset_index(drop=True)
+    t = validate_runs(map_runs(read_runs_files(paths))).table
+    t = t[t["workers"] == "stated"].reset_index(drop=True)
     fam = np.array([family_of(s) or "" for s in t["system"]], dtype=object)
     known = [f for f in hardware_families() if (fam == f).any()]
-    meas = {m: t[f"measured_{m}_s"].to_numpy() for m in ("tpot", "ttft")}
-    own = {m: {f: 1.0 / (1.0 + t.loc[fam == f, f"{m}_loo_error"].to_numpy()) for f in known} for m in meas}
-    tp = tpot_passes(t, predict_runs(t))
-    _, _, _, tpot_lfo, _ = refit_tpot(replace(tp, groups=fam), t["backend"].astype(str).to_numpy(), meas["tpot"])
-    _, _, ttft_lfo = fit_stack(t, pd.Series(fam, index=t.index))
-    lfo = {"tpot": meas["tpot"] / tpot_lfo, "ttft": meas["ttft"] / ttft_lfo.to_numpy()}
-    return tuple(Ratios(own[m], {f: lfo[m][fam == f] for f in known}, "leave-group-out") for m in ("tpot", "ttft"))
+    ratio = {(m, kind): 1.0 / (1.0 + t[f"{m}_{kind}_error"].to_numpy()) for m in ("tpot", "ttft")
+             for kind in ("loo", "lfo")}
+    sweeps = {f: int(group_key(t[fam == f]).nunique()) for f in known}
+    return tuple(Ratios({f: ratio[m, "loo"][fam == f] for f in known}, {f: ratio[m, "lfo"][fam == f] for f in known},
+                        "leave-group-out", sweeps) for m in ("tpot", "ttft"))
+
+
+def median_abs_error(ratio: np.ndarray) -> float:
+    """The median of |predicted / measured - 1| over measured / predicted ratios."""
+    return round(float(np.median(np.abs(1.0 / np.asarray(ratio, dtype=float) - 1.0))), DIGITS)
 
 
 def compose(r: Ratios) -> dict:
-    """One metric's bands: per family (every family of the catalog) and ``default``, each with its basis."""
+    """One metric's bands: per family (every family of the catalog) and ``default``, each with its basis and the
+    median absolute errors its percentiles come from (own out-of-sample, leave-family-out).
+    """
     out: dict[str, dict] = {}
     for fam in hardware_families():
         own = r.own.get(fam, np.zeros(0))
         entry: dict = {"points": len(own)}
+        units = len(own) if r.units is None else r.units.get(fam, 0)
+        if r.units is not None:
+            entry["sweeps"] = units
+        name = r.source.replace("-", "_")
         if len(own):
-            entry[r.source.replace("-", "_")] = list(percentiles(own))
+            entry[name] = list(percentiles(own))
+            entry[f"{name}_median_abs_error"] = median_abs_error(own)
         if fam in r.left_out and len(r.left_out[fam]):
             entry["leave_family_out"] = list(percentiles(r.left_out[fam]))
-        if len(own) >= MIN_POINTS:
+            entry["leave_family_out_median_abs_error"] = median_abs_error(r.left_out[fam])
+        if units >= MIN_POINTS:
             band, basis = percentiles(own), r.source
         elif len(own):
-            band = envelope(percentiles(own), *([tuple(entry["leave_family_out"])] if "leave_family_out" in entry
-                                                else []))
-            basis = f"{r.source} and leave-family-out (fewer than {MIN_POINTS} points)"
+            band = envelope(percentiles(own), (1.0, 1.0), *([tuple(entry["leave_family_out"])]
+                                                          if "leave_family_out" in entry else []))
+            what = "points" if r.units is None else "sweeps"
+            basis = f"{r.source}, leave-family-out and the prediction (fewer than {MIN_POINTS} {what})"
         else:
             band, basis = None, "unseen family (no point of this metric)"
         out[fam] = {"band": band, "basis": basis, **entry}
@@ -149,17 +165,18 @@ MEANING = ("per metric and hardware family, the 10th and 90th percentile of meas
            "throughput T reads [T x low, T x high], a cost C [C / high, C / low], a TPOT or TTFT t [t x low, t x "
            "high]; throughput from the published serving-throughput points (leave-one-out), TPOT and TTFT from the "
            "measured serving runs with stated layouts (leave-group-out: each concurrency sweep predicted by the fits "
-           f"without it), pooled over frameworks and modes; a family with fewer than {MIN_POINTS} points takes the "
-           "envelope of that band and its leave-family-out band (its points predicted by the fits without the "
+           f"without it), pooled over frameworks and modes; a family with fewer than {MIN_POINTS} points (sweeps for "
+           "TPOT and TTFT) takes the envelope of that band, 1 and its leave-family-out band (its points predicted by "
+           "the fits without the "
            "family), a family with none and a system of no family (`default`) the envelope of every band and "
            "leave-family-out band. Written by `dse validate --bands` (dse.validate.bands)")
 
 
-def compute_bands(cases: Cases, fitted: dict, start: Efficiency, runs_file: Path, runs_name: str) -> dict:
+def compute_bands(cases: Cases, fitted: dict, start: Efficiency, runs_files: list[Path], runs_name: str) -> dict:
     """The ``bands`` section of calibration/fitted.yaml from the stored fit: ``fitted`` (its leave-one-out table),
-    ``start`` (the stored global factors), the catalog's factors and the measured runs of ``runs_file`` (named
+    ``start`` (the stored global factors), the catalog's factors and the measured runs of ``runs_files`` (named
     ``runs_name`` in the section).
     """
-    tpot, ttft = runs_ratios(runs_file)
+    tpot, ttft = runs_ratios(runs_files)
     per = {"throughput": published_ratios(cases, fitted, start), "tpot": tpot, "ttft": ttft}
     return {"meaning": MEANING, "runs": runs_name, **{m: compose(per[m]) for m in BAND_METRICS}}

@@ -5,7 +5,7 @@ them, then each point left out in turn; the errors give each family's band.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +16,10 @@ from dse.catalog.calibration import family_of
 from dse.catalog.hardware import IDEAL, Efficiency, EfficiencyCatalog
 from dse.validate.decode import DecodeTerms, ServingRows, tpot_passes
 from dse.validate.factors import FACTOR, FITTED, RUN_FITTED
-from dse.validate.fit import choose_two_batch, fit, fit_family, fit_training, leave_one_out
-from dse.validate.points import Cases, TrainPoint
-from dse.validate.predict import predict, predict_runs, predict_training, table
-from dse.validate.runs import family_key, map_runs, read_runs
+from dse.validate.fit import choose_two_batch, fit, fit_family, leave_one_out
+from dse.validate.points import Cases
+from dse.validate.predict import predict, predict_runs, table
+from dse.validate.runs import family_key, group_key, map_runs, read_runs_files
 
 
 @dataclass
@@ -59,14 +59,22 @@ def _runs_errors(rows: ServingRows, eff: Efficiency) -> dict:
             "tpot_signed_median": round(float(np.median(err)), 4)}
 
 
-def load_serving_rows(path: Path, factors: EfficiencyCatalog | None = None) -> ServingRows:
-    """The measured runs of ``path`` (the columns of measured_serving.csv) as the joint fit uses them: the decode
-    pass of every mapped row with two-batch overlap as the data chooses it with one factor set per family
-    (`dse.validate.runs.family_key`), which rows it splits, the measured TPOTs (s) and each row's family; what
-    the request level adds to the pass (``rest``) taken at ``factors`` (default: the catalog's efficiency
-    factors).
+MIN_JOINT_SWEEPS = 3
+"""Concurrency sweeps a family's measured runs need before its fit is joint: fewer cannot tell the fixed times
+and the kernels' curves the joint fit frees from the sweeps' own levels (TPU v6e's one sweep of two rows)."""
+
+
+def load_serving_rows(path: Path | list[Path], factors: EfficiencyCatalog | None = None) -> ServingRows:
+    """The measured runs of ``path`` (files with the columns of measured_serving.csv, read as one) as the joint
+    fit uses them: the decode pass of every mapped row that states its layout with two-batch overlap as the data
+    chooses it with one factor set per family (`dse.validate.runs.family_key`), which rows it splits, the
+    measured TPOTs (s) and each row's family (none for the rows of a family with fewer than MIN_JOINT_SWEEPS
+    sweeps); what the request level adds to the pass (``rest``) taken at ``factors`` (default: the catalog's
+    efficiency factors).
     """
-    t = map_runs(read_runs(path)).table
+    t = map_runs(read_runs_files(path if isinstance(path, list | tuple) else [path])).table
+    if not t.empty:
+        t = t[t["workers"] == "stated"]
     if t.empty:
         empty = np.zeros(0)
         terms, split, measured, keys = DecodeTerms(*[empty] * len(DecodeTerms.__dataclass_fields__)), \
@@ -77,22 +85,10 @@ def load_serving_rows(path: Path, factors: EfficiencyCatalog | None = None) -> S
         split = choose_two_batch(tp, keys).per_row
         terms, measured = tp.terms_for(split), t["measured_tpot_s"].to_numpy()
     known = hardware_families()
-    family = np.array([k if k in known else "" for k in keys], dtype=object)
+    sweeps = pd.Series(group_key(t).to_numpy() if len(keys) else []).groupby(keys).transform("nunique").to_numpy()
+    family = np.array([k if k in known and n >= MIN_JOINT_SWEEPS else "" for k, n in zip(keys, sweeps, strict=True)],
+                      dtype=object)
     return ServingRows(terms, split, measured, family)
-
-
-def _calibrate_training(points: list[TrainPoint], default: Efficiency, families: dict[str, Efficiency], loo: bool,
-                        ) -> tuple[Efficiency, dict[str, Efficiency], pd.DataFrame]:
-    """The training matmul efficiency fitted on the training points (`fit_training`) set in every factor set,
-    and the points' table (family ``training``).
-    """
-    value, pred, loo_pred = fit_training(points, default, families, loo)
-    df = table(points, pred, predict_training(points, IDEAL), loo_pred)
-    df["family"] = "training"
-    default = replace(default, compute_train=value)
-    families = {k: replace(v, compute_train=value) for k, v in families.items()}
-    return default, families, df
-
 
 
 def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
@@ -153,10 +149,6 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
     loo_pred = leave_one_out(pts, default, families, serving, progress) if loo else None
     df = table(pts, pred, ideal, loo_pred)
     df["family"] = [family_of(p.system) if family_of(p.system) in families else "default" for p in pts]
-    if cases.training:
-        default, families, train_df = _calibrate_training(cases.training, default, families, loo)
-        rms["training"] = float(np.sqrt(np.mean(np.log(1 + train_df["error"]) ** 2)))
-        df = pd.concat([df, train_df], ignore_index=True)
     band = {}
     col = "loo_error" if loo else "error"
     for fam in ["default", *families]:

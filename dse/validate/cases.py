@@ -9,10 +9,8 @@ from pathlib import Path
 
 from dse.catalog.hardware import hw_dir
 from dse.catalog.loading import read_yaml
-from dse.catalog.models import Architecture, ModelSpec, default_models
 from dse.errors import InputError
-from dse.physics.training import TrainLayout
-from dse.validate.points import Cases, Point, Skipped, TrainPoint
+from dse.validate.points import Cases, Point, Skipped
 from dse.validate.published import load_published
 
 
@@ -138,39 +136,6 @@ def _load_case(case: dict, out: Cases, folder: Path) -> None:
     elif cid == "mlperf_v50_offline_nvidia":
         out.skipped.append(Skipped(cid, "serving_throughput", "input-length distributions not stated in the case, "
                                    "and llama2-70b / mixtral-8x7b are not in the model catalog"))
-    elif cid == "train_megatron_2021_table1":
-        seq, vocab = case["config_common"]["seq"], case["config_common"]["vocab"]
-        for params_b, heads, h, layers, tp, pp, gpus, batch, tflops, *_ in case["rows"]:
-            model = gpt_model(params_b, heads, h, layers, vocab)
-            lay = TrainLayout(tp=tp, pp=pp, dp=gpus // (tp * pp), micro_batch=1, interleave=2 if pp > 1 else 1,
-                              recompute="full")
-            out.training.append(TrainPoint(
-                cid, f"GPT {params_b}B on {gpus} x a100 TP{tp} PP{pp} DP{lay.dp}, batch {batch} (assumed: "
-                "micro-batch 1, 2 interleaved stages, full recompute)", model, "a100", lay, batch, seq,
-                float(tflops), "TFLOP/s per GPU (Megatron counting)", source=_source(case)))
-    elif cid == "train_llama3_405b_table4":
-        model = default_models()["llama-3.1-405b"]
-        for row in case["rows"]:
-            lay = TrainLayout(tp=row["tp"], pp=row["pp"], dp=row["dp"], cp=row["cp"], micro_batch=1,
-                              interleave=2, recompute="none" if row["cp"] == 1 else "selective")
-            batch = row["batch_per_dp"] * row["dp"]
-            out.training.append(TrainPoint(
-                cid, f"Llama 3.1 405B on {row['gpus']} x h100 TP{row['tp']} CP{row['cp']} PP{row['pp']} "
-                f"DP{row['dp']}, seq {row['seq']} (assumed: micro-batch 1, 2 interleaved stages)", model,
-                "h100", lay, batch, row["seq"], float(row["bf16_mfu"]), "MFU", source=_source(case)))
     else:
         out.skipped.append(Skipped(cid, cat, f"a {cat.replace('_', ' ')} reference, not a measurement of "
                                    "throughput, latency or MFU"))
-
-
-def gpt_model(params_b: float, heads: int, hidden: int, layers: int, vocab: int) -> Architecture:
-    """A GPT-3-style dense model (MHA with biases, 4h non-gated MLP) of the Megatron-LM tables."""
-    return Architecture(ModelSpec.model_validate({
-        "id": f"gpt-{params_b:g}b", "name": f"GPT {params_b:g}B", "d_model": hidden, "n_layers": layers,
-        "vocab": vocab, "source": {"title": "Narayanan et al. 2021, Table 1", "date": "2021-04"},
-        "published_b": {"total": params_b, "active": params_b, "precision_total": 0.1, "precision_active": 0.1,
-                        "source": "Megatron-LM 2021 Table 1", "active_includes_embedding": True},
-        "attention": {"kind": "mha", "n_heads": heads, "n_kv_heads": heads, "head_dim": hidden // heads,
-                      "bias": True},
-        "ffn": {"kind": "dense", "d_ff": 4 * hidden, "gated": False, "bias": True},
-    }))

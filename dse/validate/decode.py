@@ -110,8 +110,7 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
     """
     n = len(table)
     models, systems, mt, st = run_tables(table, factors)
-    peak = {**{k: 1.0 for k in ("compute_prefill", "compute_decode", "compute_train", "memory", "link",
-                                "hbm_usable")}, "overlap": 0.0}
+    peak = {**{k: 1.0 for k in ("compute_prefill", "compute_decode", "memory", "link", "hbm_usable")}, "overlap": 0.0}
     probe = {k: FACTOR[k].scale for k in RUN_FITTED}  # 1 us; one row, one token
     in_flight = np.where(table["mode"].to_numpy() == "agg", table["in_flight"].to_numpy(),
                          decode_batch[table.index].to_numpy())

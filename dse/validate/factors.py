@@ -28,7 +28,7 @@ class Factor:
 
     name: str
     kind: str  # share (of a peak, a capacity or a time), time (s per collective or layer), length (rows, tokens)
-    fitted_on: str  # cases (the published points), training (the training points), runs (measured serving runs)
+    fitted_on: str  # cases (the published points), runs (measured serving runs)
     unit: str  # as efficiency.yaml stores it
     per_si: float  # stored value per SI value
     bounds: tuple[float, float]
@@ -63,8 +63,6 @@ TABLE = (
            "share of the HBM capacity an offline benchmark's batch fills with weights, KV cache and "
            "activations (the published points state no memory settings; a deployment reserves HBM as its serving "
            "framework does)"),
-    Factor("compute_train", "share", "training", "fraction", 1.0, (0.05, 1.0),
-           "achieved share of the peak dense tensor FLOP/s in training steps"),
     Factor("latency_scaleup", "time", "runs", "us", 1e6, (0.0, 10e-3),
            "fixed latency of one collective inside a scale-up domain (launch and synchronization of a small "
            "message)",

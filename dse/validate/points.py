@@ -1,5 +1,5 @@
-"""What a published measurement becomes: a point (one measured figure and the configuration behind it), a
-training point, or a case skipped with its reason; the readers (`dse.validate.cases`,
+"""What a published measurement becomes: a point (one measured figure and the configuration behind it) or a case
+skipped with its reason (training runs are `dse.validate.training`'s); the readers (`dse.validate.cases`,
 `dse.validate.published`) produce them and `dse.validate.predict` predicts them.
 
 Kinds of prediction of a `Point`:
@@ -17,10 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dse.catalog.models import Architecture
-from dse.physics.training import TrainLayout
-
-CATEGORIES = ("serving_throughput", "latency", "training_mfu")
+CATEGORIES = ("serving_throughput", "latency")
 """The categories a point is scored in."""
 
 
@@ -58,25 +55,7 @@ class Skipped:
     reason: str
 
 
-@dataclass(frozen=True)
-class TrainPoint:
-    """One published training measurement: the layout, and MFU or TFLOP/s per GPU."""
-
-    case: str
-    label: str
-    model: Architecture
-    system: str
-    layout: TrainLayout
-    global_batch: int
-    seq: int
-    measured: float
-    unit: str  # "MFU" or "TFLOP/s per GPU (Megatron counting)"
-    category: str = "training_mfu"
-    source: str = ""
-
-
 @dataclass
 class Cases:
     points: list[Point] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
-    training: list[TrainPoint] = field(default_factory=list)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.frameworks import Stack, get_framework, stack_of
-from dse.catalog.hardware import IDEAL, Efficiency, EfficiencyCatalog, default_systems, efficiency_for
+from dse.catalog.hardware import Efficiency, EfficiencyCatalog, default_systems
 from dse.catalog.models import default_models
 from dse.catalog.units import DTYPE_BYTES, DTYPES
 from dse.physics.codes import DEFAULT_CHUNK
@@ -23,32 +23,10 @@ from dse.physics.serving import (
     disaggregated_closed_loop,
     prefill_pool,
 )
-from dse.physics.training import train_step
-from dse.validate.points import Point, TrainPoint
+from dse.validate.points import Point
 
 PREFILL_CHUNK = DEFAULT_CHUNK
 """Prefill tokens per DP rank per pass of the offline benchmarks: the servers' default chunked-prefill budget."""
-
-
-def megatron_flops(tp: TrainPoint) -> float:
-    """FLOPs per iteration as Megatron-LM counts them: 96 B s l h^2 (1 + s / 6h + V / 16 l h)."""
-    s, h, layers, v = tp.seq, tp.model.spec.d_model, tp.model.spec.n_layers, tp.model.spec.vocab
-    return 96.0 * tp.global_batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
-
-
-def predict_training(points: list[TrainPoint], eff: Efficiency | None = None) -> np.ndarray:
-    """Predicted MFU, or TFLOP/s per GPU in Megatron's counting, of each training point."""
-    systems = default_systems()
-    out = []
-    for tp in points:
-        system = systems[tp.system]
-        e = IDEAL if eff is IDEAL else (eff or efficiency_for(tp.system))
-        r = train_step(tp.model, system, tp.layout, tp.global_batch, tp.seq, eff=e)
-        if tp.unit == "MFU":
-            out.append(r["mfu"])
-        else:
-            out.append(megatron_flops(tp) / (r["step_s"] * tp.layout.chips) / 1e12)
-    return np.array(out)
 
 
 # ---- the published points --------------------------------------------------------------------------------------------
@@ -146,9 +124,9 @@ def _static(pts: list[Point], eff: Efficiency | None) -> np.ndarray:
 
 
 # ---- errors of the points --------------------------------------------------------------------------------------------
-def table(points: list[Point] | list[TrainPoint], predicted: np.ndarray, ideal: np.ndarray,
-          loo: np.ndarray | None = None) -> pd.DataFrame:
-    """One row per point (published or training): measured, predicted, the ideal roofline, errors."""
+def table(points: list[Point], predicted: np.ndarray, ideal: np.ndarray, loo: np.ndarray | None = None,
+          ) -> pd.DataFrame:
+    """One row per point: measured, predicted, the ideal roofline, errors."""
     df = pd.DataFrame({
         "case": [p.case for p in points], "category": [p.category for p in points], "label": [p.label for p in points],
         "unit": [p.unit for p in points], "measured": [p.measured for p in points], "predicted": predicted,
@@ -159,7 +137,6 @@ def table(points: list[Point] | list[TrainPoint], predicted: np.ndarray, ideal: 
         df["loo_predicted"] = loo
         df["loo_error"] = df["loo_predicted"] / df["measured"] - 1.0
     return df
-
 
 
 # ---- measured serving runs -------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -29,14 +29,39 @@ class Validation:
     table: pd.DataFrame
     summary: pd.DataFrame
     skipped: list[Skipped]
+    families: list[dict] = field(default_factory=list)
+    """Per hardware family and metric, the stored out-of-sample and leave-family-out errors and the band
+    (`family_bands`)."""
 
     def as_dict(self) -> dict:
         clean = self.table.astype(object).where(self.table.notna(), None)
         return {
             "points": clean.to_dict(orient="records"),
             "summary": self.summary.to_dict(orient="records"),
+            "families": self.families,
             "skipped": [{"case": s.case, "category": s.category, "reason": s.reason} for s in self.skipped],
         }
+
+
+def family_bands(fitted: dict | None) -> list[dict]:
+    """Per hardware family and metric (throughput, TPOT, TTFT) of the stored bands (`dse validate --bands`): the
+    points or runs, the median absolute error out of sample (leave-one-out for throughput, leave-group-out for
+    TPOT and TTFT) and with the family left out (the fits on the other families alone), and the band with its
+    basis. Empty where no band is stored.
+    """
+    rows = []
+    for metric, per in ((fitted or {}).get("bands") or {}).items():
+        if not isinstance(per, dict):
+            continue
+        for fam, e in per.items():
+            if fam == "default" or not isinstance(e, dict):
+                continue
+            own = next((v for k, v in e.items() if k.endswith("_median_abs_error")
+                        and not k.startswith("leave_family_out")), None)
+            rows.append({"family": fam, "metric": metric, "n": e.get("points", 0), "median_abs_error": own,
+                         "leave_family_out_median_abs_error": e.get("leave_family_out_median_abs_error"),
+                         "band": e.get("band"), "basis": e.get("basis", "")})
+    return rows
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
@@ -95,6 +120,9 @@ def write_validation_report(report: Validation, folder: Path) -> None:
         "<p>Calibrated predictions use the factors of hw_catalog/efficiency.yaml; leave-one-out errors come from "
         "refitting without each point (hw_catalog/calibration/fitted.yaml).</p>",
         "<h2>Error by category</h2>", report.summary.to_html(index=False, float_format=lambda v: f"{v:.3f}"),
+        "<h2>By hardware family: out of sample and with the family left out (the stored bands)</h2>",
+        pd.DataFrame(report.families).to_html(index=False, float_format=lambda v: f"{v:.3f}")
+        if report.families else "<p>no bands stored</p>",
         f"<h2>Predicted against measured</h2><img src='data:image/png;base64,{img}'>",
         "<h2>Every point</h2>", report.table.to_html(index=False, float_format=lambda v: f"{v:.4g}"),
         "<h2>Skipped</h2><ul>",
@@ -134,10 +162,15 @@ class RunsValidation:
             worst_rows[m] = w[["id", "model", "system", "backend", "mode", "isl", "osl", "concurrency",
                                f"measured_{m}_s", f"predicted_{m}_s", f"{m}_error", f"{m}_loo_error"]
                               ].to_dict("records")
+        unknown = int((t["workers"] == "unknown").sum()) if "workers" in t else 0
         return {"rows_given": self.given, "rows_predicted": len(t), "coverage": self.coverage,
+                "rows_layout_unknown": unknown,
+                "coverage_stated_layout": (len(t) - unknown) / self.given if self.given else 0.0,
                 "summary": summary(self),
                 "rows_failing_the_memory_check": int((~t["fits"]).sum()) if "fits" in t else 0,
-                "partitions": partitions(self) if not t.empty else {}, "scales": self.scales, "worst": worst_rows,
+                "partitions": partitions(self) if not t.empty else {},
+                "families": families_left_out(self) if not t.empty else [], "scales": self.scales,
+                "worst": worst_rows,
                 "skipped": {"count": len(self.skipped), "by_reason": dict(reasons.most_common()),
                             "rows": self.skipped}}
 
@@ -153,17 +186,27 @@ def _stats(err: pd.Series) -> dict:
             "signed_median": float(err.dropna().median()) if len(a) else math.nan}
 
 
+def _stated(t: pd.DataFrame) -> pd.DataFrame:
+    """The rows that state their layout (every row of a table without the ``workers`` column)."""
+    return t[t["workers"] != "unknown"] if "workers" in t else t
+
+
 def summary(v: RunsValidation) -> list[dict]:
-    """Per category (all, agg, disagg) and metric: the shipped physics' errors, the leave-group-out one, and
+    """Per category and metric: the shipped physics' errors, the leave-group-out one, and
     ``within_sweep_median_abs_error``, the leave-group-out error once each sweep's own median level is removed
     (the error of the shape across concurrency alone: the floor a better level for each sweep could reach),
     and for TPOT ``loo_family_factors_median_abs_error``, the leave-group-out error with one decode factor set
-    per hardware family shared by the frameworks (`family_key`) instead of one per family and framework.
+    per hardware family shared by the frameworks (`family_key`) instead of one per family and framework. The
+    categories all, agg and disagg hold the rows that state their layout; ``layout_unknown`` the rows reported
+    apart (`dse.validate.run.validate_runs`: predicted by fits that never read them).
     """
     out = []
     t = v.table
-    for cat in ("all", "agg", "disagg"):
-        sub = t if cat == "all" else t[t["mode"] == cat]
+    for cat in ("all", "agg", "disagg", "layout_unknown"):
+        if cat == "layout_unknown":
+            sub = t[t["workers"] == "unknown"] if "workers" in t else t.iloc[:0]
+        else:
+            sub = _stated(t) if cat == "all" else _stated(t)[_stated(t)["mode"] == cat]
         for m in METRICS:
             if sub.empty:
                 continue
@@ -186,9 +229,10 @@ def _band(c: float) -> str:
 
 
 def partitions(v: RunsValidation) -> dict[str, list[dict]]:
-    """Median absolute errors (shipped physics and leave-group-out) by system x mode, model, framework, mode,
-    ISL/OSL, concurrency band and whether the run stated its worker counts (``workers``: a disaggregated row
-    without them is predicted with the assumption the module docstring states).
+    """Median absolute errors (shipped physics and leave-group-out) of the rows that state their layout by
+    system x mode, model, framework, mode, ISL/OSL and concurrency band, and of every row by whether it states
+    its worker counts (``workers``: a disaggregated row without them is predicted apart, on the smallest
+    deployment of its worker sizes).
     """
     t = v.table.assign(isl_osl=v.table["isl"].astype(str) + "/" + v.table["osl"].astype(str),
                        concurrency_band=v.table["concurrency"].map(_band),
@@ -196,7 +240,7 @@ def partitions(v: RunsValidation) -> dict[str, list[dict]]:
     out = {}
     for by in ("system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band", "workers"):
         rows = []
-        for key, g in t.groupby(by, sort=True):
+        for key, g in (t if by == "workers" else _stated(t)).groupby(by, sort=True):
             row = {by: key, "n": len(g)}
             for m in METRICS:
                 row[f"{m}_median_abs_error"] = float(g[f"{m}_error"].abs().median())
@@ -204,6 +248,26 @@ def partitions(v: RunsValidation) -> dict[str, list[dict]]:
             rows.append(row)
         out[by] = rows
     return out
+
+
+def families_left_out(v: RunsValidation) -> list[dict]:
+    """Per hardware family (the system where it has none), of the rows that state their layout: the frameworks,
+    the leave-group-out and the leave-family-out median absolute errors of TPOT and TTFT (leave-family-out: the
+    family's rows predicted by the fits on the other families' rows, the error of a family with no runs).
+    """
+    from dse.validate.runs import family_key
+
+    t = _stated(v.table)
+    rows = []
+    for fam, g in t.groupby(family_key(t), sort=True):
+        row = {"family": fam, "n": len(g), "frameworks": ", ".join(sorted(g["backend"].astype(str).unique()))}
+        for m in METRICS:
+            row[f"{m}_loo_median_abs_error"] = float(g[f"{m}_loo_error"].abs().median())
+            lfo = g[f"{m}_lfo_error"].dropna() if f"{m}_lfo_error" in g else pd.Series(dtype=float)
+            row[f"{m}_lfo_median_abs_error"] = float(lfo.abs().median()) if len(lfo) else math.nan
+            row[f"{m}_lfo_signed_median"] = float(lfo.median()) if len(lfo) else math.nan
+        rows.append(row)
+    return rows
 
 
 def _factor_rows(fits: dict) -> list[dict]:
@@ -276,8 +340,9 @@ def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
              f"<p>{len(v.table):,} of {v.given:,} rows predicted (coverage {v.coverage:.1%}). Errors are predicted / "
              "measured - 1 with the catalog's calibrated physics; leave-group-out errors (the headline figure) "
              "leave the row's whole concurrency sweep out: TPOT refits the decode pass's efficiency factors per "
-             "hardware family and framework on the other sweeps (rows with assumed worker counts apart; the summary's "
-             "loo_family_factors_median_abs_error shares one set per family among the frameworks); TTFT is the "
+             "hardware family and framework on the other sweeps (the summary's loo_family_factors_median_abs_error "
+             "shares one set per family among the frameworks); rows whose layout is unknown (layout_unknown) are read "
+             "by no fit and reported apart; TTFT is the "
              "optimizer's request-level physics in a closed loop at the row's concurrency (one prompt's prefill, "
              "plus a share of the wave of other requests in flight queued ahead of it, plus the KV hand-off, plus "
              "the serving stack's fixed latency), the stack's share and latency refitted per (framework, mode) on "
@@ -290,8 +355,12 @@ def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
              "framework reserves HBM, its layout does not hold the weights, activations and the KV of every request "
              "in flight at its peak context, yet they ran): a framework that allocates KV as tokens are generated, "
              "or queues requests the pool cannot hold, runs them; or the catalog's capacity (the vendor's GB) is "
-             "below the bytes the device reports; or the row's layout is assumed.</p>",
-             "<h2>Summary</h2>", table_html(doc["summary"])]
+             "below the bytes the device reports; or the row's layout is unknown.</p>",
+             "<h2>Summary</h2>", table_html(doc["summary"]),
+             "<h2>By hardware family: leave-group-out and leave-family-out</h2>",
+             "<p>Leave-family-out: each family's rows predicted by the decode factors per framework and the "
+             "serving stacks' terms per framework and mode fitted on the other families' rows alone.</p>",
+             table_html(doc["families"])]
     parts += [f"<h2>{m.upper()}</h2><img src='data:image/png;base64,{img}'>" for m, img in imgs]
     for by, rows in doc["partitions"].items():
         parts += [f"<h2>Error by {html.escape(by.replace('_', ' '))}</h2>", table_html(rows)]
@@ -310,9 +379,6 @@ def _quantity(name: str, value: float, source: str, date: str, note: str) -> str
     f = FACTOR[name]
     value = 0.0 if abs(value) < 1e-9 else value
     return f'{{value: {value * f.per_si:.4g}, unit: {f.unit}, source: {source}, date: "{date}", note: "{note}"}}'
-
-
-TRAIN_NOTE = "fitted on the training cases (Megatron-LM 2021 Table 1, Llama 3 Table 4), one value for all"
 
 
 def _family_summary(cal: Calibration) -> dict:
@@ -362,13 +428,11 @@ def write_calibration(cal: Calibration, cases_file: str, folder: Path, date: str
         out = []
         for name in FACTOR:
             # a fixed time is fitted only where this block's own fit freed it, else it is the estimate
-            fitted = name in FITTED or name == "compute_train" or name in fitted_here
+            fitted = name in FITTED or name in fitted_here
             lo, hi = FACTOR[name].bounds
             value = getattr(eff, name)
             at_bound = fitted and (abs(value - lo) < 1e-6 * max(hi, 1e-9) or abs(value - hi) < 1e-6 * max(hi, 1e-9))
-            if name == "compute_train":
-                why = TRAIN_NOTE
-            elif name in fitted_here:
+            if name in fitted_here:
                 why = f"{note}: {FACTOR[name].meaning}"
             elif fitted:
                 why, at_bound = f"{unfitted}: {FACTOR[name].meaning}", False
@@ -394,8 +458,8 @@ def write_calibration(cal: Calibration, cases_file: str, folder: Path, date: str
         lines += ["    factors:"]
         lines += block(eff, "      ", f"fitted on the {count} {fam} points"
                        + (f" and {runs:,} {fam} serving TPOTs" if runs else ""), cal.fitted_names.get(fam, FITTED),
-                       f"not identified by the {count} {fam} points (too few points sensitive to it, or collinear "
-                       f"with the factors they fit), so the global value")
+                       f"not identified by the {count} {fam} points (too few points sensitive to it, collinear "
+                       f"with the factors they fit, or a share fitted at the peak itself), so the global value")
     (folder / "efficiency.yaml").write_text("\n".join(lines) + "\n")
 
     calib = folder / "calibration"

@@ -11,11 +11,10 @@ groups out and predicts the group left out from fits on the others:
   runs, TRT-LLM's disaggregated decode), then the decode pass's nine efficiency factors (`dse.validate.decode`,
   `dse.validate.factors`: achieved shares of peak compute, HBM and link bandwidth, latency per collective inside
   and across domains, fixed time per layer and per MoE layer, a GEMM's half-performance rows and decode
-  attention's half-performance context) fitted per hardware family and framework on the rows' decode passes,
-  apart for the disaggregated rows whose worker counts were assumed (`factor_key`); the left-out sweep is
-  predicted with the factors refitted without it. A factor set per framework is there because the data demand
-  it: one per family shared by the frameworks (`family_key`, as the catalog's `dse validate --fit` has it) errs
-  more out of sample (``loo_family_factors_median_abs_error``).
+  attention's half-performance context) fitted per hardware family and framework on the rows' decode passes
+  (`factor_key`); the left-out sweep is predicted with the factors refitted without it. A factor set per
+  framework is there because the data demand it: one per family shared by the frameworks (`family_key`, as the
+  catalog's `dse validate --fit` has it) errs more out of sample (``loo_family_factors_median_abs_error``).
 - TTFT: the optimizer's request-level physics (`dse.physics.serving`) in a closed loop at the row's concurrency
   (``arrival: concurrency``: a benchmark holds a fixed number of requests in flight, each replaced as it
   completes, not the Poisson arrivals of production traffic) through the row's framework's serving stack: one
@@ -27,49 +26,70 @@ groups out and predicts the group left out from fits on the others:
   (`dse.validate.fit.fit_stack`; TTFT is affine in (xi, tau), `dse.physics.serving.closed_loop_ttft`). Measured
   TTFT grows nearly linearly with the concurrency in most sweeps (R^2 > 0.9 in most of the 286 aggregated sweeps
   with 4 or more concurrencies), at a slope of a fraction of one prompt's prefill per request in flight: the wave.
+- Leave-family-out: each hardware family's rows predicted by the fits on the other families' rows (the error
+  of a family with no measured runs of its own: the band of `dse.validate.bands` for such a family).
+- Rows whose layout the file leaves unknown (a disaggregated row without worker counts) are read by no fit and
+  reported apart (the summary's ``layout_unknown``): a layout guessed for want of data neither calibrates nor
+  judges the physics.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from dse.catalog.calibration import family_of, load_fitted
+from dse.catalog.frameworks import StackTerms
 from dse.catalog.hardware import IDEAL
 from dse.errors import InputError
-from dse.validate.decode import predicted_passes
-from dse.validate.fit import fit_stack, refit_tpot_sets
+from dse.physics.serving import closed_loop_ttft
+from dse.validate.decode import predicted_passes, tpot_at
+from dse.validate.factors import FACTORS
+from dse.validate.fit import fit_stack, refit_tpot, refit_tpot_sets
 from dse.validate.points import Cases
-from dse.validate.predict import predict, predict_runs, predict_training, table
-from dse.validate.report import RunsValidation, Validation, summarize
-from dse.validate.runs import METRICS, Runs, factor_key, family_key, group_key, map_runs, nothing_predicted, read_runs
-from dse.validate.stack import stack_rows
+from dse.validate.predict import predict, predict_runs, table
+from dse.validate.report import RunsValidation, Validation, family_bands, summarize
+from dse.validate.runs import (
+    METRICS,
+    Runs,
+    factor_key,
+    family_key,
+    group_key,
+    map_runs,
+    nothing_predicted,
+    read_runs,
+    read_runs_files,
+)
+from dse.validate.training import TrainRun, load_training_runs, validation_rows
 
 
-def run_validation(cases: Cases, use_stored_loo: bool = True) -> Validation:
-    """Predict every point with the catalog's calibrated factors; attach the stored leave-one-out errors."""
+def run_validation(cases: Cases, use_stored_loo: bool = True, training: list[TrainRun] | None = None,
+                   ) -> Validation:
+    """Predict every point with the catalog's calibrated factors, and every training run (default: the catalog's,
+    `dse.validate.training`) with the training factors; attach the stored leave-one-out errors.
+    """
     pts = cases.points
     df = table(pts, predict(pts, None), predict(pts, IDEAL))
     df["family"] = [family_of(p.system) or "default" for p in pts]
-    if cases.training:
-        tr = cases.training
-        tdf = table(tr, predict_training(tr, None), predict_training(tr, IDEAL))
-        tdf["family"] = "training"
-        df = pd.concat([df, tdf], ignore_index=True)
     fitted = load_fitted() if use_stored_loo else None
     if fitted:
         loo = {row["label"]: row.get("loo_predicted") for row in fitted["table"]}
         df["loo_predicted"] = [loo.get(label, np.nan) for label in df["label"]]
         df["loo_error"] = df["loo_predicted"] / df["measured"] - 1.0
-    return Validation(df, summarize(df), cases.skipped)
+    runs = load_training_runs() if training is None else training
+    if runs:
+        df = pd.concat([df, validation_rows(runs, use_stored_loo)], ignore_index=True)
+    return Validation(df, summarize(df), cases.skipped, family_bands(fitted if use_stored_loo else load_fitted()))
 
 
 def validate_runs(runs: Runs) -> RunsValidation:
     """Predict every row with the catalog's calibrated factors (``error``), with factors fitted on all rows
     (``in_sample_error``) and fitted with the row's whole concurrency sweep left out (``loo_error``, the
-    headline), and with the ideal roofline (``ideal_error``).
+    headline), with the fits on the other hardware families' rows alone (``lfo_error``, leave-family-out), and
+    with the ideal roofline (``ideal_error``).
 
     For TPOT, the decode pass's efficiency factors are fitted per `factor_key` (family and framework) on the rows'
     decode passes (`dse.validate.decode.decode_terms`, `dse.validate.fit.refit_tpot`; the request level's
@@ -80,12 +100,34 @@ def validate_runs(runs: Runs) -> RunsValidation:
     on them). ``tpot_loo_family_error`` is the leave-group-out error with one factor set per `family_key` instead,
     shared by the frameworks (the test of whether the data demand a factor set per framework). TTFT is the
     physics' closed loop through the catalog's serving stacks (``error``); the stacks' terms refitted per
-    (framework, mode) on the rows with stated layouts (`dse.validate.fit.fit_stack`) give ``scales["ttft"]`` (queue
-    share, fixed latency, the rows and sweeps they rest on) and ``ttft_in_sample_s`` / ``ttft_loo_s``.
+    (framework, mode) (`dse.validate.fit.fit_stack`) give ``scales["ttft"]`` (queue share, fixed latency, the rows
+    and sweeps they rest on) and ``ttft_in_sample_s`` / ``ttft_loo_s``. Leave-family-out (``tpot_lfo_error``,
+    ``ttft_lfo_error``): the decode factors per framework and the stacks' terms per (framework, mode) fitted on the
+    rows of the other families, each family's rows predicted by them.
+
+    Rows whose layout is unknown (``workers``: a disaggregated row without worker counts, predicted on the
+    smallest deployment of its worker sizes) are read by no fit: they are predicted by the fits on the rows that
+    state their layout (out of sample by construction, so their leave-group-out error is that prediction's).
     """
     t = runs.table.copy()
     if t.empty:
         return RunsValidation(t, {}, runs.skipped, runs.given)
+    apart = (t["workers"] == "unknown").to_numpy()
+    parts, scales, family_fits = [], {}, ({}, {})
+    if (~apart).any():
+        stated, scales, family_fits = _validate_stated(t[~apart])
+        parts.append(stated)
+    if apart.any():
+        parts.append(_predict_apart(t[apart], scales, family_fits))
+    out = pd.concat(parts).loc[t.index] if len(parts) > 1 else parts[0]
+    return RunsValidation(out, scales, runs.skipped, runs.given)
+
+
+def _validate_stated(t: pd.DataFrame) -> tuple[pd.DataFrame, dict, tuple[dict, dict]]:
+    """`validate_runs` of rows that state their layout; also the decode fits per `family_key` and their two-batch
+    choice (what `_predict_apart` needs besides ``scales``).
+    """
+    t = t.copy()
     pred, tp = predicted_passes(t)
     meas = t["measured_tpot_s"].to_numpy()
     scales = {}
@@ -99,18 +141,12 @@ def validate_runs(runs: Runs) -> RunsValidation:
         ideal_loo[flipped] = predict_runs(t[flipped], IDEAL, decode_batch=tp.decode_batch(loo_split)[flipped]
                                           )["predicted_tpot_s"].astype(float).to_numpy()
     groups = group_key(t)
-    for col in ("prefill_s", "wave_s", "wait_floor_s", "transfer_s"):
-        t[col] = pred[col].astype(float)
-    for m in METRICS:
-        t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
-        t[f"{m}_ideal_error"] = t[f"ideal_{m}_s"] / t[f"measured_{m}_s"] - 1.0
+    _copy_prediction(t, pred, ideal)
 
     # TTFT: the physics' closed loop through each framework's serving stack, its terms refitted per framework
     # and mode
     ttft = t["measured_ttft_s"]
-    t["predicted_ttft_s"] = pred["predicted_ttft_s"].astype(float)
-    t["ttft_error"] = t["predicted_ttft_s"] / ttft - 1.0
-    fits, in_sample, loo = fit_stack(t, groups, stack_rows(t))
+    fits, in_sample, loo = fit_stack(t, groups)
     scales["ttft"] = {k: {"queue_share": f["terms"].queue_share, "fixed_latency_s": f["terms"].fixed_latency_s,
                           "rows": f["rows"], "sweeps": f["sweeps"]} for k, f in fits.items()}
     t["ttft_in_sample_s"], t["ttft_loo_s"] = in_sample, loo
@@ -125,18 +161,100 @@ def validate_runs(runs: Runs) -> RunsValidation:
     t["tpot_in_sample_error"] = tpot_in_sample / meas - 1.0
     t["tpot_loo_error"] = tpot_loo / meas - 1.0
     t["tpot_loo_family_error"] = tpot_loo_family / meas - 1.0
-    for m in METRICS:  # each sweep's own level removed: what is left is the physics' shape across concurrency
+
+    # each family predicted by the fits on the other families' rows: decode factors per framework, the stacks'
+    # terms per framework and mode
+    family = family_key(t).to_numpy()
+    tpot_lfo = refit_tpot(replace(tp, groups=family), t["backend"].astype(str).to_numpy(), meas)[3]
+    t["tpot_lfo_error"] = tpot_lfo / meas - 1.0
+    t["ttft_lfo_error"] = fit_stack(t, pd.Series(family, index=t.index))[2] / ttft - 1.0
+    _within_sweep(t, groups)
+    t["fits"] = pred["fits"].astype(bool)  # the memory check; a measured run that "does not fit" is a finding
+    return t, scales, (by_family[0], by_family[1].choice)
+
+
+def _copy_prediction(t: pd.DataFrame, pred: pd.DataFrame, ideal: pd.DataFrame) -> None:
+    """The physics' prediction of TTFT, the pieces it is made of (what refitting the stacks' terms needs), and the
+    ideal roofline, into ``t``.
+    """
+    for col in ("prefill_s", "wave_s", "wait_floor_s", "transfer_s"):
+        t[col] = pred[col].astype(float)
+    for m in METRICS:
+        t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
+        t[f"{m}_ideal_error"] = t[f"ideal_{m}_s"] / t[f"measured_{m}_s"] - 1.0
+    t["predicted_ttft_s"] = pred["predicted_ttft_s"].astype(float)
+    t["ttft_error"] = t["predicted_ttft_s"] / t["measured_ttft_s"] - 1.0
+
+
+def _within_sweep(t: pd.DataFrame, groups: pd.Series) -> None:
+    """Each sweep's own level removed: what is left is the physics' shape across concurrency."""
+    for m in METRICS:
         lr = np.log1p(t[f"{m}_loo_error"])
         t[f"{m}_within_sweep_error"] = np.expm1(lr - lr.groupby(groups).transform("median"))
-    t["fits"] = pred["fits"].astype(bool)  # the memory check; a measured run that "does not fit" is a finding
-    return RunsValidation(t, scales, runs.skipped, runs.given)
 
 
-def validate_file(path: Path) -> RunsValidation:
-    """Read, map, predict and cross-validate a CSV of measured serving runs; a file none of whose rows can be
-    predicted is an InputError saying why each was skipped.
+def _predict_apart(t: pd.DataFrame, scales: dict, family_fits: tuple[dict, dict]) -> pd.DataFrame:
+    """Rows of unknown layout predicted by the fits of the rows that state theirs (``scales``; ``family_fits``:
+    the decode factors per `family_key` and their two-batch choice): per key the fitted decode factors (the
+    catalog's where no stated row shares the key), two-batch overlap as chosen for the row's framework and mode,
+    and the serving stack's queue share and fixed latency fitted for its framework and mode (none fitted: the
+    physics' prefill, wait floor and hand-off alone). No fit read these rows, so each prediction is out of sample:
+    in-sample and leave-group-out errors are the same.
     """
-    runs = map_runs(read_runs(path))
+    t = t.copy()
+    pred, tp = predicted_passes(t)
+    meas = t["measured_tpot_s"].to_numpy()
+
+    def tpot_by(keys: np.ndarray, fits: dict, choice: dict) -> tuple[np.ndarray, np.ndarray]:
+        split = tp.eligible & np.array([bool(choice.get(k, False)) for k in tp.fw_mode], dtype=bool)
+        terms, out = tp.terms_for(split), np.empty(len(t))
+        for key in np.unique(keys):
+            rows = np.flatnonzero(keys == key)
+            f = fits.get(key)
+            out[rows] = tpot_at(terms.take(rows), {**f["fitted"], **f["kept_from_catalog"]} if f else
+                                {k: tp.catalog[k][rows] for k in FACTORS})
+        return out, split
+
+    tpot, split = tpot_by(factor_key(t).to_numpy(), scales.get("tpot", {}), scales.get("two_batch_overlap", {}))
+    tpot_family = tpot_by(family_key(t).to_numpy(), *family_fits)[0]
+    _copy_prediction(t, pred, predict_runs(t, IDEAL, decode_batch=tp.decode_batch(split)))
+    fits = scales.get("ttft", {})
+    terms = StackTerms(np.array([fits.get(k, {}).get("queue_share", 0.0) for k in tp.fw_mode]),
+                       np.array([fits.get(k, {}).get("fixed_latency_s", 0.0) for k in tp.fw_mode]))
+    ttft = closed_loop_ttft(*(t[c].to_numpy(dtype=float) for c in ("prefill_s", "transfer_s", "wave_s")), terms,
+                            t["wait_floor_s"].to_numpy(dtype=float))
+    t["ttft_in_sample_s"] = t["ttft_loo_s"] = ttft
+    t["ttft_in_sample_error"] = t["ttft_loo_error"] = ttft / t["measured_ttft_s"] - 1.0
+    t["two_batch"] = t["two_batch_loo"] = split
+    t["ideal_tpot_loo_s"] = t["ideal_tpot_s"]
+    t["predicted_tpot_s"] = np.where(split, tp.split_tpot, tp.unsplit_tpot)
+    t["tpot_error"] = t["predicted_tpot_s"] / meas - 1.0
+    t["tpot_in_sample_error"] = t["tpot_loo_error"] = tpot / meas - 1.0
+    t["tpot_loo_family_error"] = tpot_family / meas - 1.0
+    t["tpot_lfo_error"] = t["ttft_lfo_error"] = np.nan
+    _within_sweep(t, group_key(t))
+    t["fits"] = pred["fits"].astype(bool)
+    return t
+
+
+def read_measured(path: Path) -> pd.DataFrame:
+    """The raw runs of one file: a measured-runs CSV (`read_runs`), or the JSON result of a dse export's benchmark
+    script (`dse.validate.benchmarks.read_benchmark`: vllm bench serve, SGLang bench_serving, aiperf).
+    """
+    if Path(path).suffix.lower() in (".json", ".jsonl"):
+        from dse.validate.benchmarks import read_benchmark
+
+        return read_benchmark(Path(path))
+    return read_runs(path)
+
+
+def validate_file(path: Path | list[Path]) -> RunsValidation:
+    """Read, map, predict and cross-validate measured serving runs (`read_measured`: CSVs, or a dse export's
+    benchmark results; one file, or several read as one); files none of whose rows can be predicted are an
+    InputError saying why each was skipped.
+    """
+    paths = [Path(p) for p in (path if isinstance(path, list | tuple) else [path])]
+    runs = map_runs(read_runs_files(paths, read_measured))
     if runs.table.empty:
-        raise InputError(nothing_predicted(Path(path), runs))
+        raise InputError(nothing_predicted(paths[0] if len(paths) == 1 else Path(", ".join(map(str, paths))), runs))
     return validate_runs(runs)

@@ -11,8 +11,9 @@ the physics (`dse.physics.serving`):
 - Number formats: ``gemm_quant_mode`` / ``precision`` give the weights format (``fp8`` and ``fp8_block``
   -> fp8, ``nvfp4`` / ``fp4`` -> fp4, ``int4_wo`` -> int4, none -> bf16). An int4 MoE checkpoint holds its
   routed experts in int4 and the rest in BF16 (as Kimi-K2.5's release does: W4A16 experts), computed in
-  BF16 after dequantization (`INTEGER_DTYPES`). The KV format is not in the data: fp8 where the weights are
-  fp8 or fp4, else bf16 (the frameworks' FP8 recipes quantize the KV cache with the weights).
+  BF16 after dequantization (`INTEGER_DTYPES`). The KV format is the ``kv_dtype`` column where a file has it
+  and the row fills it; else fp8 where the weights are fp8 or fp4, and bf16 otherwise (the frameworks' FP8
+  recipes quantize the KV cache with the weights).
 - Layout (agg, and each pool of disagg): attention runs as ``tp_size`` x ``attention_dp_size`` and experts
   as ``moe_ep_size`` x ``moe_tp_size`` over the same chips (the two products must agree; a dense model has
   no expert split), ``pp_size`` stages. A missing degree is 1. Attention TP must divide the model's heads (no
@@ -26,9 +27,17 @@ the physics (`dse.physics.serving`):
   ``decode_num_workers`` decode replicas share the requests in flight that are past their prefill: of C in
   flight, lambda TTFT are queued, prefilling or handing off their KV (`decode_share_closed_loop`, Little's law
   over both stages); the closed loop gives the request rate, and with it the prefill queueing in TTFT.
-  Where the file leaves the worker counts empty: one prefill worker, and as many decode workers as
-  concurrency / (decode_batch_size x attention DP) (the rows that state all three satisfy it exactly).
+  A disaggregated row that leaves a worker count empty states no deployment: ``workers`` is ``unknown`` and
+  the row is predicted on the smallest one its pools' sizes allow (one prefill and one decode worker), apart
+  from the rows that state their layout (`dse.validate.run.validate_runs`: no fit reads it and its errors are
+  reported on their own). On the measured runs these are 637 rows that leave the worker counts and the
+  per-worker batches empty together; the row's concurrency pins no layout without them (the rows that state
+  all three satisfy concurrency = decode_batch_size x attention DP x decode workers exactly).
 - Rows whose concurrency is missing take the layout's batch in flight.
+- The rows of one concurrency sweep (the unit the cross-validation leaves out) share model, system,
+  framework, mode, ISL and OSL (`GROUP`), or, in a file with a ``sweep`` column, model, system, framework,
+  mode and the row's ``sweep`` (a benchmark drawing each request's lengths at random has per-row means).
+- Several files (`read_runs_files`) are read as one: the catalog's measured runs are `catalog_runs_files`.
 """
 
 from __future__ import annotations
@@ -36,8 +45,8 @@ from __future__ import annotations
 import codecs
 import csv
 import io
-import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,9 +54,9 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.calibration import family_of
-from dse.catalog.hardware import default_systems
+from dse.catalog.hardware import default_systems, hw_dir
 from dse.catalog.models import default_models
-from dse.catalog.units import INTEGER_DTYPES
+from dse.catalog.units import DTYPES, INTEGER_DTYPES
 from dse.errors import InputError
 
 MODEL_IDS = {
@@ -60,6 +69,9 @@ MODEL_IDS = {
     "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b", "moonshotai/Kimi-K2.5": "kimi-k2.5", "zhipuai/GLM-5": "glm-5",
     "meta-llama/Llama-3.3-70B-Instruct": "llama-3.3-70b", "amd/Llama-3.1-70B-Instruct-FP8-KV": "llama-3.1-70b",
     "amd/Llama-3.1-405B-Instruct-FP8-KV": "llama-3.1-405b", "Qwen/Qwen3.5-397B-A17B-FP8": "qwen3.5-397b-a17b",
+    "deepseek-ai/DeepSeek-V3.1": "deepseek-v3",  # V3.1 keeps the V3 architecture
+    "Qwen/Qwen3-Coder-480B-A35B-Instruct": "qwen3-coder-480b-a35b",
+    "meta-llama/Llama-4-Maverick-17B-128E-Instruct": "llama-4-maverick",
 }
 """Hugging Face ids of the measured models -> catalog ids (quantized re-releases keep their architecture)."""
 SYSTEM_IDS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300", "gb200": "gb200-nvl72",
@@ -76,6 +88,8 @@ def model_id(path: str) -> str | None:
     """
     if path in MODEL_IDS:
         return MODEL_IDS[path]
+    if path in default_models():  # a catalog id (the plan of a dse export's benchmark names its model so)
+        return path
     base = QUANTIZED_SUFFIX.sub("", path.rsplit("/", 1)[-1]).lower()
     found = {cid for known, cid in MODEL_IDS.items() if known.rsplit("/", 1)[-1].lower() == base}
     return found.pop() if len(found) == 1 else None
@@ -104,7 +118,16 @@ NUMERIC = ("concurrency", "isl", "osl", "batch_size", "tp_size", "pp_size", "att
            "decode_num_workers", "decode_tp_size", "decode_pp_size", "decode_attention_dp_size",
            "decode_moe_tp_size", "decode_moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms")
 GROUP = ("model", "system", "backend", "mode", "isl", "osl")
-"""One concurrency sweep: the unit left out by the cross-validation."""
+"""One concurrency sweep: the unit left out by the cross-validation (a row's ``sweep`` replaces ISL and OSL where
+its file names it)."""
+TEXT = ("kv_dtype", "sweep")
+"""Optional text columns: the KV-cache format (empty: derived from the weights' format) and the sweep a row
+belongs to (empty: its ISL and OSL say it)."""
+KV_DTYPES = tuple(d for d in DTYPES if d not in INTEGER_DTYPES)
+"""KV-cache formats a row may name."""
+CATALOG_RUNS = ("measured_serving.csv", "amd_tpu_runs.csv")
+"""The catalog's measured-runs files (hw_catalog/calibration/published/), read by `dse validate --fit` and
+`--bands`: NVIDIA runs, and AMD Instinct and Google TPU runs."""
 METRICS = ("ttft", "tpot")
 """The measured metrics of a run: time to first token and time per output token."""
 
@@ -215,6 +238,8 @@ def read_runs(path: Path) -> pd.DataFrame:
                              f"{lines[first[run]]}; each run has its own id")
         first[run] = i
     out = raw.copy()
+    for col in TEXT:
+        out[col] = raw[col].str.strip() if col in raw.columns else ""
     for col in NUMERIC:
         if col not in raw.columns:
             out[col] = np.nan
@@ -236,6 +261,28 @@ def read_runs(path: Path) -> pd.DataFrame:
                              f"number, got {text.iloc[i]!r}")
         out[col] = values
     return out
+
+
+def read_runs_files(paths: list[Path], reader: Callable[[Path], pd.DataFrame] | None = None) -> pd.DataFrame:
+    """``reader`` (default `read_runs`) of each file, as one table; an id given in two files is an InputError naming
+    both.
+    """
+    tables, seen = [], {}
+    for path in paths:
+        t = (reader or read_runs)(path)
+        for run in t["id"]:
+            if run in seen:
+                raise InputError(f"{path}: column 'id': {run!r} is already the id of a run of {seen[run]}; each run "
+                                 "has its own id across the files read together")
+            seen[run] = path
+        tables.append(t)
+    return pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+
+
+def catalog_runs_files() -> list[Path]:
+    """The catalog's measured-runs files (`CATALOG_RUNS`) that exist."""
+    folder = hw_dir() / "calibration" / "published"
+    return [folder / name for name in CATALOG_RUNS if (folder / name).exists()]
 
 
 def nothing_predicted(path: Path, runs: Runs) -> str:
@@ -299,7 +346,10 @@ def map_runs(raw: pd.DataFrame) -> Runs:
             skip(f"weights format {quant!r} is not a catalog number format (allowed: {', '.join(WEIGHTS)})")
             continue
         wd = ed = WEIGHTS[quant]  # a format the chip has no tensor units for runs weight-only (dequantized)
-        kd = "fp8" if wd in ("fp8", "fp4") else "bf16"
+        kd = r.get("kv_dtype") or ("fp8" if wd in ("fp8", "fp4") else "bf16")
+        if kd not in KV_DTYPES:
+            skip(f"KV format {kd!r} is not a catalog KV format (allowed: {', '.join(KV_DTYPES)})")
+            continue
         arch = models[model]
         if wd in INTEGER_DTYPES and arch.is_moe:
             wd = "bf16"  # integer MoE checkpoints quantize the routed experts only (W4A16 experts, the rest BF16)
@@ -307,7 +357,7 @@ def map_runs(raw: pd.DataFrame) -> Runs:
             skip(f"ISL + OSL = {int(r['isl'] + r['osl']):,} exceeds {model}'s trained window")
             continue
         row = {"id": r["id"], "model": model, "system": system, "backend": r.get("backend", ""), "mode": r["mode"],
-               "workers": "stated",
+               "workers": "stated", "sweep": r.get("sweep") or "",
                "isl": int(r["isl"]), "osl": int(r["osl"]), "wd": wd, "ed": ed, "kd": kd,
                "measured_ttft_s": r["silicon_ttft_ms"] / 1e3, "measured_tpot_s": r["silicon_tpot_ms"] / 1e3}
         if r["mode"] == "agg":
@@ -331,13 +381,11 @@ def map_runs(raw: pd.DataFrame) -> Runs:
                 skip(f"{'prefill' if isinstance(pre, str) else 'decode'} pool: {pre if isinstance(pre, str) else dec}")
                 continue
             pw, dw = r["prefill_num_workers"], r["decode_num_workers"]
-            row["workers"] = "stated" if np.isfinite(pw) and np.isfinite(dw) else "assumed"
-            pw = pw if np.isfinite(pw) and pw >= 1 else 1.0  # not stated: one prefill worker
+            stated = np.isfinite(pw) and pw >= 1 and np.isfinite(dw) and dw >= 1
+            row["workers"] = "stated" if stated else "unknown"
+            if not stated:  # no deployment stated: the smallest one of the stated worker sizes, predicted apart
+                pw = dw = 1.0
             conc = r["concurrency"]
-            per_rank = r["decode_batch_size"]
-            if not (np.isfinite(dw) and dw >= 1):  # not stated: as many decode workers as hold the concurrency
-                known = np.isfinite(conc) and conc >= 1 and np.isfinite(per_rank) and per_rank >= 1
-                dw = max(1.0, math.ceil(conc / (per_rank * dec[1]))) if known else 1.0
             if not (np.isfinite(conc) and conc >= 1):
                 per_rank = r["decode_batch_size"]
                 if not (np.isfinite(per_rank) and per_rank >= 1):
@@ -356,25 +404,28 @@ def map_runs(raw: pd.DataFrame) -> Runs:
 def family_key(table: pd.DataFrame) -> pd.Series:
     """What the catalog's decode factors are shared by (`dse validate --fit`): the hardware family (the system
     where it has none), whichever the mode (a decode pass runs the same kernels whether or not prefill runs
-    elsewhere; the request level adds the interference), and apart from it the rows whose worker counts were
-    assumed (``|assumed``): a layout guessed for want of data does not calibrate the layouts a run states (on
-    the measured runs a third of the assumed rows are faster than the ideal roofline of the assumed layout).
+    elsewhere; the request level adds the interference). Rows whose layout is unknown (``workers``) calibrate
+    nothing: the fits never read them.
     """
-    fam = pd.Series([family_of(s) or s for s in table["system"]], index=table.index)
-    return fam.where(table["workers"] != "assumed", fam + "|assumed")
+    return pd.Series([family_of(s) or s for s in table["system"]], index=table.index)
 
 
 def factor_key(table: pd.DataFrame) -> pd.Series:
     """What a set of decode factors refitted by `validate_runs` is shared by: the `family_key` and the
-    framework (``hopper|sglang``, ``blackwell|assumed|trtllm``). Each framework runs its own kernels (GEMM,
-    attention, all-to-all) and its own scheduler, so the shares of peak, the fixed times and the
-    half-performance lengths it reaches are its own; the data demand it: leave-group-out TPOT errs less with
-    a factor set per family and framework than with one per family shared by the frameworks (the summary's
-    ``loo_family_factors_median_abs_error``; 14.2% against 16.0% on the measured runs).
+    framework (``hopper|sglang``, ``cdna3|sglang``). Each framework runs its own kernels (GEMM, attention,
+    all-to-all) and its own scheduler, so the shares of peak, the fixed times and the half-performance lengths
+    it reaches are its own; the data demand it: leave-group-out TPOT errs less with a factor set per family
+    and framework than with one per family shared by the frameworks (the summary's
+    ``loo_family_factors_median_abs_error`` beside ``loo_median_abs_error``, which `dse validate --cases` prints).
     """
     return family_key(table) + "|" + table["backend"].astype(str)
 
 
 def group_key(table: pd.DataFrame) -> pd.Series:
-    return table[list(GROUP)].astype(str).agg("|".join, axis=1)
+    """The concurrency sweep of each row (`GROUP`, with the row's ``sweep`` for ISL and OSL where given)."""
+    by_lengths = table[list(GROUP)].astype(str).agg("|".join, axis=1)
+    if "sweep" not in table or not table["sweep"].astype(bool).any():
+        return by_lengths
+    named = table[[*GROUP[:4], "sweep"]].astype(str).agg("|".join, axis=1)
+    return named.where(table["sweep"].astype(bool), by_lengths)
 

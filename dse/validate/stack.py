@@ -13,23 +13,23 @@ import pandas as pd
 from dse.catalog.frameworks import MODES, STACK_FILE
 from dse.validate.fit import FIXED_LATENCIES, MIN_SWEEPS, QUEUE_SHARES, fit_stack
 from dse.validate.predict import predict_runs
-from dse.validate.runs import group_key, map_runs, read_runs
+from dse.validate.runs import group_key, map_runs, read_runs_files
 
 MODE_NAMES = {"agg": "aggregated", "disagg": "disaggregated"}
 
 
 def stack_rows(t: pd.DataFrame) -> np.ndarray:
-    """The rows the stack's terms are fitted on: those whose layout the file states (a disaggregated row with
-    assumed worker counts has an assumed number of requests per prefill server, and so an assumed wave).
+    """The rows the stack's terms are fitted on: those whose layout the file states (a disaggregated row whose
+    worker counts the file leaves empty has an unknown number of requests per prefill server, and so an unknown wave).
     """
-    return (t["workers"] != "assumed").to_numpy()
+    return (t["workers"] == "stated").to_numpy()
 
 
-def fit_stack_file(path: Path) -> tuple[dict, pd.DataFrame]:
-    """The terms per (framework, mode) fitted on the measured runs of ``path`` at the catalog's factors, and the
-    rows with their closed-loop TTFT pieces (`dse.validate.predict.predict_runs`).
+def fit_stack_files(paths: list[Path]) -> tuple[dict, pd.DataFrame]:
+    """The terms per (framework, mode) fitted on the measured runs of ``paths`` (read as one) at the catalog's
+    factors, and the rows with their closed-loop TTFT pieces (`dse.validate.predict.predict_runs`).
     """
-    t = map_runs(read_runs(path)).table
+    t = map_runs(read_runs_files(paths)).table
     pred = predict_runs(t)
     for col in ("prefill_s", "wave_s", "wait_floor_s", "transfer_s"):
         t[col] = pred[col].astype(float)

@@ -1,0 +1,464 @@
+"""Whole deployments: integer replicas of each pool within a budget of GPUs or nodes, or for a demand, or both,
+costed as deployed.
+
+A pool option is one replica configuration with its chips, its USD/s and its capacity, the requests/s one replica
+serves while meeting the workload's targets: an aggregated replica at its batch, a prefill replica at the highest
+utilisation its TTFT target allows (servers x rho / service time), a decode replica at its batch. A deployment is
+x replicas of one aggregated option, or x replicas of a prefill option and y of a decode option of the same
+numerics group (weights and KV formats). It serves R = min(x a, y b) requests/s (x a aggregated), or the demand
+Lambda when one is stated (R >= Lambda must then hold), and costs x U + y V USD/s: every chip counts, busy or idle,
+so its USD per request as deployed is (x U + y V) / R.
+
+The questions, each answered exactly over every option and every replica count:
+
+- a budget (N GPUs or nodes) and no demand: the least USD per request as deployed among deployments within the
+  budget; among equal costs (copies of one deployment cost the same per request), the one serving the most
+  requests/s, so copies fill the budget;
+- a demand, within a budget if one is stated: the least USD/s serving the demand; among equal costs the fewest
+  GPUs (nodes).
+
+Method: enumeration of replica counts, with two reductions that lose no optimum.
+
+1. Dominated options. Within a numerics group (and, for a node budget, among systems of one node size), an option
+   with no fewer chips, no less USD/s and no more capacity than another is never needed: swapping it for the other
+   in any deployment keeps the deployment within the budget and serving as much for no more. Per (system, chips)
+   all options cost the same USD/s, so only the most capable is kept, then the rest are compared pairwise.
+2. Replica counts. Aggregated: every x costs U / a per request, so within a budget the answer is each option's
+   largest x; for a demand its x is ceil(Lambda / a). Disaggregated with a demand: x = ceil(Lambda / a) and
+   y = ceil(Lambda / b), the fewest that serve it, and every (prefill, decode) pair of a group is enumerated.
+   Disaggregated in a budget: for a fixed y the cost (x U + y V) / min(x a, y b) falls with x while the prefill
+   pool binds (x a <= y b) and rises once the decode pool binds, so the best x is floor(y b / a) or one more,
+   clipped to [1, the most the remaining budget holds]; every y from 1 to the most the budget holds is
+   enumerated for each pair, pairs in increasing order of their fluid cost U / a + V / b, which no whole
+   deployment of the pair beats, until that bound exceeds the k-th best deployment found (branch and bound with
+   an exact bound).
+
+`tests/test_whole_deployments.py` checks every question against a brute force over every decode batch, prefill
+option and replica count of random small spaces, sharing no code with this module.
+
+A node is a host of the option's system, the catalog's ``chips_per_node`` (an 8-GPU server, a GB200 compute tray
+of 4); a system with no sourced host size is left out of a node budget. Replicas of one pool share nodes where
+they fit (floor(node / chips) per node), a replica larger than a node takes ceil(chips / node) whole nodes, and
+the two pools of a deployment do not share nodes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from dse.errors import InfeasibleError
+from dse.optimize.requests import (
+    BlockOptima,
+    DisaggregatedResult,
+    DisaggregatedTables,
+    RequestResult,
+    aggregated_result,
+    disaggregated_result,
+    numerics_group,
+    per_pair,
+    prefill_capacity,
+    ranked,
+    ranked_disaggregated,
+)
+from dse.optimize.serving import SOLVER_NAME
+from dse.optimize.solver import SolveResult
+from dse.optimize.space import Space
+
+TIE = 1e-12
+"""Relative difference below which two costs are equal (copies of a deployment differ by rounding only)."""
+EXPANDED = 1 << 21
+"""(pair, y) evaluations held at once by the disaggregated budget search."""
+SOLVER = f"{SOLVER_NAME} per block, then enumeration of whole replica counts (pruned by the fluid bound)"
+"""How a whole deployment is found: each block's batch by the argmin over every batch, then the replica counts."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """At most ``gpus`` GPUs, or at most ``nodes`` nodes (scale-up domains), per deployment."""
+
+    gpus: int | None = None
+    nodes: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.gpus is None) == (self.nodes is None):
+            raise ValueError(f"a budget states gpus or nodes, exactly one, got gpus={self.gpus}, nodes={self.nodes}")
+
+    @property
+    def limit(self) -> int:
+        return int(self.gpus if self.gpus is not None else self.nodes)
+
+    @property
+    def unit(self) -> str:
+        return "GPUs" if self.gpus is not None else "nodes"
+
+    def text(self) -> str:
+        return f"{self.limit:,} {self.unit}"
+
+
+@dataclass
+class PoolOptions:
+    """The replica configurations one pool may use, one per row: ``chips`` per replica, ``node`` (chips per node
+    of its system), ``system`` (an index), ``usd_s`` per replica, ``rate`` (requests/s one replica serves at the
+    targets, as the search judges it), ``group`` (numerics group) and ``ref`` (the caller's index of the option).
+    """
+
+    chips: np.ndarray
+    node: np.ndarray
+    system: np.ndarray
+    usd_s: np.ndarray
+    rate: np.ndarray
+    group: np.ndarray
+    ref: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.chips = np.asarray(self.chips, dtype=np.int64)
+        self.node = np.asarray(self.node, dtype=np.int64)
+        self.system = np.asarray(self.system, dtype=np.int64)
+        self.usd_s = np.asarray(self.usd_s, dtype=np.float64)
+        self.rate = np.asarray(self.rate, dtype=np.float64)
+        self.group = np.asarray(self.group, dtype=np.int64)
+        self.ref = np.asarray(self.ref, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.chips)
+
+    def take(self, idx: np.ndarray) -> PoolOptions:
+        return PoolOptions(*(getattr(self, k)[idx] for k in ("chips", "node", "system", "usd_s", "rate", "group",
+                                                             "ref")))
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A whole deployment: ``pools`` as (option ref, replicas), prefill first for a disaggregated one; the USD/s of
+    all its chips and the requests/s it serves (its capacity, or the demand) as the search judged them (its USD per
+    request as deployed is their ratio), its GPUs and nodes.
+    """
+
+    pools: tuple[tuple[int, int], ...]
+    usd_s: float
+    rate: float
+    gpus: int
+    nodes: int
+
+
+def nodes_for(replicas: np.ndarray | int, chips: np.ndarray | int, node: np.ndarray | int) -> np.ndarray:
+    """Nodes ``replicas`` replicas of ``chips`` chips take on nodes of ``node`` chips: floor(node / chips) per node
+    where one fits in a node, else ceil(chips / node) nodes each.
+    """
+    x, c, g = (np.asarray(v, dtype=np.int64) for v in (replicas, chips, node))
+    g = np.maximum(g, 1)
+    per_node = np.maximum(g // np.maximum(c, 1), 1)
+    return np.where(c <= g, -(-x // per_node), x * (-(-c // g)))
+
+
+def _units(budget: Budget | None, replicas: np.ndarray, chips: np.ndarray, node: np.ndarray) -> np.ndarray:
+    """What ``replicas`` replicas take of the budget (GPUs, or nodes; GPUs without a budget)."""
+    if budget is not None and budget.nodes is not None:
+        return nodes_for(replicas, chips, node)
+    return np.asarray(replicas, dtype=np.int64) * np.asarray(chips, dtype=np.int64)
+
+
+def _most(budget: Budget, left: np.ndarray, chips: np.ndarray, node: np.ndarray) -> np.ndarray:
+    """The most replicas of ``chips`` chips that ``left`` units of the budget hold (0 where none)."""
+    left = np.maximum(np.asarray(left, dtype=np.int64), 0)
+    c, g = np.asarray(chips, dtype=np.int64), np.maximum(np.asarray(node, dtype=np.int64), 1)
+    if budget.nodes is not None:
+        return np.where(c <= g, left * (g // np.maximum(c, 1)), left // (-(-c // g)))
+    return left // c
+
+
+def prune(o: PoolOptions, by_node: bool = False) -> PoolOptions:
+    """The options no other option of their group dominates (no more chips, no more USD/s, no less capacity; of
+    equal ones the first); with ``by_node`` (a node budget) only options on nodes of one size are compared, and
+    those of a system with no node size (0) are left out.
+    """
+    ok = np.flatnonzero(np.isfinite(o.rate) & (o.rate > 0) & np.isfinite(o.usd_s) & ((o.node > 0) | (not by_node)))
+    if not len(ok):
+        return o.take(ok)
+    # per (group, system, chips) the USD/s is one figure: keep the most capable option (the first of equal ones)
+    order = ok[np.lexsort((ok, -o.rate[ok], o.chips[ok], o.system[ok], o.group[ok]))]
+    key = np.stack([o.group[order], o.system[order], o.chips[order]])
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (key[:, 1:] != key[:, :-1]).any(axis=0)
+    kept = order[first]
+    out = []
+    side = o.node if by_node else np.zeros(len(o), dtype=np.int64)
+    for g in np.unique(np.stack([o.group[kept], side[kept]]), axis=1).T:
+        idx = kept[(o.group[kept] == g[0]) & (side[kept] == g[1])]
+        c, u, r = o.chips[idx], o.usd_s[idx], o.rate[idx]
+        weak = (c[None, :] <= c[:, None]) & (u[None, :] <= u[:, None]) & (r[None, :] >= r[:, None])
+        strict = (c[None, :] < c[:, None]) | (u[None, :] < u[:, None]) | (r[None, :] > r[:, None])
+        earlier = np.arange(len(idx))[None, :] < np.arange(len(idx))[:, None]
+        dominated = (weak & (strict | earlier)).any(axis=1)
+        out.append(idx[~dominated])
+    return o.take(np.sort(np.concatenate(out)))
+
+
+def _best_first(cost: np.ndarray, tie: np.ndarray, top: int) -> np.ndarray:
+    """Indices of the ``top`` least ``cost`` (costs within TIE of each other ordered by ``tie``, least first)."""
+    finite = np.flatnonzero(np.isfinite(cost))
+    if not len(finite):
+        return finite
+    c = cost[finite]
+    scale = np.maximum(np.abs(c).max(), np.finfo(float).tiny)
+    bucket = np.round(c / scale / TIE)  # equal within TIE of the largest cost: one bucket
+    order = finite[np.lexsort((finite, tie[finite], bucket))]
+    return order[:top]
+
+
+def aggregated(o: PoolOptions, budget: Budget | None, demand: float | None, top: int = 1) -> list[Deployment]:
+    """The ``top`` best whole deployments of one aggregated option each (see the module's questions)."""
+    o = prune(o, budget is not None and budget.nodes is not None)
+    if not len(o):
+        return []
+    if demand is not None:
+        x = np.ceil(demand / o.rate * (1 - 1e-12)).astype(np.int64)
+        units = _units(budget, x, o.chips, o.node)
+        fits = np.ones(len(o), dtype=bool) if budget is None else units <= budget.limit
+        usd = np.where(fits, x * o.usd_s, np.inf)
+        rate = np.full(len(o), float(demand))
+        picks = _best_first(usd, units, top)
+    else:
+        if budget is None:
+            raise ValueError("a whole deployment needs a budget or a demand")
+        x = _most(budget, np.full(len(o), budget.limit), o.chips, o.node)
+        rate = x * o.rate
+        per_request = np.where(x >= 1, o.usd_s / o.rate, np.inf)
+        picks = _best_first(per_request, -rate, top)
+    gpus = x * o.chips
+    nodes = nodes_for(x, o.chips, o.node)
+    return [Deployment(((int(o.ref[k]), int(x[k])),), float(x[k] * o.usd_s[k]), float(rate[k]), int(gpus[k]),
+                       int(nodes[k])) for k in picks]
+
+
+def disaggregated(pre: PoolOptions, dec: PoolOptions, budget: Budget | None, demand: float | None,
+                  top: int = 1) -> list[Deployment]:
+    """The ``top`` best whole deployments of a prefill option and a decode option of one numerics group each (see
+    the module's questions), best first.
+    """
+    by_node = budget is not None and budget.nodes is not None
+    pre, dec = prune(pre, by_node), prune(dec, by_node)
+    found: list[tuple[float, float, Deployment]] = []
+    for g in np.intersect1d(pre.group, dec.group):
+        p, d = pre.take(np.flatnonzero(pre.group == g)), dec.take(np.flatnonzero(dec.group == g))
+        if demand is not None:
+            found += _for_demand(p, d, budget, float(demand), top)
+        else:
+            if budget is None:
+                raise ValueError("a whole deployment needs a budget or a demand")
+            found += _in_budget(p, d, budget, top, bar=found[top - 1][0] if len(found) >= top else math.inf)
+        found.sort(key=lambda f: (f[0], f[1]))
+        found = _distinct_best(found, top)
+    return [f[2] for f in found]
+
+
+def _distinct_best(found: list[tuple[float, float, Deployment]], top: int) -> list[tuple[float, float, Deployment]]:
+    """The first ``top`` of ``found`` (sorted), costs within TIE ordered by their tie key."""
+    if not found:
+        return found
+    cost = np.array([f[0] for f in found])
+    tie = np.array([f[1] for f in found])
+    return [found[i] for i in _best_first(cost, tie, top)]
+
+
+def _deployment(p: PoolOptions, d: PoolOptions, j: int, i: int, x: int, y: int, rate: float) -> Deployment:
+    gpus = x * int(p.chips[j]) + y * int(d.chips[i])
+    nodes = int(nodes_for(x, p.chips[j], p.node[j]) + nodes_for(y, d.chips[i], d.node[i]))
+    return Deployment(((int(p.ref[j]), x), (int(d.ref[i]), y)), x * float(p.usd_s[j]) + y * float(d.usd_s[i]),
+                      rate, gpus, nodes)
+
+
+def _for_demand(p: PoolOptions, d: PoolOptions, budget: Budget | None, demand: float, top: int
+                ) -> list[tuple[float, float, Deployment]]:
+    """Every (prefill, decode) pair of one group at the fewest replicas serving ``demand``."""
+    x = np.ceil(demand / p.rate * (1 - 1e-12)).astype(np.int64)
+    y = np.ceil(demand / d.rate * (1 - 1e-12)).astype(np.int64)
+    xu, yu = _units(budget, x, p.chips, p.node), _units(budget, y, d.chips, d.node)
+    usd = (x * p.usd_s)[:, None] + (y * d.usd_s)[None, :]
+    units = xu[:, None] + yu[None, :]
+    if budget is not None:
+        usd = np.where(units <= budget.limit, usd, np.inf)
+    flat = _best_first(usd.ravel(), units.ravel().astype(float), top)
+    out = []
+    for k in flat:
+        j, i = divmod(int(k), len(d))
+        out.append((float(usd.ravel()[k]), float(units.ravel()[k]),
+                    _deployment(p, d, j, i, int(x[j]), int(y[i]), demand)))
+    return out
+
+
+def _in_budget(p: PoolOptions, d: PoolOptions, budget: Budget, top: int, bar: float
+               ) -> list[tuple[float, float, Deployment]]:
+    """Each (prefill, decode) pair of one group at its best replica counts within the budget, pairs taken in
+    increasing fluid cost until it exceeds the ``top``-th best found (``bar``: the best already found elsewhere).
+    """
+    n = budget.limit
+    j, i = np.meshgrid(np.arange(len(p)), np.arange(len(d)), indexing="ij")
+    j, i = j.ravel(), i.ravel()
+    room = n - _units(budget, np.ones(len(j), dtype=np.int64), p.chips[j], p.node[j])
+    ymax = _most(budget, room, d.chips[i], d.node[i])
+    keep = ymax >= 1
+    j, i, ymax = j[keep], i[keep], ymax[keep]
+    fluid = p.usd_s[j] / p.rate[j] + d.usd_s[i] / d.rate[i]  # no whole deployment of the pair costs less
+    order = np.argsort(fluid, kind="stable")
+    j, i, ymax, fluid = j[order], i[order], ymax[order], fluid[order]
+    best: list[tuple[float, float, Deployment]] = []
+    start = 0
+    while start < len(j):
+        if fluid[start] > bar * (1 + TIE):
+            break
+        stop = start + max(1, int(np.searchsorted(np.cumsum(ymax[start:]), EXPANDED)))
+        cj, ci, cy = j[start:stop], i[start:stop], ymax[start:stop]
+        start = stop
+        pair = np.repeat(np.arange(len(cj)), cy)
+        y = np.arange(len(pair)) - np.repeat(np.cumsum(cy) - cy, cy) + 1
+        pj, di = cj[pair], ci[pair]
+        a, b = p.rate[pj], d.rate[di]
+        xmax = _most(budget, n - _units(budget, y, d.chips[di], d.node[di]), p.chips[pj], p.node[pj])
+        lo = np.floor(y * b / a).astype(np.int64)
+        costs, rates, xs = [], [], []
+        for x in (np.clip(lo, 1, xmax), np.clip(lo + 1, 1, xmax)):
+            r = np.minimum(x * a, y * b)
+            costs.append((x * p.usd_s[pj] + y * d.usd_s[di]) / r)
+            rates.append(r)
+            xs.append(x)
+        take = _better(costs[1], rates[1], costs[0], rates[0])
+        cost, rate, x = (np.where(take, v[1], v[0]) for v in (costs, rates, xs))
+        # per pair: its least cost, then the most requests/s among costs within TIE of it
+        low = np.minimum.reduceat(cost, np.r_[0, np.cumsum(cy)[:-1]])
+        near = cost <= low[pair] * (1 + TIE)
+        score = np.where(near, rate, -np.inf)
+        k = np.lexsort((-score, pair))
+        head = np.ones(len(k), dtype=bool)
+        head[1:] = pair[k[1:]] != pair[k[:-1]]
+        for e in k[head]:
+            q = int(pair[e])
+            best.append((float(cost[e]), -float(rate[e]),
+                         _deployment(p, d, int(cj[q]), int(ci[q]), int(x[e]), int(y[e]), float(rate[e]))))
+        best.sort(key=lambda f: (f[0], f[1]))
+        best = _distinct_best(best, top)
+        if len(best) >= top:
+            bar = min(bar, best[top - 1][0])
+    return best
+
+
+def _better(c1: np.ndarray, r1: np.ndarray, c0: np.ndarray, r0: np.ndarray) -> np.ndarray:
+    """Where (c1, r1) beats (c0, r0): a lower cost, or a cost within TIE and more requests/s."""
+    return (c1 < c0 * (1 - TIE)) | ((c1 <= c0 * (1 + TIE)) & (r1 > r0))
+
+
+# ---- the options of a searched space, and the results of its whole deployments -------------------------------
+def _node(space: Space, system_idx: np.ndarray) -> np.ndarray:
+    """Chips per node (host) of each system, 0 where the catalog has no sourced figure."""
+    return np.array([space.systems[int(k)].chips_per_node or 0 for k in system_idx], dtype=np.int64)
+
+
+def aggregated_options(space: Space, opt: BlockOptima, mask: np.ndarray | None = None) -> PoolOptions:
+    """Each feasible block of the aggregated search at its cheapest batch (also its most requests/s), its capacity
+    judged at the search's margins; ``ref`` is the block's position.
+    """
+    ok = opt.n > 0 if mask is None else (opt.n > 0) & mask
+    j = np.flatnonzero(ok)
+    si = opt.blocks["system_idx"].to_numpy()[j]
+    rate = opt.metrics["requests_per_s"][j] / np.broadcast_to(per_pair(opt.margins, space, j)[0], j.shape)
+    return PoolOptions(opt.blocks["chips"].to_numpy()[j], _node(space, si), si, opt.metrics["usd_per_s"][j], rate,
+                       np.zeros(len(j)), j)
+
+
+def decode_options(space: Space, t: DisaggregatedTables, mask: np.ndarray | None = None) -> PoolOptions:
+    """Every decode pair the tables kept that fits and meets the TPOT target (``ref``: its index there)."""
+    ok = t.dok if mask is None else t.dok & mask[t.dpos]
+    i = np.flatnonzero(ok)
+    pos = t.dpos[i]
+    si = space.blocks["system_idx"].to_numpy()[pos]
+    rate = t.dm["requests_per_s"][i] / np.broadcast_to(per_pair(t.margins, space, pos)[0], i.shape)
+    return PoolOptions(space.blocks["chips"].to_numpy()[pos], _node(space, si), si, t.dm["usd_per_s"][i], rate,
+                       numerics_group(space, pos), i)
+
+
+def prefill_options_of(space: Space, t: DisaggregatedTables, mask: np.ndarray | None = None) -> PoolOptions:
+    """Every prefill option meeting the TTFT target (as the tables judge it) at its planned utilisation."""
+    pre = t.searched_pre
+    ok = pre.ok if mask is None else pre.ok & mask[pre.pos]
+    j = np.flatnonzero(ok)
+    si = space.blocks["system_idx"].to_numpy()[pre.pos[j]]
+    rate = prefill_capacity(pre, j) / np.broadcast_to(per_pair(t.margins, space, pre.pos[j])[0], j.shape)
+    return PoolOptions(pre.metrics["chips"][j], _node(space, si), si, pre.metrics["usd_per_s"][j], rate,
+                       numerics_group(space, pre.pos[j]), j)
+
+
+def _result(d: Deployment, objective: float, t0: float) -> SolveResult:
+    return SolveResult("optimal", "enumeration", objective, objective, 0.0, time.perf_counter() - t0, SOLVER)
+
+
+def whole_aggregated(space: Space, opt: BlockOptima, budget: Budget | None, demand: float | None,
+                     mask: np.ndarray | None = None, top: int = 1) -> list[RequestResult]:
+    """The ``top`` best whole aggregated deployments (``demand`` in output tokens/s), best first; InfeasibleError
+    names what runs out when there is none.
+    """
+    t0 = time.perf_counter()
+    lam = None if demand is None else demand / space.workload.output
+    options = aggregated_options(space, opt, mask)
+    if not len(options):
+        ranked(space, opt, 1, mask)  # no feasible configuration: its diagnosis names the binding limit
+    found = aggregated(options, budget, lam, top)
+    if not found:
+        raise InfeasibleError(_shortfall(space, "aggregated", budget, demand, options, None))
+    out = []
+    for d in found:
+        (j, x), = d.pools
+        obj = d.usd_s / d.rate
+        out.append(aggregated_result(space, opt, j, _result(d, obj, t0), x, demand, whole=True))
+    return out
+
+
+def whole_disaggregated(space: Space, t: DisaggregatedTables, budget: Budget | None, demand: float | None,
+                        mask: np.ndarray | None = None, top: int = 1) -> list[DisaggregatedResult]:
+    """The ``top`` best whole disaggregated deployments (``demand`` in output tokens/s), best first;
+    InfeasibleError names what runs out when there is none.
+    """
+    t0 = time.perf_counter()
+    lam = None if demand is None else demand / space.workload.output
+    pre, dec = prefill_options_of(space, t, mask), decode_options(space, t, mask)
+    if not len(np.intersect1d(pre.group, dec.group)):
+        ranked_disaggregated(space, t, 1, mask)  # no feasible pair of pools: its diagnosis names the binding limit
+    found = disaggregated(pre, dec, budget, lam, top)
+    if not found:
+        raise InfeasibleError(_shortfall(space, "disaggregated", budget, demand, pre, dec))
+    out = []
+    for d in found:
+        (j, x), (i, y) = d.pools
+        out.append(disaggregated_result(space, t, i, j, _result(d, d.usd_s / d.rate, t0), (x, y), demand,
+                                        whole=True))
+    return out
+
+
+def _shortfall(space: Space, mode: str, budget: Budget | None, demand: float | None, first: PoolOptions,
+               second: PoolOptions | None) -> str:
+    """Why no whole deployment of ``mode`` exists where feasible configurations do: the budget's shortfall against
+    the smallest deployment (one replica of each pool; for a demand, the fewest serving it).
+    """
+    w = space.workload
+    head = f"no whole {mode} deployment of {space.model.id} / {w.name}"
+    lam = None if demand is None else demand / w.output
+    need = []
+    for o in (first, second):
+        if o is None:
+            continue
+        if budget is not None and budget.nodes is not None:
+            o = o.take(np.flatnonzero(o.node > 0))
+            if not len(o):
+                return (f"{head} within the budget of {budget.text()}: no feasible configuration is on a system with "
+                        "a sourced host size (chips_per_node in the hardware catalog); state the budget in gpus")
+        x = np.ones(len(o), dtype=np.int64) if lam is None else np.ceil(lam / o.rate * (1 - 1e-12)).astype(np.int64)
+        need.append(int(_units(budget, x, o.chips, o.node).min()))
+    smallest = sum(need)
+    what = "one replica of each pool" if lam is None else f"{demand:,.0f} output tokens/s"
+    if budget is None:  # pragma: no cover - a demand alone is always met by enough replicas
+        return f"{head}: none serves {what}"
+    return (f"{head} within the budget of {budget.text()}: {what} needs at least {smallest:,} {budget.unit}, "
+            f"{smallest - budget.limit:,} more than the budget")

@@ -1,0 +1,66 @@
+"""The README's examples run as written and print what the README says they print: `dse evaluate`'s table, the
+answer lines of a budgeted study, and the Python example, whose `assert` states its study's expectation."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from helpers import dse
+
+ROOT = Path(__file__).resolve().parent.parent
+BOX = re.compile("[│┃┏┓┗┛━┡┩╇┳┻┴─└┘┌┐╭╮╯╰┼]")
+
+
+def _block(after: str) -> list[str]:
+    """The lines of the README's code block that starts with the line ``after``, without it."""
+    text = (ROOT / "README.md").read_text()
+    body = text.split(after + "\n", 1)[1].split("```", 1)[0]
+    return [line for line in body.splitlines() if line.strip()]
+
+
+def _plain(text: str) -> list[str]:
+    """Printed lines with the table rules dropped and the spacing collapsed."""
+    return [" ".join(BOX.sub(" ", line).split()) for line in text.splitlines() if BOX.sub(" ", line).strip()]
+
+
+def test_the_evaluate_example_prints_what_the_readme_shows():
+    command = "$ dse evaluate --model llama-3.1-70b --system h100 --tp 8 --batch 64 --context 4096 --ideal"
+    r = dse(*command.split()[2:], env={"COLUMNS": "100"})
+    assert r.returncode == 0, r.stderr
+    assert _plain(r.stdout) == [" ".join(line.split()) for line in _block(command)]
+
+
+def test_the_budget_example_prints_what_the_readme_shows(shipped, monkeypatch, capsys):
+    """`dse run studies/budget_16_gpus.yaml`: the answer lines the README shows, and the study's `expect`."""
+    from dse.cli import _print_study
+
+    r = shipped("budget_16_gpus")
+    assert r.returncode == 0, r.stderr
+    monkeypatch.setenv("COLUMNS", "400")
+    _print_study(r.summary, {}, r.out, r.files)
+    printed = capsys.readouterr().out.splitlines()
+    shown = _block("$ dse run studies/budget_16_gpus.yaml")
+    assert printed[1:1 + len(shown)] == shown
+    # the study's expectation: xPyD on all 16 GPUs, the decode batch bound by HBM, about 20% below aggregated
+    (e,) = r.summary["best"]
+    assert e["serving"] == "disaggregated" and e["chips"] == 16 and e["binding"] == "HBM capacity"
+    assert 100 <= e["pools"][1]["batch"] <= 1000
+    agg = min(a["usd_per_request"] for a in e["alternatives"] if a["serving"] == "aggregated")
+    assert 0.75 <= e["usd_per_request"] / agg <= 0.85
+    assert e["usd_per_request_fluid"] <= e["usd_per_request"] <= 1.05 * e["usd_per_request_fluid"]
+    assert all(a["chips"] <= 16 for a in e["alternatives"])
+
+
+def test_the_python_example_runs_and_meets_its_expectation(tmp_path, monkeypatch):
+    """The notebook-style example, run as written in a scratch folder: its `assert` is its study's expectation."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "assert " in block
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT))
+    namespace: dict = {}
+    exec(compile(block.replace("studies/", f"{ROOT}/studies/"), "README.md", "exec"), namespace)
+    result = namespace["result"]
+    assert result.summary["status"] == "optimal" and not result.tables["best"].empty
+    assert (tmp_path / "results" / "readme-example" / "summary.json").exists()

@@ -1,0 +1,256 @@
+"""Whole deployments within a budget of GPUs or nodes, or for a demand, or both (`dse.optimize.whole`), against a
+brute force over every decode batch, every prefill option and every replica count of random small spaces.
+
+The brute force shares no code with the search: it lists the layouts itself (`helpers.brute_force_choices`),
+evaluates every aggregated replica and every decode replica at every batch per DP rank and every prefill replica
+with and without context parallelism through the request-level physics, packs replicas onto nodes one by one, and
+tries every (prefill replicas, decode replicas) count the budget holds. A deployment serves min(x a, y b)
+requests/s (a: a prefill replica's requests/s at the utilisation its TTFT target allows, b: a decode replica's at
+its batch) and costs every chip's USD/s; in a budget the least USD per request as deployed wins (then the most
+requests/s), for a demand the least USD/s serving it (then the fewest GPUs or nodes).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from helpers import brute_force_choices, brute_force_pools, candidates_of, random_space
+
+from dse.catalog.hardware import IDEAL, default_systems
+from dse.catalog.models import get_model
+from dse.catalog.units import DTYPES
+from dse.errors import InfeasibleError
+from dse.optimize.requests import block_optima, disaggregated_tables
+from dse.optimize.space import build_space
+from dse.optimize.whole import SOLVER, Budget, whole_aggregated, whole_disaggregated
+from dse.physics.roofline import ModelTable, SystemTable
+from dse.physics.serving import Request, aggregated
+
+TOL = 1e-9
+MOST_PER_UNIT = 128
+"""More replicas than a GPU or a node (a host of at most 8 chips) holds (the loops stop where the budget runs
+out)."""
+
+
+SMALL = ("llama-3.1-8b", "qwen3-32b", "llama-3.1-70b", "mixtral-8x22b", "gpt-oss-120b", "minimax-m2.5")
+"""Models that fit in a replica of at most 8 chips (the spaces here), dense and MoE."""
+
+
+def _case(rng: np.random.Generator):
+    _, opts = random_space(rng)
+    model = get_model(SMALL[rng.integers(len(SMALL))])
+    opts = replace(opts, max_batch_per_rank=int(rng.choice([4, 12])), max_chips_per_stage=8, max_racks=1,
+                   tp=tuple(t for t in opts.tp if t <= 4) or (1,), pp=(1,))
+    tpot = float(rng.choice([0.02, 0.05, 0.2])) if rng.random() < 0.7 else None
+    ttft = float(rng.choice([0.5, 5.0, 60.0])) if rng.random() < 0.7 else None
+    w = Request(name="random", prompt=int(rng.choice([500, 4000, 32_000])), output=int(rng.choice([50, 500])),
+                tpot_max=tpot, ttft_max=ttft)
+    kind = rng.integers(3)
+    servers = tuple(s for s in opts.systems if default_systems()[s].chips_per_node)  # a sourced host size
+    budget = None if kind == 2 else (Budget(nodes=int(rng.choice([1, 2]))) if rng.random() < 0.4 and servers
+                                     else Budget(gpus=int(rng.choice([2, 8, 16, 24]))))
+    if budget is not None and budget.nodes is not None:
+        opts = replace(opts, systems=servers)
+    demand = float(rng.choice([2e3, 3e4])) if kind > 0 else None  # output tokens/s
+    return model, w, opts, budget, demand
+
+
+@functools.cache
+def _packed(chips: int, node: int, count: int) -> np.ndarray:
+    """Nodes of ``node`` chips that 0, 1, ..., ``count`` replicas of ``chips`` chips take, placed one by one: a
+    replica fits in the free chips of the last node opened, or opens a node (a replica larger than a node opens as
+    many as it needs)."""
+    nodes, free, out = 0, 0, [0]
+    for _ in range(count):
+        if chips <= node:
+            if free < chips:
+                nodes, free = nodes + 1, node
+            free -= chips
+        else:
+            nodes, free = nodes + math.ceil(chips / node), 0
+        out.append(nodes)
+    return np.array(out)
+
+
+def _units(budget: Budget | None, replicas: int, chips: int, node: int) -> int:
+    if budget is not None and budget.nodes is not None:
+        return int(_packed(chips, node, replicas)[replicas])
+    return replicas * chips
+
+
+def _better(cand: tuple, best: tuple | None) -> bool:
+    """(cost, tie) beats best: a lower cost, or a cost within TOL and a lower tie key."""
+    return best is None or cand[0] < best[0] * (1 - TOL) or (cand[0] <= best[0] * (1 + TOL) and cand[1] < best[1])
+
+
+def brute_aggregated(model, w: Request, opts, budget: Budget | None, demand: float | None):
+    """(objective, tie key) of the best whole aggregated deployment, or None."""
+    systems, choices = brute_force_choices(model, opts)
+    rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), int(tier == "host"), n)
+            for si, lay, wd, kd, tier in choices for n in range(1, opts.max_batch_per_rank + 1)]
+    if not rows:
+        return None
+    r = aggregated(candidates_of(rows, w.prompt + w.output), ModelTable.build([model]), SystemTable.build(systems),
+                   Request(w.prompt, w.output), IDEAL if opts.ideal else None)
+    ok = r["fits"] & r["stable"] & np.isfinite(r["usd_per_request"]) & (r["usd_per_request"] > 0)
+    if w.tpot_max is not None:
+        ok &= r["tpot_s"] <= w.tpot_max * (1 + TOL)
+    if w.ttft_max is not None:
+        ok &= r["ttft_s"] <= w.ttft_max * (1 + TOL)
+    best = None
+    lam = None if demand is None else demand / w.output
+    for k in np.flatnonzero(ok):
+        chips, node = int(r["chips"][k]), systems[rows[k][0]].chips_per_node or 1
+        rate, usd = float(r["requests_per_s"][k]), float(r["usd_per_s"][k])
+        if budget is None:  # a demand alone: the fewest replicas serving it (more cost more and serve no more)
+            x = math.ceil(lam / rate * (1 - 1e-12))
+            cand = (x * usd, x * chips)
+            best = cand if _better(cand, best) else best
+            continue
+        for x in range(1, budget.limit * MOST_PER_UNIT + 1):
+            units = _units(budget, x, chips, node)
+            if budget is not None and units > budget.limit:
+                break
+            if lam is not None:
+                if x * rate < lam * (1 - 1e-12):
+                    continue
+                cand = (x * usd, units)
+            else:
+                cand = (x * usd / (x * rate), -x * rate)
+            if _better(cand, best):
+                best = cand
+    return best
+
+
+def brute_disaggregated(model, w: Request, opts, budget: Budget | None, demand: float | None):
+    """(objective, tie key) of the best whole disaggregated deployment, or None."""
+    t = brute_force_pools(model, w, opts)
+    if t is None:
+        return None
+    systems, _ = brute_force_choices(model, opts)
+    rows, dec, pre, pre_rows, rho = t["rows"], t["dec"], t["pre"], t["pre_rows"], t["rho"]
+    lam = None if demand is None else demand / w.output
+    d_ok = np.flatnonzero(t["d_ok"])
+    formats = np.array([(r[6], r[7]) for r in rows]).reshape(-1, 2)
+    host = np.array([systems[r[0]].chips_per_node or 1 for r in rows])
+    best = None
+    for j in np.flatnonzero(t["p_ok"]):
+        a = float(pre["servers"][j] * rho[j] / pre["prefill_service_s"][j])
+        u, c = float(pre["usd_per_s"][j]), int(pre["chips"][j])
+        g = systems[pre_rows[j][0]].chips_per_node or 1
+        same = d_ok[(formats[d_ok, 0] == pre_rows[j][6]) & (formats[d_ok, 1] == pre_rows[j][7])]
+        if not len(same):
+            continue
+        b, v = dec["requests_per_s"][same], dec["usd_per_s"][same]
+        dc, dg = dec["chips"][same].astype(np.int64), host[same]
+        if budget is None:  # a demand alone: each pool's fewest replicas serving it, every pair of rows
+            x, y = math.ceil(lam / a * (1 - 1e-12)), np.ceil(lam / b * (1 - 1e-12))
+            cost, tie = x * u + y * v, (x * c + y * dc).astype(float)
+            best = _least(cost, tie, np.ones(len(same), dtype=bool), best)
+            continue
+        # every (x, y) the budget holds, every decode row of the same formats at once
+        ys = np.arange(1, budget.limit * MOST_PER_UNIT + 1)
+        if budget.nodes is not None:
+            yu = np.stack([_packed(int(ci), int(gi), len(ys))[1:] for ci, gi in zip(dc, dg, strict=True)], axis=1)
+        else:
+            yu = ys[:, None] * dc[None, :]
+        for x in range(1, budget.limit * MOST_PER_UNIT + 1):
+            xu = _units(budget, x, c, g)
+            if xu >= budget.limit:
+                break
+            fits = xu + yu <= budget.limit
+            rate = np.minimum(x * a, ys[:, None] * b[None, :])
+            if lam is not None:
+                fits &= rate >= lam * (1 - 1e-12)
+                cost, tie = x * u + ys[:, None] * v[None, :], (xu + yu).astype(float)
+            else:
+                cost, tie = (x * u + ys[:, None] * v[None, :]) / rate, -rate
+            best = _least(cost, tie, fits, best)
+    return best
+
+
+def _least(cost: np.ndarray, tie: np.ndarray, ok: np.ndarray, best: tuple | None) -> tuple | None:
+    """The better of ``best`` and the least (cost, tie) where ``ok`` holds (ties: costs within TOL of the least)."""
+    if not ok.any():
+        return best
+    low = np.min(cost[ok])
+    near = ok & (cost <= low * (1 + TOL))
+    k = np.unravel_index(np.argmin(np.where(near, tie, np.inf)), cost.shape)
+    cand = (float(cost[k]), float(tie[k]))
+    return cand if _better(cand, best) else best
+
+
+def _check(space, w: Request, r, budget: Budget | None, demand: float | None) -> tuple[float, float]:
+    """The deployment recomputed from its pools as reported: it fits the budget, serves the demand, meets the
+    targets at its planned figures; returns (objective, tie key) as the brute force states them."""
+    pools = r.pools if hasattr(r, "pools") else [{"role": "both", "replicas": r.replicas, **r.config}]
+    by_id = {s.id: s for s in space.systems}
+    units = sum(_units(budget, p["replicas"], p["chips"], by_id[p["system"]].chips_per_node or 1) for p in pools)
+    usd = sum(p["replicas"] * p["chips"] * by_id[p["system"]].price_per_s for p in pools)
+    dep = r.deployed
+    assert dep["chips"] == sum(p["replicas"] * p["chips"] for p in pools)
+    assert dep["usd_per_s"] == pytest.approx(usd, rel=1e-12)
+    if budget is not None:
+        assert units <= budget.limit
+    if w.tpot_max is not None:
+        assert dep["tpot_s"] <= w.tpot_max * (1 + TOL)
+    if w.ttft_max is not None:
+        assert dep["ttft_s"] <= w.ttft_max * (1 + TOL)
+    assert r.result.solver == SOLVER and r.result.gap == 0 and r.whole
+    if demand is not None:
+        assert dep["requests_per_s"] == pytest.approx(demand / w.output, rel=1e-12)
+        return usd, units
+    return usd / dep["requests_per_s"], -dep["requests_per_s"]
+
+
+@pytest.mark.parametrize("chunk", range(3))
+def test_whole_deployments_equal_a_brute_force(chunk):
+    """60 random small spaces, each with a budget of GPUs or nodes, a demand, or both: the best whole aggregated
+    and disaggregated deployments equal the brute force's (cost and tie key), and recompute from their pools."""
+    rng = np.random.default_rng(7300 + chunk)
+    agree = checked = 0
+    for _ in range(20):
+        model, w, opts, budget, demand = _case(rng)
+        space = build_space(model, w, opts)
+        for mode, brute in (("aggregated", brute_aggregated), ("disaggregated", brute_disaggregated)):
+            ref = brute(model, w, opts, budget, demand)
+            checked += 1
+            if space.blocks.empty:
+                assert ref is None
+                continue
+            try:
+                if mode == "aggregated":
+                    got = whole_aggregated(space, block_optima(space, w), budget, demand)[0]
+                else:
+                    got = whole_disaggregated(space, disaggregated_tables(space, w), budget, demand)[0]
+            except InfeasibleError as exc:
+                assert ref is None, (mode, model.id, w, opts, budget, demand, ref, str(exc))
+                continue
+            assert ref is not None, (mode, model.id, w, opts, budget, demand)
+            cost, tie = _check(space, w, got, budget, demand)
+            assert cost == pytest.approx(ref[0], rel=TOL), (mode, model.id, w, opts, budget, demand)
+            if cost <= ref[0] * (1 + TOL) and ref[0] <= cost * (1 + TOL):
+                assert tie == pytest.approx(ref[1], rel=TOL), (mode, model.id, w, opts, budget, demand)
+            agree += 1
+    print(f"whole deployments: {agree} of {checked} searches agree with the brute force")
+    assert agree >= 10
+
+
+def test_a_budget_below_the_smallest_deployment_names_the_shortfall():
+    """Llama 3.1 70B in BF16 needs more than one H100's HBM: a 1-GPU budget is infeasible, and the message names
+    the budget and how many GPUs the smallest deployment needs."""
+    from dse.optimize.space import SpaceOptions
+
+    w = Request(name="chat", prompt=2000, output=200, tpot_max=0.1)
+    space = build_space(get_model("llama-3.1-70b"), w, SpaceOptions(systems=("h100",), weights_dtypes=("bf16",),
+                                                                   kv_dtypes=("bf16",), kv_tiers=("hbm",), pp=(1,),
+                                                                   max_batch_per_rank=64))
+    with pytest.raises(InfeasibleError, match=r"within the budget of 1 GPUs: one replica of each pool needs at "
+                                              r"least 2 GPUs, 1 more than the budget"):
+        whole_aggregated(space, block_optima(space, w), Budget(gpus=1), None)
+    (r,) = whole_aggregated(space, block_optima(space, w), Budget(gpus=16), None)
+    assert r.replicas * r.config["chips"] <= 16 and r.replicas * r.config["chips"] > 8  # copies fill the budget
