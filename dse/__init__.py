@@ -40,7 +40,7 @@ def evaluate(model: str, system: str, batch: int, context: int, *, ideal: bool =
 
     ``config`` takes the other fields of `dse evaluate`: ``tp``, ``ep``, ``pp``, ``dp``, ``etp``,
     ``chips``, ``phase``, ``weights_dtype``, ``kv_dtype``, ``kv_tier``, ``kv_shard``, ``micro_batches``,
-    ``prompt``, ``moe_imbalance``.
+    ``prompt``, ``moe_imbalance``, ``output`` (request-level keys), ``framework``, ``mem_fraction``, ``arrival``.
     """
     from dse.physics.evaluate import Config, evaluate_config
 

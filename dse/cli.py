@@ -135,6 +135,16 @@ def evaluate(
     allow_beyond_trained_context: Annotated[bool, typer.Option(
         "--allow-beyond-trained-context", help="Accept a context beyond the model's published window (flagged).")
     ] = False,
+    framework: Annotated[str | None, typer.Option(
+        help="Serving framework: vllm, sglang or trtllm (NVIDIA only); its memory reservation and serving stack's "
+             "latency (default: the system's vendor default, vLLM).")] = None,
+    mem_fraction: Annotated[float | None, typer.Option(
+        "--mem-fraction", help="The framework's memory fraction (vLLM gpu_memory_utilization, SGLang "
+                               "mem_fraction_static, TensorRT-LLM free_gpu_memory_fraction; default: its own).")
+    ] = None,
+    arrival: Annotated[str, typer.Option(
+        help="With --output: poisson (open loop, production traffic) or concurrency (a closed loop of --batch "
+             "requests in flight per micro-batch, as a benchmark at that concurrency).")] = "poisson",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Roofline step time, throughput, cost and memory of one serving configuration."""
@@ -148,7 +158,8 @@ def evaluate(
             moe_imbalance=moe_imbalance, output=output, chunk=chunk, cached=cached, draft=draft, accept=accept,
             experts_dtype=experts_dtype.value if experts_dtype else None, weight_only=weight_only,
             price_kind=price_kind, usd_per_chip_hour=usd_per_chip_hour,
-            allow_beyond_trained_context=allow_beyond_trained_context,
+            allow_beyond_trained_context=allow_beyond_trained_context, framework=framework,
+            mem_fraction=mem_fraction, arrival=arrival,
         )
         result = evaluate_config(cfg, ideal=ideal)
     except (InputError, InfeasibleError) as exc:
@@ -166,9 +177,10 @@ def evaluate(
         if result["kv_tier"] == "host" and need <= usable:
             why = "host memory capacity runs out: the KV cache does not fit in the host memory of the chips"
         else:
+            reserve = ("the reserve of " + result["framework"]) if result["framework"] else "nothing reserved"
             why = (f"HBM capacity runs out {where}: {_si(need, 'B')} per chip needed (weights, KV, activations) "
                    f"against {_si(usable, 'B')} usable ({_si(result['hbm_capacity_per_chip'], 'B')} of HBM less "
-                   f"the reserve the calibration keeps free), short by {_si(need - usable, 'B')}")
+                   f"{reserve}), short by {_si(need - usable, 'B')}")
         Console(stderr=True).print(f"[bold red]does not fit:[/] {escape(why)}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)
 
@@ -204,7 +216,7 @@ def _print_evaluation(r: dict) -> None:
     fits = "fits" if r["fits"] else "DOES NOT FIT"
     cap = _si(r["hbm_capacity_per_chip"], "B")
     usable = (f"{_si(r['hbm_usable_per_chip'], 'B')} usable of {cap}" if r["hbm_usable_per_chip"] < r[
-        "hbm_capacity_per_chip"] else f"of {cap}")
+        "hbm_capacity_per_chip"] else f"of {cap}") + (f" as {r['framework']} reserves it" if r["framework"] else "")
     crossover = "-" if r["kv_crossover_context"] is None else f"{r['kv_crossover_context']:.0f}"
     band_t = band_c = ""
     if r.get("tokens_per_s_band"):
@@ -241,11 +253,18 @@ def _print_evaluation(r: dict) -> None:
             return f"; 80% band {_si(b[0], unit)} - {_si(b[1], unit)}" if b else ""
 
         rows[3] = ("step (decode)", _si(r["step_s"], "s"), f"bound: {r['bound']}; decode step alone")
-        rows[4] = ("TTFT", _si(r["ttft_s"], "s"), f"wait {_si(r['queue_wait_s'], 's')} (M/D/1) + "
-                   f"{_si(r['prefill_service_s'], 's')} chunked prefill of {r['prompt']} tokens{band('ttft_s', 's')}")
+        queue = "M/D/1, Poisson arrivals" if r["arrival"] == "poisson" else "closed loop's wave"
+        stack = f" + {_si(r['stack_latency_s'], 's')} {r['framework']} stack" if r["framework"] else ""
+        rows[4] = ("TTFT", _si(r["ttft_s"], "s"), f"wait {_si(r['queue_wait_s'], 's')} ({queue}) + "
+                   f"{_si(r['prefill_service_s'], 's')} chunked prefill of {r['prompt']} tokens{stack}"
+                   f"{band('ttft_s', 's')}")
         rows[5:5] = [
+            ("TTFT p50 / p90 / p99", " / ".join(_si(r[f"ttft_{p}_s"], "s") for p in ("p50", "p90", "p99")),
+             "quantiles over requests"),
             ("TPOT", _si(r["tpot_s"], "s"), f"with prefill interference ({_si(r['chunk_extra_s'], 's')} per chunk)"
              f"{band('tpot_s', 's')}"),
+            ("TPOT p50 / p90 / p99", " / ".join(_si(r[f"tpot_{p}_s"], "s") for p in ("p50", "p90", "p99")),
+             "quantiles over requests (the chunks a request's decode meets)"),
             ("request throughput", _si(r["requests_per_s"], "req/s"),
              f"{r['tokens_per_s_per_gpu']:.4g} output tok/s per GPU, {r['tokens_per_s_per_user']:.4g} per user"),
             ("cost per request", f"{r['usd_per_request']:.4g} USD",
@@ -439,8 +458,8 @@ def validate(
         help="Cases file (default: hw_catalog/calibration/cases.yaml); or measured runs: CSVs in the measured-runs "
         "columns and JSON results of a dse export benchmark script, each option one file, several read as one."
         )] = None,
-    fit: Annotated[bool, typer.Option("--fit", help="Refit the efficiencies (leave-one-out too); store them, then the "
-                                      "error bands.")] = False,
+    fit: Annotated[bool, typer.Option("--fit", help="Refit the efficiencies (leave-one-out too) and the serving "
+                                      "stacks' terms; store them, then the error bands.")] = False,
     bands: Annotated[bool, typer.Option("--bands", help="Recompute the error bands of the predictions from the stored "
                                         "fit and the measured serving runs; store them (calibration/fitted.yaml)."
                                         )] = False,
@@ -477,6 +496,8 @@ def validate(
         loaded = v.load_cases(cases)
         if fit:
             runs_files = catalog_runs_files()
+            if runs_files:  # the stack's terms first: the runs' request level (and so the joint fit) uses them
+                _store_stack(runs_files, err)
             with err.status("fitting the efficiencies, then leaving each point out") as status:
                 cal = v.calibrate(loaded, default_efficiency(), loo=True,
                                   progress=lambda i, n: status.update(f"leave-one-out {i + 1}/{n}"),
@@ -491,6 +512,8 @@ def validate(
                               f"{r['fixed_point_largest_move']:.2%} per round", highlight=False)
             default_efficiency_catalog.cache_clear()
             clear_calibration_cache()
+            if runs_files:  # and again at the factors just fitted (the stored fit is its own fixed point)
+                _store_stack(runs_files, err)
         if fit or bands:
             _store_bands(loaded, err)
             clear_calibration_cache()
@@ -509,6 +532,23 @@ def validate(
         typer.echo(json.dumps(report.as_dict(), indent=2))
         return
     _print_validation(report, target)
+
+
+def _store_stack(runs_files: list[Path], err: Console) -> None:
+    """The serving stack's terms per framework and mode fitted on the measured runs at the catalog's factors,
+    written into calibration/serving_stack.yaml (`dse.validate.stack`).
+    """
+    import datetime
+
+    from dse.catalog.frameworks import clear_cache
+    from dse.catalog.hardware import hw_dir
+    from dse.validate.stack import fit_stack_files, write_stack
+
+    with err.status("the serving stacks' latency and queue share, fitted on the measured runs' TTFT"):
+        fits, _ = fit_stack_files(runs_files)
+    write_stack(fits, hw_dir(), datetime.date.today().isoformat(),
+                ", ".join(str(f.relative_to(hw_dir())) for f in runs_files))
+    clear_cache()
 
 
 def _store_training_fit(err: Console, date: str) -> None:

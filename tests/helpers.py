@@ -122,6 +122,18 @@ def candidates_of(rows: list[tuple], context: float):
                       context=context, weights_dtype=a[6], kv_dtype=a[7], kv_tier=a[8])
 
 
+def served(w, ideal: bool = False):
+    """The request as a study's space serves it: through the serving stack of the catalog's default framework
+    (vLLM on every vendor), its terms fitted in hw_catalog/calibration/serving_stack.yaml; the engine alone in the
+    pure roofline (``ideal``).
+    """
+    from dataclasses import replace
+
+    from dse.catalog.frameworks import ENGINE_ONLY, stack_of
+
+    return replace(w, stack=ENGINE_ONLY if ideal else stack_of("vllm"))
+
+
 def brute_force_pools(model, w, opts):
     """Every decode replica (every layout at every batch per DP rank up to the cap) and every prefill replica
     (without and with context parallelism) of a space, listed independently of the space builder and
@@ -134,24 +146,26 @@ def brute_force_pools(model, w, opts):
     from dse.catalog.hardware import IDEAL
     from dse.catalog.units import DTYPES
     from dse.physics.roofline import ModelTable, SystemTable
-    from dse.physics.serving import Request, decode_pool, prefill_pool, rho_for_ttft
+    from dse.physics.serving import decode_pool, prefill_pool, rho_for_ttft
 
     systems, choices = brute_force_choices(model, opts)
     if not choices:
         return None
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
     eff = IDEAL if opts.ideal else None
-    req = Request(w.prompt, w.output)
+    req = w = served(w, opts.ideal)
     rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), int(tier == "host"), n)
             for si, lay, wd, kd, tier in choices for n in range(1, opts.max_batch_per_rank + 1)]
     dec = decode_pool(candidates_of(rows, w.prompt + w.output), mt, st, req, eff)
     d_ok = dec["fits"] & np.isfinite(dec["usd_per_request"])
     if w.tpot_max is not None:
         d_ok &= dec["tpot_s"] <= w.tpot_max * (1 + 1e-9)
+    for _, cap in w.tpot_quantile_max:  # a decode pool's passes carry no prefill: every request's TPOT is the pass's
+        d_ok &= dec["tpot_s"] <= cap * (1 + 1e-9)
     pre_rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), 0, 1)
                 for si, lay, wd, kd, tier in choices if tier == "hbm"] * 2
     cp = np.repeat([False, True], len(pre_rows) // 2)
     pre = prefill_pool(candidates_of(pre_rows, w.prompt), mt, st, req, cp, eff)
-    rho = rho_for_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], w.ttft_max)
+    rho = rho_for_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], w)
     return {"rows": rows, "dec": dec, "d_ok": d_ok, "pre_rows": pre_rows, "pre": pre, "rho": rho,
             "p_ok": pre["fits"] & np.isfinite(rho), "cp": cp, "mt": mt, "st": st, "eff": eff, "req": req}

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import brute_force_choices, brute_force_pools, candidates_of, dse, random_space
+from helpers import brute_force_choices, brute_force_pools, candidates_of, dse, random_space, served
 
 from dse import run as run_study
 from dse.catalog.calibration import BAND_METRICS, bands_of, families, family_of, load_fitted
@@ -289,7 +289,7 @@ def _brute_aggregated(model, w: Request, opts, m: Margins, demand: float | None 
         return None
     si = np.array([r[0] for r in rows])
     r = aggregated(candidates_of(rows, w.prompt + w.output), ModelTable.build([model]), SystemTable.build(systems),
-                   Request(w.prompt, w.output), IDEAL if opts.ideal else None)
+                   served(Request(w.prompt, w.output), opts.ideal), IDEAL if opts.ideal else None)
     cost = r["usd_per_request"]
     ok = r["fits"] & r["stable"] & np.isfinite(cost) & (cost > 0)
     if w.tpot_max is not None:
@@ -308,7 +308,7 @@ def _brute_disaggregated(model, w: Request, opts, m: Margins) -> float | None:
     """The least decode USD per request x its system's cost margin + prefill USD per request x its own, over every
     (prefill option, decode pair) of one numerics, the prefill at the highest utilisation whose TTFT times its
     margin meets the target, the decode TPOT times its margin meeting its target; None if none."""
-    t = brute_force_pools(model, Request(w.prompt, w.output), opts)
+    t = brute_force_pools(model, w, opts)
     if t is None:
         return None
     rows, dec, pre, pre_rows = t["rows"], t["dec"], t["pre"], t["pre_rows"]
@@ -318,8 +318,7 @@ def _brute_disaggregated(model, w: Request, opts, m: Margins) -> float | None:
     fmt = np.array([(r[6], r[7]) for r in rows])
     best = math.inf
     for j, pr in enumerate(pre_rows):
-        target = None if w.ttft_max is None else w.ttft_max / m.ttft[pr[0]]
-        rho = rho_for_ttft(pre["prefill_service_s"][j], pre["kv_transfer_s"][j], target)
+        rho = rho_for_ttft(pre["prefill_service_s"][j], pre["kv_transfer_s"][j], t["req"], m.ttft[pr[0]])
         if not (pre["fits"][j] and np.isfinite(rho) and rho > 0):
             continue
         same = (fmt[:, 0] == pr[6]) & (fmt[:, 1] == pr[7])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import served as through_stack
 
 import dse
 from dse.catalog.hardware import default_systems
@@ -19,7 +20,7 @@ from dse.catalog.models import get_model
 from dse.catalog.units import DTYPES
 from dse.physics.codes import KV_TIERS
 from dse.physics.roofline import Candidates, ModelTable, SystemTable
-from dse.physics.serving import Request, aggregated, decode_pool, mdl_wait, prefill_pool
+from dse.physics.serving import Request, aggregated, decode_pool, prefill_pool, prefill_ttft
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +46,7 @@ def test_every_pool_recomputes_from_the_physics(answer):
     checked = 0
     for e in result.summary["best"]:
         w = workloads[e["workload"]]
-        req = Request(w.prompt, w.output)
+        req = through_stack(Request(w.prompt, w.output))
         mt = ModelTable.build([get_model(e["model"])])
         served = {"both": 0.0, "decode": 0.0, "prefill": 0.0}
         for p in e["pools"]:
@@ -55,7 +56,7 @@ def test_every_pool_recomputes_from_the_physics(answer):
                 r = prefill_pool(c, mt, st, req, bool(p["context_parallel"]))
                 s = float(r["prefill_service_s"][0])
                 rate = float(r["servers"][0]) * p["utilisation"] / s
-                ttft = s + float(mdl_wait(np.array([p["utilisation"]]), np.array([s]))[0]) + float(r["kv_transfer_s"][0])
+                ttft = float(prefill_ttft(s, r["kv_transfer_s"][0], p["utilisation"], req))
                 assert ttft == pytest.approx(p["ttft_s"], rel=1e-9) and ttft <= w.ttft_max_s * (1 + 1e-9)
             else:
                 c = Candidates(**{**c.__dict__, "context": np.array([w.prompt + w.output])})

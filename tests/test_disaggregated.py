@@ -17,6 +17,7 @@ from helpers import brute_force_pools, random_space
 from dse.errors import InfeasibleError
 from dse.optimize.requests import SOLVER_NAME, solve_disaggregated
 from dse.optimize.space import build_space
+from dse.physics.queueing import QUANTILES
 from dse.physics.serving import Request, disaggregated
 
 
@@ -24,7 +25,10 @@ def random_case(rng: np.random.Generator, moe: bool | None = None):
     model, opts = random_space(rng, moe)
     tpot = float(rng.choice([0.01, 0.03, 0.1, 0.3])) if rng.random() < 0.7 else None
     ttft = float(rng.choice([0.3, 2.0, 30.0, 600.0])) if rng.random() < 0.7 else None
-    w = Request(name="random", prompt=int(rng.choice([128, 2000, 32_000, 200_000])), output=int(rng.choice([16, 500])), tpot_max=tpot, ttft_max=ttft)
+    ttft_q = ((float(rng.choice(QUANTILES)), float(rng.choice([0.3, 2.0, 30.0]))),) if rng.random() < 0.33 else ()
+    tpot_q = ((float(rng.choice(QUANTILES)), float(rng.choice([0.03, 0.1]))),) if rng.random() < 0.2 else ()
+    w = Request(name="random", prompt=int(rng.choice([128, 2000, 32_000, 200_000])), output=int(rng.choice([16, 500])),
+                tpot_max=tpot, ttft_max=ttft, ttft_quantile_max=ttft_q, tpot_quantile_max=tpot_q)
     return model, w, opts
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import brute_force_choices, candidates_of, random_space
+from helpers import brute_force_choices, candidates_of, random_space, served
 
 from dse.catalog.hardware import IDEAL
 from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
 from dse.optimize.requests import SOLVER_NAME, evaluate_pairs, solve_requests
 from dse.optimize.space import SpaceOptions, build_space, pairs
+from dse.physics.queueing import QUANTILES
 from dse.physics.roofline import ModelTable, SystemTable
 from dse.physics.serving import Request, aggregated
 
@@ -26,7 +27,13 @@ def random_case(rng: np.random.Generator, moe: bool | None = None):
     cap = rng.random()
     tpot = float(rng.choice([0.01, 0.03, 0.1, 0.3])) if cap < 0.7 else None
     ttft = float(rng.choice([0.5, 5.0, 60.0, 600.0])) if cap > 0.4 else None
-    w = Request(name="random", prompt=int(rng.choice([128, 2000, 32_000, 200_000])), output=int(rng.choice([16, 500])), tpot_max=tpot, ttft_max=ttft)
+    # quantile targets (p50, p90, p99 of TTFT and of TPOT) on a third of the cases
+    ttft_q = ((float(rng.choice(QUANTILES)), float(rng.choice([0.5, 5.0, 60.0]))),) if rng.random() < 0.33 else ()
+    tpot_q = ((float(rng.choice(QUANTILES)), float(rng.choice([0.03, 0.1, 0.3]))),) if rng.random() < 0.33 else ()
+    # a closed loop of N requests in flight (whole replicas holding exactly N) on a fifth of the cases
+    closed = {"arrival": "concurrency", "concurrency": int(rng.choice([48, 64, 256]))} if rng.random() < 0.2 else {}
+    w = Request(name="random", prompt=int(rng.choice([128, 2000, 32_000, 200_000])), output=int(rng.choice([16, 500])),
+                tpot_max=tpot, ttft_max=ttft, ttft_quantile_max=ttft_q, tpot_quantile_max=tpot_q, **closed)
     return model, w, opts
 
 
@@ -40,13 +47,20 @@ def brute_force(model, w: Request, opts: SpaceOptions):
     a = np.array(rows, dtype=np.int64).T
     cand = candidates_of(rows, w.prompt + w.output)
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
-    r = aggregated(cand, mt, st, Request(w.prompt, w.output), IDEAL if opts.ideal else None)
+    quantiles = tuple(q for q, _ in (*w.ttft_quantile_max, *w.tpot_quantile_max))
+    r = aggregated(cand, mt, st, served(Request(w.prompt, w.output, report_quantiles=quantiles, arrival=w.arrival),
+                                        opts.ideal), IDEAL if opts.ideal else None)
     cost = r["usd_per_request"]
     ok = r["fits"] & r["stable"] & np.isfinite(cost) & (cost > 0)
+    if w.concurrency is not None:  # whole replicas of n per DP rank and micro-batch hold the N requests exactly
+        ok &= np.array([w.concurrency % (row[9] * row[2] * row[5]) == 0 for row in rows])
     if w.tpot_max is not None:
         ok &= r["tpot_s"] <= w.tpot_max * (1 + 1e-9)
     if w.ttft_max is not None:
         ok &= r["ttft_s"] <= w.ttft_max * (1 + 1e-9)
+    for metric, caps in (("ttft", w.ttft_quantile_max), ("tpot", w.tpot_quantile_max)):
+        for q, cap in caps:
+            ok &= r[f"{metric}_p{q * 100:g}_s"] <= cap * (1 + 1e-9)
     if not ok.any():
         return None
     i = int(np.argmin(np.where(ok, cost, np.inf)))

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 import dse
+from dse.catalog.frameworks import stack_of
 from dse.catalog.models import get_model
 from dse.optimize.space import SpaceOptions, build_space
 from dse.physics.serving import Request
@@ -17,18 +18,28 @@ from dse.studies.base import SpaceSpec, WorkloadSpec
 def test_workload_spec_builds_the_request_with_every_field():
     spec = WorkloadSpec(name="rag", prompt=8000, output=300, tpot_max_s=0.05, ttft_max_s=3.0,
                         demand_tokens_per_s=2e4, cached_prompt_share=0.25, chunk_tokens=2048, draft_tokens=3,
-                        accept_length=2.5)
+                        accept_length=2.5, ttft_p90_max_s=6.0, tpot_p99_max_s=0.08)
     assert spec.workload() == Request(prompt=8000, output=300, name="rag", cached=0.25, chunk=2048, draft=3,
-                                      accept=2.5, tpot_max=0.05, ttft_max=3.0, demand=2e4)
-    # every field of the request comes from the study file (none left at a default the spec cannot set)
-    assert {f.name for f in dataclasses.fields(Request) if f.name != "_"} == {
-        "prompt", "output", "name", "cached", "chunk", "draft", "accept", "tpot_max", "ttft_max", "demand"}
+                                      accept=2.5, tpot_max=0.05, ttft_max=3.0, demand=2e4,
+                                      ttft_quantile_max=((0.9, 6.0),), tpot_quantile_max=((0.99, 0.08),))
+    closed = WorkloadSpec(name="bench", prompt=1000, output=1000, arrival={"concurrency": 64}).workload()
+    assert (closed.arrival, closed.concurrency, closed.closed_loop) == ("concurrency", 64, True)
+    # every field of the request comes from the study file (none left at a default the spec cannot set), but the
+    # serving stack (the space adds the study's framework's) and the quantiles an answer reports
+    assert {f.name for f in dataclasses.fields(Request) if f.name != "_"} - {"stack", "report_quantiles"} == {
+        "prompt", "output", "name", "cached", "chunk", "draft", "accept", "tpot_max", "ttft_max", "demand",
+        "arrival", "concurrency", "ttft_quantile_max", "tpot_quantile_max"}
 
 
-def test_the_space_carries_the_request_unchanged():
+def test_the_space_carries_the_request_through_its_frameworks_stack():
     req = Request(prompt=2000, output=300, name="chat", chunk=1024, tpot_max=0.06)
     space = build_space(get_model("llama-3.1-8b"), req, SpaceOptions(systems=("h100",), tp=(1,), pp=(1,)))
-    assert space.workload is req
+    assert space.workload == dataclasses.replace(req, stack=stack_of("vllm"))  # the only change: vLLM's stack
+    sglang = build_space(get_model("llama-3.1-8b"), req, SpaceOptions(systems=("h100",), tp=(1,), pp=(1,),
+                                                                      framework="sglang"))
+    assert sglang.workload.stack == stack_of("sglang")
+    ideal = build_space(get_model("llama-3.1-8b"), req, SpaceOptions(systems=("h100",), tp=(1,), pp=(1,), ideal=True))
+    assert ideal.workload == req  # the pure roofline: the engine alone
 
 
 def test_request_fields_after_the_lengths_are_keywords():

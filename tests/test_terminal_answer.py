@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from dse.catalog.units import si
+from dse.report.present import latency_text
 
 
 def _shown(r, monkeypatch, capsys, columns: str) -> str:
@@ -33,16 +33,18 @@ def test_the_answer_as_an_operator_reads_it(shipped, monkeypatch, capsys, column
         pre, dec = e["pools"]
         gpus = pre["replicas"] * pre["chips"] + dec["replicas"] * dec["chips"]
         assert e["chips"] == gpus and isinstance(e["chips"], int)
+        pp = {k: f" PP{p['pp']}" if p["pp"] > 1 else "" for k, p in (("pre", pre), ("dec", dec))}
         line = (f"{e['model']} / {e['workload']}: disaggregated, {pre['replicas']} x prefill [{pre['chips']} "
-                f"{pre['system']} TP{pre['tp']} DP{pre['dp']} EP{pre['ep']}{' CP' if pre['context_parallel'] else ''}"
-                f"] + {dec['replicas']} x decode [{dec['chips']} {dec['system']} TP{dec['tp']} DP{dec['dp']} "
-                f"EP{dec['ep']}, batch {dec['batch']}] = {gpus:,} GPUs")
+                f"{pre['system']} TP{pre['tp']} DP{pre['dp']} EP{pre['ep']}{pp['pre']}"
+                f"{' CP' if pre['context_parallel'] else ''}] + {dec['replicas']} x decode [{dec['chips']} "
+                f"{dec['system']} TP{dec['tp']} DP{dec['dp']} EP{dec['ep']}{pp['dec']}, batch {dec['batch']}] "
+                f"= {gpus:,} GPUs")
         assert line in text, line
         assert (f"{e['usd_per_request']:.4g} USD per request as deployed ({e['usd_per_request_fluid']:.4g} at the "
                 "fluid pool ratio)") in text
         assert (f"{e['usd_per_mtok_input']:.4g} USD/Mtok input, {e['usd_per_mtok_output']:.4g} USD/Mtok output; "
                 "on_demand prices") in text
-        assert (f"TTFT {si(e['ttft_s'], 's', micro='u')}, TPOT {si(e['tpot_s'], 's', micro='u')}; "
+        assert (f"{latency_text(e, micro='u')}; "
                 f"{e['tokens_per_s_per_gpu']:,.4g} output tokens/s per GPU, {e['tokens_per_s_per_user']:,.3g} per "
                 "user") in text
         assert f"what binds the batch: {e['binding']}; sized for 50,000 output tokens/s" in text

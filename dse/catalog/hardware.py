@@ -65,7 +65,8 @@ EFFICIENCY_FIELDS: dict[str, FieldSpec] = {
     "memory": FieldSpec("fraction", True, "achieved fraction of HBM (and host link) bandwidth"),
     "link": FieldSpec("fraction", True, "achieved fraction of scale-up and scale-out bandwidth"),
     "overlap": FieldSpec("fraction", True, "share of the shorter of compute/memory and communication hidden", False),
-    "hbm_usable": FieldSpec("fraction", True, "share of HBM the serving engine can fill"),
+    "hbm_usable": FieldSpec("fraction", True, "share of HBM the batch of a published offline benchmark fills (its "
+                            "memory settings unstated); a deployment reserves HBM as its framework does"),
     "latency_scaleup": FieldSpec("time", True, "fixed latency of one collective inside a scale-up domain", False),
     "latency_scaleout": FieldSpec("time", True, "fixed latency of one collective over the scale-out network", False),
     "layer_overhead": FieldSpec("time", True, "fixed time per layer per forward pass (kernels, syncs)", False),
@@ -179,6 +180,12 @@ class MemoryTier:
 class Efficiency:
     """Achieved fractions of peak, fixed latencies and half-performance lengths (`CURVES`); under ``--ideal``
     every fraction is 1 (full overlap, no HBM reserve), every latency and length 0: the pure roofline.
+
+    ``mem_rule``, ``mem_fraction`` and ``mem_reserve`` are the serving framework's memory reservation
+    (`dse.catalog.frameworks.Memory`: its rule's code in `MEMORY_RULES`, its fraction, NaN for SGLang's computed
+    default, and the bytes it holds besides weights, KV cache and activations), which the memory check applies
+    (`dse.physics.roofline.memory_budget`); not fitted, set from the deployment's framework (the defaults: every
+    byte of HBM, as ``--ideal`` has it).
     """
 
     compute_prefill: float = 1.0
@@ -187,6 +194,9 @@ class Efficiency:
     link: float = 1.0
     overlap: float = 1.0
     hbm_usable: float = 1.0
+    mem_rule: float = 0.0
+    mem_fraction: float = 1.0
+    mem_reserve: float = 0.0
     latency_scaleup: float = 0.0
     latency_scaleout: float = 0.0
     layer_overhead: float = 0.0
@@ -196,6 +206,8 @@ class Efficiency:
 
 
 IDEAL = Efficiency()
+MEMORY_FIELDS = ("mem_rule", "mem_fraction", "mem_reserve")
+"""The fields of `Efficiency` a deployment's serving framework sets (its memory reservation): not fitted."""
 
 
 def _nan(q: dict[str, Quantity], name: str) -> float:

@@ -41,7 +41,7 @@ from dse.optimize.requests import (
 )
 from dse.optimize.space import Space, chunk_size, pair_chunks
 from dse.physics.codes import KV_TIERS
-from dse.physics.serving import Request
+from dse.physics.serving import Request, prefill_ttft
 
 OBJECTIVES = ("cost", "throughput")
 
@@ -79,7 +79,7 @@ def candidate_chunks(space: Space, req: Request, aggregated: bool, dis: Disaggre
     if aggregated and not b.empty:
         for pos, n in pair_chunks(b, max_pairs, only):
             m = evaluate_pairs(space, b, pos, n, req)
-            ok = feasible_mask(m, w.tpot_max, w.ttft_max)
+            ok = feasible_mask(m, w)
             chips = b["chips"].to_numpy()[pos]
             chip_s = chips / (m["requests_per_s"] * req.output)
             yield _rows(pd.DataFrame({
@@ -91,7 +91,7 @@ def candidate_chunks(space: Space, req: Request, aggregated: bool, dis: Disaggre
         pre = dis.pre if isinstance(dis, DisaggregatedTables) else dis
         pre_usd, pre_chip_s = pre.usd_per_request, pre.chip_s_per_request
         bestp = best_prefill(space, pre, pre_usd if objective == "cost" else pre_chip_s)
-        ttft = (pre.metrics["prefill_service_s"] * (1 + pre.rho / (2 * (1 - pre.rho))) + pre.metrics["kv_transfer_s"])
+        ttft = prefill_ttft(pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"], pre.rho, space.served(req))
         for pos, n, dm in decode_chunks(space, req, max_pairs, only):
             j = prefill_of(bestp, numerics_group(space, pos))
             ok = dm["ok"] & (j >= 0)

@@ -21,7 +21,7 @@ from dse.optimize.requests import (
     first_min_per_block,
 )
 from dse.optimize.space import Choice, Space, describe_choice, pair_chunks
-from dse.physics.serving import mdl_wait
+from dse.physics.serving import prefill_ttft
 
 COLUMNS = ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype",
            "kv_dtype", "kv_tier", "usd_per_s", "requests_per_s", "ttft_s", "tpot_s", "power_w", "context_parallel",
@@ -66,7 +66,7 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
     if "aggregated" in modes:
         for pos, n in pair_chunks(b):
             m = evaluate_pairs(space, b, pos, n, req)
-            ok = feasible_mask(m, w.tpot_max, w.ttft_max)
+            ok = feasible_mask(m, w)
             for i in first_min_per_block(pos, np.where(ok, -m["requests_per_s"], np.inf)):
                 cfg = _config(space, pos[i], n[i])
                 rows.append({"role": "both", "group": int(group[pos[i]]), **cfg,
@@ -92,8 +92,7 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
             cfg.update(batch=1 if cp else cfg["dp"], kv_tier="hbm")
             pm = pre.metrics
             rate = float(pm["servers"][j] * pre.rho[j] / pm["prefill_service_s"][j])
-            ttft = float(pm["prefill_service_s"][j] + pm["kv_transfer_s"][j]
-                         + mdl_wait(np.array([pre.rho[j]]), np.array([pm["prefill_service_s"][j]]))[0])
+            ttft = float(prefill_ttft(pm["prefill_service_s"][j], pm["kv_transfer_s"][j], pre.rho[j], space.workload))
             rows.append({"role": "prefill", "group": int(group[pre.pos[j]]), **cfg,
                          "usd_per_s": float(pm["usd_per_s"][j]), "requests_per_s": rate, "ttft_s": ttft,
                          "tpot_s": np.nan, "power_w": float(_power(space, pre.pos[[j]], np.array([cfg["chips"]]))[0]),

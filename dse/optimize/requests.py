@@ -42,7 +42,7 @@ from dse.optimize.margins import Margins
 from dse.optimize.serving import SOLVER_NAME, diagnose
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Choice, Space, block_candidates, chunk_size, describe_choice, pair_chunks, subset
-from dse.physics.roofline import ModelTable, SystemTable
+from dse.physics.queueing import QUANTILES, quantile_name
 from dse.physics.serving import Request, aggregated, decode_pool, disaggregated, prefill_pool, rho_for_ttft
 
 TOL = 1e-9
@@ -51,31 +51,69 @@ KEYS = ("usd_per_request", "ttft_s", "tpot_s", "requests_per_s", "usd_per_s", "p
 
 def evaluate_pairs(space: Space, blocks: pd.DataFrame, pos: np.ndarray, n: np.ndarray, req: Request,
                    chunk: int | None = None) -> dict[str, np.ndarray]:
-    """Request-level metrics (``KEYS`` plus ``fits`` and ``stable``) of each (block, n) pair."""
-    mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
+    """Request-level metrics (``KEYS``, the quantiles of ``req.quantiles``, ``fits`` and ``stable``) of each
+    (block, n) pair.
+    """
+    mt, st = space.tables()
     eff = IDEAL if space.ideal else None
-    out = {k: np.empty(len(pos)) for k in KEYS}
+    req = space.served(req)
+    keys = (*KEYS, *quantile_keys(req))
+    out = {k: np.empty(len(pos)) for k in keys}
     out["fits"] = np.zeros(len(pos), dtype=bool)
     out["stable"] = np.zeros(len(pos), dtype=bool)
     chunk = chunk_size(chunk)
     for s in range(0, len(pos), chunk):
         sl = slice(s, s + chunk)
         r = aggregated(block_candidates(blocks, n[sl], space.workload.context, pos=pos[sl]), mt, st, req, eff)
-        for k in KEYS:
+        for k in keys:
             out[k][sl] = r[k]
         out["fits"][sl] = r["fits"]
         out["stable"][sl] = r["stable"]
+    out["holds"] = holds_concurrency(blocks, pos, n, req)
     return out
 
 
-def feasible_mask(m: dict[str, np.ndarray], tpot_max: float | None, ttft_max: float | None,
-                  tpot_margin: np.ndarray | float = 1.0, ttft_margin: np.ndarray | float = 1.0) -> np.ndarray:
-    """Pairs that fit, keep up with their prefill and meet the targets with their TPOT and TTFT times the margins."""
+def holds_concurrency(blocks: pd.DataFrame, pos: np.ndarray, n: np.ndarray, req: Request) -> np.ndarray:
+    """Whether whole replicas of each (block, n) hold exactly the workload's closed loop: N = R x n x DP x PP for a
+    whole number R of replicas (every pair, under Poisson arrivals or without a stated concurrency).
+    """
+    if not req.closed_loop or req.concurrency is None:
+        return np.ones(len(pos), dtype=bool)
+    per_replica = n * blocks["dp"].to_numpy()[pos] * blocks["pp"].to_numpy()[pos]
+    return req.concurrency % per_replica == 0
+
+
+def quantile_keys(req: Request) -> tuple[str, ...]:
+    """The metrics of the quantiles the physics computes for ``req`` (``ttft_p90_s``, ``tpot_p90_s``, ...)."""
+    return tuple(f"{metric}_{quantile_name(q)}_s" for q in req.quantiles for metric in ("ttft", "tpot"))
+
+
+def targets(req: Request) -> list[tuple[str, float, str]]:
+    """The targets of ``req`` as (metric, seconds, how a binding message names it): the means' and the quantiles'."""
+    out = []
+    if req.tpot_max is not None:
+        out.append(("tpot_s", req.tpot_max, f"the TPOT target of {req.tpot_max * 1e3:g} ms (request level, with "
+                                            "prefill interference)"))
+    for q, t in req.tpot_quantile_max:
+        out.append((f"tpot_{quantile_name(q)}_s", t, f"the {quantile_name(q)} TPOT target of {t * 1e3:g} ms"))
+    if req.ttft_max is not None:
+        out.append(("ttft_s", req.ttft_max, f"the TTFT target of {req.ttft_max:g} s (request level, with queueing)"))
+    for q, t in req.ttft_quantile_max:
+        out.append((f"ttft_{quantile_name(q)}_s", t, f"the {quantile_name(q)} TTFT target of {t:g} s ({req.arrival} "
+                                                     "arrivals)"))
+    return out
+
+
+def feasible_mask(m: dict[str, np.ndarray], req: Request, tpot_margin: np.ndarray | float = 1.0,
+                  ttft_margin: np.ndarray | float = 1.0) -> np.ndarray:
+    """Pairs that fit, keep up with their prefill, hold the workload's closed loop in whole replicas (``holds``) and
+    meet every target of ``req`` (means and quantiles) with their TPOT and TTFT times the margins.
+    """
     ok = m["fits"] & m["stable"] & np.isfinite(m["usd_per_request"]) & (m["usd_per_request"] > 0)
-    if tpot_max is not None:
-        ok &= m["tpot_s"] * tpot_margin <= tpot_max * (1 + TOL)
-    if ttft_max is not None:
-        ok &= m["ttft_s"] * ttft_margin <= ttft_max * (1 + TOL)
+    if "holds" in m:
+        ok &= m["holds"]
+    for key, target, _ in targets(req):
+        ok &= m[key] * (tpot_margin if key.startswith("tpot") else ttft_margin) <= target * (1 + TOL)
     return ok
 
 
@@ -118,17 +156,16 @@ class BlockOptima:
     margins: Margins | None = None  # the robust search's (None: judged as predicted)
 
 
-def _binding(n: int, n_hi: int, cap: int | None, m_next: dict | None, tpot_max, ttft_max) -> str:
+def _binding(n: int, n_hi: int, cap: int | None, m_next: dict | None, req: Request) -> str:
     """What stops the block's batch at n: the study's batch cap, HBM capacity, a target, or the cost itself."""
     if n >= n_hi:
         return "the study's batch cap (max_batch_per_rank)" if cap is not None and n_hi >= cap else "HBM capacity"
     if m_next is not None:
-        if not m_next["stable"]:
+        if not m_next.get("stable", True):
             return "the prefill load (one more sequence per rank and the prefill no longer keeps up)"
-        if tpot_max is not None and m_next["tpot_s"] > tpot_max * (1 + TOL):
-            return f"the TPOT target of {tpot_max * 1e3:g} ms (request level, with prefill interference)"
-        if ttft_max is not None and m_next["ttft_s"] > ttft_max * (1 + TOL):
-            return f"the TTFT target of {ttft_max:g} s (request level, with queueing)"
+        for key, target, label in targets(req):
+            if key in m_next and m_next[key] > target * (1 + TOL):
+                return label
     return "the cost per request (a larger batch costs more per request)"
 
 
@@ -167,21 +204,22 @@ def block_optima(space: Space, req: Request | None = None, max_pairs: int | None
     b = space.blocks
     best_n = np.zeros(len(b), dtype=np.int64)
     metrics = {k: np.full(len(b), np.nan) for k in KEYS}
-    nxt = {"stable": np.ones(len(b), dtype=bool), "tpot_s": np.full(len(b), np.nan),
-           "ttft_s": np.full(len(b), np.nan)}  # the pair at best n + 1, when the block has one
+    nxt = {"stable": np.ones(len(b), dtype=bool)}  # the pair at best n + 1, when the block has one
+    nxt.update({key: np.full(len(b), np.nan) for key, _, _ in targets(w)})
     evaluated = 0
     for pos, n in pair_chunks(b, max_pairs):
         m = evaluate_pairs(space, b, pos, n, req)
         evaluated += len(pos)
         _, tpot_m, ttft_m = per_pair(margins, space, pos)
-        ok = feasible_mask(m, w.tpot_max, w.ttft_max, tpot_m, ttft_m)
+        ok = feasible_mask(m, w, tpot_m, ttft_m)
         heads = first_min_per_block(pos, np.where(ok, m["usd_per_request"], np.inf))
         at = pos[heads]
         best_n[at] = n[heads]
         for k in KEYS:
             metrics[k][at] = m[k][heads]
         more = heads[has_next(pos, heads)]
-        judged = {"stable": m["stable"], "tpot_s": m["tpot_s"] * tpot_m, "ttft_s": m["ttft_s"] * ttft_m}
+        judged = {"stable": m["stable"]}
+        judged.update({key: m[key] * (tpot_m if key.startswith("tpot") else ttft_m) for key, _, _ in targets(w)})
         for k in nxt:
             nxt[k][pos[more]] = judged[k][more + 1]
     cap = int(space.stats.get("max_batch_per_rank", 0)) or None
@@ -191,10 +229,8 @@ def block_optima(space: Space, req: Request | None = None, max_pairs: int | None
         if best_n[j] == 0:
             binding.append("")
             continue
-        following = None
-        if best_n[j] < n_hi[j]:
-            following = {"stable": bool(nxt["stable"][j]), "tpot_s": nxt["tpot_s"][j], "ttft_s": nxt["ttft_s"][j]}
-        binding.append(_binding(int(best_n[j]), int(n_hi[j]), cap, following, w.tpot_max, w.ttft_max))
+        following = {k: v[j] for k, v in nxt.items()} if best_n[j] < n_hi[j] else None
+        binding.append(_binding(int(best_n[j]), int(n_hi[j]), cap, following, w))
     return BlockOptima(b, best_n, metrics, binding, evaluated, margins)
 
 
@@ -210,22 +246,25 @@ def diagnose_requests(space: Space, req: Request, margins: Margins | None = None
     fit = b[b["n_hi"] >= 1]
     m = evaluate_pairs(space, fit, np.arange(len(fit)), np.ones(len(fit), dtype=np.int64), req)
     _, tpot_m, ttft_m = per_pair(margins, space, np.flatnonzero((b["n_hi"] >= 1).to_numpy()))
-    m["tpot_s"], m["ttft_s"] = m["tpot_s"] * tpot_m, m["ttft_s"] * ttft_m
+    for key, _, _ in targets(w):
+        m[key] = m[key] * (tpot_m if key.startswith("tpot") else ttft_m)
     edge = ", at the high end of its error band" if margins is not None else ""
     ok = m["fits"] & m["stable"]
     if not ok.any():
         return f"{head}: the prefill load runs out (even one sequence per rank, the prefill cannot keep up)"
-    ttft = np.where(ok, m["ttft_s"], np.inf)
-    if w.ttft_max is not None and ttft.min() > w.ttft_max:
-        i = int(np.argmin(ttft))
-        return (f"{head}: the TTFT target runs out. The fastest request-level TTFT (one sequence per rank{edge}, "
-                f"{fit.iloc[i]['system']}, {int(fit.iloc[i]['chips'])} chips) is {ttft[i]:.3g} s, "
-                f"{ttft[i] - w.ttft_max:.3g} s over the {w.ttft_max:g} s target")
-    tp = np.where(ok & ((m["ttft_s"] <= w.ttft_max) if w.ttft_max is not None else True), m["tpot_s"], np.inf)
-    i = int(np.argmin(tp))
-    return (f"{head}: the TPOT target runs out. The fastest request-level TPOT (with prefill interference, one "
-            f"sequence per rank{edge}, {fit.iloc[i]['system']}) is {tp[i] * 1e3:.3g} ms, "
-            f"{(tp[i] - (w.tpot_max or 0)) * 1e3:.3g} ms over the {(w.tpot_max or 0) * 1e3:g} ms target")
+    met = ok.copy()  # TTFT targets first (one sequence per rank is the fastest TTFT), then TPOT among those
+    for key, target, label in sorted(targets(w), key=lambda t: not t[0].startswith("ttft")):
+        value = np.where(met, m[key], np.inf)
+        if value.min() > target * (1 + TOL):
+            i = int(np.argmin(value))
+            unit, scale = ("s", 1.0) if key.startswith("ttft") else ("ms", 1e3)
+            metric = key[:4].upper() if key.count("_") == 1 else f"{key.split('_')[1]} {key[:4].upper()}"
+            what = "TTFT" if key.startswith("ttft") else "TPOT (with prefill interference)"
+            return (f"{head}: the {metric} target runs out ({label}). The fastest request-level {what} (one "
+                    f"sequence per rank{edge}, {fit.iloc[i]['system']}, {int(fit.iloc[i]['chips'])} chips) is "
+                    f"{value[i] * scale:.3g} {unit}, {(value[i] - target) * scale:.3g} {unit} over it")
+        met &= m[key] <= target * (1 + TOL)
+    return f"{head}: no configuration meets every target at once"
 
 
 def pick(space: Space, opt: BlockOptima, mask: np.ndarray | None = None, t0: float | None = None,
@@ -261,11 +300,15 @@ def ranked(space: Space, opt: BlockOptima, top: int, mask: np.ndarray | None = N
 def aggregated_result(space: Space, opt: BlockOptima, j: int, res: SolveResult, replicas: int = 1,
                       demand: float | None = None, whole: bool = False) -> RequestResult:
     """The result of block position ``j`` at its cheapest batch, ``replicas`` whole replicas deployed (serving
-    ``demand`` output tokens/s, when given, else their capacity).
+    ``demand`` output tokens/s, when given, else their capacity). A closed loop of a stated concurrency is held by
+    exactly the replicas it fills (`holds_concurrency`): that many, whatever ``replicas`` says.
     """
     metrics = {k: float(v[j]) for k, v in opt.metrics.items()}
     choice = Choice(int(opt.blocks.index[j]), int(opt.n[j]), metrics["tpot_s"], metrics["usd_per_request"])
     chips = int(opt.blocks["chips"].iloc[j])
+    w = space.workload
+    if w.closed_loop and w.concurrency is not None and demand is None:
+        replicas = w.concurrency // (int(opt.n[j]) * int(opt.blocks["dp"].iloc[j]) * int(opt.blocks["pp"].iloc[j]))
     system = space.systems[int(opt.blocks["system_idx"].iloc[j])]
     rate = replicas * metrics["requests_per_s"] if demand is None else demand / space.workload.output
     return RequestResult(res, choice, describe_choice(space, choice), metrics, opt.binding[j],
@@ -315,15 +358,17 @@ def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only
     metrics (``DECODE_KEYS`` plus ``fits`` and ``ok``: fits and meets the workload's TPOT target, with its TPOT
     times its margin where ``margins`` are given).
     """
-    mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
+    mt, st = space.tables()
     eff = IDEAL if space.ideal else None
-    b, tpot_max = space.blocks, space.workload.tpot_max
+    b, req = space.blocks, space.served(req)
+    # a decode pool's passes carry no prefill: every request's TPOT is the pass's, its quantiles the mean
+    tpot_targets = [t for key, t, _ in targets(space.workload) if key.startswith("tpot")]
     for pos, n in pair_chunks(b, max_pairs, only):
         r = decode_pool(block_candidates(b, n, space.workload.context, pos=pos), mt, st, req, eff)
         m = {k: np.asarray(r[k], dtype=np.float64) for k in DECODE_KEYS}
         m["fits"] = np.asarray(r["fits"], dtype=bool)
         m["ok"] = m["fits"] & np.isfinite(m["usd_per_request"]) & (m["usd_per_request"] > 0)
-        if tpot_max is not None:
+        for tpot_max in tpot_targets:
             m["ok"] &= m["tpot_s"] * per_pair(margins, space, pos)[1] <= tpot_max * (1 + TOL)
         yield pos, n, m
 
@@ -365,25 +410,26 @@ def prefill_options(space: Space, req: Request, context_parallel: tuple[bool, ..
     if not len(pos):
         empty = {k: np.zeros(0) for k in PREFILL_KEYS}
         return PrefillOptions(pos, cp, empty, np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool))
-    mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
+    mt, st = space.tables()
+    req = space.served(req)
     sub = b.iloc[pos]
     r = prefill_pool(block_candidates(sub, np.ones(len(pos)), req.prompt), mt, st, req, cp,
                      IDEAL if space.ideal else None)
     metrics = {k: np.asarray(r[k], dtype=np.float64) for k in PREFILL_KEYS}
-    rho = rho_for_ttft(metrics["prefill_service_s"], metrics["kv_transfer_s"], space.workload.ttft_max)
+    rho = rho_for_ttft(metrics["prefill_service_s"], metrics["kv_transfer_s"], req)
     ok = r["fits"] & np.isfinite(rho) & (rho > 0)
     return PrefillOptions(pos, cp, metrics, rho, ok, np.asarray(r["fits"], dtype=bool))
 
 
 def judged_prefill(space: Space, pre: PrefillOptions, margins: Margins) -> PrefillOptions:
-    """The prefill options at the highest utilisation whose TTFT times its system's margin meets the target (the
+    """The prefill options at the highest utilisation whose TTFT times its system's margin meets the targets (the
     same evaluations, another utilisation).
     """
-    target = space.workload.ttft_max
-    if target is None:
+    w = space.workload
+    if w.ttft_max is None and not w.ttft_quantile_max:
         return pre
-    rho = rho_for_ttft(pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"],
-                       target / per_pair(margins, space, pre.pos)[2])
+    rho = rho_for_ttft(pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"], w,
+                       per_pair(margins, space, pre.pos)[2])
     return replace(pre, rho=rho, ok=pre.fits & np.isfinite(rho) & (rho > 0))
 
 
@@ -467,9 +513,10 @@ def disaggregated_metrics(space: Space, req: Request, dec_i: int, dpos: np.ndarr
     """Request-level metrics of one (decode pair, prefill option) through `dse.physics.serving.disaggregated`, the
     prefill pool at utilisation ``rho`` (default: the option's planned one).
     """
-    mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
+    mt, st = space.tables()
     eff = IDEAL if space.ideal else None
     b = space.blocks
+    req = replace(space.served(req), report_quantiles=QUANTILES)  # the answer reports every quantile
     dec = decode_pool(block_candidates(b.iloc[[dpos[dec_i]]], np.array([dn[dec_i]]), space.workload.context), mt, st,
                       req, eff)
     pr = prefill_pool(block_candidates(b.iloc[[pre.pos[pre_i]]], np.ones(1), req.prompt), mt, st, req,
@@ -619,9 +666,9 @@ def disaggregated_result(space: Space, t: DisaggregatedTables, i: int, j: int, r
     nxt = None
     if t.dn[i] < n_hi:
         tpot_m = per_pair(t.margins, space, t.dpos[i:i + 1])[1]
-        nxt = {"stable": True, "tpot_s": t.dm["tpot_next_s"][i] * float(np.ravel(tpot_m)[0]), "ttft_s": 0.0}
-    binding = _binding(int(t.dn[i]), n_hi, int(space.stats.get("max_batch_per_rank", 0)) or None, nxt, w.tpot_max,
-                       None)
+        tpot_next = t.dm["tpot_next_s"][i] * float(np.ravel(tpot_m)[0])
+        nxt = {key: tpot_next for key, _, _ in targets(w) if key.startswith("tpot")}  # a decode pass: one TPOT
+    binding = _binding(int(t.dn[i]), n_hi, int(space.stats.get("max_batch_per_rank", 0)) or None, nxt, w)
     return DisaggregatedResult(res, choice, int(space.blocks.index[pre.pos[j]]), bool(pre.cp[j]), metrics, pools,
                                binding, {"decode_pairs_evaluated": t.evaluated, "prefill_options": len(pre.pos)},
                                deployed, whole)

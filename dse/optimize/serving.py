@@ -32,7 +32,7 @@ from dse.catalog.hardware import IDEAL
 from dse.errors import InfeasibleError
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Choice, Space, block_candidates, describe_choice
-from dse.physics.roofline import ModelTable, SystemTable, evaluate
+from dse.physics.roofline import evaluate
 
 SOLVER_NAME = "argmin (vectorized enumeration)"
 TOL = 1e-9
@@ -50,7 +50,7 @@ class ServingResult:
 
 def block_physics(space: Space, blocks: pd.DataFrame, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact step time, cost (USD per Mtok of output) and fit of each block at n sequences per rank."""
-    mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
+    mt, st = space.tables()
     n = np.asarray(n, dtype=float)
     eff = IDEAL if space.ideal else None
     r = evaluate(block_candidates(blocks, n, space.workload.context), mt, st, eff, ttft=False)
@@ -209,7 +209,7 @@ def diagnose(space: Space, tpot_max: float | None) -> str:
     head = f"no feasible configuration for {model.id} / {w.name} (context {w.context:,} tokens)"
     if b.empty:
         return f"{head}: the space is empty"
-    cap = np.array([space.systems[i].hbm_capacity for i in b["system_idx"]]) * b["hbm_usable"].to_numpy()
+    cap = b["hbm_budget"].to_numpy()  # what the framework lets weights, activations and KV hold
     need = b["hbm_base"].to_numpy() + b["hbm_per_seq"].to_numpy()
     fits = b["n_hi"].to_numpy() >= 1
     if not fits.any():

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
+from dse.catalog.frameworks import ENGINE_ONLY, Stack, framework_for, get_framework, stack_of
 from dse.catalog.hardware import DEFAULT_PRICE_KIND, IDEAL, System, default_systems, priced
 from dse.catalog.models import Architecture
 from dse.catalog.units import DTYPES
+from dse.errors import InputError
 from dse.physics.codes import KV_TIERS
 from dse.physics.layout import Layout, layouts_for
-from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate, memory_budget
 from dse.physics.serving import Request
 
 SATURATION = 1e-12  # an expert left untouched this rarely counts as always read
@@ -56,6 +58,8 @@ class SpaceOptions:
     price_kind: str = DEFAULT_PRICE_KIND
     prices: tuple[tuple[str, float], ...] = ()  # (system, USD per chip-hour) the study supplies
     weight_only: bool = False  # offer weight formats the chip has no tensor units for (dequantized)
+    framework: str | None = None  # the serving framework (None: each system's vendor default)
+    mem_fraction: float | None = None  # the framework's memory fraction (None: its default)
 
 
 @dataclass
@@ -70,6 +74,20 @@ class Space:
     stats: dict = field(default_factory=dict)
     empty_reason: str = ""
     """Why no (system, layout, format, KV tier) combination is valid, when there is none."""
+    framework: str | None = None  # the serving framework the deployments run (None: each system's default)
+    mem_fraction: float | None = None  # its memory fraction (None: its default)
+
+    def served(self, req: Request) -> Request:
+        """``req`` through the space's serving stack (a request derived from another, or built by a caller, is
+        served as the space's workload is).
+        """
+        return req if req.stack == self.workload.stack else replace(req, stack=self.workload.stack)
+
+    def tables(self) -> tuple[ModelTable, SystemTable]:
+        """The model's and the systems' columns for the physics, each system reserving HBM as the space's framework
+        does at its memory fraction.
+        """
+        return ModelTable.build([self.model]), system_table(self.systems, self.framework, self.mem_fraction)
 
     @property
     def size(self) -> int:
@@ -77,6 +95,26 @@ class Space:
         if self.blocks.empty:
             return 0
         return int(np.maximum(self.blocks["n_hi"] - self.blocks["n_lo"] + 1, 0).sum())
+
+
+def system_table(systems: list[System], framework: str | None = None, mem_fraction: float | None = None
+                 ) -> SystemTable:
+    """The systems' columns with the memory reservation of ``framework`` (each system's default where None) at
+    ``mem_fraction`` (the framework's default where None).
+    """
+    return SystemTable.build(systems, memory=[framework_for(s, framework).with_fraction(mem_fraction)
+                                              for s in systems])
+
+
+def stack_for(systems: list[System], framework: str | None) -> Stack:
+    """The serving stack's fitted terms (`dse.catalog.frameworks.stack_of`) of the framework the systems run:
+    ``framework``, else their vendors' default, which must then be one framework (an InputError asks to name it).
+    """
+    names = {framework_for(s, framework).id for s in systems}
+    if len(names) > 1:
+        raise InputError(f"the systems of the space run different frameworks by default ({', '.join(sorted(names))}); "
+                         "name one in the study's `framework` field")
+    return stack_of(names.pop()) if names else Stack(framework or "")
 
 
 def stage_sizes(system: System, opts: SpaceOptions) -> list[int]:
@@ -157,6 +195,11 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     # a system without a price of the study's kind is left out of the cost comparison, never proxied
     no_price = [s.id for s in systems if math.isnan(s.price_per_s)]
     systems = [s for s in systems if not math.isnan(s.price_per_s)]
+    if opts.framework is not None:  # a framework runs on its vendors' hardware only
+        fw = get_framework(opts.framework)
+        systems = [s for s in systems if fw.runs_on(s)]
+    # the request goes through the framework's serving stack (the pure roofline: the engine alone)
+    workload = replace(workload, stack=ENGINE_ONLY if opts.ideal else stack_for(systems, opts.framework))
     if opts.scale:
         targets = set(opts.scaled_systems or ids)
         systems = [s.scaled(**dict(opts.scale)) if s.id in targets else s for s in systems]
@@ -178,13 +221,14 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
                                      DTYPES.index(kd), KV_TIERS.index(tier)))
     cols = ["system_idx", "tp", "dp", "ep", "etp", "pp", "wd", "kd", "tier"]
     blocks = pd.DataFrame(rows, columns=cols)
-    mt, st = ModelTable.build([model]), SystemTable.build(systems)
+    mt, st = ModelTable.build([model]), system_table(systems, opts.framework, opts.mem_fraction)
     if blocks.empty:  # no valid combination (or no system with a price of the study's kind): no rows
         blocks = pd.DataFrame(columns=[*cols, "n_sat", "n_hi", "n_lo",
-                                       "hbm_base", "hbm_per_seq", "overlap", "hbm_usable", "ttft", "chips", "racks",
+                                       "hbm_base", "hbm_per_seq", "overlap", "hbm_budget", "ttft", "chips", "racks",
                                        "a", "system"])
         space = Space(model, workload, systems, blocks, opts.ideal,
-                      empty_reason=why_empty(model, systems, opts, no_price))
+                      empty_reason=why_empty(model, systems, opts, no_price), framework=opts.framework,
+                      mem_fraction=opts.mem_fraction)
         space.stats = {"blocks": 0, "configurations": 0, "no_price": no_price}
         return space
 
@@ -197,16 +241,27 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
         n_sat = np.ones_like(dp)
     blocks["n_sat"] = n_sat.astype(np.int64)
 
-    # HBM bytes are affine in n: read off two evaluations
-    r1 = evaluate(block_candidates(blocks, n_sat, workload.context), mt, st, eff, ttft=False)
+    # the framework's memory check is affine in n (weights fixed, KV and activations per sequence): read it off
+    # two evaluations (`dse.physics.roofline.memory_budget`)
+    c1 = block_candidates(blocks, n_sat, workload.context)
+    r1 = evaluate(c1, mt, st, eff, ttft=False)
     r2 = evaluate(block_candidates(blocks, n_sat + 1, workload.context), mt, st, eff, ttft=False)
-    hbm_slope = r2["hbm_bytes_per_chip"] - r1["hbm_bytes_per_chip"]
-    hbm_base = r1["hbm_bytes_per_chip"] - hbm_slope * n_sat
-    kv_slope = r2["kv_bytes_per_chip"] - r1["kv_bytes_per_chip"]
     block_eff = eff or st.efficiency_of(blocks["system_idx"].to_numpy())
-    hbm_cap = st.hbm_capacity[blocks["system_idx"]] * block_eff.hbm_usable
-    n_cap = np.floor((hbm_cap - hbm_base) / hbm_slope * (1 + 1e-12))
     on_host = blocks["tier"].to_numpy() == 1
+    a_act, a_kv, budget = memory_budget(st.hbm_capacity[blocks["system_idx"]], block_eff, float(workload.chunk),
+                                        blocks["tp"].to_numpy(float), blocks["pp"].to_numpy(float))
+
+    def need(r: dict) -> np.ndarray:
+        kv_hbm = np.where(on_host, 0.0, r["kv_bytes_per_chip"])
+        return r["weights_bytes_per_chip"] + a_act * r["activation_bytes_per_chip"] + a_kv * kv_hbm
+
+    hbm_slope = need(r2) - need(r1)
+    hbm_base = need(r1) - hbm_slope * n_sat
+    kv_slope = r2["kv_bytes_per_chip"] - r1["kv_bytes_per_chip"]
+    n_cap = np.floor((budget - hbm_base) / hbm_slope * (1 + 1e-12))
+    held = r2["hbm_bytes_per_chip"] - r1["hbm_bytes_per_chip"]  # and what it holds never exceeds the device
+    n_cap = np.minimum(n_cap, np.floor((st.hbm_capacity[blocks["system_idx"]] - (r1["hbm_bytes_per_chip"] - held
+                                                                                 * n_sat)) / held * (1 + 1e-12)))
     host_cap = st.host_capacity[blocks["system_idx"]]
     with np.errstate(divide="ignore", invalid="ignore"):
         n_host = np.where(on_host, np.floor(host_cap / kv_slope * (1 + 1e-12)), np.inf)
@@ -216,7 +271,7 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     blocks["hbm_base"] = hbm_base
     blocks["hbm_per_seq"] = hbm_slope
     blocks["overlap"] = block_eff.overlap
-    blocks["hbm_usable"] = block_eff.hbm_usable
+    blocks["hbm_budget"] = budget
 
     # TTFT: prefill of one prompt on the block's layout
     pre = evaluate(block_candidates(blocks, np.ones_like(dp) / dp, workload.prompt, phase=1), mt, st, eff, ttft=False)
@@ -228,7 +283,8 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     blocks["a"] = blocks["tp"] * price * 1e6  # USD per Mtok = a x step / n
     blocks["system"] = [systems[i].id for i in blocks["system_idx"]]
 
-    space = Space(model, workload, systems, blocks, opts.ideal)
+    space = Space(model, workload, systems, blocks, opts.ideal, framework=opts.framework,
+                  mem_fraction=opts.mem_fraction)
     space.stats = {"blocks": len(blocks), "configurations": space.size, "max_batch_per_rank": opts.max_batch_per_rank,
                    "no_price": no_price}
     return space
@@ -296,7 +352,7 @@ def exhaustive(
     b, w = space.blocks, space.workload
     if b.empty:
         return None
-    mt, st = ModelTable.build([space.model]), SystemTable.build(space.systems)
+    mt, st = space.tables()
     ok_block = np.ones(len(b), dtype=bool)
     if w.ttft_max is not None:
         ok_block &= b["ttft"].to_numpy() <= w.ttft_max
@@ -330,7 +386,8 @@ def exhaustive(
 def subset(space: Space, mask: np.ndarray) -> Space:
     """The space restricted to the blocks where ``mask`` holds (block labels are kept)."""
     blocks = space.blocks[mask]
-    sub = Space(space.model, space.workload, space.systems, blocks, space.ideal)
+    sub = Space(space.model, space.workload, space.systems, blocks, space.ideal, framework=space.framework,
+                mem_fraction=space.mem_fraction)
     sub.stats = {"blocks": len(blocks), "configurations": sub.size}
     return sub
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dse.catalog.calibration import band_keys, bands_of
+from dse.catalog.frameworks import ENGINE_ONLY, Stack, framework_for, stack_of
 from dse.catalog.hardware import (
     DEFAULT_PRICE_KIND,
     IDEAL,
@@ -26,7 +27,8 @@ from dse.catalog.units import DTYPES
 from dse.errors import InputError
 from dse.physics.codes import BOUNDS, KV_SHARDS, KV_TIERS, PHASES
 from dse.physics.layout import Layout, resolve_layout
-from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate
+from dse.physics.queueing import QUANTILES, quantile_name
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate, memory_budget, with_memory
 from dse.physics.serving import DEFAULT_CHUNK, Request, aggregated
 
 
@@ -62,15 +64,21 @@ class Config:
     price_kind: str = DEFAULT_PRICE_KIND
     usd_per_chip_hour: float | None = None  # a price the caller supplies (replaces the catalog's)
     allow_beyond_trained_context: bool = False
+    framework: str | None = None  # the serving framework (None: the system's vendor default)
+    mem_fraction: float | None = None  # the framework's memory fraction (None: its default)
+    arrival: str = "poisson"  # "poisson" (open loop) or "concurrency" (a closed loop of the batch in flight)
 
     def __post_init__(self) -> None:
         check_config(self)
 
-    def request(self) -> Request:
-        """The request these options describe (``prompt`` and ``output`` given)."""
+    def request(self, stack: Stack = ENGINE_ONLY) -> Request:
+        """The request these options describe (``prompt`` and ``output`` given), through ``stack``, with every
+        quantile of `dse.physics.queueing.QUANTILES` computed.
+        """
         assert self.prompt is not None and self.output is not None
         return Request(prompt=self.prompt, output=self.output, cached=self.cached, chunk=self.chunk,
-                       draft=self.draft, accept=self.accept)
+                       draft=self.draft, accept=self.accept, arrival=self.arrival, stack=stack,
+                       report_quantiles=QUANTILES)
 
 
 MAX_BATCH = 1_000_000_000
@@ -105,7 +113,9 @@ WHOLE_FIELDS: tuple[tuple[str, int, int, str], ...] = (
 )
 """Whole-number fields of ``Config``: name, lowest and highest allowed value, what it counts."""
 TEXT_FIELDS = ("model", "system", "phase", "weights_dtype", "kv_dtype", "kv_tier", "kv_shard", "experts_dtype",
-               "price_kind")
+               "price_kind", "framework", "arrival")
+OPTIONAL_TEXT = ("experts_dtype", "framework")
+ARRIVALS = ("poisson", "concurrency")
 FLAG_FIELDS = ("weight_only", "allow_beyond_trained_context")
 
 
@@ -139,7 +149,7 @@ def check_config(cfg: Config) -> None:
     """
     for name in TEXT_FIELDS:
         value = getattr(cfg, name)
-        if not isinstance(value, str) and not (name == "experts_dtype" and value is None):
+        if not isinstance(value, str) and not (name in OPTIONAL_TEXT and value is None):
             raise InputError(f"{_option(name)}: must be a name (text), got {_shown(value)}")
     for name in FLAG_FIELDS:
         if not isinstance(getattr(cfg, name), bool):
@@ -173,6 +183,13 @@ def check_config(cfg: Config) -> None:
                              f"{MAX_USD_PER_CHIP_HOUR:,.0f}, got {_shown(cfg.usd_per_chip_hour)}")
     if cfg.output is not None and cfg.prompt is None:
         raise InputError("--output needs --prompt (the request's prompt tokens)")
+    if cfg.arrival not in ARRIVALS:
+        raise InputError(f"--arrival '{cfg.arrival}' is not allowed; allowed: {', '.join(ARRIVALS)}")
+    if cfg.mem_fraction is not None:
+        fraction = _real(cfg.mem_fraction)
+        if fraction is None or not 0.0 < fraction <= 1.0:
+            raise InputError(f"--mem-fraction: must be a share in (0, 1] (the framework's memory fraction), got "
+                             f"{_shown(cfg.mem_fraction)}")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> int:
@@ -263,14 +280,19 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     r = resolve(cfg)
     model, system, layout, phase = r.model, r.system, r.layout, r.phase
     wd, kd, tier = r.weights_dtype, r.kv_dtype, r.kv_tier
-    eff = IDEAL if ideal else (efficiency or efficiency_for(system.id))
+    try:
+        fw = framework_for(system, cfg.framework)
+    except InputError as exc:
+        raise InputError(f"--framework: {exc}") from None
+    memory = fw.with_fraction(cfg.mem_fraction)
+    eff = IDEAL if ideal else with_memory(efficiency or efficiency_for(system.id), memory)
     cand = Candidates(
         model=0, system=0, tp=layout.tp, dp=layout.dp, ep=layout.ep, etp=layout.etp, pp=layout.pp,
         batch=cfg.batch, context=cfg.context, phase=phase, weights_dtype=wd, kv_dtype=kd, kv_tier=tier,
         imbalance=cfg.moe_imbalance, experts_dtype=r.experts_dtype, kv_shard=KV_SHARDS.index(cfg.kv_shard),
         micro_batches=cfg.micro_batches, chunk=cfg.chunk,
     )
-    tables = ModelTable.build([model]), SystemTable.build([system])
+    tables = ModelTable.build([model]), SystemTable.build([system], memory=[memory])
     raw = evaluate(cand, *tables, eff)
     if cfg.prompt is not None and phase == 0:
         first = replace(cand, batch=1, context=cfg.prompt, phase=1)
@@ -312,9 +334,16 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
             out[key] = int(v)
         else:
             out[key] = None if (isinstance(v, float) and math.isnan(v)) else (None if v == math.inf else float(v))
-    out["hbm_usable_per_chip"] = system.hbm_capacity * eff.hbm_usable  # what the engine may fill
+    # what weights, activations and KV may fill as the framework reserves HBM (never above the device)
+    a_act, a_kv, budget = (float(x) for x in memory_budget(system.hbm_capacity, eff, cfg.chunk, layout.tp, layout.pp))
+    w, act = out["weights_bytes_per_chip"], out["activation_bytes_per_chip"]
+    out["hbm_usable_per_chip"] = min(w + act + (budget - w - a_act * act) / a_kv, system.hbm_capacity)
+    out["kv_capacity_tokens"] = _kv_capacity(cand, tables, eff, cfg, system, w)
+    out["framework"] = "" if ideal else fw.id
+    out["mem_fraction"] = None if ideal else (memory.fraction if not math.isnan(memory.fraction)
+                                              else budget / system.hbm_capacity)
     if cfg.output is not None and cfg.prompt is not None:
-        out.update(request_metrics(cand, tables, eff, cfg))
+        out.update(request_metrics(cand, tables, eff, cfg, ENGINE_ONLY if ideal else stack_of(fw.id)))
         out["fits"] = out["fits"] and out["fits_request"]  # both the step at --context and the request's peak
     out["params_total"] = model.params_total
     out["params_active"] = model.params_active
@@ -331,21 +360,45 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     return out
 
 
+KV_PROBE = (1024, 2048)
+"""Contexts whose KV difference gives a sequence's KV bytes per token per chip (`_kv_capacity`)."""
+
+
+def _kv_capacity(cand: Candidates, tables: tuple[ModelTable, SystemTable], eff: Efficiency, cfg: Config,
+                 system: System, weights: float) -> int:
+    """Tokens of KV one attention-DP rank's chips hold as the framework reserves HBM (what a framework logs as its
+    KV cache size): the room its memory check leaves beside the weights and the activations of its profile run (a
+    prefill of one chunk), over a sequence's KV bytes per token per chip (read off two contexts).
+    """
+    prof = evaluate(replace(cand, batch=1, context=cfg.chunk, phase=1, kv_tier=0), *tables, eff, ttft=False)
+    kv = [evaluate(replace(cand, batch=1, context=c, phase=0, kv_tier=0), *tables, eff, ttft=False)[
+        "kv_bytes_per_chip"].item() for c in KV_PROBE]
+    per_token = (kv[1] - kv[0]) / (KV_PROBE[1] - KV_PROBE[0])
+    a_act, a_kv, budget = (float(x) for x in memory_budget(system.hbm_capacity, eff, cfg.chunk, cand.tp, cand.pp))
+    room = (budget - weights - a_act * prof["activation_bytes_per_chip"].item()) / a_kv
+    return max(int(room // per_token), 0) if per_token > 0 else 0
+
+
 REQUEST_KEYS = (
     "serving", "ttft_s", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "usd_per_request",
     "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended", "chips", "power_w", "price_kind",
 )
 
 
-def request_metrics(cand: Candidates, tables: tuple[ModelTable, SystemTable], eff: Efficiency, cfg: Config) -> dict:
-    """The request-level keys of an aggregated replica at concurrency ``cfg.batch`` (per micro-batch).
+def request_metrics(cand: Candidates, tables: tuple[ModelTable, SystemTable], eff: Efficiency, cfg: Config,
+                    stack: Stack = ENGINE_ONLY) -> dict:
+    """The request-level keys of an aggregated replica at concurrency ``cfg.batch`` (per micro-batch), through the
+    serving ``stack``, under ``cfg.arrival``, with the quantiles of TTFT and TPOT (``ttft_p90_s``, ...).
 
     They replace the step-level ``tpot_s`` and ``ttft_s`` (the decode step alone stays in ``step_s``).
     """
-    r = aggregated(replace(cand, phase=0), *tables, cfg.request(), eff)
-    out: dict = {"serving": "aggregated", "price_kind": cfg.price_kind, "output": cfg.output, "chunk": cfg.chunk}
+    req = cfg.request(stack)
+    r = aggregated(replace(cand, phase=0), *tables, req, eff)
+    out: dict = {"serving": "aggregated", "price_kind": cfg.price_kind, "output": cfg.output, "chunk": cfg.chunk,
+                 "arrival": req.arrival}
+    quantiles = [f"{m}_{quantile_name(q)}_s" for q in req.quantiles for m in ("ttft", "tpot")]
     for key in (*REQUEST_KEYS[1:-1], "requests_per_s", "prefill_share", "decode_step_s", "chunk_extra_s",
-                "prefill_service_s", "queue_wait_s"):
+                "prefill_service_s", "queue_wait_s", "stack_latency_s", *quantiles):
         out[key] = float(np.asarray(r[key]))
     out["chips"] = int(out["chips"])
     out["fits_request"] = bool(np.asarray(r["fits"]))  # memory at the request's peak context P + O
@@ -380,6 +433,10 @@ def evaluate_frame(frame, ideal: bool = False):
     if extra:
         raise InputError(f"evaluate_frame: unknown column(s) {', '.join(map(str, extra))}; allowed: "
                          f"{', '.join(Config.__dataclass_fields__)}")
+    per_config = [c for c in ("framework", "mem_fraction", "arrival") if c in frame.columns]
+    if per_config:
+        raise InputError(f"evaluate_frame: column(s) {', '.join(per_config)} are evaluated one configuration at a "
+                         "time (dse.evaluate); a frame reserves memory as each system's default framework does")
     rows, configs = [], []
     for i, rec in enumerate(frame.to_dict(orient="records")):
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}

@@ -58,10 +58,11 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from dse.catalog.frameworks import Memory, framework_for
 from dse.catalog.hardware import Efficiency, System, efficiency_for
 from dse.catalog.models import Architecture
 from dse.catalog.units import DTYPE_BYTES, DTYPES
@@ -313,6 +314,48 @@ class ModelTable:
         )
 
 
+MIB, GIB = 2.0**20, 2.0**30
+SGLANG_FIXED = 512 * MIB
+SGLANG_PER_CHUNK_TOKEN = 1.5 * MIB
+SGLANG_GRAPHS = 256 * 2 * MIB
+SGLANG_PER_RANK = GIB / 8
+SGLANG_FLOOR, SGLANG_FLOOR_ABOVE = 10 * GIB, 60 * GIB
+"""SGLang's default mem_fraction_static (server_args.py, _handle_gpu_memory_settings, PR 10975; hw_catalog/
+frameworks.yaml sglang_server_args): (C - reserved) / C with reserved = 512 MiB + 1.5 MiB per chunked-prefill token
+(activations) + 2 MiB per CUDA-graph batch (256 of them) + tp x pp / 8 GiB, at least 10 GiB on a device of more
+than 60 GiB."""
+
+
+def with_memory(eff: Efficiency, memory: Memory) -> Efficiency:
+    """``eff`` with a framework's memory reservation (`dse.catalog.frameworks.Memory`)."""
+    return replace(eff, mem_rule=float(memory.rule_code), mem_fraction=memory.fraction, mem_reserve=memory.reserve)
+
+
+def memory_budget(cap: np.ndarray, eff: Efficiency, chunk: np.ndarray, tp: np.ndarray, pp: np.ndarray,
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The framework's memory check as weights + a_act x activations + a_kv x KV (in HBM) <= budget, per chip
+    of HBM capacity ``cap``: returns (a_act, a_kv, budget), with fraction f and reserve R (``eff.mem_*``: what the
+    framework holds outside its pools, CUDA context, NCCL buffers, CUDA graphs).
+
+    - total (vLLM: gpu_memory_utilization of the device): weights + activations + R + KV <= f C;
+    - static (SGLang: mem_fraction_static for weights and the KV pool; activations and CUDA graphs in the rest):
+      weights + KV + R <= f C, f by default (C - reserved) / C with SGLang's own reserved (`SGLANG_FIXED`...);
+    - free (TensorRT-LLM: free_gpu_memory_fraction of what weights, activations and buffers leave):
+      KV <= f (C - weights - activations - R), i.e. weights + activations + KV / f <= C - R.
+
+    Every byte of HBM (rule total, f = 1, R = 0) is the pure roofline's.
+    """
+    rule, f, reserve = (np.asarray(x, dtype=np.float64) for x in (eff.mem_rule, eff.mem_fraction, eff.mem_reserve))
+    reserved = SGLANG_FIXED + SGLANG_PER_CHUNK_TOKEN * chunk + SGLANG_GRAPHS + SGLANG_PER_RANK * tp * pp
+    reserved = np.where(cap > SGLANG_FLOOR_ABOVE, np.maximum(reserved, SGLANG_FLOOR), reserved)
+    static = np.where(np.isnan(f), cap - reserved, f * cap) - reserve
+    budget = np.where(rule == 0, f * cap - reserve, np.where(rule == 1, static, cap - reserve))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a_kv = np.where(rule == 2, 1.0 / f, 1.0)
+    a_act = np.where(rule == 1, 0.0, 1.0)
+    return a_act, a_kv, budget
+
+
 @dataclass(frozen=True)
 class SystemTable:
     """Per-system scalars as arrays indexed by system number; unknown optional figures are 0."""
@@ -333,13 +376,19 @@ class SystemTable:
     efficiency: dict[str, np.ndarray]  # calibrated factor -> value per system
 
     @classmethod
-    def build(cls, systems: list[System], efficiency: list[Efficiency] | None = None) -> SystemTable:
-        """Columns of the systems; ``efficiency`` (one per system) defaults to each system's calibration."""
+    def build(cls, systems: list[System], efficiency: list[Efficiency] | None = None,
+              memory: list[Memory] | None = None) -> SystemTable:
+        """Columns of the systems; ``efficiency`` (one per system) defaults to each system's calibration, with the
+        memory reservation of ``memory`` (one per system; default: the framework each system runs by default,
+        `dse.catalog.frameworks.framework_for`).
+        """
 
         def known(v: float) -> float:
             return 0.0 if np.isnan(v) else v
 
         effs = efficiency if efficiency is not None else [efficiency_for(s.id) for s in systems]
+        memory = memory if memory is not None else [framework_for(s).memory for s in systems]
+        effs = [with_memory(e, m) for e, m in zip(effs, memory, strict=True)]
         return cls(
             ids=tuple(s.id for s in systems),
             flops=_f([[s.flops[s.compute_dtype(d)] for d in DTYPES] for s in systems]),
@@ -601,7 +650,8 @@ class _Gathered:
         self.skew = self.imbalance - 1.0
         self.any_skew = bool((self.skew != 0.0).any())
         self.weights_bytes = self.wbytes * self.p_dense / (self.tp * self.pp_even) + self.routed_bytes_per_chip
-        self.hbm_limit = self.hbm_cap * eff.hbm_usable
+        self.mem_a_act, self.mem_a_kv, self.mem_budget = memory_budget(self.hbm_cap, eff, self.chunk, self.tp,
+                                                                       self.pp)
 
     def _ctx(self, name: str) -> np.ndarray:
         """A term at the candidates' context, computed on first use: ``attended`` (KV tokens attended per
@@ -895,7 +945,8 @@ def evaluate_at(cand: Candidates, models: ModelTable, systems: SystemTable, eff:
 
 
 BRIEF_KEYS = ("chips", "compute_s", "memory_s", "comm_s", "step_s", "bound", "overhead_s", "kv_bytes_per_chip",
-              "hbm_bytes_per_chip", "fits", "overlap", "gemm_fixed_s")
+              "hbm_bytes_per_chip", "fits", "overlap", "gemm_fixed_s", "weights_bytes_per_chip",
+              "activation_bytes_per_chip")
 """What `evaluate_at` returns: the pass times and the memory check (what request-level physics builds on)."""
 MEMORY_KEYS = ("chips", "kv_bytes_per_chip", "hbm_bytes_per_chip", "fits")
 """What `evaluate_at` returns for an input with ``times: False``: the memory check alone."""
@@ -915,12 +966,13 @@ def _hbm(g: _Gathered, prefill: np.ndarray | bool, seqs_rank: np.ndarray, tokens
     # prefill activations: at most the chunked-prefill budget per DP rank is resident at once
     act_tokens = _where(prefill, lambda: np.minimum(tokens_rank, g.chunk), lambda: tokens_rank)
     act_bytes = act_tokens * ACT_WIDTH * g.d * ACT_BYTES + seqs_rank * g.vocab / g.tp * LOGIT_BYTES
+    kv_hbm = np.where(g.on_host, 0.0, kv_bytes) if g.any_host else kv_bytes
+    hbm_bytes = g.weights_bytes + kv_hbm + act_bytes
+    # the framework's check (`memory_budget`), and every byte within the HBM
+    fits = ((g.weights_bytes + g.mem_a_act * act_bytes + g.mem_a_kv * kv_hbm <= g.mem_budget)
+            & (hbm_bytes <= g.hbm_cap))
     if g.any_host:
-        hbm_bytes = g.weights_bytes + np.where(g.on_host, 0.0, kv_bytes) + act_bytes
-        fits = (hbm_bytes <= g.hbm_limit) & (~g.on_host | (kv_bytes <= g.host_cap))
-    else:
-        hbm_bytes = g.weights_bytes + kv_bytes + act_bytes
-        fits = hbm_bytes <= g.hbm_limit
+        fits &= ~g.on_host | (kv_bytes <= g.host_cap)
     return act_bytes, hbm_bytes, fits
 
 
@@ -947,7 +999,8 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.nda
         return {"chips": g.chips, "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s,
                 "bound": bound, "overhead_s": np.broadcast_to(g.overhead, step_s.shape),
                 "kv_bytes_per_chip": kv_bytes, "hbm_bytes_per_chip": hbm_bytes, "fits": fits,
-                "overlap": r["overlap"], "gemm_fixed_s": np.broadcast_to(r["gemm_fixed_s"], step_s.shape)}
+                "overlap": r["overlap"], "gemm_fixed_s": np.broadcast_to(r["gemm_fixed_s"], step_s.shape),
+                "weights_bytes_per_chip": weights_bytes, "activation_bytes_per_chip": act_bytes}
 
     # throughput and cost: PP micro-batches are in flight
     seqs_in_flight = g.batch * g.pp

@@ -60,9 +60,11 @@ from dataclasses import KW_ONLY, dataclass, replace
 
 import numpy as np
 
+from dse.catalog.frameworks import Stack, StackTerms
 from dse.catalog.hardware import Efficiency
 from dse.physics.codes import DEFAULT_CHUNK  # re-exported: the default chunk budget (vLLM / SGLang)
-from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate_at, in_slices
+from dse.physics.queueing import quantile_name, rho_for_wait_quantile, tpot_quantile, wait_quantile, wave_wait_quantile
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate_at, in_slices, memory_budget
 
 RHO_MAX = 0.9  # highest utilisation a prefill pool is planned at (M/D/1 waits grow as 1 / (1 - rho))
 NEWTON_STEPS = 200  # a cap only: bracketed Newton stops after a handful of steps
@@ -73,8 +75,17 @@ NEWTON_RTOL = 1e-13  # stop once no rate moves by more than this share of itself
 class Request:
     """One kind of request and what is asked of its serving: prompt and output tokens, the prefix-cache
     share, the chunked-prefill budget, speculation, the TTFT and TPOT targets and the demand (seconds,
-    output tokens per second). Built once, by keyword, from a study's workload or `dse evaluate`'s options,
-    and carried unchanged from the space down to the physics.
+    output tokens per second), how requests arrive and the serving stack they go through. Built once, by
+    keyword, from a study's workload or `dse evaluate`'s options, and carried unchanged from the space down to
+    the physics.
+
+    Arrivals: ``arrival`` ``poisson`` is the open loop of production traffic (Poisson arrivals: M/D/1 queueing at
+    the prefill servers); ``concurrency`` a closed loop, each request replaced as it completes, as benchmarks run
+    (queueing in synchronized waves, `dse.physics.queueing`): the physics holds a replica's candidate batch (or
+    a disaggregated deployment's given concurrency) in flight, and ``concurrency``, when set, is the number a
+    whole deployment holds (what a study sizes its replicas for). Targets: ``ttft_max`` and ``tpot_max`` bound the
+    means, ``ttft_quantile_max`` and ``tpot_quantile_max`` bound quantiles ((q, seconds) pairs, q in
+    `dse.physics.queueing.QUANTILES`); ``report_quantiles`` are computed besides the targets' own.
     """
 
     prompt: int
@@ -85,9 +96,15 @@ class Request:
     chunk: int = DEFAULT_CHUNK  # chunked-prefill budget per DP rank per forward pass (aggregated serving)
     draft: int = 0  # speculative / MTP draft tokens verified per decode pass
     accept: float = 1.0  # mean tokens emitted per decode pass (1 <= accept <= draft + 1)
-    tpot_max: float | None = None  # TPOT target, seconds
-    ttft_max: float | None = None  # TTFT target, seconds
+    tpot_max: float | None = None  # TPOT target on the mean, seconds
+    ttft_max: float | None = None  # TTFT target on the mean, seconds
     demand: float | None = None  # output tokens per second the deployment must serve
+    arrival: str = "poisson"  # "poisson" (open loop) or "concurrency" (closed loop)
+    concurrency: int | None = None  # with arrival "concurrency": the requests a whole deployment holds in flight
+    stack: Stack = Stack()
+    ttft_quantile_max: tuple[tuple[float, float], ...] = ()  # (q, seconds): TTFT targets on quantiles
+    tpot_quantile_max: tuple[tuple[float, float], ...] = ()  # (q, seconds): TPOT targets on quantiles
+    report_quantiles: tuple[float, ...] = ()
 
     @property
     def context(self) -> int:
@@ -103,6 +120,17 @@ class Request:
     def decode_passes(self) -> float:
         """Decode passes per request, m = (O - 1) / a (the first token comes from the prefill)."""
         return max(self.output - 1, 0) / self.accept
+
+    @property
+    def closed_loop(self) -> bool:
+        """Whether requests arrive in a closed loop (``arrival: concurrency``) rather than as a Poisson stream."""
+        return self.arrival == "concurrency"
+
+    @property
+    def quantiles(self) -> tuple[float, ...]:
+        """The quantiles the physics computes: the targets' and ``report_quantiles``, ascending."""
+        qs = {q for q, _ in (*self.ttft_quantile_max, *self.tpot_quantile_max)} | set(self.report_quantiles)
+        return tuple(sorted(qs))
 
 
 def power_w(chips: np.ndarray | float, power_per_chip: np.ndarray | float) -> np.ndarray:
@@ -236,6 +264,28 @@ def _decode_step(mean: dict, req: Request) -> np.ndarray:
                    mean["overlap"])
 
 
+def _closed_rate(k: np.ndarray, c: np.ndarray, a: np.ndarray, m_td: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The per-server request rate x of a closed loop: C = k x (A + m t_d / (1 - v x)), A = S + W the time to the
+    first token in the engine (W, the wave's wait, does not depend on x). Multiplied by 1 - v x it is the quadratic
+    k A v x^2 - (k A + k m t_d + C v) x + C = 0, whose smaller root lies in (0, 1/v) (the left side rises from 0 to
+    infinity there): x = 2C / (b + sqrt(b^2 - 4 k A v C)), b = k A + k m t_d + C v (b^2 >= 4 k A v C always).
+    """
+    b = k * a + k * m_td + c * v
+    return 2.0 * c / (b + np.sqrt(np.maximum(b * b - 4.0 * k * a * v * c, 0.0)))
+
+
+def closed_loop_ttft(service: np.ndarray, transfer: np.ndarray, wave: np.ndarray, terms: StackTerms,
+                     floor: np.ndarray | float = 0.0) -> np.ndarray:
+    """TTFT in a closed loop as the request sees it: the prefill service S, the wait, the KV transfer
+    (disaggregated) and the stack's fixed latency tau. The wait is the wave's, xi (n - 1) S_b (``wave`` = (n - 1)
+    S_b), but never below ``floor``, the saturated loop's: with its prefill servers busy all the time, C requests
+    cycle at the servers' rate, so each waits C S / servers less the rest of its cycle (the machine-repairman
+    asymptote; Kleinrock vol. 1, 4.8). Neither the wave nor the floor depends on (xi, tau), which is how `dse
+    validate` refits the stack's terms without re-running the physics.
+    """
+    return service + np.maximum(terms.queue_share * wave, floor) + transfer + terms.fixed_latency_s
+
+
 @in_slices(3)
 def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: Request,
                eff: Efficiency | None = None) -> dict[str, np.ndarray]:
@@ -244,8 +294,9 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     Returns arrays keyed as the request-level contract (`ttft_s`, `tpot_s`, `tokens_per_s_per_gpu`,
     `tokens_per_s_per_user`, `usd_per_request`, `usd_per_mtok_input|output|blended`, `chips`,
     `power_w`), plus `fits` (memory at the peak context), `stable` (the prefill keeps up:
-    rho < 1), `prefill_share` (u, the input share of cost) and the pieces (`decode_step_s`,
-    `chunk_extra_s`, `prefill_service_s`, `queue_wait_s`, `requests_per_s`).
+    rho < 1), `prefill_share` (u, the input share of cost), the pieces (`decode_step_s`,
+    `chunk_extra_s`, `prefill_service_s`, `queue_wait_s`, `wave_s`, `stack_latency_s`, `requests_per_s`) and
+    ``ttft_<pXX>_s``, ``tpot_<pXX>_s`` for each of ``req.quantiles``.
     """
     c = cand.broadcast()
     e = _eff(c, systems, eff)
@@ -256,35 +307,61 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     frac = min(req.chunk, p_c) / p_c  # a full chunk's share of one prompt's prefill
     # the chunk's rows join the decode pass's GEMMs: its half-performance share is not paid again
     chunk_rows = frac * (pre["compute_s"] - pre["gemm_fixed_s"])
-    mixed = combine(_scaled_rows(mean, req.draft + 1) + chunk_rows, mean["memory_s"],
-                    mean["comm_s"] * (req.draft + 1) + frac * pre["comm_s"], mean["overhead_s"], mean["overlap"])
+
+    def carrying(prompts: float) -> np.ndarray:  # a pass carrying this many chunks' worth of prompt work per rank
+        return combine(_scaled_rows(mean, req.draft + 1) + prompts * chunk_rows, mean["memory_s"],
+                       mean["comm_s"] * (req.draft + 1) + prompts * frac * pre["comm_s"], mean["overhead_s"],
+                       mean["overlap"])
+
+    mixed = carrying(1.0)
     t_c = mixed - t_d
     chunks = np.ceil(p_c / req.chunk)
     s = chunks * mixed
     pp = np.asarray(c.pp, dtype=np.float64)
-    k = np.asarray(c.dp, dtype=np.float64) * pp
+    dp = np.asarray(c.dp, dtype=np.float64)
+    k = dp * pp
     conc = np.asarray(c.batch, dtype=np.float64) * pp  # sequences in flight
     # prefill seconds a request adds to the replica's passes: P' t_c / K on its own rank, and the DP ranks of a
     # stage run in lock-step (expert all-to-all and TP collectives every layer), so a chunk on any rank
     # stretches the pass of all D ranks: D P' t_c / K (chunks coinciding on two ranks are counted twice, an
     # upper bound, exact while chunks are rare)
-    v = np.asarray(c.dp, dtype=np.float64) * t_c * p_c / min(req.chunk, p_c)
+    v = dp * t_c * p_c / min(req.chunk, p_c)
     m = req.decode_passes
-    x = _solve_rate(k, conc, s, m * t_d, v)
+    terms = req.stack.aggregated
+    if not req.closed_loop:  # open loop: M/D/1 at each chunk server
+        wave = floor = np.zeros_like(s)
+        x = _solve_rate(k, conc, s, m * t_d, v)
+        wait = mdl_wait(x * s, s)
+    else:  # closed loop: the wave behind the other sequences of the rank, each at its share of a full-chunk pass
+        per = prompts_per_chunk(req)
+        share = np.minimum(carrying(float(per)) / per, s) if per > 1 else s
+        wave = np.maximum(np.asarray(c.batch, dtype=np.float64) / dp - 1.0, 0.0) * share
+        # the saturated loop: a chunk server busy all the time (x = 1/S, where it comes before the interference's
+        # pole) serves C / k requests per cycle of C S / k
+        with np.errstate(divide="ignore", invalid="ignore"):
+            floor = np.where(s > v, conc * s / k - s - m * t_d / (1.0 - v / s), 0.0)
+        wait = np.maximum(terms.queue_share * wave, np.maximum(floor, 0.0))
+        x = _closed_rate(k, conc, s + wait, m * t_d, v)
     u = v * x
     rho = x * s
     t_bar = t_d / (1.0 - u)
-    wait = rho * s / (2.0 * (1.0 - rho))
-    ttft = s + wait
+    ttft = s + wait + terms.fixed_latency_s  # closed: `closed_loop_ttft` (S + max(xi wave, floor) + tau)
     tpot = t_bar / req.accept
     lam = k * x
     chips = mean["chips"]
     usd_per_s = chips * systems.price_per_s[np.asarray(c.system)]
+    quant = {}
+    for q in req.quantiles:
+        w_q = (np.maximum(wave_wait_quantile(q, terms.queue_share, wave), floor) if req.closed_loop
+               else s * wait_quantile(q, rho))
+        quant[f"ttft_{quantile_name(q)}_s"] = s + w_q + terms.fixed_latency_s
+        quant[f"tpot_{quantile_name(q)}_s"] = tpot_quantile(q, t_d, t_c, u, m, chunks, req.accept)
     return _metrics(
         "aggregated", req, lam, ttft, tpot, chips, usd_per_s, u, systems.power_all_in[np.asarray(c.system)],
         fits=peak["fits"], stable=(rho < 1.0) & (u < 1.0), decode_step_s=t_d, chunk_extra_s=t_c, prefill_service_s=s,
-        queue_wait_s=wait, hbm_bytes_per_chip=peak["hbm_bytes_per_chip"], step_s=t_bar,
-        bound=mean["bound"],
+        queue_wait_s=wait, wave_s=wave, wait_floor_s=np.maximum(floor, 0.0),
+        stack_latency_s=np.full_like(s, terms.fixed_latency_s),
+        hbm_bytes_per_chip=peak["hbm_bytes_per_chip"], step_s=t_bar, bound=mean["bound"], **quant,
     )
 
 
@@ -367,9 +444,11 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
     transfer = kv_chip / cp / xfer_bw  # every chip sends its share of the prompt's KV in parallel
     chips = pre["chips"]
     usd_per_s = chips * systems.price_per_s[sys_idx]
-    # memory: with context parallelism each chip holds 1/cp of its prompt's KV
+    # memory: with context parallelism each chip holds 1/cp of its prompt's KV; checked as the framework reserves it
     hbm = pre["hbm_bytes_per_chip"] - kv_chip * (1.0 - 1.0 / cp)
-    fits = hbm <= systems.hbm_capacity[sys_idx] * e.hbm_usable
+    a_act, a_kv, budget = memory_budget(systems.hbm_capacity[sys_idx], e, float(req.chunk), tp, pp)
+    fits = ((pre["weights_bytes_per_chip"] + a_act * pre["activation_bytes_per_chip"] + a_kv * kv_chip / cp <= budget)
+            & (hbm <= systems.hbm_capacity[sys_idx]))
     out = {"prefill_service_s": service, "servers": servers, "kv_transfer_s": transfer,
            "usd_per_prompt": usd_per_s * service / servers, "chips": chips, "usd_per_s": usd_per_s,
            "chip_s_per_prompt": chips * service / servers, "fits": fits, "hbm_bytes_per_chip": hbm,
@@ -384,18 +463,35 @@ def mdl_wait(rho: np.ndarray, service: np.ndarray) -> np.ndarray:
     return rho * service / (2.0 * (1.0 - rho))
 
 
-def rho_for_ttft(service: np.ndarray, transfer: np.ndarray, ttft_max: float | None,
-                 rho_max: float = RHO_MAX) -> np.ndarray:
-    """The highest prefill-pool utilisation whose mean TTFT = S + W(rho) + transfer meets the target.
-
-    W / S = rho / (2 (1 - rho)) <= D with D = (T - S - transfer) / S gives rho <= 2D / (1 + 2D);
-    capped at ``rho_max``; NaN where even an empty queue misses the target.
+def prefill_ttft(service: np.ndarray, transfer: np.ndarray, rho: np.ndarray, req: Request,
+                 q: float | None = None) -> np.ndarray:
+    """TTFT through a disaggregated prefill pool at utilisation rho under Poisson arrivals, as the request sees it:
+    service S + the M/D/1 wait (its mean, or its q-quantile) + the KV transfer + the stack's fixed latency.
     """
-    if ttft_max is None:
-        return np.full(np.shape(service), rho_max)
-    d = (ttft_max - service - transfer) / service
-    with np.errstate(invalid="ignore"):
-        rho = np.where(d >= 0, np.minimum(2.0 * d / (1.0 + 2.0 * d), rho_max), np.nan)
+    wait = mdl_wait(rho, service) if q is None else service * wait_quantile(q, rho)
+    return service + wait + transfer + req.stack.disaggregated.fixed_latency_s
+
+
+def rho_for_ttft(service: np.ndarray, transfer: np.ndarray, req: Request, margin: np.ndarray | float = 1.0,
+                 rho_max: float = RHO_MAX) -> np.ndarray:
+    """The highest prefill-pool utilisation whose TTFT (`prefill_ttft`) times ``margin`` meets every TTFT target
+    of ``req``: on the mean (``ttft_max``) and on quantiles (``ttft_quantile_max``).
+
+    Mean: W / S = rho / (2 (1 - rho)) <= D with D = (T / margin - S - transfer - tau) / S gives
+    rho <= 2D / (1 + 2D). Quantile q: the inverse of the M/D/1 wait's quantile at D
+    (`dse.physics.queueing.rho_for_wait_quantile`). Capped at ``rho_max``; NaN where even an empty queue misses
+    a target.
+    """
+    fixed = transfer + req.stack.disaggregated.fixed_latency_s
+    shape = np.broadcast_shapes(np.shape(service), np.shape(transfer), np.shape(margin))
+    rho = np.full(shape, rho_max, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if req.ttft_max is not None:
+            d = (req.ttft_max / margin - service - fixed) / service
+            rho = np.where(d >= 0, np.minimum(2.0 * d / (1.0 + 2.0 * d), rho), np.nan)
+        for q, target in req.ttft_quantile_max:
+            d = (target / margin - service - fixed) / service
+            rho = np.minimum(rho, rho_for_wait_quantile(q, d))
     return rho
 
 
@@ -404,59 +500,67 @@ def disaggregated(dec: dict, pre: dict, req: Request, rho: np.ndarray) -> dict[s
 
     ``dec`` and ``pre`` are (broadcastable) outputs of `decode_pool` and `prefill_pool`. The
     deployment unit is one decode replica with ``prefill_replicas`` = lambda S / (servers rho)
-    prefill replicas (a fluid ratio; a fleet rounds whole replicas).
+    prefill replicas (a fluid ratio; a fleet rounds whole replicas). TTFT under Poisson arrivals (`prefill_ttft`);
+    TPOT is the decode pass's, the same for every request (its quantiles equal its mean).
     """
     lam = dec["requests_per_s"]
     ratio = lam * pre["prefill_service_s"] / (pre["servers"] * rho)
-    ttft = pre["prefill_service_s"] + mdl_wait(rho, pre["prefill_service_s"]) + pre["kv_transfer_s"]
+    ttft = prefill_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], rho, req)
     usd_pre = pre["usd_per_prompt"] / rho
     usd_req = dec["usd_per_request"] + usd_pre
     chips = dec["chips"] + ratio * pre["chips"]
     power = power_w(dec["chips"], dec["power_per_chip"]) + power_w(ratio * pre["chips"], pre["power_per_chip"])
+    quant = {}
+    for q in req.quantiles:
+        quant[f"ttft_{quantile_name(q)}_s"] = prefill_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], rho, req, q)
+        quant[f"tpot_{quantile_name(q)}_s"] = dec["tpot_s"] * np.ones_like(ttft)
     out = _metrics("disaggregated", req, lam, ttft, dec["tpot_s"], chips, usd_req * lam, usd_pre / usd_req,
                    np.ones_like(chips), prefill_replicas=ratio, prefill_rho=rho,
                    kv_transfer_s=pre["kv_transfer_s"] * np.ones_like(ttft),
-                   prefill_service_s=pre["prefill_service_s"] * np.ones_like(ttft))
+                   prefill_service_s=pre["prefill_service_s"] * np.ones_like(ttft),
+                   stack_latency_s=np.full_like(ttft, req.stack.disaggregated.fixed_latency_s), **quant)
     out["power_w"] = power
     return out
 
 
 def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: np.ndarray,
-                             prefill_replicas: np.ndarray, steps: int = 64) -> dict[str, np.ndarray]:
+                             prefill_replicas: np.ndarray) -> dict[str, np.ndarray]:
     """A disaggregated deployment holding a fixed number of requests in flight (a benchmark's closed loop):
     ``concurrency`` requests cycle through ``prefill_replicas`` prefill replicas and the decode replicas
     among which ``dec`` was evaluated, each new request sent as one completes.
 
     ``dec`` is `decode_pool` evaluated at each decode replica's share of the requests in flight, ``pre``
-    `prefill_pool`. The request rate lambda solves lambda (TTFT(lambda) + (O - 1) TPOT) = C (Little's
-    law), with TTFT = S + W + transfer, W the M/D/1 mean wait per prefill server at
-    rho = lambda S / (servers x prefill replicas). The left side increases in lambda up to the pole
-    rho = 1, so bisection on [0, servers x replicas / S) finds it (``steps`` halvings).
-    Returns ``requests_per_s``, ``ttft_s``, ``tpot_s``, ``prefill_rho`` and ``queue_wait_s``.
+    `prefill_pool` (with ``full_chunk``: ``chunk_share_s``, what each queued prompt costs). A prompt waits in the
+    closed loop's wave (`dse.physics.queueing`): W = xi (n - 1) S_b, n = C / (servers x prefill replicas) the
+    requests in flight per prefill server, xi the stack's queue share, never below the saturated loop's wait
+    (`closed_loop_ttft`); TTFT = S + W + transfer + tau. W does not depend on the rate, so Little's law over the
+    engine's stages, lambda (S + W + transfer + (O - 1) TPOT) = C, gives it in closed form (the few requests inside
+    the stack's fixed latency are counted with the engine's), and the prefill servers' utilisation stays at most 1.
+    Returns ``requests_per_s``, ``ttft_s`` (and its quantiles), ``tpot_s``, ``prefill_rho``, ``queue_wait_s``,
+    ``wave_s`` and ``stack_latency_s``.
     """
     c = np.asarray(concurrency, dtype=np.float64)
     s = np.asarray(pre["prefill_service_s"], dtype=np.float64)
     servers = np.asarray(pre["servers"], dtype=np.float64) * np.asarray(prefill_replicas, dtype=np.float64)
     transfer = np.asarray(pre["kv_transfer_s"], dtype=np.float64)
     tpot = np.asarray(dec["tpot_s"], dtype=np.float64)
+    share = np.asarray(pre.get("chunk_share_s", s), dtype=np.float64)
+    terms = req.stack.disaggregated
+    wave = np.maximum(c / servers - 1.0, 0.0) * share
     tail = max(req.output - 1, 0) * tpot
-
-    def excess(lam: np.ndarray) -> np.ndarray:
-        rho = lam * s / servers
-        return lam * (s + mdl_wait(rho, s) + transfer + tail) - c
-
-    lo = np.zeros_like(c)
-    hi = servers / s
-    for _ in range(steps):
-        mid = 0.5 * (lo + hi)
-        over = excess(mid) > 0
-        hi = np.where(over, mid, hi)
-        lo = np.where(over, lo, mid)
-    lam = 0.5 * (lo + hi)
-    rho = lam * s / servers
-    wait = mdl_wait(rho, s)
-    return {"requests_per_s": lam, "ttft_s": s + wait + transfer, "tpot_s": tpot, "prefill_rho": rho,
-            "queue_wait_s": wait}
+    floor = np.maximum(c * s / servers - s - transfer - tail, 0.0)  # the saturated loop's (`closed_loop_ttft`)
+    wait = np.maximum(terms.queue_share * wave, floor)
+    engine = s + wait + transfer
+    lam = c / (engine + tail)
+    tau = np.full(np.shape(engine), terms.fixed_latency_s)
+    out = {"requests_per_s": lam, "ttft_s": closed_loop_ttft(s, transfer, wave, terms, floor) * np.ones_like(engine),
+           "tpot_s": tpot, "prefill_rho": lam * s / servers,
+           "queue_wait_s": wait, "wave_s": wave, "wait_floor_s": floor, "stack_latency_s": tau}
+    for q in req.quantiles:
+        w_q = np.maximum(wave_wait_quantile(q, terms.queue_share, wave), floor)
+        out[f"ttft_{quantile_name(q)}_s"] = s + w_q + transfer + tau
+        out[f"tpot_{quantile_name(q)}_s"] = tpot * np.ones_like(engine)
+    return out
 
 
 def decode_share_closed_loop(decode_at, pre: dict, req: Request, concurrency: np.ndarray,
@@ -465,7 +569,8 @@ def decode_share_closed_loop(decode_at, pre: dict, req: Request, concurrency: np
     """`disaggregated_closed_loop` with the decode pool holding only the requests past their prefill.
 
     Of C requests in flight, lambda TTFT are queued, prefilling or handing off their KV, and by Little's
-    law the decode replicas hold the others, lambda (O - 1) TPOT = C - lambda TTFT: a decode replica's
+    law the decode replicas hold the others, lambda (O - 1) TPOT = C - lambda TTFT (TTFT in the engine, the
+    stack's fixed latency outside it): a decode replica's
     batch is n = (C - lambda TTFT) / replicas, not C / replicas. ``decode_at(n)`` evaluates `decode_pool` at
     a batch of n per replica. g(n) = (C - lambda(n) TTFT(lambda(n))) / replicas rises with n (a slower
     decode lowers the rate, and with it the prefill queue) and lies in (0, C / replicas], so the fixed
@@ -485,7 +590,7 @@ def decode_share_closed_loop(decode_at, pre: dict, req: Request, concurrency: np
     for _ in range(steps):
         mid = np.sqrt(lo * hi)
         _, r = loop(mid)
-        held = (c - r["requests_per_s"] * r["ttft_s"]) / reps  # g(mid)
+        held = (c - r["requests_per_s"] * (r["ttft_s"] - r["stack_latency_s"])) / reps  # g(mid)
         above = held >= mid
         lo = np.where(above, mid, lo)
         hi = np.where(above, hi, mid)

@@ -10,17 +10,20 @@ from __future__ import annotations
 import os
 import re
 import stat
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dse.catalog.frameworks import default_frameworks, get_framework
 from dse.catalog.hardware import DEFAULT_PRICE_KIND, PRICE_KINDS, default_systems, shipping_ids
 from dse.catalog.loading import read_yaml, validation_message
 from dse.catalog.models import default_models
 from dse.errors import InputError, unknown_name_message
 from dse.optimize.solver import SOLVERS
 from dse.optimize.space import SpaceOptions
+from dse.physics.queueing import QUANTILES, quantile_name
 from dse.physics.serving import DEFAULT_CHUNK, Request
 
 
@@ -46,14 +49,31 @@ def plain_name(v: str) -> str:
     return v
 
 
+class ClosedLoop(Strict):
+    """A closed loop: ``concurrency`` requests in flight, each replaced as it completes (how benchmarks run)."""
+
+    concurrency: int = Field(ge=1, le=10_000_000, description="requests the deployment holds in flight")
+
+
 class WorkloadSpec(Strict):
-    """One kind of request and its service targets."""
+    """One kind of request, how requests arrive and its service targets (means, and quantiles: ``*_p50_max_s``,
+    ``*_p90_max_s``, ``*_p99_max_s``).
+    """
 
     name: str
     prompt: int = Field(gt=0, le=100_000_000, description="prompt tokens")
     output: int = Field(gt=0, le=10_000_000, description="output tokens")
-    tpot_max_s: float | None = Field(default=None, gt=0, le=3600)
-    ttft_max_s: float | None = Field(default=None, gt=0, le=86400)
+    arrival: Literal["poisson"] | ClosedLoop = Field(
+        default="poisson", description="`poisson` (open loop: production traffic, the default) or {concurrency: N} "
+        "(a closed loop of N requests in flight, as benchmarks run)")
+    tpot_max_s: float | None = Field(default=None, gt=0, le=3600, description="target on the mean TPOT")
+    ttft_max_s: float | None = Field(default=None, gt=0, le=86400, description="target on the mean TTFT")
+    tpot_p50_max_s: float | None = Field(default=None, gt=0, le=3600)
+    tpot_p90_max_s: float | None = Field(default=None, gt=0, le=3600)
+    tpot_p99_max_s: float | None = Field(default=None, gt=0, le=3600)
+    ttft_p50_max_s: float | None = Field(default=None, gt=0, le=86400)
+    ttft_p90_max_s: float | None = Field(default=None, gt=0, le=86400)
+    ttft_p99_max_s: float | None = Field(default=None, gt=0, le=86400)
     demand_tokens_per_s: float | None = Field(default=None, gt=0, le=1e13)
     cached_prompt_share: float = Field(default=0.0, ge=0, lt=1, description="share of the prompt served from a "
                                        "prefix cache (not recomputed)")
@@ -74,11 +94,22 @@ class WorkloadSpec(Strict):
                              f"({self.draft_tokens + 1})")
         return self
 
+    def quantile_targets(self, metric: str) -> tuple[tuple[float, float], ...]:
+        """The (quantile, seconds) targets of ``metric`` (``ttft`` or ``tpot``) this workload sets."""
+        return tuple((q, v) for q in QUANTILES if (v := getattr(self, f"{metric}_{quantile_name(q)}_max_s"))
+                     is not None)
+
     def workload(self) -> Request:
-        """The request this workload describes, built by keyword and carried unchanged down to the physics."""
+        """The request this workload describes, built by keyword and carried unchanged down to the physics (the
+        space adds the serving stack its framework runs).
+        """
+        closed = isinstance(self.arrival, ClosedLoop)
         return Request(prompt=self.prompt, output=self.output, name=self.name, cached=self.cached_prompt_share,
                        chunk=self.chunk_tokens, draft=self.draft_tokens, accept=self.accept_length,
-                       tpot_max=self.tpot_max_s, ttft_max=self.ttft_max_s, demand=self.demand_tokens_per_s)
+                       tpot_max=self.tpot_max_s, ttft_max=self.ttft_max_s, demand=self.demand_tokens_per_s,
+                       arrival="concurrency" if closed else "poisson",
+                       concurrency=self.arrival.concurrency if closed else None,
+                       ttft_quantile_max=self.quantile_targets("ttft"), tpot_quantile_max=self.quantile_targets("tpot"))
 
 
 _OPTS = SpaceOptions()
@@ -164,6 +195,13 @@ class StudySpec(Strict):
     """Whether ``systems: all`` includes announced, unshipped systems."""
     allow_beyond_trained_context: bool = False
     """Whether a workload may exceed a model's published maximum context (then every table flags it)."""
+    framework: Literal["vllm", "sglang", "trtllm"] | None = Field(
+        default=None, description="the serving framework every deployment runs: its memory reservation "
+        "(hw_catalog/frameworks.yaml) and its serving stack's fitted latency (calibration/serving_stack.yaml); "
+        "default: each system's vendor default there (vLLM on every vendor); TensorRT-LLM runs on NVIDIA only")
+    mem_fraction: float | None = Field(
+        default=None, gt=0, le=1, description="the framework's memory fraction (vLLM gpu_memory_utilization, SGLang "
+        "mem_fraction_static, TensorRT-LLM free_gpu_memory_fraction); default: the framework's own")
     decide: Literal["expected", "robust"] | None = Field(
         default=None, description="how an optimum is chosen: `expected` on the predictions; `robust` on each "
         "system's predictions at the unfavourable end of its validated error band (cost x the band's high "
@@ -196,11 +234,21 @@ class StudySpec(Strict):
         repeat = first_repeat(self)
         if repeat:
             raise ValueError(repeat)
+        for i, w in enumerate(self.workloads):
+            if isinstance(w.arrival, ClosedLoop):
+                if "disaggregated" in self.space.serving:
+                    raise ValueError(f"workloads.{i}.arrival: a closed loop ({{concurrency: {w.arrival.concurrency}}}) "
+                                     "is searched over aggregated deployments only (set space.serving: [aggregated]); "
+                                     "it couples a disaggregated deployment's pools through the request rate")
+                if w.demand_tokens_per_s is not None:
+                    raise ValueError(f"workloads.{i}: a closed loop sets its own load; give arrival {{concurrency: N}} "
+                                     "or demand_tokens_per_s, not both")
         return self
 
     def options(self) -> SpaceOptions:
-        """The space options with the study's price kind, its own prices and announced systems."""
-        return self.space.options(self.price, tuple(self.prices.items()), self.include_announced)
+        """The space options with the study's price kind, its own prices, announced systems and framework."""
+        return replace(self.space.options(self.price, tuple(self.prices.items()), self.include_announced),
+                       framework=self.framework, mem_fraction=self.mem_fraction)
 
     def check_catalog(self, path: Path, models: dict) -> None:
         """Checks against the catalogs that the kind adds; raise InputError naming the file and field."""
@@ -332,4 +380,10 @@ def load_study(study: str | Path | dict) -> StudySpec:
             if s not in systems:
                 at = field if isinstance(_field_value(spec, field), str) else f"{field}.{i}"
                 raise InputError(f"{where}: field '{at}': " + unknown_name_message("system", s, systems))
+            if spec.framework is not None and not get_framework(spec.framework).runs_on(systems[s]):
+                fw = get_framework(spec.framework)
+                raise InputError(f"{where}: field 'framework': {spec.framework} ({fw.name}) runs on "
+                                 f"{', '.join(fw.vendors)} hardware only, and {field} lists {s} "
+                                 f"({systems[s].vendor}); allowed on {s}: "
+                                 + ", ".join(f for f, x in default_frameworks().items() if x.runs_on(systems[s])))
     return spec

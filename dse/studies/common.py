@@ -32,6 +32,8 @@ from dse.optimize.solver import SolveResult
 from dse.optimize.space import Space, build_space, describe_choice, subset
 from dse.optimize.whole import Budget, whole_aggregated, whole_disaggregated
 from dse.physics.evaluate import Config, evaluate_config
+from dse.physics.queueing import QUANTILES, quantile_name
+from dse.physics.serving import Request
 from dse.studies.base import StudySpec
 from dse.studies.contract import Optimum, Progress, Solved, status_of
 
@@ -40,11 +42,26 @@ EXTRA = (
     "usd_per_mtok_input", "compute_s", "memory_s", "comm_s", "step_s", "bound", "tp_comm_s", "ep_comm_s",
     "pp_comm_s", "weights_bytes_per_chip", "kv_bytes_per_chip", "activation_bytes_per_chip", "hbm_capacity_per_chip",
     "sequences_in_flight", "usd_per_chip_hour", "prompt", "price_kind", "price_is_estimate", "power_w",
-    "joules_per_token", "experts_dtype", "attention_dtype", "beyond_trained_context", "max_context",
+    "joules_per_token", "experts_dtype", "attention_dtype", "beyond_trained_context", "max_context", "framework",
+    "mem_fraction", "hbm_usable_per_chip",
 )
+QUANTILE_KEYS = tuple(f"{m}_{quantile_name(q)}_s" for q in QUANTILES for m in ("ttft", "tpot"))
+"""The quantile keys of a request-level entry (``ttft_p90_s``, ...)."""
+
+
+def pools_quantiles(e: dict) -> None:
+    """Clear the quantile keys of an entry whose figures a program combined from several pools: `config_entry`
+    evaluated its largest pool as one aggregated replica, whose quantiles are not the deployment's (the means are
+    set from the pools).
+    """
+    if e.get("serving") != "aggregated" or len(e.get("pools") or ()) > 1:
+        e.update({k: None for k in QUANTILE_KEYS})
+
+
 REQUEST_EXTRA = (
     "serving", "usd_per_request", "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended",
-    "tokens_per_s_per_gpu", "tokens_per_s_per_user", "power_w", "price_kind", "prefill_share",
+    "tokens_per_s_per_gpu", "tokens_per_s_per_user", "power_w", "price_kind", "prefill_share", "arrival",
+    "stack_latency_s", *QUANTILE_KEYS,
 )
 CONFIG_KEYS = ("system", "chips", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier")
 LAYOUT_KEYS = ("system", "batch", "context", "tp", "ep", "pp", "dp", "etp", "weights_dtype", "kv_dtype", "kv_tier")
@@ -53,7 +70,8 @@ LAYOUT_KEYS = ("system", "batch", "context", "tp", "ep", "pp", "dp", "etp", "wei
 
 def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: bool,
                  output: int | None = None, request_level: bool = False, system: System | None = None,
-                 weight_only: bool = True) -> dict:
+                 weight_only: bool = True, req: Request | None = None, framework: str | None = None,
+                 mem_fraction: float | None = None) -> dict:
     """A configuration with its metrics computed by `dse evaluate` on the catalog hardware, at the price
     of ``system`` (the priced system of the study's space) when given. The space already decided which
     formats and contexts are allowed, so they are not checked again.
@@ -70,10 +88,17 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
     output tokens) and `tokens_per_s` (the replica's output tokens/s at its request rate) are the
     request-level figures, the step-level ones move to `step_ttft_s`, `step_tpot_s`,
     `step_usd_per_mtok` and `step_tokens_per_s`, and `pools` lists the one aggregated pool.
+
+    ``req`` (the workload as the space serves it) gives the request's chunk budget, prefix-cache share,
+    speculation, arrivals and serving framework; ``framework`` and ``mem_fraction`` the deployment's framework (where
+    ``req`` names none) and its memory fraction.
     """
     price = {} if system is None else {"price_kind": system.price_kind, "usd_per_chip_hour": system.price_per_s * 3600}
+    served = {} if req is None else {"chunk": req.chunk, "cached": req.cached, "draft": req.draft,
+                                     "accept": req.accept, "arrival": req.arrival}
     config = Config(model=model, prompt=prompt, weight_only=weight_only, allow_beyond_trained_context=True,
-                    **{k: cfg[k] for k in LAYOUT_KEYS}, **price)
+                    framework=(req.stack.framework if req is not None else "") or framework,
+                    mem_fraction=mem_fraction, **{k: cfg[k] for k in LAYOUT_KEYS}, **price, **served)
     ev = evaluate_config(config, ideal=ideal)
     if system is not None:
         ev["price_is_estimate"] = system.price_is_estimate
@@ -151,11 +176,14 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_l
     request_level = isinstance(res, RequestResult)
     system = next(s for s in space.systems if s.id == res.config["system"])
     out = config_entry(space.model.id, space.workload.name, space.workload.prompt, res.config, ideal,
-                       output=space.workload.output, request_level=request_level, system=system)
+                       output=space.workload.output, request_level=request_level, system=system,
+                       req=space.workload, mem_fraction=space.mem_fraction)
     if request_level:
         out["binding"] = res.binding
         out["pools"][0]["replicas"] = res.replicas
         as_deployed(out, res.deployed, res.metrics["usd_per_request"], space.workload.output)
+        if space.workload.closed_loop and space.workload.concurrency is not None:
+            out["concurrency"] = space.workload.concurrency  # the replicas hold the closed loop exactly
         parts = [(system.id, out[k]) for k in ("usd_per_request", "ttft_s", "tpot_s")]
         out.update(band_keys(out, None if ideal else pooled_bands(*([p] for p in parts), sized_low=sized_low)))
         out["chunk_tokens"] = space.workload.chunk  # the chunked-prefill budget the plan was solved at
@@ -195,11 +223,14 @@ def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool, siz
     pre_sys = next(s for s in space.systems if s.id == res.pools[0]["system"])
     cfg = describe_choice(space, res.decode)
     out = config_entry(space.model.id, space.workload.name, space.workload.prompt, cfg, ideal,
-                       output=space.workload.output, request_level=True, system=system)
+                       output=space.workload.output, request_level=True, system=system,
+                       req=space.workload, mem_fraction=space.mem_fraction)
     m, dep = res.metrics, res.deployed
     out["serving"] = "disaggregated"
     as_deployed(out, dep, m["usd_per_request"], space.workload.output)
     out["kv_transfer_s"] = dep["kv_transfer_s"]
+    for key in ("stack_latency_s", *QUANTILE_KEYS):  # at the prefill pool's utilisation as deployed
+        out[key] = dep.get(key)
     out["pool_ratio"] = m["prefill_replicas"]  # prefill replicas per decode replica (fluid)
     out["prefill_utilisation"] = dep["prefill_rho"]  # as deployed (at most the planned one)
     out["prefill_service_s"] = dep["prefill_service_s"]

@@ -27,7 +27,16 @@ from dse.optimize.margins import Margins, margins_for
 from dse.optimize.operating_points import non_dominated, operating_points
 from dse.optimize.space import Space, build_space, subset
 from dse.studies.base import MAX_LIST, Strict, StudySpec
-from dse.studies.common import best_table, candidate_systems, config_entry, decide_of, decision, pool_text, pooled_bands
+from dse.studies.common import (
+    best_table,
+    candidate_systems,
+    config_entry,
+    decide_of,
+    decision,
+    pool_text,
+    pooled_bands,
+    pools_quantiles,
+)
 from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput, status_of
 from dse.studies.plotting import save, subplots
 
@@ -154,7 +163,7 @@ def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: 
     cfg = {k: (int(v) if k in ("chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context") else v)
            for k, v in cfg.items()}
     e = config_entry(model, w.name, w.prompt, cfg, spec.space.ideal, output=w.output, request_level=True,
-                     system=systems[cfg["system"]])
+                     system=systems[cfg["system"]], framework=spec.framework, mem_fraction=spec.mem_fraction)
     lam = w.demand_tokens_per_s / w.output
     chips = int((pools["chips"] * pools["replicas"]).sum())
     roles = set(pools["role"])
@@ -178,6 +187,7 @@ def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: 
     e["pools"] = [{k: (v.item() if hasattr(v, "item") else v) for k, v in p.items() if k in POOL_KEYS}
                   for p in pools.to_dict("records")]
     e["group"] = group
+    pools_quantiles(e)
     e.update(band_keys(e, None if spec.space.ideal else _deployment_bands(pools, robust)))
     for key in ("tokens_per_s_band", "tokens_per_s_per_gpu_band"):  # the demand: given, not predicted
         e.pop(key, None)

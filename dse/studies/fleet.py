@@ -22,7 +22,7 @@ from dse.errors import InputError
 from dse.optimize.fleet import OPTION_COLUMNS, FleetData, check, fleet_options, solve_fleet
 from dse.optimize.space import build_space
 from dse.studies.base import MAX_LIST, Strict, StudySpec
-from dse.studies.common import config_entry
+from dse.studies.common import config_entry, pools_quantiles
 from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import save, subplots
 
@@ -210,7 +210,7 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.nd
     cfg = {k: (int(main[k]) if k in ("chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context")
                else main[k]) for k in CFG}
     e = config_entry(model_id, cls, w.prompt, cfg, spec.space.ideal, output=w.output, request_level=True,
-                     system=systems_priced[cfg["system"]])
+                     system=systems_priced[cfg["system"]], framework=spec.framework, mem_fraction=spec.mem_fraction)
     pools = pools.assign(fleet_usd_per_s=usd[sel])  # its share of the slice's cost, not its on-demand price
     usd_s = float(pools["fleet_usd_per_s"].sum())
     input_s = 0.0
@@ -219,7 +219,8 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.nd
             input_s += p["fleet_usd_per_s"]
         elif p["role"] == "both":
             q = config_entry(model_id, cls, w.prompt, {k: p[k] for k in CFG}, spec.space.ideal, output=w.output,
-                             request_level=True, system=systems_priced[p["system"]])
+                             request_level=True, system=systems_priced[p["system"]], framework=spec.framework,
+                             mem_fraction=spec.mem_fraction)
             input_s += p["fleet_usd_per_s"] * float(q["prefill_share"])
     chips = int((pools["chips"] * pools["replicas"]).sum())
     roles = set(pools["role"])
@@ -240,6 +241,7 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.nd
                     for p in pools.to_dict("records")])
     e["tokens_per_s_per_user"] = 1.0 / e["tpot_s"]
     e["joules_per_token"] = e["power_w"] / e["tokens_per_s"]
+    pools_quantiles(e)  # the figures of several pools: the largest pool's quantiles are not the entry's
     e.update(band_keys(e, None if spec.space.ideal else bands_of(cfg["system"])))
     return Optimum(e, request_level=True)
 

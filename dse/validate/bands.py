@@ -18,7 +18,7 @@ Leave-family-out errors (each family predicted with none of its own data):
   the family's serving-throughput points;
 - tpot and ttft: the runs' fits with each family's rows left out (`dse.validate.run.validate_runs`'s
   ``tpot_lfo_error`` and ``ttft_lfo_error``: one decode factor set per framework fitted on the other families'
-  rows, two-batch overlap chosen without the family; the closed-loop TTFT model per framework and mode on the
+  rows, two-batch overlap chosen without the family; the serving stacks' terms per framework and mode on the
   other families' rows).
 
 A family's band for a metric:

@@ -60,7 +60,9 @@ TABLE = (
     Factor("overlap", "share", "cases", "fraction", 1.0, (0.0, 1.0),
            "share of the communication time hidden under compute (0: serialized, 1: fully overlapped)"),
     Factor("hbm_usable", "share", "cases", "fraction", 1.0, (0.8, 0.98),
-           "share of the HBM capacity the engine fills with weights, KV cache and activations"),
+           "share of the HBM capacity an offline benchmark's batch fills with weights, KV cache and "
+           "activations (the published points state no memory settings; a deployment reserves HBM as its serving "
+           "framework does)"),
     Factor("latency_scaleup", "time", "runs", "us", 1e6, (0.0, 10e-3),
            "fixed latency of one collective inside a scale-up domain (launch and synchronization of a small "
            "message)",

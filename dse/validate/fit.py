@@ -1,7 +1,7 @@
 """Every fit of the validation: the efficiency factors of the catalog (least squares on the published points,
 jointly with the decode passes of measured serving runs), which factors a set of points identifies, the
 leave-one-out refits, the decode factors of measured runs per key with their
-leave-group-out refits, the two-batch choice, and the closed-loop TTFT model's queue share and fixed latency.
+leave-group-out refits, the two-batch choice, and the serving stacks' closed-loop queue share and fixed latency.
 
 The factors, their ranges and meaning are those of `dse.validate.factors`.
 """
@@ -14,12 +14,14 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.calibration import family_of
+from dse.catalog.frameworks import StackTerms
 from dse.catalog.hardware import Efficiency
+from dse.physics.serving import closed_loop_ttft
 from dse.validate.decode import DecodeTerms, ServingRows, TpotPasses, tpot_at
 from dse.validate.factors import FACTOR, FACTORS, FITTED, RUN_FITTED
 from dse.validate.losses import FitRows, loss_of
 from dse.validate.points import Point
-from dse.validate.predict import benchmark_ttft, predict
+from dse.validate.predict import predict
 from dse.validate.simplex import minimize_many, nelder_mead
 
 # ---- least squares on the published points, jointly with measured runs -----------------------------------------------
@@ -437,40 +439,60 @@ def refit_tpot_sets(tp: TpotPasses, key_sets: list[np.ndarray], meas: np.ndarray
     return out
 
 
-# ---- the closed-loop TTFT model --------------------------------------------------------------------------------------
-QUEUE_SHARES = np.linspace(0.0, 0.5, 51)
-"""Grid of xi, the share of the other requests in flight on a prefill server whose prompts a new prompt waits
-behind in a closed-loop benchmark: 0 when arrivals are staggered (each prompt finds its server free), 1/2 when
-they come in synchronized waves (identical requests started together finish together; the median request of a
-wave waits for half of it)."""
-FIXED_LATENCIES = np.linspace(0.0, 0.6, 61)
+# ---- the serving stack's terms ---------------------------------------------------------------------------------------
+QUEUE_SHARES = np.linspace(0.0, 1.0, 101)
+"""Grid of xi, the queue share of a closed loop (`dse.physics.queueing`): 0 when arrivals are staggered (each prompt
+finds its server free), 1/2 when they come in synchronized waves (the median prompt of a wave waits for half of
+it), up to 1 (the whole wave ahead, as when every prompt of the wave is prefilled before any first token returns)."""
+FIXED_LATENCIES = np.linspace(0.0, 1.0, 101)
 """Grid of tau (seconds), the serving stack's fixed latency per request outside the forward passes (HTTP,
 tokenization, scheduling, the first token's detokenization and streaming)."""
 
 
-def fit_closed_loop(t: pd.DataFrame, keys: pd.Series, groups: pd.Series) -> tuple[dict, pd.Series, pd.Series]:
-    """Per key, (xi, tau) of `dse.validate.predict.benchmark_ttft` minimizing the mean |log(predicted /
-    measured)| TTFT on the grids, fitted on all rows (in sample) and with each row's concurrency sweep left out;
-    returns the in-sample fits and both predictions.
+MIN_SWEEPS = 2
+"""Concurrency sweeps a (framework, mode) needs for terms of its own (two: each then predicted from the other, out of
+sample); with fewer, the mode takes the terms fitted on all the framework's rows."""
+
+
+def fit_stack(t: pd.DataFrame, groups: pd.Series, train: np.ndarray | None = None,
+              ) -> tuple[dict, pd.Series, pd.Series]:
+    """Per framework and mode (``backend``, ``mode``), the serving stack's terms (xi, tau) minimizing the mean
+    |log(predicted / measured)| TTFT on the grids, the prediction being the physics' closed-loop TTFT
+    (`dse.physics.serving.closed_loop_ttft` of the rows' ``prefill_s``, ``transfer_s``, ``wave_s`` and
+    ``wait_floor_s``); fitted on
+    the rows of ``train`` (default: all) of that framework and mode, or of the framework where the mode has fewer
+    than MIN_SWEEPS groups among them; in sample and with each row's group (its concurrency sweep, or another
+    partition) left out. Returns the in-sample terms per ``framework|mode`` (`StackTerms`, with the rows and
+    sweeps they were fitted on) and both predictions of every row (a row whose fit has no training row left takes
+    no stack terms: the engine alone).
     """
     fits, in_sample, loo = {}, pd.Series(np.nan, index=t.index), pd.Series(np.nan, index=t.index)
-    xi, tau = QUEUE_SHARES[:, None, None], FIXED_LATENCIES[None, :, None]
-    for key, idx in keys.groupby(keys).groups.items():
-        g = t.loc[idx]
-        pred = benchmark_ttft(*(g[c].to_numpy()[None, None, :] for c in ("prefill_s", "chunk_share_s",
-                                                                          "prompts_per_server", "transfer_s")),
-                              xi, tau)
-        err = np.abs(np.log(pred / g["measured_ttft_s"].to_numpy()[None, None, :]))
-        total = err.sum(axis=-1)
-        i, j = np.unravel_index(np.argmin(total), total.shape)
-        fits[key] = {"queue_share": float(QUEUE_SHARES[i]), "fixed_latency_s": float(FIXED_LATENCIES[j])}
-        in_sample[idx] = pred[i, j]
-        gk = groups[idx].to_numpy()
-        for name in np.unique(gk):
-            mine = gk == name
-            rest = total - err[:, :, mine].sum(axis=-1)
-            i, j = np.unravel_index(np.argmin(rest), rest.shape) if (~mine).any() else (0, 0)  # nothing else: physics
-            loo[idx[mine]] = pred[i, j, mine]
+    train = np.ones(len(t), dtype=bool) if train is None else np.asarray(train, dtype=bool)
+    fw, mode, gk = (t["backend"].astype(str).to_numpy(), t["mode"].to_numpy(), np.asarray(groups))
+    grid = StackTerms(QUEUE_SHARES[:, None, None], FIXED_LATENCIES[None, :, None])
+    service, transfer, wave, floor = (t[c].to_numpy(dtype=float)[None, None, :]
+                                      for c in ("prefill_s", "transfer_s", "wave_s", "wait_floor_s"))
+    pred = closed_loop_ttft(service, transfer, wave, grid, floor)  # every row at every (xi, tau)
+    err = np.abs(np.log(pred / t["measured_ttft_s"].to_numpy()[None, None, :]))
+    for f, m in sorted(set(zip(fw, mode, strict=True))):
+        rows = np.flatnonzero((fw == f) & (mode == m))
+        fit_rows = train & (fw == f) & (mode == m)
+        if len(np.unique(gk[fit_rows])) < MIN_SWEEPS:
+            fit_rows = train & (fw == f)
+        total = err[:, :, fit_rows].sum(axis=-1)
+        if fit_rows.any():
+            i, j = np.unravel_index(np.argmin(total), total.shape)
+            fits[f"{f}|{m}"] = {"terms": StackTerms(float(QUEUE_SHARES[i]), float(FIXED_LATENCIES[j])),
+                                "rows": int(fit_rows.sum()), "sweeps": len(np.unique(gk[fit_rows]))}
+            in_sample.iloc[rows] = pred[i, j, rows]
+        else:
+            in_sample.iloc[rows] = pred[0, 0, rows]
+        for name in np.unique(gk[rows]):
+            mine = rows[gk[rows] == name]
+            rest_rows = fit_rows & (gk != name)
+            rest = err[:, :, rest_rows].sum(axis=-1)
+            i, j = np.unravel_index(np.argmin(rest), rest.shape) if rest_rows.any() else (0, 0)
+            loo.iloc[mine] = pred[i, j, mine]
     return fits, in_sample, loo
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from dse.catalog.frameworks import Stack, get_framework, stack_of
 from dse.catalog.hardware import Efficiency, EfficiencyCatalog, default_systems
 from dse.catalog.models import default_models
 from dse.catalog.units import DTYPE_BYTES, DTYPES
@@ -139,16 +140,18 @@ def table(points: list[Point], predicted: np.ndarray, ideal: np.ndarray, loo: np
 
 
 # ---- measured serving runs -------------------------------------------------------------------------------------------
-def run_tables(table: pd.DataFrame, factors: EfficiencyCatalog | None = None,
+def run_tables(table: pd.DataFrame, factors: EfficiencyCatalog | None = None, framework: str | None = None,
                ) -> tuple[list[str], list[str], ModelTable, SystemTable]:
     """The table's model and system ids (sorted: the candidates' indices) and their catalog columns, the
-    systems calibrated by ``factors`` (default: the catalog's efficiency factors).
+    systems calibrated by ``factors`` (default: the catalog's efficiency factors) and reserving HBM as
+    ``framework`` does (default: each system's default framework).
     """
     models, systems = sorted(set(table["model"])), sorted(set(table["system"]))
     catalog_m, catalog_s = default_models(), default_systems()
     effs = [factors.for_system(s) for s in systems] if factors else None
+    memory = None if framework is None else [get_framework(framework).memory] * len(systems)
     return (models, systems, ModelTable.build([catalog_m[m] for m in models]),
-            SystemTable.build([catalog_s[s] for s in systems], effs))
+            SystemTable.build([catalog_s[s] for s in systems], effs, memory))
 
 
 def run_candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefix: str, batch: np.ndarray,
@@ -163,13 +166,24 @@ def run_candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefi
         kv_tier=0, micro_batches=micro_batches)
 
 
+def run_stacks(table: pd.DataFrame, stacks: dict[str, Stack] | None = None) -> dict[str, Stack]:
+    """The serving-stack terms each framework of ``table`` runs with: ``stacks`` where it names the framework,
+    else the catalog's fitted ones (`dse.catalog.frameworks.stack_of`).
+    """
+    stacks = stacks or {}
+    return {fw: stacks.get(fw, stack_of(fw)) for fw in sorted(set(table["backend"].astype(str)))}
+
+
 def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: bool | np.ndarray = False,
-                 decode_batch: pd.Series | None = None, factors: EfficiencyCatalog | None = None) -> pd.DataFrame:
-    """Predicted TTFT and TPOT (seconds) and whether the configuration fits, per mapped row (same index), with
-    what the benchmark's TTFT model needs: ``prefill_s`` (one prompt's prefill on one prefill server),
-    ``chunk_share_s`` (a prompt's share of a pass carrying a full chunk of prompts: what each queued prompt
-    costs), ``prompts_per_server`` (requests in flight per prefill server) and ``transfer_s`` (the KV
-    hand-off).
+                 decode_batch: pd.Series | None = None, factors: EfficiencyCatalog | None = None,
+                 stacks: dict[str, Stack] | None = None) -> pd.DataFrame:
+    """Predicted TTFT and TPOT (seconds) and whether the configuration fits, per mapped row (same index), by the
+    request-level physics the optimizer uses, in a closed loop at the row's concurrency (``arrival:
+    concurrency``) through its framework's serving stack (``stacks``, default the catalog's fitted terms). With
+    them the pieces TTFT is made of (`dse.physics.serving.closed_loop_ttft`): ``prefill_s`` (the prompt's
+    prefill service), ``wave_s`` (the wait behind every other request in flight at its prefill server),
+    ``wait_floor_s`` (the saturated loop's wait) and ``transfer_s`` (the KV hand-off), none of which depends on the
+    stack's terms, so they can be refitted without re-running the physics.
     ``two_batch`` runs every row's decode passes as two overlapped micro-batches
     (`dse.physics.roofline._split_pass`), or those of the rows where it holds (an array over the rows). A
     disaggregated row's decode replicas hold the requests past their prefill (`decode_share_closed_loop`;
@@ -178,23 +192,21 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     ``factors``: the efficiency factors per system where ``eff`` is None (default: the catalog's).
     """
     out = pd.DataFrame(index=table.index, columns=["predicted_ttft_s", "predicted_tpot_s", "fits", "prefill_s",
-                                                   "chunk_share_s", "prompts_per_server", "transfer_s",
-                                                   "decode_batch"], dtype=float)
+                                                   "wave_s", "wait_floor_s", "transfer_s", "decode_batch"], dtype=float)
     if table.empty:
         return out
-    models, systems, mt, st = run_tables(table, factors)
+    models, systems, mt, _ = run_tables(table, factors)
+    stack = run_stacks(table, stacks)
+    tables = {fw: run_tables(table, factors, fw)[3] for fw in stack}  # each run's HBM as its framework reserves it
     micro = pd.Series(np.where(two_batch, 2, 1) * np.ones(len(table), dtype=np.int64), index=table.index)
-    for (mode, isl, osl), g in table.groupby(["mode", "isl", "osl"], sort=False):
-        req = Request(int(isl), int(osl))
+    for (fw, mode, isl, osl), g in table.groupby(["backend", "mode", "isl", "osl"], sort=False):
+        req = Request(int(isl), int(osl), arrival="concurrency", stack=stack[str(fw)])
+        st = tables[str(fw)]
         per_stage = g["in_flight"].to_numpy() / g["pp"].to_numpy()  # sequences per micro-batch of a replica
         cand = run_candidates(g, models, systems, "", per_stage, isl + osl, micro[g.index].to_numpy())
         if mode == "agg":
             r = aggregated(cand, mt, st, req, eff)
-            ttft = r["ttft_s"]
-            tpot, fits = r["tpot_s"], r["fits"]
-            pre = prefill_pool(cand, mt, st, req, False, eff, full_chunk=True)  # the replica's layout prefills
-            servers = pre["servers"]
-            transfer = np.zeros(len(g))
+            tpot, fits, transfer = r["tpot_s"], r["fits"], np.zeros(len(g))
         else:
             pre_t = g[["model", "system", "wd", "ed", "kd"]].assign(**{k: g[f"p_{k}"] for k in ("tp", "dp", "ep", "etp",
                                                                                           "pp")})
@@ -202,7 +214,7 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
             pre = prefill_pool(pcand, mt, st, req, False, eff, full_chunk=True)
             pp = g["pp"].to_numpy()
 
-            def decode_at(n: np.ndarray, cand=cand, pp=pp, req=req) -> dict:
+            def decode_at(n: np.ndarray, cand=cand, pp=pp, req=req, st=st) -> dict:
                 return decode_pool(replace(cand, batch=n / pp), mt, st, req, eff)
 
             if decode_batch is None:
@@ -213,15 +225,13 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
                 r = disaggregated_closed_loop(dec, pre, req, g["concurrency"].to_numpy(), g["p_replicas"].to_numpy())
                 r["decode_batch"] = decode_batch[g.index].to_numpy()
             out.loc[g.index, "decode_batch"] = r["decode_batch"]
-            ttft, tpot, fits = r["ttft_s"], r["tpot_s"], dec["fits"] & pre["fits"]
-            servers = pre["servers"] * g["p_replicas"].to_numpy()
-            transfer = pre["kv_transfer_s"]
-        out.loc[g.index, "prefill_s"] = pre["prefill_service_s"]
-        out.loc[g.index, "chunk_share_s"] = pre["chunk_share_s"]
-        out.loc[g.index, "prompts_per_server"] = g["concurrency"].to_numpy() / g["replicas"].to_numpy() / servers \
-            if mode == "agg" else g["concurrency"].to_numpy() / servers
+            tpot, fits, transfer = r["tpot_s"], dec["fits"] & pre["fits"], pre["kv_transfer_s"]
+            r["prefill_service_s"] = pre["prefill_service_s"]
+        out.loc[g.index, "prefill_s"] = r["prefill_service_s"]
+        out.loc[g.index, "wave_s"] = r["wave_s"]
+        out.loc[g.index, "wait_floor_s"] = r["wait_floor_s"]
         out.loc[g.index, "transfer_s"] = transfer
-        out.loc[g.index, "predicted_ttft_s"] = ttft
+        out.loc[g.index, "predicted_ttft_s"] = r["ttft_s"]
         out.loc[g.index, "predicted_tpot_s"] = tpot
         out.loc[g.index, "fits"] = np.asarray(fits, dtype=float)
     return out
@@ -237,13 +247,3 @@ def predict_runs_split(table: pd.DataFrame, split: np.ndarray, factors: Efficien
     one, two = out.iloc[:len(table)].copy(), out.iloc[len(table):].copy()
     one.index, two.index = table.index, table.index[split]
     return one, two
-
-
-def benchmark_ttft(prefill_s, chunk_share_s, prompts_per_server, transfer_s, share, fixed_s):
-    """TTFT of a closed-loop benchmark: S + xi max(n - 1, 0) S_b + transfer + tau, with S one prompt's prefill
-    on its server, n the requests in flight per prefill server, xi the share of them queued ahead
-    (`dse.validate.fit.QUEUE_SHARES`), S_b what each queued prompt costs (its share of a pass carrying a full
-    chunk of prompts: queued prompts are prefilled together, sharing the weight reads and fixed latencies of a
-    pass) and tau the stack's fixed latency (`dse.validate.fit.FIXED_LATENCIES`).
-    """
-    return prefill_s + share * np.maximum(prompts_per_server - 1.0, 0.0) * chunk_share_s + transfer_s + fixed_s

@@ -343,20 +343,23 @@ def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
              "hardware family and framework on the other sweeps (the summary's loo_family_factors_median_abs_error "
              "shares one set per family among the frameworks); rows whose layout is unknown (layout_unknown) are read "
              "by no fit and reported apart; TTFT is the "
-             "closed-loop benchmark model (one prompt's prefill, plus a share of the other requests in flight "
-             "queued ahead of it, plus the KV hand-off, plus a fixed latency of the serving stack), its share and "
-             "latency fitted per (framework, mode) on the other sweeps.</p>",
+             "optimizer's request-level physics in a closed loop at the row's concurrency (one prompt's prefill, "
+             "plus a share of the wave of other requests in flight queued ahead of it, plus the KV hand-off, plus "
+             "the serving stack's fixed latency), the stack's share and latency refitted per (framework, mode) on "
+             "the other sweeps (the catalog's are in calibration/serving_stack.yaml).</p>",
              "<h2>Decode factors fitted on TPOT (in sample)</h2>",
              table_html(_factor_rows(v.scales.get("tpot", {}))),
-             "<h2>Closed-loop TTFT fits (in sample)</h2>",
+             "<h2>Serving stacks' terms fitted on TTFT (in sample)</h2>",
              table_html([{"framework_mode": k, **f} for k, f in v.scales.get("ttft", {}).items()]),
-             f"<p>{doc['rows_failing_the_memory_check']:,} measured runs fail dse's memory check (the physics says "
-             "their layout does not hold the weights, KV and activations in HBM, yet they ran): the memory model is "
-             "conservative there, or the run's KV format was narrower than assumed.</p>",
+             f"<p>{doc['rows_failing_the_memory_check']:,} measured runs fail dse's memory check (as the run's "
+             "framework reserves HBM, its layout does not hold the weights, activations and the KV of every request "
+             "in flight at its peak context, yet they ran): a framework that allocates KV as tokens are generated, "
+             "or queues requests the pool cannot hold, runs them; or the catalog's capacity (the vendor's GB) is "
+             "below the bytes the device reports; or the row's layout is unknown.</p>",
              "<h2>Summary</h2>", table_html(doc["summary"]),
              "<h2>By hardware family: leave-group-out and leave-family-out</h2>",
              "<p>Leave-family-out: each family's rows predicted by the decode factors per framework and the "
-             "closed-loop TTFT model per framework and mode fitted on the other families' rows alone.</p>",
+             "serving stacks' terms per framework and mode fitted on the other families' rows alone.</p>",
              table_html(doc["families"])]
     parts += [f"<h2>{m.upper()}</h2><img src='data:image/png;base64,{img}'>" for m, img in imgs]
     for by, rows in doc["partitions"].items():

@@ -15,16 +15,17 @@ groups out and predicts the group left out from fits on the others:
   (`factor_key`); the left-out sweep is predicted with the factors refitted without it. A factor set per
   framework is there because the data demand it: one per family shared by the frameworks (`family_key`, as the
   catalog's `dse validate --fit` has it) errs more out of sample (``loo_family_factors_median_abs_error``).
-- TTFT: the physics' TTFT assumes Poisson arrivals (M/D/1 queueing at the prefill servers), a benchmark holds a
-  fixed number of identical requests in flight instead. Measured TTFT grows linearly with the concurrency in
-  nearly every sweep (R^2 > 0.9 in most of the 286 aggregated sweeps with 4 or more concurrencies), at a slope
-  of a fraction of one prompt's prefill per request in flight, from an intercept of one prefill plus a fixed
-  latency. `dse.validate.predict.benchmark_ttft` models that: one prompt's prefill S on its server, plus the
-  prompts of a share xi of the other requests in flight on that server queued ahead of it, each costing its
-  share of a pass that carries a full chunk of prompts (queued prompts are prefilled together), plus the KV
-  hand-off (disaggregated), plus the serving stack's fixed latency tau; (xi, tau) are fitted per (framework,
-  mode) on grids (xi in [0, 1/2]: 1/2 is a synchronized wave) by least absolute log error. ``error`` (the
-  shipped physics) stays the M/D/1 prediction.
+- TTFT: the optimizer's request-level physics (`dse.physics.serving`) in a closed loop at the row's concurrency
+  (``arrival: concurrency``: a benchmark holds a fixed number of requests in flight, each replaced as it
+  completes, not the Poisson arrivals of production traffic) through the row's framework's serving stack: one
+  prompt's prefill, plus the wait in the wave of the other requests in flight at its prefill server (a queue share
+  xi of (n - 1) prompts, each at its share of a pass carrying a full chunk of prompts; `dse.physics.queueing`),
+  plus the KV hand-off (disaggregated), plus the stack's fixed latency tau. The shipped terms (xi, tau) per
+  framework and mode are the catalog's (hw_catalog/calibration/serving_stack.yaml, fitted by `dse validate --fit`
+  on the rows with stated layouts); the leave-group-out prediction refits them without the row's sweep
+  (`dse.validate.fit.fit_stack`; TTFT is affine in (xi, tau), `dse.physics.serving.closed_loop_ttft`). Measured
+  TTFT grows nearly linearly with the concurrency in most sweeps (R^2 > 0.9 in most of the 286 aggregated sweeps
+  with 4 or more concurrencies), at a slope of a fraction of one prompt's prefill per request in flight: the wave.
 - Leave-family-out: each hardware family's rows predicted by the fits on the other families' rows (the error
   of a family with no measured runs of its own: the band of `dse.validate.bands` for such a family).
 - Rows whose layout the file leaves unknown (a disaggregated row without worker counts) are read by no fit and
@@ -41,13 +42,15 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.calibration import family_of, load_fitted
+from dse.catalog.frameworks import StackTerms
 from dse.catalog.hardware import IDEAL
 from dse.errors import InputError
+from dse.physics.serving import closed_loop_ttft
 from dse.validate.decode import predicted_passes, tpot_at
 from dse.validate.factors import FACTORS
-from dse.validate.fit import fit_closed_loop, refit_tpot, refit_tpot_sets
+from dse.validate.fit import fit_stack, refit_tpot, refit_tpot_sets
 from dse.validate.points import Cases
-from dse.validate.predict import benchmark_ttft, predict, predict_runs, table
+from dse.validate.predict import predict, predict_runs, table
 from dse.validate.report import RunsValidation, Validation, family_bands, summarize
 from dse.validate.runs import (
     METRICS,
@@ -95,12 +98,12 @@ def validate_runs(runs: Runs) -> RunsValidation:
     ``two_batch_loo`` the choice made without its sweep, with ``ideal_tpot_loo_s`` the roofline of that pass):
     ``scales["tpot"]`` holds, per key, the factors the rows identify and those kept from the catalog (no row depends
     on them). ``tpot_loo_family_error`` is the leave-group-out error with one factor set per `family_key` instead,
-    shared by the frameworks (the test of whether the data demand a factor set per framework). For TTFT the
-    closed-loop benchmark model (`dse.validate.predict.benchmark_ttft`) is fitted per (framework, mode)
-    (`dse.validate.fit.fit_closed_loop`); ``scales["ttft"]`` holds its queue share and fixed latency, and
-    ``benchmark_ttft_s`` / ``benchmark_ttft_loo_s`` its in-sample and leave-group-out predictions. Leave-family-out
-    (``tpot_lfo_error``, ``ttft_lfo_error``): the decode factors per framework and the closed-loop model per
-    (framework, mode) fitted on the rows of the other families, each family's rows predicted by them.
+    shared by the frameworks (the test of whether the data demand a factor set per framework). TTFT is the
+    physics' closed loop through the catalog's serving stacks (``error``); the stacks' terms refitted per
+    (framework, mode) (`dse.validate.fit.fit_stack`) give ``scales["ttft"]`` (queue share, fixed latency, the rows
+    and sweeps they rest on) and ``ttft_in_sample_s`` / ``ttft_loo_s``. Leave-family-out (``tpot_lfo_error``,
+    ``ttft_lfo_error``): the decode factors per framework and the stacks' terms per (framework, mode) fitted on the
+    rows of the other families, each family's rows predicted by them.
 
     Rows whose layout is unknown (``workers``: a disaggregated row without worker counts, predicted on the
     smallest deployment of its worker sizes) are read by no fit: they are predicted by the fits on the rows that
@@ -140,11 +143,13 @@ def _validate_stated(t: pd.DataFrame) -> tuple[pd.DataFrame, dict, tuple[dict, d
     groups = group_key(t)
     _copy_prediction(t, pred, ideal)
 
-    # TTFT: the benchmark's closed loop, fitted per framework and mode
+    # TTFT: the physics' closed loop through each framework's serving stack, its terms refitted per framework
+    # and mode
     ttft = t["measured_ttft_s"]
-    fw_mode = pd.Series(tp.fw_mode, index=t.index)
-    scales["ttft"], in_sample, loo = fit_closed_loop(t, fw_mode, groups)
-    t["benchmark_ttft_s"], t["benchmark_ttft_loo_s"] = in_sample, loo
+    fits, in_sample, loo = fit_stack(t, groups)
+    scales["ttft"] = {k: {"queue_share": f["terms"].queue_share, "fixed_latency_s": f["terms"].fixed_latency_s,
+                          "rows": f["rows"], "sweeps": f["sweeps"]} for k, f in fits.items()}
+    t["ttft_in_sample_s"], t["ttft_loo_s"] = in_sample, loo
     t["ttft_in_sample_error"] = in_sample / ttft - 1.0
     t["ttft_loo_error"] = loo / ttft - 1.0
 
@@ -157,20 +162,22 @@ def _validate_stated(t: pd.DataFrame) -> tuple[pd.DataFrame, dict, tuple[dict, d
     t["tpot_loo_error"] = tpot_loo / meas - 1.0
     t["tpot_loo_family_error"] = tpot_loo_family / meas - 1.0
 
-    # each family predicted by the fits on the other families' rows: decode factors per framework, the closed
-    # loop per framework and mode
+    # each family predicted by the fits on the other families' rows: decode factors per framework, the stacks'
+    # terms per framework and mode
     family = family_key(t).to_numpy()
     tpot_lfo = refit_tpot(replace(tp, groups=family), t["backend"].astype(str).to_numpy(), meas)[3]
     t["tpot_lfo_error"] = tpot_lfo / meas - 1.0
-    t["ttft_lfo_error"] = fit_closed_loop(t, fw_mode, pd.Series(family, index=t.index))[2] / ttft - 1.0
+    t["ttft_lfo_error"] = fit_stack(t, pd.Series(family, index=t.index))[2] / ttft - 1.0
     _within_sweep(t, groups)
     t["fits"] = pred["fits"].astype(bool)  # the memory check; a measured run that "does not fit" is a finding
     return t, scales, (by_family[0], by_family[1].choice)
 
 
 def _copy_prediction(t: pd.DataFrame, pred: pd.DataFrame, ideal: pd.DataFrame) -> None:
-    """The physics' prediction of TTFT, what the closed-loop TTFT model needs, and the ideal roofline, into ``t``."""
-    for col in ("prefill_s", "chunk_share_s", "prompts_per_server", "transfer_s"):
+    """The physics' prediction of TTFT, the pieces it is made of (what refitting the stacks' terms needs), and the
+    ideal roofline, into ``t``.
+    """
+    for col in ("prefill_s", "wave_s", "wait_floor_s", "transfer_s"):
         t[col] = pred[col].astype(float)
     for m in METRICS:
         t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
@@ -190,9 +197,9 @@ def _predict_apart(t: pd.DataFrame, scales: dict, family_fits: tuple[dict, dict]
     """Rows of unknown layout predicted by the fits of the rows that state theirs (``scales``; ``family_fits``:
     the decode factors per `family_key` and their two-batch choice): per key the fitted decode factors (the
     catalog's where no stated row shares the key), two-batch overlap as chosen for the row's framework and mode,
-    and the closed loop's queue share and fixed latency of its framework and mode (none fitted: the physics'
-    prefill and hand-off alone). No fit read these rows, so each prediction is out of sample: in-sample and
-    leave-group-out errors are the same.
+    and the serving stack's queue share and fixed latency fitted for its framework and mode (none fitted: the
+    physics' prefill, wait floor and hand-off alone). No fit read these rows, so each prediction is out of sample:
+    in-sample and leave-group-out errors are the same.
     """
     t = t.copy()
     pred, tp = predicted_passes(t)
@@ -212,11 +219,11 @@ def _predict_apart(t: pd.DataFrame, scales: dict, family_fits: tuple[dict, dict]
     tpot_family = tpot_by(family_key(t).to_numpy(), *family_fits)[0]
     _copy_prediction(t, pred, predict_runs(t, IDEAL, decode_batch=tp.decode_batch(split)))
     fits = scales.get("ttft", {})
-    ttft = benchmark_ttft(*(t[c].to_numpy() for c in ("prefill_s", "chunk_share_s", "prompts_per_server",
-                                                      "transfer_s")),
-                          np.array([fits.get(k, {}).get("queue_share", 0.0) for k in tp.fw_mode]),
-                          np.array([fits.get(k, {}).get("fixed_latency_s", 0.0) for k in tp.fw_mode]))
-    t["benchmark_ttft_s"] = t["benchmark_ttft_loo_s"] = ttft
+    terms = StackTerms(np.array([fits.get(k, {}).get("queue_share", 0.0) for k in tp.fw_mode]),
+                       np.array([fits.get(k, {}).get("fixed_latency_s", 0.0) for k in tp.fw_mode]))
+    ttft = closed_loop_ttft(*(t[c].to_numpy(dtype=float) for c in ("prefill_s", "transfer_s", "wave_s")), terms,
+                            t["wait_floor_s"].to_numpy(dtype=float))
+    t["ttft_in_sample_s"] = t["ttft_loo_s"] = ttft
     t["ttft_in_sample_error"] = t["ttft_loo_error"] = ttft / t["measured_ttft_s"] - 1.0
     t["two_batch"] = t["two_batch_loo"] = split
     t["ideal_tpot_loo_s"] = t["ideal_tpot_s"]

@@ -1,0 +1,232 @@
+"""Serving frameworks (vLLM, SGLang, TensorRT-LLM): the hardware each runs on, how each reserves HBM
+(hw_catalog/frameworks.yaml), and what its serving stack adds to a request: a fixed latency and, under a closed
+loop, a queue share, per deployment mode, fitted from measured runs (hw_catalog/calibration/serving_stack.yaml,
+written by `dse validate --fit`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from dse.catalog.hardware import System, hw_dir
+from dse.catalog.loading import FieldSpec, Quantity, check_keys, parse_quantities, parse_sources, read_yaml
+from dse.errors import InputError, unknown_name_message
+
+MEMORY_RULES = ("total", "static", "free")
+"""How a framework's memory fraction applies (the index is the code the physics uses): of the device's memory for
+everything it holds (vLLM), of the device's memory for weights and KV cache (SGLang), of the memory left after
+weights, activations and buffers for the KV cache (TensorRT-LLM)."""
+MEMORY_FIELDS = {
+    "fraction": FieldSpec("fraction", False, "the framework's memory fraction (its rule says of what)"),
+    "reserve": FieldSpec("bytes", True, "memory the framework holds besides weights, KV cache and activations",
+                         positive=False),
+}
+MODES = ("aggregated", "disaggregated")
+
+
+@dataclass(frozen=True)
+class StackTerms:
+    """What a serving stack adds to a request in one deployment mode: its fixed latency outside the forward passes
+    (HTTP, tokenization, scheduling, the first token's detokenization and streaming: tau, seconds, in every TTFT)
+    and, under a closed loop, its queue share xi (the mean wait of a new prompt over the wait behind every other
+    request in flight at its prefill server: `dse.physics.queueing`).
+    """
+
+    fixed_latency_s: float = 0.0
+    queue_share: float = 0.0
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The serving framework a deployment runs and its terms per mode; the default, no framework, adds nothing
+    (the engine alone).
+    """
+
+    framework: str = ""
+    aggregated: StackTerms = StackTerms()
+    disaggregated: StackTerms = StackTerms()
+
+    def terms(self, mode: str) -> StackTerms:
+        return self.aggregated if mode == "aggregated" else self.disaggregated
+
+
+ENGINE_ONLY = Stack()
+"""No serving stack: the engine alone (the pure roofline's request, and a request no study framework serves)."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    """How a framework reserves HBM: its rule (`MEMORY_RULES`), its fraction (NaN: SGLang's default, computed
+    from the deployment) and the bytes it holds besides weights, KV cache and activations.
+    """
+
+    rule: str = "total"
+    fraction: float = 1.0
+    reserve: float = 0.0
+
+    @property
+    def rule_code(self) -> int:
+        return MEMORY_RULES.index(self.rule)
+
+
+WHOLE_HBM = Memory()
+"""Every byte of HBM for weights, KV cache and activations: the pure roofline's memory (`--ideal`)."""
+
+
+@dataclass(frozen=True)
+class Framework:
+    id: str
+    name: str
+    version: str
+    vendors: tuple[str, ...]
+    memory: Memory
+    quantities: dict[str, Quantity] = field(repr=False, compare=False, default_factory=dict)
+
+    def runs_on(self, system: System) -> bool:
+        return system.vendor in self.vendors
+
+    def with_fraction(self, fraction: float | None) -> Memory:
+        """The framework's memory at ``fraction`` (its default when None)."""
+        if fraction is None:
+            return self.memory
+        return Memory(self.memory.rule, float(fraction), self.memory.reserve)
+
+
+def _framework_from(fid: str, entry: object, sources: dict, where: str) -> Framework:
+    if not isinstance(entry, dict):
+        raise InputError(f"{where}: expected a mapping with name, version, vendors and memory")
+    check_keys(entry, ("name", "version", "vendors", "memory"), where)
+    for key in ("name", "version", "vendors", "memory"):
+        if not entry.get(key):
+            raise InputError(f"{where}: missing required field '{key}'")
+    vendors = entry["vendors"]
+    if not isinstance(vendors, list) or not all(isinstance(v, str) for v in vendors):
+        raise InputError(f"{where}: field 'vendors': expected a list of vendor names")
+    mem = entry["memory"]
+    if not isinstance(mem, dict):
+        raise InputError(f"{where}: field 'memory': expected a mapping with rule, fraction and reserve")
+    check_keys(mem, ("rule", *MEMORY_FIELDS), f"{where}: field 'memory'")
+    if mem.get("rule") not in MEMORY_RULES:
+        raise InputError(f"{where}: field 'memory.rule': {mem.get('rule')!r}; allowed: {', '.join(MEMORY_RULES)}")
+    q = parse_quantities(mem, MEMORY_FIELDS, sources, f"{where}: field 'memory'")
+    if mem["rule"] != "static" and "fraction" not in q:
+        raise InputError(f"{where}: field 'memory.fraction': required for rule '{mem['rule']}'")
+    fraction = q["fraction"].si if "fraction" in q else math.nan
+    if not (math.isnan(fraction) or 0 < fraction <= 1):
+        raise InputError(f"{where}: field 'memory.fraction': must be in (0, 1], got {fraction}")
+    return Framework(fid, str(entry["name"]), str(entry["version"]), tuple(vendors),
+                     Memory(mem["rule"], fraction, q["reserve"].si), q)
+
+
+def load_frameworks(path: Path | None = None) -> tuple[dict[str, Framework], dict[str, str]]:
+    """The frameworks of hw_catalog/frameworks.yaml and the default framework per hardware vendor."""
+    path = Path(path) if path else hw_dir() / "frameworks.yaml"
+    doc = read_yaml(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("frameworks"), dict):
+        raise InputError(f"{path}: expected a mapping with 'sources', 'frameworks' and 'defaults'")
+    check_keys(doc, ("sources", "frameworks", "defaults"), str(path))
+    sources = parse_sources(doc, path)
+    out = {fid: _framework_from(str(fid), e, sources, f"{path}: frameworks.{fid}")
+           for fid, e in doc["frameworks"].items()}
+    defaults = doc.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise InputError(f"{path}: field 'defaults': expected a mapping of vendor -> framework")
+    for vendor, fid in defaults.items():
+        if fid not in out:
+            raise InputError(f"{path}: field 'defaults.{vendor}': " + unknown_name_message("framework", fid, out))
+        if vendor not in out[fid].vendors:
+            raise InputError(f"{path}: field 'defaults.{vendor}': {fid} does not run on {vendor} hardware")
+    return out, {str(k): str(v) for k, v in defaults.items()}
+
+
+@lru_cache(maxsize=4)
+def _frameworks(folder: str) -> tuple[dict[str, Framework], dict[str, str]]:
+    return load_frameworks(Path(folder) / "frameworks.yaml")
+
+
+def default_frameworks() -> dict[str, Framework]:
+    """The catalog's frameworks, loaded once per catalog folder."""
+    return _frameworks(str(hw_dir()))[0]
+
+
+def get_framework(fid: str) -> Framework:
+    """A framework by id; an unknown id names the close ones."""
+    fws = default_frameworks()
+    if fid not in fws:
+        raise InputError(unknown_name_message("framework", fid, fws))
+    return fws[fid]
+
+
+def framework_for(system: System, framework: str | None = None) -> Framework:
+    """The framework a deployment on ``system`` runs: ``framework``, else the catalog's default for the system's
+    vendor (vLLM where the catalog names none). InputError where the framework does not run on the system.
+    """
+    fws, defaults = _frameworks(str(hw_dir()))
+    fid = framework or defaults.get(system.vendor, "vllm")
+    fw = get_framework(fid)
+    if not fw.runs_on(system):
+        raise InputError(f"framework {fid} ({fw.name}) does not run on {system.id} ({system.vendor} hardware); it runs "
+                         f"on {', '.join(fw.vendors)} hardware")
+    return fw
+
+
+# ---- the serving stack's fitted terms ---------------------------------------------------------------------------
+STACK_FILE = "serving_stack.yaml"
+
+
+def stack_path() -> Path:
+    return hw_dir() / "calibration" / STACK_FILE
+
+
+def load_stack_file(path: Path | None = None) -> dict[str, Stack]:
+    """The fitted terms per framework and mode (an empty mapping where no fit is stored); a malformed file is an
+    InputError naming the field.
+    """
+    path = Path(path) if path else stack_path()
+    if not path.exists():
+        return {}
+    doc = read_yaml(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("stack"), dict):
+        raise InputError(f"{path}: expected a mapping with 'stack': framework -> mode -> "
+                         "{fixed_latency_s, queue_share}")
+    out = {}
+    for fid, modes in doc["stack"].items():
+        if not isinstance(modes, dict):
+            raise InputError(f"{path}: field 'stack.{fid}': expected a mapping of mode -> terms")
+        check_keys(modes, MODES, f"{path}: field 'stack.{fid}'")
+        terms = {}
+        for mode, t in modes.items():
+            at = f"{path}: field 'stack.{fid}.{mode}'"
+            if not isinstance(t, dict):
+                raise InputError(f"{at}: expected a mapping with fixed_latency_s and queue_share")
+            vals = {}
+            for key in ("fixed_latency_s", "queue_share"):
+                v = t.get(key)
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                    raise InputError(f"{at}.{key}: expected a number >= 0, got {v!r}")
+                vals[key] = float(v)
+            terms[mode] = StackTerms(**vals)
+        agg = terms.get("aggregated") or terms.get("disaggregated") or StackTerms()
+        out[str(fid)] = Stack(str(fid), agg, terms.get("disaggregated", agg))
+    return out
+
+
+@lru_cache(maxsize=4)
+def _stacks(folder: str) -> dict[str, Stack]:
+    return load_stack_file(Path(folder) / "calibration" / STACK_FILE)
+
+
+def stack_of(framework: str) -> Stack:
+    """The fitted serving-stack terms of a framework (a mode the fit has no runs of takes the other mode's); the
+    framework with nothing added where no fit is stored for it.
+    """
+    return _stacks(str(hw_dir())).get(framework, Stack(framework))
+
+
+def clear_cache() -> None:
+    """Forget the frameworks and the stored stack fit read so far (after `dse validate --fit` writes a new one)."""
+    _frameworks.cache_clear()
+    _stacks.cache_clear()
