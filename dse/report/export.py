@@ -200,6 +200,8 @@ class Plan:
     prompt: int = 0
     output: int = 0
     predicted: dict = field(default_factory=dict, compare=False)
+    framework: str | None = None  # the framework whose memory reservation the plan was solved at (None: default)
+    mem_fraction: float | None = None  # its memory fraction (None: the framework's default)
 
     @property
     def served(self) -> tuple[Pool, ...]:
@@ -364,8 +366,17 @@ def check_entry(entry: object, source: str = "summary.json", path: str = "best[0
     for p in pools:
         seen[p.role] = seen.get(p.role, 0) + 1
         labelled.append(replace(p, label=p.role if seen[p.role] == 1 else f"{p.role}_{seen[p.role]}"))
+    framework = entry.get("framework") or None  # "" where the plan is the ideal roofline's
+    if framework is not None:
+        from dse.catalog.frameworks import default_frameworks
+
+        framework = _choice(framework, where / "framework", tuple(sorted(default_frameworks())))
+    fraction = entry.get("mem_fraction")
+    if fraction is not None and not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool)
+                                     and 0 < fraction <= 1):
+        raise (where / "mem_fraction").error(f"must be a share in (0, 1], got {_show(fraction)}")
     return Plan(model, workload, serving, max_len, tuple(labelled), lengths["prompt"], lengths["output"],
-                _predicted(entry))
+                _predicted(entry), framework, None if fraction is None else float(fraction))
 
 
 def read_summary(path: Path) -> dict:
@@ -435,7 +446,7 @@ class Memory:
     """A pool's HBM per chip as the plan's memory model counts it (bytes)."""
 
     capacity: float
-    usable: float  # what the plan lets the engine fill: capacity x the family's hbm_usable
+    usable: float  # what the plan lets the engine fill: as its framework reserves HBM
     weights: float
     kv: float
     activations: float
@@ -446,8 +457,9 @@ class Memory:
 
 
 def memory_budget(plan: Plan, pool: Pool) -> Memory:
-    """The one place the export reads the plan's memory model: per chip, the HBM capacity, the share the engine may
-    fill (`Efficiency.hbm_usable` of the system's family), and the weights, KV cache and activations the plan
+    """The one place the export reads the plan's memory model: per chip, the HBM capacity, what the engine may fill
+    as the plan's framework reserves HBM (its memory fraction and reserve; `dse.physics.roofline.memory_budget`),
+    and the weights, KV cache and activations the plan
     holds at its batch and context (`dse.physics.evaluate`, calibrated). The frameworks' memory flags are derived
     from it (`memory_flags`).
     """
@@ -458,7 +470,8 @@ def memory_budget(plan: Plan, pool: Pool) -> Memory:
         ev = evaluate_config(Config(model=plan.model, system=pool.system, tp=pool.tp, ep=pool.ep, pp=pool.pp,
                                     dp=pool.dp, batch=pool.batch, context=context, weights_dtype=pool.weights_dtype,
                                     kv_dtype=pool.kv_dtype, kv_tier=pool.kv_tier, weight_only=True,
-                                    allow_beyond_trained_context=True))
+                                    allow_beyond_trained_context=True, framework=plan.framework,
+                                    mem_fraction=plan.mem_fraction))
     except InputError as exc:
         raise InputError(f"pool {pool.name} ({pool.system}, {plan.model}): {exc}") from None
     hbm_kv = ev["kv_bytes_per_chip"] if pool.kv_tier == "hbm" else 0.0

@@ -12,6 +12,7 @@ import pandas as pd
 from dse.catalog.frameworks import Stack, get_framework, stack_of
 from dse.catalog.hardware import Efficiency, EfficiencyCatalog, default_systems
 from dse.catalog.models import default_models
+from dse.errors import InputError
 from dse.catalog.units import DTYPE_BYTES, DTYPES
 from dse.physics.codes import DEFAULT_CHUNK
 from dse.physics.roofline import ACT_BYTES, Candidates, ModelTable, SystemTable, evaluate
@@ -171,7 +172,13 @@ def run_stacks(table: pd.DataFrame, stacks: dict[str, Stack] | None = None) -> d
     else the catalog's fitted ones (`dse.catalog.frameworks.stack_of`).
     """
     stacks = stacks or {}
-    return {fw: stacks.get(fw, stack_of(fw)) for fw in sorted(set(table["backend"].astype(str)))}
+    out = {}
+    for fw in sorted(set(table["backend"].astype(str))):
+        try:
+            out[fw] = stacks[fw] if fw in stacks else stack_of(get_framework(fw).id)
+        except InputError as exc:
+            raise InputError(f"measured runs, column backend: {exc} (the serving framework the runs used)") from None
+    return out
 
 
 def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: bool | np.ndarray = False,
