@@ -39,20 +39,23 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     # each sweep's level removed, the shape across concurrency errs far less than the level: the gap to the goals
     # is the level of whole sweeps
     assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.085  # 8.1%
-    assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.18  # 17.6%
-    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.12  # 11.7%
+    assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.17  # 15.9%
+    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.12  # 11.8%
     assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.12  # 11.8%
-    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.4%
-    # the data demand a decode factor set per framework: one per family, shared by the frameworks, errs more
-    # out of sample (12.2% overall, 12.5% aggregated)
-    for cat in ("all", "agg"):
-        e = by[(cat, "tpot")]
-        assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.004
+    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.115  # 11.2%
+    # a decode factor set per framework errs less out of sample than one per family shared by the frameworks on
+    # the aggregated rows (11.8% against 12.3%) and overall (11.8% against 12.0%); not on the 146 disaggregated
+    # rows (11.2% against 10.4%)
+    e = by[("agg", "tpot")]
+    assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.004
+    e = by[("all", "tpot")]
+    assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"]
     # TTFT by the optimizer's own physics in a closed loop through the catalog's serving stacks, where the
     # optimizer's steady state without the stack's latency and the closed loop's wave erred 84.6% (signed -83.6%)
-    assert by[("all", "ttft")]["median_abs_error"] <= 0.34 and abs(by[("all", "ttft")]["signed_median"]) < 0.05
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.35
-    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.31
+    assert by[("all", "ttft")]["median_abs_error"] <= 0.30 and abs(by[("all", "ttft")]["signed_median"]) < 0.02
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.31  # 30.6%
+    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.31  # 30.3%
+    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.37  # 36.2%
     # the rows of unknown layout, predicted by fits that never read them on the smallest deployment of their
     # worker sizes, are over-predicted (their deployments were larger)
     assert by[("layout_unknown", "tpot")]["signed_median"] > 0.5
@@ -68,10 +71,10 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     # move these rows' decode passes
     assert stated_disagg["tpot_loo_error"].abs().median() <= 0.12
     # the shipped physics (the catalog's factors, fitted jointly on these runs where the workers are stated, and
-    # on offline throughput): 13.2% on the stated rows
+    # on offline throughput): 13.3% on the stated rows
     t = full.table
     assert t[t["workers"] == "stated"]["tpot_error"].abs().median() <= 0.14
-    # leave-family-out per family: Hopper's TPOT 34.5% (its rows predicted by factors fitted on Blackwell's)
+    # leave-family-out per family: Hopper's TPOT 33.9% (its rows predicted by factors fitted on Blackwell's)
     fams = {r["family"]: r for r in doc["families"]}
     assert set(fams) == {"hopper", "blackwell"}
     for r in fams.values():
@@ -315,7 +318,9 @@ def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
     empty (as a larger deployment than the smallest one would be): the rows that state their layout keep the
     catalog's factors (every error vanishes), and the others, read by no fit, are predicted by those factors
     (their error is the 25% they were made off by), reported apart from the headline."""
-    from dse.validate.predict import benchmark_ttft, predict_runs
+    from dse.catalog.frameworks import StackTerms
+    from dse.physics.serving import closed_loop_ttft
+    from dse.validate.predict import predict_runs
     from dse.validate.report import summary
 
     raw = read_runs(MEASURED)
@@ -326,8 +331,11 @@ def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
     assert (t.loc[unknown, ["replicas", "p_replicas"]] == 1).all().all()  # the smallest deployment
     p = predict_runs(t)
     t["measured_tpot_s"] = p["predicted_tpot_s"].astype(float) * np.where(unknown, 0.8, 1.0)
-    t["measured_ttft_s"] = benchmark_ttft(p["prefill_s"], p["chunk_share_s"], p["prompts_per_server"],
-                                          p["transfer_s"], 0.0, 0.0) * np.where(unknown, 0.8, 1.0)
+    # TTFT through a stack with no latency and no queue share: the prefill, the saturated loop's wait, the hand-off
+    pieces = (p[c].to_numpy(dtype=float) for c in ("prefill_s", "transfer_s", "wave_s", "wait_floor_s"))
+    service, transfer, wave, floor = pieces
+    t["measured_ttft_s"] = closed_loop_ttft(service, transfer, wave, StackTerms(fixed_latency_s=0.0, queue_share=0.0), floor) * np.where(
+        unknown, 0.8, 1.0)
     v = validate_runs(runs)
     err = v.table["tpot_in_sample_error"]
     assert err[~unknown].abs().max() < 1e-9 and np.allclose(err[unknown], 0.25, atol=1e-9)

@@ -5,7 +5,7 @@ them, then each point left out in turn; the errors give each family's band.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +50,14 @@ def _moved(a: Efficiency, b: Efficiency) -> float:
     return max(abs(getattr(a, k) - getattr(b, k))
                / max(abs(getattr(a, k)), MOVE_FLOOR if FACTOR[k].kind == "share" else FACTOR[k].scale)
                for k in (*FITTED, *RUN_FITTED))
+
+
+def as_stored(eff: Efficiency) -> Efficiency:
+    """The fitted factors as the calibration files store them (four significant digits in their units): what every
+    reader of the catalog computes with.
+    """
+    return replace(eff, **{k: float(f"{getattr(eff, k) * FACTOR[k].per_si:.4g}") / FACTOR[k].per_si
+                           for k in (*FITTED, *RUN_FITTED)})
 
 
 def _runs_errors(rows: ServingRows, eff: Efficiency) -> dict:
@@ -125,6 +133,7 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
             if chosen:
                 families[fam], rms[fam], names[fam] = eff, r, chosen
     previous: dict[str, Efficiency] = {}
+    member_of = {system: fam for fam, systems in members.items() for system in systems}
     rounds, moved = 0, 0.0
     while joint and rounds < FIXED_POINT_ROUNDS:
         rounds += 1
@@ -137,7 +146,10 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
         if moved <= FIXED_POINT_TOL:
             break
         previous = {f: families[f] for f in joint}
-        member_of = {system: fam for fam, systems in members.items() for system in systems}
+        serving = rows_by_family(EfficiencyCatalog(default, dict(families), member_of))
+    if joint:  # the factors as stored, and the rows as a reader of them derives the rows (a decode batch follows
+        # the factors): the stored errors are those a reader reproduces
+        families.update({f: as_stored(families[f]) for f in joint})
         serving = rows_by_family(EfficiencyCatalog(default, dict(families), member_of))
     for fam in sorted(joint):
         runs[fam] = {**_runs_errors(serving[fam], families[fam]), "fixed_point_rounds": rounds,

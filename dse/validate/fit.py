@@ -469,7 +469,7 @@ def fit_stack(t: pd.DataFrame, groups: pd.Series, train: np.ndarray | None = Non
     fits, in_sample, loo = {}, pd.Series(np.nan, index=t.index), pd.Series(np.nan, index=t.index)
     train = np.ones(len(t), dtype=bool) if train is None else np.asarray(train, dtype=bool)
     fw, mode, gk = (t["backend"].astype(str).to_numpy(), t["mode"].to_numpy(), np.asarray(groups))
-    grid = StackTerms(QUEUE_SHARES[:, None, None], FIXED_LATENCIES[None, :, None])
+    grid = StackTerms(queue_share=QUEUE_SHARES[:, None, None], fixed_latency_s=FIXED_LATENCIES[None, :, None])
     service, transfer, wave, floor = (t[c].to_numpy(dtype=float)[None, None, :]
                                       for c in ("prefill_s", "transfer_s", "wave_s", "wait_floor_s"))
     pred = closed_loop_ttft(service, transfer, wave, grid, floor)  # every row at every (xi, tau)
@@ -482,7 +482,8 @@ def fit_stack(t: pd.DataFrame, groups: pd.Series, train: np.ndarray | None = Non
         total = err[:, :, fit_rows].sum(axis=-1)
         if fit_rows.any():
             i, j = np.unravel_index(np.argmin(total), total.shape)
-            fits[f"{f}|{m}"] = {"terms": StackTerms(float(QUEUE_SHARES[i]), float(FIXED_LATENCIES[j])),
+            fits[f"{f}|{m}"] = {"terms": StackTerms(queue_share=float(QUEUE_SHARES[i]),
+                                                     fixed_latency_s=float(FIXED_LATENCIES[j])),
                                 "rows": int(fit_rows.sum()), "sweeps": len(np.unique(gk[fit_rows]))}
             in_sample.iloc[rows] = pred[i, j, rows]
         else:

@@ -12,8 +12,8 @@ import pandas as pd
 from dse.catalog.frameworks import Stack, get_framework, stack_of
 from dse.catalog.hardware import Efficiency, EfficiencyCatalog, default_systems
 from dse.catalog.models import default_models
-from dse.errors import InputError
 from dse.catalog.units import DTYPE_BYTES, DTYPES
+from dse.errors import InputError
 from dse.physics.codes import DEFAULT_CHUNK
 from dse.physics.roofline import ACT_BYTES, Candidates, ModelTable, SystemTable, evaluate
 from dse.physics.serving import (

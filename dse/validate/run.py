@@ -12,9 +12,9 @@ groups out and predicts the group left out from fits on the others:
   `dse.validate.factors`: achieved shares of peak compute, HBM and link bandwidth, latency per collective inside
   and across domains, fixed time per layer and per MoE layer, a GEMM's half-performance rows and decode
   attention's half-performance context) fitted per hardware family and framework on the rows' decode passes
-  (`factor_key`); the left-out sweep is predicted with the factors refitted without it. A factor set per
-  framework is there because the data demand it: one per family shared by the frameworks (`family_key`, as the
-  catalog's `dse validate --fit` has it) errs more out of sample (``loo_family_factors_median_abs_error``).
+  (`factor_key`); the left-out sweep is predicted with the factors refitted without it. One factor set per
+  family shared by the frameworks (`family_key`, as the catalog's `dse validate --fit` has it) is refitted beside
+  it, out of sample too (``loo_family_factors_median_abs_error``).
 - TTFT: the optimizer's request-level physics (`dse.physics.serving`) in a closed loop at the row's concurrency
   (``arrival: concurrency``: a benchmark holds a fixed number of requests in flight, each replaced as it
   completes, not the Poisson arrivals of production traffic) through the row's framework's serving stack: one
@@ -219,8 +219,8 @@ def _predict_apart(t: pd.DataFrame, scales: dict, family_fits: tuple[dict, dict]
     tpot_family = tpot_by(family_key(t).to_numpy(), *family_fits)[0]
     _copy_prediction(t, pred, predict_runs(t, IDEAL, decode_batch=tp.decode_batch(split)))
     fits = scales.get("ttft", {})
-    terms = StackTerms(np.array([fits.get(k, {}).get("queue_share", 0.0) for k in tp.fw_mode]),
-                       np.array([fits.get(k, {}).get("fixed_latency_s", 0.0) for k in tp.fw_mode]))
+    terms = StackTerms(queue_share=np.array([fits.get(k, {}).get("queue_share", 0.0) for k in tp.fw_mode]),
+                       fixed_latency_s=np.array([fits.get(k, {}).get("fixed_latency_s", 0.0) for k in tp.fw_mode]))
     ttft = closed_loop_ttft(*(t[c].to_numpy(dtype=float) for c in ("prefill_s", "transfer_s", "wave_s")), terms,
                             t["wait_floor_s"].to_numpy(dtype=float))
     t["ttft_in_sample_s"] = t["ttft_loo_s"] = ttft

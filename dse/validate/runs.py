@@ -414,9 +414,9 @@ def factor_key(table: pd.DataFrame) -> pd.Series:
     """What a set of decode factors refitted by `validate_runs` is shared by: the `family_key` and the
     framework (``hopper|sglang``, ``cdna3|sglang``). Each framework runs its own kernels (GEMM, attention,
     all-to-all) and its own scheduler, so the shares of peak, the fixed times and the half-performance lengths
-    it reaches are its own; the data demand it: leave-group-out TPOT errs less with a factor set per family
-    and framework than with one per family shared by the frameworks (the summary's
-    ``loo_family_factors_median_abs_error`` beside ``loo_median_abs_error``, which `dse validate --cases` prints).
+    it reaches are its own. Whether the data bear it out is measured, not assumed: the summary's
+    ``loo_family_factors_median_abs_error`` (one set per family shared by the frameworks) beside
+    ``loo_median_abs_error``, which `dse validate --cases` prints.
     """
     return family_key(table) + "|" + table["backend"].astype(str)
 
