@@ -458,10 +458,10 @@ def test_fleet_day_against_deepseeks_published_day(shipped):
     Under the study's stated assumptions (equal chat and reasoning request rates, MTP with 1.8 tokens per pass, a
     50 ms TPOT target, the 56.3% cache-hit share, a diurnal curve averaging 0.74 of the peak, N+1, nodes lent at
     night) the day's tokens are reproduced: its demand gives 608B input and 168B output tokens within 15%. The node
-    counts are not: the fleet holds a mean of 155 and a peak of 179 nodes at the time of writing (68% and 64% of the
-    published), because the model's pools serve about 1.5 times the output tokens per node-hour that the published
+    counts are not: the fleet holds a mean of 157 and a peak of 184 nodes at the time of writing (69% and 66% of the
+    published), because the model's pools serve about 1.4 times the output tokens per node-hour that the published
     day implies (168B tokens over 226.75 nodes x 24 h: 8.6k output tokens/s per node; the model's fleet: about
-    12.5k), with decode replicas of 16-24 GPUs at full HBM batches (35-50 ms per token, within the target). What the
+    12.3k), with decode replicas of 16-24 GPUs at full HBM batches (35-50 ms per token, within the target). What the
     published deployment spends beyond that (its larger expert-parallel units, headroom, load imbalance) is not in
     the published totals, so the model cannot reach those node counts by itself; this test keeps the token totals
     within 15% and the node counts in the range the model reaches."""
