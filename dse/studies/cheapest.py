@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from dse.errors import InfeasibleError
 from dse.optimize.space import Space
 from dse.optimize.whole import Budget
-from dse.studies.base import Strict, StudySpec
+from dse.studies.base import ClosedLoop, Strict, StudySpec
 from dse.studies.common import (
     ALTERNATIVES,
     CONFIG_KEYS,
@@ -65,6 +65,16 @@ class Spec(StudySpec):
     """
 
     budget: BudgetSpec | None = None
+
+    @model_validator(mode="after")
+    def _closed_loop_sets_its_replicas(self) -> Spec:
+        if self.budget is not None:
+            for i, w in enumerate(self.workloads):
+                if isinstance(w.arrival, ClosedLoop):
+                    raise ValueError(f"workloads.{i}.arrival: a closed loop ({{concurrency: {w.arrival.concurrency}}}) "
+                                     "is held by exactly the replicas it fills (concurrency / (batch x DP x PP)); "
+                                     "give it or a budget, not both")
+        return self
 
 
 ROW_KEYS = ("serving", "chips", "usd_per_request", "usd_per_request_fluid", "usd_per_mtok_input",
