@@ -68,3 +68,20 @@ def test_prefill_activations_follow_the_chunk_budget():
     # the default is the engines' default budget
     assert dse.evaluate("llama-3.1-8b", "h100", batch=1, context=32768, phase="prefill")[
         "activation_bytes_per_chip"] == pytest.approx(8192 * 8 * d * 2 + vocab * 4, rel=1e-12)
+
+
+def test_a_closed_loop_is_held_by_the_replicas_it_fills(tmp_path):
+    """A closed loop of N requests in flight is deployed as exactly N / (batch x DP x PP) replicas; with a budget
+    (which would choose the replicas itself) the study is refused, naming the workload."""
+    study = {"study": "closed", "kind": "cheapest", "description": "d", "expect": "e", "models": ["llama-3.1-8b"],
+             "workloads": [{"name": "bench", "prompt": 2000, "output": 500, "tpot_max_s": 0.05,
+                            "arrival": {"concurrency": 64}}],
+             "space": {"systems": ["h100"], "serving": ["aggregated"], "tp": [1], "pp": [1]}}
+    (e,) = dse.run(study).summary["best"]
+    p = e["pools"][0]
+    assert p["replicas"] * p["batch"] * p["pp"] == 64 and e["concurrency"] == 64
+    assert e["chips"] == p["replicas"] * p["chips"]
+    from dse.errors import InputError
+
+    with pytest.raises((InputError, ValueError), match="workloads.0.arrival: a closed loop"):
+        dse.run({**study, "budget": {"gpus": 8}})
