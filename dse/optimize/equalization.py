@@ -25,7 +25,7 @@ from dse.optimize.bridge import solve_pyomo
 from dse.optimize.codesign import effective_params
 from dse.optimize.phase_options import node_counts, serving_options, training_options
 from dse.optimize.scaling import CHINCHILLA_TOKENS_PER_PARAM, inference_to_training_ratio, tokens_for_loss
-from dse.optimize.solver import SolveResult
+from dse.optimize.solver import SolveResult, elastic_shortfalls
 from dse.optimize.space import SpaceOptions
 from dse.physics.serving import Request
 from formulations.compute_equalization import PHASES, LifetimeData, build
@@ -338,19 +338,8 @@ def diagnose(d: LifetimeData, solver: str = "highs", time_limit_s: float = 30.0)
         return (f"infeasible lifetime: no model of the menu finishes pre-training and RL by week {d.launch_by} on "
                 f"any layout offered (the fastest needs {fastest} weeks: the deadline is short by "
                 f"{max(fastest - d.launch_by, 0)} weeks)")
-    parts = []
-    for (s, t), v in m.short_nodes.items():
-        if (v.value or 0) > 1e-6:
-            parts.append(f"inventory of {s} in week {t}: short by {v.value:.4g} nodes "
-                         f"({d.inventory.loc[s, t]:g} available)")
-    for t, v in m.short_power_w.items():
-        if (v.value or 0) > 1e-6:
-            parts.append(f"site power in week {t}: short by {v.value / 1e3:.4g} kW (cap {d.power_cap_w / 1e3:g} kW)")
-    for v in m.short_usd.values():
-        if (v.value or 0) > 1e-6:
-            parts.append(f"budget: short by {v.value:,.0f} USD (budget {d.budget_usd:,.0f} USD)")
-    return "infeasible lifetime: " + ("; ".join(parts[:6]) + (f" (and {len(parts) - 6} more)" if len(parts) > 6
-                                                              else "") if parts else "no resource shortfall found")
+    return elastic_shortfalls(m, "lifetime", "week", d.inventory, d.power_cap_w, d.budget_usd, "USD",
+                              "no resource shortfall found")
 
 
 def _fastest_weeks(d: LifetimeData) -> int:

@@ -16,7 +16,7 @@ import pyomo.environ as pyo
 from dse.errors import InfeasibleError, SolverLimitError
 from dse.optimize.bridge import lp_savings, relaxation_bound, solve_pyomo
 from dse.optimize.operating_points import operating_points
-from dse.optimize.solver import SolveResult, relative_gap
+from dse.optimize.solver import SolveResult, elastic_shortfalls, relative_gap
 from dse.optimize.space import Space
 from formulations.fleet import OPTION_COLUMNS as OPTION_COLUMNS
 from formulations.fleet import FleetData, build, build_plans
@@ -67,19 +67,8 @@ def diagnose(d: FleetData, solver: str = "highs", time_limit_s: float = 10.0) ->
     res = solve_pyomo(m, solver, time_limit_s)
     if not res.ok:
         return f"the fleet program is infeasible and its elastic form is {res.status}"
-    parts = []
-    for (s, t), v in m.short_nodes.items():
-        if (v.value or 0) > 1e-6:
-            parts.append(f"inventory of {s} in slice {t}: short by {v.value:.4g} nodes "
-                         f"({d.inventory.loc[s, t]:g} available)")
-    for t, v in m.short_power_w.items():
-        if (v.value or 0) > 1e-6:
-            parts.append(f"site power in slice {t}: short by {v.value / 1e3:.4g} kW (cap {d.power_cap_w / 1e3:g} kW)")
-    for v in m.short_usd.values():
-        if (v.value or 0) > 1e-6:
-            parts.append(f"budget: short by {v.value:,.0f} USD/day (budget {d.budget_usd_per_day:,.0f} USD/day)")
-    return "infeasible fleet: " + ("; ".join(parts[:6]) + (f" (and {len(parts) - 6} more)" if len(parts) > 6 else "")
-                                   if parts else "no resource shortfall found (demand has no option)")
+    return elastic_shortfalls(m, "fleet", "slice", d.inventory, d.power_cap_w, d.budget_usd_per_day, "USD/day",
+                              "no resource shortfall found (demand has no option)")
 
 
 def _no_option(d: FleetData) -> None:

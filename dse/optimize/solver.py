@@ -102,3 +102,25 @@ def solve(model: mb.Model, solver: str = "highs", time_limit_s: float = 60.0,
     gap = relative_gap(obj, bound) if name in ("optimal", "feasible") else math.inf
     return engine, SolveResult(name, str(status), obj, bound, gap, wall, solver,
                                time_limited=stopped_by_time(name, wall, time_limit_s))
+
+
+def elastic_shortfalls(m, what: str, period: str, inventory, power_cap_w: float, budget: float | None, usd: str,
+                       empty: str) -> str:
+    """What an elastic program's solution falls short by, in one line: the nodes of a system in a ``period``
+    (its ``short_nodes``, against ``inventory.loc[system, period]``), site power (``short_power_w``, against
+    ``power_cap_w``) and the budget (``short_usd``, in ``usd``), the first six and how many more; ``empty`` where
+    nothing falls short.
+    """
+    parts = []
+    for (s, t), v in m.short_nodes.items():
+        if (v.value or 0) > 1e-6:
+            parts.append(f"inventory of {s} in {period} {t}: short by {v.value:.4g} nodes "
+                         f"({inventory.loc[s, t]:g} available)")
+    for t, v in m.short_power_w.items():
+        if (v.value or 0) > 1e-6:
+            parts.append(f"site power in {period} {t}: short by {v.value / 1e3:.4g} kW (cap {power_cap_w / 1e3:g} kW)")
+    for v in m.short_usd.values():
+        if (v.value or 0) > 1e-6:
+            parts.append(f"budget: short by {v.value:,.0f} {usd} (budget {budget:,.0f} {usd})")
+    more = f" (and {len(parts) - 6} more)" if len(parts) > 6 else ""
+    return f"infeasible {what}: " + ("; ".join(parts[:6]) + more if parts else empty)
