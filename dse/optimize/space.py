@@ -258,12 +258,12 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     hbm_slope = need(r2) - need(r1)
     hbm_base = need(r1) - hbm_slope * n_sat
     kv_slope = r2["kv_bytes_per_chip"] - r1["kv_bytes_per_chip"]
-    n_cap = np.floor((budget - hbm_base) / hbm_slope * (1 + 1e-12))
     held = r2["hbm_bytes_per_chip"] - r1["hbm_bytes_per_chip"]  # and what it holds never exceeds the device
-    n_cap = np.minimum(n_cap, np.floor((st.hbm_capacity[blocks["system_idx"]] - (r1["hbm_bytes_per_chip"] - held
-                                                                                 * n_sat)) / held * (1 + 1e-12)))
     host_cap = st.host_capacity[blocks["system_idx"]]
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):  # a block whose HBM does not grow with n (KV on the host)
+        n_cap = np.floor((budget - hbm_base) / hbm_slope * (1 + 1e-12))
+        n_cap = np.minimum(n_cap, np.floor((st.hbm_capacity[blocks["system_idx"]] - (r1["hbm_bytes_per_chip"] - held
+                                                                                     * n_sat)) / held * (1 + 1e-12)))
         n_host = np.where(on_host, np.floor(host_cap / kv_slope * (1 + 1e-12)), np.inf)
     n_hi = np.minimum(np.minimum(n_cap, n_host), opts.max_batch_per_rank)
     blocks["n_hi"] = np.maximum(n_hi, 0).astype(np.int64)
