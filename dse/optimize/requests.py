@@ -79,8 +79,12 @@ def holds_concurrency(blocks: pd.DataFrame, pos: np.ndarray, n: np.ndarray, req:
     """
     if not req.closed_loop or req.concurrency is None:
         return np.ones(len(pos), dtype=bool)
-    per_replica = n * blocks["dp"].to_numpy()[pos] * blocks["pp"].to_numpy()[pos]
-    return req.concurrency % per_replica == 0
+    return req.concurrency % in_flight_per_replica(blocks, pos, n) == 0
+
+
+def in_flight_per_replica(blocks: pd.DataFrame, pos: np.ndarray | int, n: np.ndarray | int) -> np.ndarray | int:
+    """Sequences one replica of each (block, n) holds in flight: n per DP rank of each of its PP stages."""
+    return n * blocks["dp"].to_numpy()[pos] * blocks["pp"].to_numpy()[pos]
 
 
 def quantile_keys(req: Request) -> tuple[str, ...]:
@@ -308,7 +312,7 @@ def aggregated_result(space: Space, opt: BlockOptima, j: int, res: SolveResult, 
     chips = int(opt.blocks["chips"].iloc[j])
     w = space.workload
     if w.closed_loop and w.concurrency is not None and demand is None:
-        replicas = w.concurrency // (int(opt.n[j]) * int(opt.blocks["dp"].iloc[j]) * int(opt.blocks["pp"].iloc[j]))
+        replicas = w.concurrency // int(in_flight_per_replica(opt.blocks, j, int(opt.n[j])))
     system = space.systems[int(opt.blocks["system_idx"].iloc[j])]
     rate = replicas * metrics["requests_per_s"] if demand is None else demand / space.workload.output
     return RequestResult(res, choice, describe_choice(space, choice), metrics, opt.binding[j],

@@ -15,7 +15,7 @@ from dse.catalog.calibration import families as hardware_families
 from dse.catalog.calibration import family_of
 from dse.catalog.hardware import IDEAL, Efficiency, EfficiencyCatalog
 from dse.validate.decode import DecodeTerms, ServingRows, tpot_passes
-from dse.validate.factors import FACTOR, FITTED, RUN_FITTED
+from dse.validate.factors import FACTOR, FITTED, RUN_FITTED, stored_value
 from dse.validate.fit import choose_two_batch, fit, fit_family, leave_one_out
 from dse.validate.points import Cases
 from dse.validate.predict import predict, predict_runs, table
@@ -53,11 +53,8 @@ def _moved(a: Efficiency, b: Efficiency) -> float:
 
 
 def as_stored(eff: Efficiency) -> Efficiency:
-    """The fitted factors as the calibration files store them (four significant digits in their units): what every
-    reader of the catalog computes with.
-    """
-    return replace(eff, **{k: float(f"{getattr(eff, k) * FACTOR[k].per_si:.4g}") / FACTOR[k].per_si
-                           for k in (*FITTED, *RUN_FITTED)})
+    """The fitted factors as the calibration files store them (`stored_value`)."""
+    return replace(eff, **{k: stored_value(k, getattr(eff, k)) / FACTOR[k].per_si for k in (*FITTED, *RUN_FITTED)})
 
 
 def _runs_errors(rows: ServingRows, eff: Efficiency) -> dict:

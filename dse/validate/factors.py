@@ -99,6 +99,15 @@ TABLE = (
 """Every fitted factor, in the order efficiency.yaml stores them."""
 FACTOR = {f.name: f for f in TABLE}
 
+
+def stored_value(name: str, value: float) -> float:
+    """A factor's value as the calibration files hold it, in its unit: four significant digits, and 0 where the
+    SI value is below 1e-9 (what every reader of the catalog computes with).
+    """
+    value = 0.0 if abs(value) < 1e-9 else value
+    return float(f"{value * FACTOR[name].per_si:.4g}")
+
+
 FITTED = tuple(f.name for f in TABLE if f.fitted_on == "cases")
 """What the published cases fit."""
 RUN_FITTED = tuple(f.name for f in TABLE if f.fitted_on == "runs")

@@ -16,7 +16,7 @@ import pandas as pd
 from dse.catalog.calibration import families as hardware_families
 from dse.catalog.hardware import Efficiency, default_efficiency_catalog
 from dse.validate.calibration import Calibration
-from dse.validate.factors import FACTOR, FACTORS, FITTED
+from dse.validate.factors import FACTOR, FACTORS, FITTED, stored_value
 from dse.validate.points import Skipped
 from dse.validate.runs import METRICS
 
@@ -376,9 +376,8 @@ def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
 
 # ---- the calibration, stored -----------------------------------------------------------------------------------------
 def _quantity(name: str, value: float, source: str, date: str, note: str) -> str:
-    f = FACTOR[name]
-    value = 0.0 if abs(value) < 1e-9 else value
-    return f'{{value: {value * f.per_si:.4g}, unit: {f.unit}, source: {source}, date: "{date}", note: "{note}"}}'
+    return (f'{{value: {stored_value(name, value):.4g}, unit: {FACTOR[name].unit}, source: {source}, date: "{date}", '
+            f'note: "{note}"}}')
 
 
 def _family_summary(cal: Calibration) -> dict:
