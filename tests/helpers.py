@@ -122,16 +122,16 @@ def candidates_of(rows: list[tuple], context: float):
                       context=context, weights_dtype=a[6], kv_dtype=a[7], kv_tier=a[8])
 
 
-def served(w, ideal: bool = False):
-    """The request as a study's space serves it: through the serving stack of the catalog's default framework
-    (vLLM on every vendor), its terms fitted in hw_catalog/calibration/serving_stack.yaml; the engine alone in the
-    pure roofline (``ideal``).
+def served(w, ideal: bool = False, model=None):
+    """The request as a study's space serves ``model``: through the serving stack of the catalog's default framework
+    (vLLM on every vendor), its terms fitted in hw_catalog/calibration/serving_stack.yaml (the model's own where
+    the fit has them); the engine alone in the pure roofline (``ideal``).
     """
     from dataclasses import replace
 
     from dse.catalog.frameworks import ENGINE_ONLY, stack_of
 
-    return replace(w, stack=ENGINE_ONLY if ideal else stack_of("vllm"))
+    return replace(w, stack=ENGINE_ONLY if ideal else stack_of("vllm", model.id if model is not None else None))
 
 
 def brute_force_pools(model, w, opts):
@@ -153,7 +153,7 @@ def brute_force_pools(model, w, opts):
         return None
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
     eff = IDEAL if opts.ideal else None
-    req = w = served(w, opts.ideal)
+    req = w = served(w, opts.ideal, model)
     rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), int(tier == "host"), n)
             for si, lay, wd, kd, tier in choices for n in range(1, opts.max_batch_per_rank + 1)]
     dec = decode_pool(candidates_of(rows, w.prompt + w.output), mt, st, req, eff)

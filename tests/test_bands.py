@@ -289,7 +289,7 @@ def _brute_aggregated(model, w: Request, opts, m: Margins, demand: float | None 
         return None
     si = np.array([r[0] for r in rows])
     r = aggregated(candidates_of(rows, w.prompt + w.output), ModelTable.build([model]), SystemTable.build(systems),
-                   served(Request(w.prompt, w.output), opts.ideal), IDEAL if opts.ideal else None)
+                   served(Request(w.prompt, w.output), opts.ideal, model), IDEAL if opts.ideal else None)
     cost = r["usd_per_request"]
     ok = r["fits"] & r["stable"] & np.isfinite(cost) & (cost > 0)
     if w.tpot_max is not None:

@@ -49,7 +49,7 @@ def brute_force(model, w: Request, opts: SpaceOptions):
     mt, st = ModelTable.build([model]), SystemTable.build(systems)
     quantiles = tuple(q for q, _ in (*w.ttft_quantile_max, *w.tpot_quantile_max))
     r = aggregated(cand, mt, st, served(Request(w.prompt, w.output, report_quantiles=quantiles, arrival=w.arrival),
-                                        opts.ideal), IDEAL if opts.ideal else None)
+                                        opts.ideal, model), IDEAL if opts.ideal else None)
     cost = r["usd_per_request"]
     ok = r["fits"] & r["stable"] & np.isfinite(cost) & (cost > 0)
     if w.concurrency is not None:  # whole replicas of n per DP rank and micro-batch hold the N requests exactly

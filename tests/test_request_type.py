@@ -34,10 +34,13 @@ def test_workload_spec_builds_the_request_with_every_field():
 def test_the_space_carries_the_request_through_its_frameworks_stack():
     req = Request(prompt=2000, output=300, name="chat", chunk=1024, tpot_max=0.06)
     space = build_space(get_model("llama-3.1-8b"), req, SpaceOptions(systems=("h100",), tp=(1,), pp=(1,)))
-    assert space.workload == dataclasses.replace(req, stack=stack_of("vllm"))  # the only change: vLLM's stack
+    # the only change: vLLM's stack as it serves the model (its own terms where the fit has them)
+    assert space.workload == dataclasses.replace(req, stack=stack_of("vllm", "llama-3.1-8b"))
+    assert stack_of("vllm", "llama-3.1-8b") != stack_of("vllm")  # measured on vLLM: terms of its own
+    assert stack_of("vllm", "llama-3.1-405b") == stack_of("vllm")  # not measured: the framework's
     sglang = build_space(get_model("llama-3.1-8b"), req, SpaceOptions(systems=("h100",), tp=(1,), pp=(1,),
                                                                       framework="sglang"))
-    assert sglang.workload.stack == stack_of("sglang")
+    assert sglang.workload.stack == stack_of("sglang", "llama-3.1-8b")
     ideal = build_space(get_model("llama-3.1-8b"), req, SpaceOptions(systems=("h100",), tp=(1,), pp=(1,), ideal=True))
     assert ideal.workload == req  # the pure roofline: the engine alone
 

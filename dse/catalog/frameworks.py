@@ -181,9 +181,32 @@ def stack_path() -> Path:
     return hw_dir() / "calibration" / STACK_FILE
 
 
+def _stack_terms(modes: object, at: str) -> dict[str, StackTerms]:
+    """The terms per mode of one mapping ``mode -> {fixed_latency_s, queue_share, ...}`` (``models`` aside)."""
+    if not isinstance(modes, dict):
+        raise InputError(f"{at}: expected a mapping of mode -> terms")
+    check_keys(modes, (*MODES, "models"), at)
+    terms = {}
+    for mode, t in modes.items():
+        if mode == "models":
+            continue
+        where = f"{at}.{mode}"
+        if not isinstance(t, dict):
+            raise InputError(f"{where}: expected a mapping with fixed_latency_s and queue_share")
+        vals = {}
+        for key in ("fixed_latency_s", "queue_share"):
+            v = t.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise InputError(f"{where}.{key}: expected a number >= 0, got {v!r}")
+            vals[key] = float(v)
+        terms[mode] = StackTerms(**vals)
+    return terms
+
+
 def load_stack_file(path: Path | None = None) -> dict[str, Stack]:
-    """The fitted terms per framework and mode (an empty mapping where no fit is stored); a malformed file is an
-    InputError naming the field.
+    """The fitted terms per framework and mode, keyed by framework, and per framework, model and mode where the
+    file has a model's own (``models``), keyed ``framework|model`` (a mode the model has no terms of takes the
+    framework's); an empty mapping where no fit is stored. A malformed file is an InputError naming the field.
     """
     path = Path(path) if path else stack_path()
     if not path.exists():
@@ -194,23 +217,17 @@ def load_stack_file(path: Path | None = None) -> dict[str, Stack]:
                          "{fixed_latency_s, queue_share}")
     out = {}
     for fid, modes in doc["stack"].items():
-        if not isinstance(modes, dict):
-            raise InputError(f"{path}: field 'stack.{fid}': expected a mapping of mode -> terms")
-        check_keys(modes, MODES, f"{path}: field 'stack.{fid}'")
-        terms = {}
-        for mode, t in modes.items():
-            at = f"{path}: field 'stack.{fid}.{mode}'"
-            if not isinstance(t, dict):
-                raise InputError(f"{at}: expected a mapping with fixed_latency_s and queue_share")
-            vals = {}
-            for key in ("fixed_latency_s", "queue_share"):
-                v = t.get(key)
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                    raise InputError(f"{at}.{key}: expected a number >= 0, got {v!r}")
-                vals[key] = float(v)
-            terms[mode] = StackTerms(**vals)
+        at = f"{path}: field 'stack.{fid}'"
+        terms = _stack_terms(modes, at)
         agg = terms.get("aggregated") or terms.get("disaggregated") or StackTerms()
-        out[str(fid)] = Stack(str(fid), agg, terms.get("disaggregated", agg))
+        out[str(fid)] = own = Stack(str(fid), agg, terms.get("disaggregated", agg))
+        models = modes.get("models") or {}
+        if not isinstance(models, dict):
+            raise InputError(f"{at}.models: expected a mapping of model id -> mode -> terms")
+        for mid, m_modes in models.items():
+            m_terms = _stack_terms(m_modes, f"{at}.models.{mid}")
+            out[f"{fid}|{mid}"] = Stack(str(fid), m_terms.get("aggregated", own.aggregated),
+                                        m_terms.get("disaggregated", own.disaggregated))
     return out
 
 
@@ -219,11 +236,14 @@ def _stacks(folder: str) -> dict[str, Stack]:
     return load_stack_file(Path(folder) / "calibration" / STACK_FILE)
 
 
-def stack_of(framework: str) -> Stack:
-    """The fitted serving-stack terms of a framework (a mode the fit has no runs of takes the other mode's); the
-    framework with nothing added where no fit is stored for it.
+def stack_of(framework: str, model: str | None = None) -> Stack:
+    """The fitted serving-stack terms of a framework serving ``model``: the model's own where the fit has them (a
+    model measured in enough sweeps on that framework), else the framework's (a mode the fit has no runs of takes
+    the other mode's); the framework with nothing added where no fit is stored for it.
     """
-    return _stacks(str(hw_dir())).get(framework, Stack(framework))
+    stacks = _stacks(str(hw_dir()))
+    own = stacks.get(f"{framework}|{model}") if model else None
+    return own or stacks.get(framework, Stack(framework))
 
 
 def clear_cache() -> None:

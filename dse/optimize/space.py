@@ -106,15 +106,16 @@ def system_table(systems: list[System], framework: str | None = None, mem_fracti
                                               for s in systems])
 
 
-def stack_for(systems: list[System], framework: str | None) -> Stack:
-    """The serving stack's fitted terms (`dse.catalog.frameworks.stack_of`) of the framework the systems run:
-    ``framework``, else their vendors' default, which must then be one framework (an InputError asks to name it).
+def stack_for(systems: list[System], framework: str | None, model: str | None = None) -> Stack:
+    """The serving stack's fitted terms (`dse.catalog.frameworks.stack_of`) of the framework the systems run
+    serving ``model``: ``framework``, else their vendors' default, which must then be one framework (an InputError
+    asks to name it).
     """
     names = {framework_for(s, framework).id for s in systems}
     if len(names) > 1:
         raise InputError(f"the systems of the space run different frameworks by default ({', '.join(sorted(names))}); "
                          "name one in the study's `framework` field")
-    return stack_of(names.pop()) if names else Stack(framework or "")
+    return stack_of(names.pop(), model) if names else Stack(framework or "")
 
 
 def stage_sizes(system: System, opts: SpaceOptions) -> list[int]:
@@ -199,7 +200,7 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
         fw = get_framework(opts.framework)
         systems = [s for s in systems if fw.runs_on(s)]
     # the request goes through the framework's serving stack (the pure roofline: the engine alone)
-    workload = replace(workload, stack=ENGINE_ONLY if opts.ideal else stack_for(systems, opts.framework))
+    workload = replace(workload, stack=ENGINE_ONLY if opts.ideal else stack_for(systems, opts.framework, model.id))
     if opts.scale:
         targets = set(opts.scaled_systems or ids)
         systems = [s.scaled(**dict(opts.scale)) if s.id in targets else s for s in systems]

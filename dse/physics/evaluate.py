@@ -343,7 +343,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     out["mem_fraction"] = None if ideal else (memory.fraction if not math.isnan(memory.fraction)
                                               else budget / system.hbm_capacity)
     if cfg.output is not None and cfg.prompt is not None:
-        out.update(request_metrics(cand, tables, eff, cfg, ENGINE_ONLY if ideal else stack_of(fw.id)))
+        out.update(request_metrics(cand, tables, eff, cfg, ENGINE_ONLY if ideal else stack_of(fw.id, model.id)))
         out["fits"] = out["fits"] and out["fits_request"]  # both the step at --context and the request's peak
     out["params_total"] = model.params_total
     out["params_active"] = model.params_active

@@ -450,50 +450,77 @@ tokenization, scheduling, the first token's detokenization and streaming)."""
 
 
 MIN_SWEEPS = 2
-"""Concurrency sweeps a (framework, mode) needs for terms of its own (two: each then predicted from the other, out of
-sample); with fewer, the mode takes the terms fitted on all the framework's rows."""
+"""Concurrency sweeps a (framework, mode, model) needs for terms of its own, and a (framework, mode) for terms of
+its own (two: each then predicted from the other, out of sample); with fewer, a model takes its framework and
+mode's terms, and a mode the terms fitted on all the framework's rows."""
+
+
+def stack_levels(fw: str, mode: str, model: str) -> tuple[str, str, str]:
+    """The keys of the stack terms a row of ``fw``, ``mode`` and ``model`` may take, the most specific first: the
+    model's own on that framework and mode, the framework and mode's, the framework's.
+    """
+    return f"{fw}|{mode}|{model}", f"{fw}|{mode}", fw
+
+
+def stack_key_of(fits: dict, fw: str, mode: str, model: str) -> str | None:
+    """The most specific key of `stack_levels` that ``fits`` (`fit_stack`'s) holds, None where it holds none."""
+    return next((k for k in stack_levels(fw, mode, model) if k in fits), None)
 
 
 def fit_stack(t: pd.DataFrame, groups: pd.Series, train: np.ndarray | None = None,
               ) -> tuple[dict, pd.Series, pd.Series]:
-    """Per framework and mode (``backend``, ``mode``), the serving stack's terms (xi, tau) minimizing the mean
-    |log(predicted / measured)| TTFT on the grids, the prediction being the physics' closed-loop TTFT
-    (`dse.physics.serving.closed_loop_ttft` of the rows' ``prefill_s``, ``transfer_s``, ``wave_s`` and
-    ``wait_floor_s``); fitted on
-    the rows of ``train`` (default: all) of that framework and mode, or of the framework where the mode has fewer
-    than MIN_SWEEPS groups among them; in sample and with each row's group (its concurrency sweep, or another
-    partition) left out. Returns the in-sample terms per ``framework|mode`` (`StackTerms`, with the rows and
-    sweeps they were fitted on) and both predictions of every row (a row whose fit has no training row left takes
-    no stack terms: the engine alone).
+    """The serving stack's terms (xi, tau) minimizing the mean |log(predicted / measured)| TTFT on the grids, the
+    prediction being the physics' closed-loop TTFT (`dse.physics.serving.closed_loop_ttft` of the rows'
+    ``prefill_s``, ``transfer_s``, ``wave_s`` and ``wait_floor_s``), per key of `stack_levels`: a row takes the
+    terms of the most specific key whose rows of ``train`` (default: all) span MIN_SWEEPS groups (its
+    framework, mode and model; else its framework and mode; else its framework). Per model: the serving stacks'
+    fixed latency and queue share differ by model on one framework (tokenizer and chat template, the kernels and
+    scheduling paths a model's prefill takes: MLA, expert routing and dispatch), by as much as between frameworks.
+    Returns the in-sample terms per key (`StackTerms`, with the rows and sweeps they were fitted on; every
+    ``framework|mode`` of the rows has a key, with its framework's terms where it has none of its own) and both
+    predictions of every row: in sample, and with the row's group (its concurrency sweep, or another partition)
+    left out of its key's rows (a key left with no training row gives way to the next; none: no stack terms, the
+    engine alone).
     """
     fits, in_sample, loo = {}, pd.Series(np.nan, index=t.index), pd.Series(np.nan, index=t.index)
     train = np.ones(len(t), dtype=bool) if train is None else np.asarray(train, dtype=bool)
-    fw, mode, gk = (t["backend"].astype(str).to_numpy(), t["mode"].to_numpy(), np.asarray(groups))
+    fw, mode, model = (t[c].astype(str).to_numpy() for c in ("backend", "mode", "model"))
+    gk = np.asarray(groups)
     grid = StackTerms(queue_share=QUEUE_SHARES[:, None, None], fixed_latency_s=FIXED_LATENCIES[None, :, None])
     service, transfer, wave, floor = (t[c].to_numpy(dtype=float)[None, None, :]
                                       for c in ("prefill_s", "transfer_s", "wave_s", "wait_floor_s"))
     pred = closed_loop_ttft(service, transfer, wave, grid, floor)  # every row at every (xi, tau)
     err = np.abs(np.log(pred / t["measured_ttft_s"].to_numpy()[None, None, :]))
-    for f, m in sorted(set(zip(fw, mode, strict=True))):
-        rows = np.flatnonzero((fw == f) & (mode == m))
-        fit_rows = train & (fw == f) & (mode == m)
-        if len(np.unique(gk[fit_rows])) < MIN_SWEEPS:
-            fit_rows = train & (fw == f)
-        total = err[:, :, fit_rows].sum(axis=-1)
-        if fit_rows.any():
-            i, j = np.unravel_index(np.argmin(total), total.shape)
-            fits[f"{f}|{m}"] = {"terms": StackTerms(queue_share=float(QUEUE_SHARES[i]),
-                                                     fixed_latency_s=float(FIXED_LATENCIES[j])),
-                                "rows": int(fit_rows.sum()), "sweeps": len(np.unique(gk[fit_rows]))}
-            in_sample.iloc[rows] = pred[i, j, rows]
-        else:
-            in_sample.iloc[rows] = pred[0, 0, rows]
+    masks = {}
+    for f, m, md in set(zip(fw, mode, model, strict=True)):
+        for key, mask in zip(stack_levels(f, m, md), ((fw == f) & (mode == m) & (model == md), (fw == f) & (mode == m),
+                                                      fw == f), strict=True):
+            masks.setdefault(key, mask & train)
+
+    def best(rows: np.ndarray) -> tuple[int, int]:
+        total = err[:, :, rows].sum(axis=-1)
+        return np.unravel_index(np.argmin(total), total.shape)
+
+    for key, rows in masks.items():
+        if len(np.unique(gk[rows])) >= MIN_SWEEPS or (key.count("|") == 0 and rows.any()):
+            i, j = best(rows)
+            fits[key] = {"terms": StackTerms(queue_share=float(QUEUE_SHARES[i]),
+                                             fixed_latency_s=float(FIXED_LATENCIES[j])),
+                         "rows": int(rows.sum()), "sweeps": len(np.unique(gk[rows])), "at": (i, j)}
+    for f, m, md in sorted(set(zip(fw, mode, model, strict=True))):
+        rows = np.flatnonzero((fw == f) & (mode == m) & (model == md))
+        keys = [k for k in stack_levels(f, m, md) if k in fits]
+        in_sample.iloc[rows] = pred[(*fits[keys[0]]["at"], rows)] if keys else pred[0, 0, rows]
         for name in np.unique(gk[rows]):
             mine = rows[gk[rows] == name]
-            rest_rows = fit_rows & (gk != name)
-            rest = err[:, :, rest_rows].sum(axis=-1)
-            i, j = np.unravel_index(np.argmin(rest), rest.shape) if rest_rows.any() else (0, 0)
+            rest = next((r for k in keys if (r := masks[k] & (gk != name)).any()), None)
+            i, j = best(rest) if rest is not None else (0, 0)
             loo.iloc[mine] = pred[i, j, mine]
+    for f in fits.values():
+        del f["at"]
+    for f, m in set(zip(fw, mode, strict=True)):  # a mode without terms of its own takes the framework's
+        if f"{f}|{m}" not in fits and f in fits:
+            fits[f"{f}|{m}"] = fits[f]
     return fits, in_sample, loo
 
 

@@ -168,14 +168,16 @@ def run_candidates(t: pd.DataFrame, models: list[str], systems: list[str], prefi
 
 
 def run_stacks(table: pd.DataFrame, stacks: dict[str, Stack] | None = None) -> dict[str, Stack]:
-    """The serving-stack terms each framework of ``table`` runs with: ``stacks`` where it names the framework,
-    else the catalog's fitted ones (`dse.catalog.frameworks.stack_of`).
+    """The serving-stack terms each (framework, model) of ``table`` runs with, keyed ``framework|model``:
+    ``stacks`` where it names the pair or the framework, else the catalog's fitted ones
+    (`dse.catalog.frameworks.stack_of`: the model's own where the fit has them, else the framework's).
     """
     stacks = stacks or {}
     out = {}
-    for fw in sorted(set(table["backend"].astype(str))):
+    for fw, model in sorted(set(zip(table["backend"].astype(str), table["model"].astype(str), strict=True))):
+        key = f"{fw}|{model}"
         try:
-            out[fw] = stacks[fw] if fw in stacks else stack_of(get_framework(fw).id)
+            out[key] = stacks.get(key) or stacks.get(fw) or stack_of(get_framework(fw).id, model)
         except InputError as exc:
             raise InputError(f"measured runs, column backend: {exc} (the serving framework the runs used)") from None
     return out
@@ -204,10 +206,11 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
         return out
     models, systems, mt, _ = run_tables(table, factors)
     stack = run_stacks(table, stacks)
-    tables = {fw: run_tables(table, factors, fw)[3] for fw in stack}  # each run's HBM as its framework reserves it
+    # each run's HBM as its framework reserves it
+    tables = {fw: run_tables(table, factors, fw)[3] for fw in set(table["backend"].astype(str))}
     micro = pd.Series(np.where(two_batch, 2, 1) * np.ones(len(table), dtype=np.int64), index=table.index)
-    for (fw, mode, isl, osl), g in table.groupby(["backend", "mode", "isl", "osl"], sort=False):
-        req = Request(int(isl), int(osl), arrival="concurrency", stack=stack[str(fw)])
+    for (fw, model, mode, isl, osl), g in table.groupby(["backend", "model", "mode", "isl", "osl"], sort=False):
+        req = Request(int(isl), int(osl), arrival="concurrency", stack=stack[f"{fw}|{model}"])
         st = tables[str(fw)]
         per_stage = g["in_flight"].to_numpy() / g["pp"].to_numpy()  # sequences per micro-batch of a replica
         cand = run_candidates(g, models, systems, "", per_stage, isl + osl, micro[g.index].to_numpy())

@@ -50,7 +50,7 @@ from dse.errors import InputError
 from dse.physics.serving import closed_loop_ttft
 from dse.validate.decode import predicted_passes, tpot_at
 from dse.validate.factors import FACTORS
-from dse.validate.fit import fit_stack, refit_tpot, refit_tpot_sets
+from dse.validate.fit import fit_stack, refit_tpot, refit_tpot_sets, stack_key_of
 from dse.validate.points import Cases
 from dse.validate.predict import predict, predict_runs, table
 from dse.validate.report import RunsValidation, Validation, family_bands, summarize
@@ -201,9 +201,9 @@ def _predict_apart(t: pd.DataFrame, scales: dict, family_fits: tuple[dict, dict]
     """Rows of unknown layout predicted by the fits of the rows that state theirs (``scales``; ``family_fits``:
     the decode factors per `family_key` and their two-batch choice): per key the fitted decode factors (the
     catalog's where no stated row shares the key), two-batch overlap as chosen for the row's framework and mode,
-    and the serving stack's queue share and fixed latency fitted for its framework and mode (none fitted: the
-    physics' prefill, wait floor and hand-off alone). No fit read these rows, so each prediction is out of sample:
-    in-sample and leave-group-out errors are the same.
+    and the serving stack's queue share and fixed latency fitted for its framework, mode and model (`stack_key_of`;
+    none fitted: the physics' prefill, wait floor and hand-off alone). No fit read these rows, so each prediction
+    is out of sample: in-sample and leave-group-out errors are the same.
     """
     t = t.copy()
     pred, tp = predicted_passes(t)
@@ -223,8 +223,10 @@ def _predict_apart(t: pd.DataFrame, scales: dict, family_fits: tuple[dict, dict]
     tpot_family = tpot_by(family_key(t).to_numpy(), *family_fits)[0]
     _copy_prediction(t, pred, predict_runs(t, IDEAL, decode_batch=tp.decode_batch(split)))
     fits = scales.get("ttft", {})
-    terms = StackTerms(queue_share=np.array([fits.get(k, {}).get("queue_share", 0.0) for k in tp.fw_mode]),
-                       fixed_latency_s=np.array([fits.get(k, {}).get("fixed_latency_s", 0.0) for k in tp.fw_mode]))
+    keys = [stack_key_of(fits, f, m, md) for f, m, md in zip(t["backend"].astype(str), t["mode"], t["model"],
+                                                              strict=True)]
+    terms = StackTerms(queue_share=np.array([fits[k]["queue_share"] if k else 0.0 for k in keys]),
+                       fixed_latency_s=np.array([fits[k]["fixed_latency_s"] if k else 0.0 for k in keys]))
     ttft = closed_loop_ttft(*(t[c].to_numpy(dtype=float) for c in ("prefill_s", "transfer_s", "wave_s")), terms,
                             t["wait_floor_s"].to_numpy(dtype=float))
     t["ttft_in_sample_s"] = t["ttft_loo_s"] = ttft

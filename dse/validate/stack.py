@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.catalog.frameworks import MODES, STACK_FILE
+from dse.catalog.frameworks import MODES, STACK_FILE, StackTerms
 from dse.validate.fit import FIXED_LATENCIES, MIN_SWEEPS, QUEUE_SHARES, fit_stack
 from dse.validate.predict import predict_runs
 from dse.validate.runs import group_key, map_runs, read_runs_files
@@ -38,11 +38,23 @@ def fit_stack_files(paths: list[Path]) -> tuple[dict, pd.DataFrame]:
 
 
 def write_stack(fits: dict, folder: Path, date: str, runs_name: str) -> Path:
-    """Write calibration/serving_stack.yaml: per framework and mode, the fitted terms and the rows they rest on."""
+    """Write calibration/serving_stack.yaml: per framework and mode, and per framework, model and mode where a
+    model has terms of its own, the fitted terms and the rows they rest on.
+    """
     per: dict[str, dict[str, tuple]] = {}
+    models: dict[str, dict[str, dict[str, tuple]]] = {}
     for key, f in fits.items():
-        fw, mode = key.split("|")
-        per.setdefault(fw, {})[MODE_NAMES[mode]] = (f["terms"], f["rows"], f["sweeps"])
+        parts = key.split("|")
+        if len(parts) == 2:
+            per.setdefault(parts[0], {})[MODE_NAMES[parts[1]]] = (f["terms"], f["rows"], f["sweeps"])
+        elif len(parts) == 3:
+            models.setdefault(parts[0], {}).setdefault(parts[2], {})[MODE_NAMES[parts[1]]] = (
+                f["terms"], f["rows"], f["sweeps"])
+
+    def entry(terms: StackTerms, rows: int, sweeps: int) -> str:
+        return (f"{{fixed_latency_s: {terms.fixed_latency_s:g}, queue_share: {terms.queue_share:g}, rows: {rows}, "
+                f"sweeps: {sweeps}}}")
+
     lines = [
         "# The serving stack's terms per framework and deployment mode, fitted by `dse validate --fit`",
         f"# (dse.validate.stack) on the measured runs of {runs_name} whose layouts are stated, each run predicted",
@@ -56,6 +68,9 @@ def write_stack(fits: dict, folder: Path, date: str, runs_name: str) -> Path:
         "# queue_share: the closed loop's mean wait over the wave (1/2: requests move in synchronized waves; 0: they",
         "# are staggered), used under `arrival: concurrency` only. rows, sweeps: the runs the terms rest on; a mode",
         f"# with fewer than {MIN_SWEEPS} sweeps of its own takes the terms fitted on all of its framework's runs.",
+        f"# models: a model's own terms on the framework and mode where it has {MIN_SWEEPS} sweeps or more there (the",
+        "# stack's latency and queue share differ by model: tokenizer and chat template, the kernels and scheduling",
+        "# paths its prefill takes); another model, or a mode the model has no terms of, takes the framework's.",
         "",
         f"fitted: '{date}'",
         f"runs: {runs_name}",
@@ -63,11 +78,13 @@ def write_stack(fits: dict, folder: Path, date: str, runs_name: str) -> Path:
     ]
     for fw in sorted(per):
         lines.append(f"  {fw}:")
-        for mode in MODES:
-            if mode in per[fw]:
-                terms, rows, sweeps = per[fw][mode]
-                lines.append(f"    {mode}: {{fixed_latency_s: {terms.fixed_latency_s:g}, queue_share: "
-                             f"{terms.queue_share:g}, rows: {rows}, sweeps: {sweeps}}}")
+        lines += [f"    {mode}: {entry(*per[fw][mode])}" for mode in MODES if mode in per[fw]]
+        if models.get(fw):
+            lines.append("    models:")
+            for mid in sorted(models[fw]):
+                lines.append(f"      {mid}:")
+                lines += [f"        {mode}: {entry(*models[fw][mid][mode])}" for mode in MODES
+                          if mode in models[fw][mid]]
     path = Path(folder) / "calibration" / STACK_FILE
     path.write_text("\n".join(lines) + "\n")
     return path
