@@ -503,7 +503,8 @@ def validate(
                                   progress=lambda i, n: status.update(f"leave-one-out {i + 1}/{n}"),
                                   stored=default_efficiency_catalog().families,
                                   serving_file=runs_files or None,
-                                  serving_name=", ".join(str(f.relative_to(hw_dir())) for f in runs_files))
+                                  serving_name=", ".join(str(f.relative_to(hw_dir())) for f in runs_files),
+                                  refit_stack=lambda factors: _store_stack(runs_files, err, factors))
             v.write_calibration(cal, str(cases or v.cases_path()), hw_dir(), datetime.date.today().isoformat())
             for fam, r in cal.runs.items():
                 if r["fixed_point_largest_move"] > v.FIXED_POINT_TOL:
@@ -512,8 +513,6 @@ def validate(
                               f"{r['fixed_point_largest_move']:.2%} per round", highlight=False)
             default_efficiency_catalog.cache_clear()
             clear_calibration_cache()
-            if runs_files:  # and again at the factors just fitted (the stored fit is its own fixed point)
-                _store_stack(runs_files, err)
         if fit or bands:
             _store_bands(loaded, err)
             clear_calibration_cache()
@@ -534,9 +533,9 @@ def validate(
     _print_validation(report, target)
 
 
-def _store_stack(runs_files: list[Path], err: Console) -> None:
-    """The serving stack's terms per framework and mode fitted on the measured runs at the catalog's factors,
-    written into calibration/serving_stack.yaml (`dse.validate.stack`).
+def _store_stack(runs_files: list[Path], err: Console, factors=None) -> None:
+    """The serving stack's terms per framework, mode and model fitted on the measured runs at ``factors`` (default:
+    the catalog's), written into calibration/serving_stack.yaml (`dse.validate.stack`).
     """
     import datetime
 
@@ -544,8 +543,11 @@ def _store_stack(runs_files: list[Path], err: Console) -> None:
     from dse.catalog.hardware import hw_dir
     from dse.validate.stack import fit_stack_files, write_stack
 
-    with err.status("the serving stacks' latency and queue share, fitted on the measured runs' TTFT"):
-        fits, _ = fit_stack_files(runs_files)
+    if factors is None:
+        with err.status("the serving stacks' latency and queue share, fitted on the measured runs' TTFT"):
+            fits, _ = fit_stack_files(runs_files)
+    else:  # inside the joint fit's fixed point, under its own status line
+        fits, _ = fit_stack_files(runs_files, factors)
     write_stack(fits, hw_dir(), datetime.date.today().isoformat(),
                 ", ".join(str(f.relative_to(hw_dir())) for f in runs_files))
     clear_cache()

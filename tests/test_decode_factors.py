@@ -20,7 +20,8 @@ from dse.validate.runs import map_runs, read_runs
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "hw_catalog" / "calibration" / "published" / "measured_serving.csv"
 OTHER = {"compute_decode": 0.41, "memory": 0.83, "link": 0.37, "latency_scaleup": 7e-6, "latency_scaleout": 31e-6,
-         "layer_overhead": 23e-6, "moe_layer_overhead": 11e-6, "gemm_half_rows": 70.0, "attention_half_context": 900.0}
+         "layer_overhead": 23e-6, "moe_layer_overhead": 11e-6, "gemm_half_rows": 70.0, "attention_half_context": 900.0,
+         "kernel_overlap": 0.0}  # the catalog's, never fitted
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_the_fit_recovers_known_factors(sample):
     f = fit_factors(terms, measured, start)
     err = np.abs(tpot_at(terms, f) / measured - 1)
     assert np.median(err) < 1e-6 and err.max() < 1.5e-2
-    assert set(used_by(terms)) == set(FACTORS)
+    assert set(used_by(terms)) == set(FACTORS) - {"kernel_overlap"}  # the kernels' overlap is the catalog's
     assert f["memory"] == pytest.approx(OTHER["memory"], rel=1e-2)
     assert f["layer_overhead"] == pytest.approx(OTHER["layer_overhead"], rel=5e-2)
 
@@ -84,7 +85,7 @@ def test_fractions_stay_shares_of_a_peak_and_latencies_stay_positive(sample):
     _, _, _, _, terms, catalog = sample
     f = fit_factors(terms, 0.05 * tpot_at(terms, catalog), {k: float(np.median(catalog[k])) for k in FACTORS})
     assert all(0 < f[k] <= 1.0 for k in ("compute_decode", "memory", "link"))
-    assert all(f[k] > 0 for k in FACTORS[3:])
+    assert all(f[k] > 0 for k in FACTORS[3:] if k != "kernel_overlap")  # the kernels' overlap: the catalog's 0
     assert f["memory"] == pytest.approx(1.0)
 
 

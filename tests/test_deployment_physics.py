@@ -46,7 +46,7 @@ def test_every_pool_recomputes_from_the_physics(answer):
     checked = 0
     for e in result.summary["best"]:
         w = workloads[e["workload"]]
-        req = through_stack(Request(w.prompt, w.output))
+        req = through_stack(Request(w.prompt, w.output), model=get_model(e["model"]))
         mt = ModelTable.build([get_model(e["model"])])
         served = {"both": 0.0, "decode": 0.0, "prefill": 0.0}
         for p in e["pools"]:

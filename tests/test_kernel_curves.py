@@ -72,21 +72,25 @@ def test_a_verify_pass_pays_the_half_rows_once():
     """Speculative decoding verifies k + 1 tokens per sequence in one pass: its rows scale by k + 1, the
     GEMMs' half-performance share does not (the draft tokens are rows of the same GEMMs)."""
     mean = {k: np.array([v]) for k, v in {"compute_s": 10e-3, "gemm_fixed_s": 4e-3, "memory_s": 0.0, "comm_s": 0.0,
-                                           "overhead_s": 0.0, "overlap": 0.0}.items()}
+                                           "overhead_s": 0.0, "overlap": 0.0, "attention_compute_s": 0.0,
+                                           "kv_memory_s": 0.0, "kernel_overlap": 1.0}.items()}
     step = _decode_step(mean, Request(prompt=1000, output=100, draft=2, accept=2.0))
     assert step[0] == pytest.approx(3 * 6e-3 + 4e-3, rel=1e-12)
 
 
 def test_the_fitted_curves_are_physical_where_runs_measure_them():
-    """Fitted on the measured serving runs, each family's lengths are positive and of kernel scale (a GEMM
-    reaches half its rate below 512 rows, decode attention below 8,192 tokens of context); families without
-    runs in three sweeps or more keep the roofline's 0 (no size dependence), and the asymptotic shares stay at most 1."""
+    """Fitted on the measured serving runs, each family's lengths are of kernel scale (a GEMM reaches half its
+    rate between 1 and 512 rows, decode attention below 8,192 tokens of context: with a pass costed by its kernel
+    groups, attention's own roofline carries most of what the curve carried, and Hopper's fit puts it at 0);
+    families without runs in three sweeps or more keep the roofline's 0 (no size dependence), and the asymptotic
+    shares stay at most 1."""
     cat = default_efficiency_catalog()
     for fam in ("hopper", "blackwell", "cdna3"):
         e = cat.families[fam]
         assert 1.0 < e.gemm_half_rows < 512.0, fam
-        assert 10.0 < e.attention_half_context < 8192.0, fam
+        assert 0.0 <= e.attention_half_context < 8192.0, fam
         assert 0 < e.compute_decode <= 1 and 0 < e.memory <= 1
+    assert cat.families["cdna3"].attention_half_context > 10.0
     for fam in ("cdna4", "tpu"):
         assert all(getattr(cat.families[fam], k) == 0.0 for k in CURVES), fam
     assert all(getattr(cat.default, k) == 0.0 for k in CURVES)

@@ -42,13 +42,13 @@ def test_the_budget_example_prints_what_the_readme_shows(shipped, monkeypatch, c
     printed = capsys.readouterr().out.splitlines()
     shown = _block("$ dse run studies/budget_16_gpus.yaml")
     assert printed[1:1 + len(shown)] == shown
-    # the study's expectation: xPyD on all 16 GPUs, the decode batch bound by the TPOT target, about 20% below
-    # aggregated
+    # the study's expectation: xPyD within the 16 GPUs (14: all 16 cost more per request as deployed), the decode
+    # batch bound by the TPOT target, 16% below aggregated
     (e,) = r.summary["best"]
-    assert e["serving"] == "disaggregated" and e["chips"] == 16 and e["binding"].startswith("the TPOT target")
+    assert e["serving"] == "disaggregated" and e["chips"] == 14 and e["binding"].startswith("the TPOT target")
     assert 100 <= e["pools"][1]["batch"] <= 1000
     agg = min(a["usd_per_request"] for a in e["alternatives"] if a["serving"] == "aggregated")
-    assert 0.75 <= e["usd_per_request"] / agg <= 0.85
+    assert 0.80 <= e["usd_per_request"] / agg <= 0.85
     assert e["usd_per_request_fluid"] <= e["usd_per_request"] <= 1.05 * e["usd_per_request_fluid"]
     assert all(a["chips"] <= 16 for a in e["alternatives"])
 

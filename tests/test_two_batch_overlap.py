@@ -29,10 +29,13 @@ def wide_ep(batch, micro=1, phase=0):
 
 
 def test_a_split_pass_is_twice_a_half_batch_pass_with_communication_hidden():
-    """max(2 W_h, 2 M_h) + overhead, W_h = max(compute, memory) and M_h the communication of half the batch."""
+    """max(2 W_h, 2 M_h) + overhead, W_h the work of half the batch (its kernel groups' blend, k max(C, M) + (1 - k)
+    (max(C - C_a, M - M_a) + max(C_a, M_a))) and M_h its communication."""
     split = evaluate(wide_ep(BATCHES, micro=2), *TABLES)
     half = evaluate(wide_ep(BATCHES / 2), *TABLES)
-    work = 2 * np.maximum(half["compute_s"], half["memory_s"])
+    c, m, c_a, m_a, k = (half[x] for x in ("compute_s", "memory_s", "attention_compute_s", "kv_memory_s",
+                                           "kernel_overlap"))
+    work = 2 * (k * np.maximum(c, m) + (1 - k) * (np.maximum(c - c_a, m - m_a) + np.maximum(c_a, m_a)))
     assert np.allclose(split["step_s"], np.maximum(work, 2 * half["comm_s"]) + half["overhead_s"], rtol=1e-12)
     assert np.allclose(split["memory_s"], 2 * half["memory_s"]) and np.allclose(split["comm_s"], 2 * half["comm_s"])
 

@@ -39,14 +39,14 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert by[("all", "tpot")]["n"] == 2407 and by[("layout_unknown", "tpot")]["n"] == 694
     # each sweep's level removed, the shape across concurrency errs far less than the level: the gap to the goals
     # is the level of whole sweeps
-    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.085  # 8.0%
+    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.085  # 8.2%
     assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.15  # 14.4%
-    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.115  # 11.4%
-    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.115  # 11.3%
-    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.13  # 12.5%
+    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.12  # 11.7%
+    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.12  # 11.8%
+    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.105  # 10.0%
     # a decode factor set per framework errs less out of sample than one per family shared by the frameworks on
-    # the aggregated rows (11.3% against 12.4%) and overall (11.4% against 12.1%); not on the 146 disaggregated
-    # rows (12.5% against 10.4%)
+    # the aggregated rows (11.8% against 12.7%) and overall (11.7% against 12.2%); not on the 146 disaggregated
+    # rows (10.0% against 8.5%)
     e = by[("agg", "tpot")]
     assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.004
     e = by[("all", "tpot")]
@@ -55,10 +55,10 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     # optimizer's steady state without the stack's latency and the closed loop's wave erred 84.6% (signed -83.6%)
     # (the stacks' terms per framework, mode and model; per framework and mode alone the leave-group-out TTFT errs
     # 30.6%)
-    assert by[("all", "ttft")]["median_abs_error"] <= 0.21 and abs(by[("all", "ttft")]["signed_median"]) < 0.02
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.25  # 24.9%
+    assert by[("all", "ttft")]["median_abs_error"] <= 0.215 and abs(by[("all", "ttft")]["signed_median"]) < 0.02
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.253  # 25.2%
     assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.245  # 24.2%
-    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.37  # 36.7%
+    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.41  # 40.8%
     # the rows of unknown layout, predicted by fits that never read them on the smallest deployment of their
     # worker sizes, are over-predicted (their deployments were larger)
     assert by[("layout_unknown", "tpot")]["signed_median"] > 0.5
@@ -72,12 +72,12 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     stated_disagg = t[(t["mode"] == "disagg") & (t["layout"] == "stated")]
     # a disaggregated closed loop's decode batch follows the predicted TTFT, so the prefill physics and the wave
     # move these rows' decode passes
-    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.13  # 12.5%
+    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.105  # 10.0%
     # the shipped physics (the catalog's factors, fitted jointly on these runs where the workers are stated, and
     # on offline throughput): 13.3% on the stated rows
     t = full.table
     assert t[t["layout"] == "stated"]["tpot_error"].abs().median() <= 0.14
-    # leave-family-out per family: Hopper's TPOT 33.1% (its rows predicted by factors fitted on Blackwell's)
+    # leave-family-out per family: Hopper's TPOT 20.9% (its rows predicted by factors fitted on Blackwell's)
     fams = {r["family"]: r for r in doc["families"]}
     assert set(fams) == {"hopper", "blackwell"}
     for r in fams.values():
@@ -347,7 +347,10 @@ def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
     """Measured TPOTs and TTFTs made by the physics, 20% faster on the rows whose worker counts the file leaves
     empty (as a larger deployment than the smallest one would be): the rows that state their layout keep the
     catalog's factors (every error vanishes), and the others, read by no fit, are predicted by those factors
-    (their error is the 25% they were made off by), reported apart from the headline."""
+    (their error is the 25% they were made off by), reported apart from the headline. A factor the stated rows do
+    not identify (the roofline of a pass's attention kernels whose other side binds on every stated row) stays
+    where the fit leaves it: 6 of the 565 rows of unknown layout (H200 TensorRT-LLM TP8 EP8) then err within 1.1%
+    of their 25%."""
     from dse.catalog.frameworks import StackTerms
     from dse.physics.serving import closed_loop_ttft
     from dse.validate.predict import predict_runs
@@ -368,8 +371,10 @@ def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
         unknown, 0.8, 1.0)
     v = validate_runs(runs)
     err = v.table["tpot_in_sample_error"]
-    assert err[~unknown].abs().max() < 1e-9 and np.allclose(err[unknown], 0.25, atol=1e-9)
-    assert np.allclose(v.table.loc[unknown, "tpot_loo_error"], 0.25, atol=1e-9)
+    apart = (err[unknown] - 0.25).abs()
+    assert err[~unknown].abs().max() < 1e-9 and (apart < 1e-9).mean() > 0.98 and apart.max() < 0.011
+    loo = (v.table.loc[unknown, "tpot_loo_error"] - 0.25).abs()
+    assert (loo < 1e-9).mean() > 0.98 and loo.max() < 0.011
     assert np.allclose(v.table.loc[unknown, "ttft_loo_error"], 0.25, atol=1e-9)
     for key, f in v.scales["tpot"].items():
         catalog = efficiency_for(v.table.loc[factor_key(v.table) == key, "system"].iloc[0])

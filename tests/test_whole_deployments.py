@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from helpers import brute_force_choices, brute_force_pools, candidates_of, random_space
+from helpers import brute_force_choices, brute_force_pools, candidates_of, random_space, served
 
 from dse.catalog.hardware import IDEAL, default_systems
 from dse.catalog.models import get_model
@@ -95,7 +95,7 @@ def brute_aggregated(model, w: Request, opts, budget: Budget | None, demand: flo
     if not rows:
         return None
     r = aggregated(candidates_of(rows, w.prompt + w.output), ModelTable.build([model]), SystemTable.build(systems),
-                   Request(w.prompt, w.output), IDEAL if opts.ideal else None)
+                   served(Request(w.prompt, w.output), opts.ideal, model), IDEAL if opts.ideal else None)
     ok = r["fits"] & r["stable"] & np.isfinite(r["usd_per_request"]) & (r["usd_per_request"] > 0)
     if w.tpot_max is not None:
         ok &= r["tpot_s"] <= w.tpot_max * (1 + TOL)

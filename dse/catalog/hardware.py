@@ -77,6 +77,9 @@ EFFICIENCY_FIELDS: dict[str, FieldSpec] = {
     "attention_half_context": FieldSpec("count", False, "KV tokens at which decode attention reaches half its "
                                         "asymptotic bandwidth (each sequence's attention per layer reads this "
                                         "many tokens of KV beyond its own)", False),
+    "kernel_overlap": FieldSpec("fraction", False, "share of a pass costed as one roofline, max(compute, memory) "
+                                "over the whole pass (1); the rest as the sum of its kernel groups' rooflines, "
+                                "the weight GEMMs' and attention's, which run one after the other (0)", False),
 }
 FRACTIONS = tuple(k for k, v in EFFICIENCY_FIELDS.items() if v.dimension == "fraction")
 CURVES = ("gemm_half_rows", "attention_half_context")
@@ -179,7 +182,8 @@ class MemoryTier:
 @dataclass(frozen=True)
 class Efficiency:
     """Achieved fractions of peak, fixed latencies and half-performance lengths (`CURVES`); under ``--ideal``
-    every fraction is 1 (full overlap, no HBM reserve), every latency and length 0: the pure roofline.
+    every fraction is 1 (full overlap, no HBM reserve, a pass as one roofline: ``kernel_overlap`` 1), every latency
+    and length 0: the pure roofline.
 
     ``mem_rule``, ``mem_fraction`` and ``mem_reserve`` are the serving framework's memory reservation
     (`dse.catalog.frameworks.Memory`: its rule's code in `MEMORY_RULES`, its fraction, NaN for SGLang's computed
@@ -203,6 +207,7 @@ class Efficiency:
     moe_layer_overhead: float = 0.0
     gemm_half_rows: float = 0.0
     attention_half_context: float = 0.0
+    kernel_overlap: float = 1.0
 
 
 IDEAL = Efficiency()

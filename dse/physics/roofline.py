@@ -11,7 +11,11 @@ behind how LLMs are trained and served", Dwarkesh Podcast, 29 April 2026):
     step    = max(compute, memory, comm) + fixed per-layer overhead
               (--ideal: communication fully overlapped, no fixed latencies: the lecture's roofline)
     Calibrated, the step is ov x max(comm, work) + (1 - ov) x (comm + work) + overhead, with
-    work = max(compute, memory), and each collective pays a fixed latency.
+    work = k x max(compute, memory) + (1 - k) x (max(C_gemm, M_gemm) + max(C_attn, M_attn)), and each
+    collective pays a fixed latency. The work splits the pass into its two kernel groups, which a GPU runs one
+    after the other: the weight GEMMs (dense and routed experts; FLOPs against weight bytes) and attention
+    (FLOPs against KV bytes); k (``kernel_overlap``, fitted per family on measured TPOTs at varying batch and
+    context; 1 under --ideal) is the share costed as one roofline of the whole pass (`kernel_work`).
 
 Kernel curves (half-performance lengths, Hockney's n_1/2; 0 under --ideal and for the families no measured
 runs calibrate): a GEMM of m rows takes the time of m + ``gemm_half_rows`` rows at its asymptotic rate, so it
@@ -772,6 +776,27 @@ def _routing(g: _Gathered, batch: np.ndarray, tokens: np.ndarray, per_seq: np.nd
     return load_f, received_f, share
 
 
+def kernel_work(compute: object, memory: object, attention_compute: object, kv_memory: object,
+                kernel_overlap: object) -> np.ndarray:
+    """The work of a pass, its kernels' compute and memory times combined: k max(C, M) + (1 - k) (max(C_g, M_g) +
+    max(C_a, M_a)), with C and M the pass's compute and memory times, C_a and M_a their attention kernels' share
+    (attention FLOPs, KV bytes), C_g = C - C_a and M_g = M - M_a the weight GEMMs' (dense and routed experts:
+    FLOPs, weight bytes), and k = ``kernel_overlap``. The kernels of a pass run one after the other, so the
+    attention over the KV cache (memory-bound in decode) does not hide the GEMMs (compute-bound at large batch)
+    nor the reverse: k = 0 is the sum of the two groups' rooflines, k = 1 the lecture's single roofline of the
+    whole pass (what ``--ideal`` keeps, to the bit). The blend is the same order of operations everywhere it is
+    computed (`dse.validate.losses.log_tpot` repeats it on arrays).
+    """
+    single = np.maximum(compute, memory)
+    k = _f(kernel_overlap)
+    if not np.any(k < 1.0):
+        return single
+    apart = np.maximum(_f(compute) - attention_compute, _f(memory) - kv_memory) + np.maximum(attention_compute,
+                                                                                              kv_memory)
+    with np.errstate(invalid="ignore"):
+        return np.where(k < 1.0, k * single + (1.0 - k) * apart, single)
+
+
 def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[str, np.ndarray]:
     """Compute, memory and communication time of one forward pass of a micro-batch of ``batch``."""
     eff, ctx = g.eff, g.ctx
@@ -838,10 +863,14 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
             pp_s = np.where(g.pp > 1, tokens * g.d * ACT_BYTES / g.cps / g.hand_bw + g.lat_pp, 0.0)
     comm_s = g.pp * (tp_s + ep_s + pp_s)
 
-    work = np.maximum(compute_s, memory_s)
+    attention_s = attn_s * g.stretch  # the attention kernels' share of compute_s and of memory_s
+    kv_memory_s = g.pp * kv_time
+    work = kernel_work(compute_s, memory_s, attention_s, kv_memory_s, eff.kernel_overlap)
     step_s = np.maximum(work, comm_s) + (1.0 - eff.overlap) * np.minimum(comm_s, work) + g.overhead
     out = {
         "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s, "work": work,
+        "attention_compute_s": attention_s, "kv_memory_s": kv_memory_s,
+        "kernel_overlap": np.broadcast_to(_f(eff.kernel_overlap), step_s.shape),
         "tp_s": tp_s, "ep_s": ep_s, "pp_s": pp_s, "kv_bytes": kv_bytes, "seqs_rank": seqs_rank,
         "gemm_fixed_s": gemm_fixed_s,
         "tokens_rank": tokens_rank, "eff_c": eff_c, "attn": attn, "tokens": tokens,
@@ -868,7 +897,8 @@ def _split_pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool, spl
     one.micro = np.ones_like(n)
     one.any_split = False
     h = _pass(one, batch / n, prefill)
-    for k in ("compute_s", "memory_s", "comm_s", "tp_s", "ep_s", "pp_s", "work", "gemm_fixed_s"):
+    for k in ("compute_s", "memory_s", "comm_s", "tp_s", "ep_s", "pp_s", "work", "gemm_fixed_s", "attention_compute_s",
+              "kv_memory_s"):
         out[k] = np.where(split, n * h[k], out[k])
     out["step_s"] = np.where(split, np.maximum(out["work"], out["comm_s"]) + g.overhead, out["step_s"])
     out["overlap"] = np.where(split, 1.0, out["overlap"])
@@ -951,7 +981,7 @@ def evaluate_at(cand: Candidates, models: ModelTable, systems: SystemTable, eff:
 
 BRIEF_KEYS = ("chips", "compute_s", "memory_s", "comm_s", "step_s", "bound", "overhead_s", "kv_bytes_per_chip",
               "hbm_bytes_per_chip", "fits", "overlap", "gemm_fixed_s", "weights_bytes_per_chip",
-              "activation_bytes_per_chip")
+              "activation_bytes_per_chip", "attention_compute_s", "kv_memory_s", "kernel_overlap")
 """What `evaluate_at` returns: the pass times and the memory check (what request-level physics builds on)."""
 MEMORY_KEYS = ("chips", "kv_bytes_per_chip", "hbm_bytes_per_chip", "fits")
 """What `evaluate_at` returns for an input with ``times: False``: the memory check alone."""
@@ -1005,7 +1035,9 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.nda
                 "bound": bound, "overhead_s": np.broadcast_to(g.overhead, step_s.shape),
                 "kv_bytes_per_chip": kv_bytes, "hbm_bytes_per_chip": hbm_bytes, "fits": fits,
                 "overlap": r["overlap"], "gemm_fixed_s": np.broadcast_to(r["gemm_fixed_s"], step_s.shape),
-                "weights_bytes_per_chip": weights_bytes, "activation_bytes_per_chip": act_bytes}
+                "weights_bytes_per_chip": weights_bytes, "activation_bytes_per_chip": act_bytes,
+                "attention_compute_s": r["attention_compute_s"], "kv_memory_s": r["kv_memory_s"],
+                "kernel_overlap": r["kernel_overlap"]}
 
     # throughput and cost: PP micro-batches are in flight
     seqs_in_flight = g.batch * g.pp
@@ -1053,6 +1085,9 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.nda
         "overhead_s": g.overhead * np.ones_like(step_s),
         "gemm_fixed_s": r["gemm_fixed_s"] * np.ones_like(step_s),  # compute_s's share set by gemm_half_rows
         "overlap": r["overlap"],  # share of the shorter of work and communication hidden (1: two-batch overlap)
+        "attention_compute_s": r["attention_compute_s"],  # the attention kernels' share of compute_s
+        "kv_memory_s": r["kv_memory_s"],  # and of memory_s (the KV read or written)
+        "kernel_overlap": r["kernel_overlap"],  # share of the pass costed as one roofline (`kernel_work`)
         "sequences_in_flight": seqs_in_flight,
         "balance_batch": balance_batch,
         "hbm_drain_s": g.hbm_cap / (g.hbm_bw / g.eff.memory),

@@ -15,7 +15,10 @@ sequences and may carry one prefill chunk of up to K tokens per DP rank (K = ``c
   those of the decode pass plus K/P' of a whole-prompt prefill pass (the prompt's attention
   averaged over its causal triangle); its memory traffic is the decode pass's (the chunk reuses
   the weights the pass streams anyway; its KV writes are neglected). Compute, memory and
-  communication are then combined as the step physics does (max, overlap, fixed overhead).
+  communication are then combined as the step physics does (the kernel groups' work, overlap, fixed
+  overhead): the chunk's GEMM rows join the pass's weight GEMMs and its attention the attention kernels,
+  and since the kernels run one after the other (`roofline.kernel_work`, share 1 - ``kernel_overlap``),
+  the chunk's GEMM compute does not hide under the decode sequences' KV reads.
 - Steady state with request rate x per chunk server (DP x PP of them: each DP rank prefills its
   own prompts, in each of the PP micro-batches in flight): the D = DP ranks of a stage run in
   lock-step, so a chunk on any rank stretches everyone's pass, and prefill work takes the share
@@ -64,7 +67,7 @@ from dse.catalog.frameworks import Stack, StackTerms
 from dse.catalog.hardware import Efficiency
 from dse.physics.codes import DEFAULT_CHUNK  # re-exported: the default chunk budget (vLLM / SGLang)
 from dse.physics.queueing import quantile_name, rho_for_wait_quantile, tpot_quantile, wait_quantile, wave_wait_quantile
-from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate_at, in_slices, memory_budget
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate_at, in_slices, kernel_work, memory_budget
 
 RHO_MAX = 0.9  # highest utilisation a prefill pool is planned at (M/D/1 waits grow as 1 / (1 - rho))
 NEWTON_STEPS = 200  # a cap only: bracketed Newton stops after a handful of steps
@@ -141,9 +144,13 @@ def power_w(chips: np.ndarray | float, power_per_chip: np.ndarray | float) -> np
 
 
 def combine(compute: np.ndarray, memory: np.ndarray, comm: np.ndarray, overhead: np.ndarray,
-            overlap: np.ndarray | float) -> np.ndarray:
-    """Step time from its parts, as `roofline._pass` combines them (max, partial overlap, overhead)."""
-    work = np.maximum(compute, memory)
+            overlap: np.ndarray | float, attention_compute: np.ndarray | float = 0.0,
+            kv_memory: np.ndarray | float = 0.0, kernel_overlap: np.ndarray | float = 1.0) -> np.ndarray:
+    """Step time from its parts, as `roofline._pass` combines them: the work of the kernel groups
+    (`roofline.kernel_work`: ``attention_compute`` and ``kv_memory`` are the attention kernels' share of
+    ``compute`` and ``memory``), partial overlap of the communication, overhead.
+    """
+    work = kernel_work(compute, memory, attention_compute, kv_memory, kernel_overlap)
     return np.maximum(work, comm) + (1.0 - overlap) * np.minimum(comm, work) + overhead
 
 
@@ -243,6 +250,7 @@ def _passes(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Eff
         if name in out:
             o = out[name]
             o["compute_s"] = _scaled_rows(o, share)
+            o["attention_compute_s"] = o["attention_compute_s"] * share
             for k in ("comm_s", "step_s"):
                 o[k] = o[k] * share
     return out
@@ -261,7 +269,7 @@ def _decode_step(mean: dict, req: Request) -> np.ndarray:
     """
     verify = float(req.draft + 1)
     return combine(_scaled_rows(mean, verify), mean["memory_s"], mean["comm_s"] * verify, mean["overhead_s"],
-                   mean["overlap"])
+                   mean["overlap"], mean["attention_compute_s"] * verify, mean["kv_memory_s"], mean["kernel_overlap"])
 
 
 def _closed_rate(k: np.ndarray, c: np.ndarray, a: np.ndarray, m_td: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -309,9 +317,12 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     chunk_rows = frac * (pre["compute_s"] - pre["gemm_fixed_s"])
 
     def carrying(prompts: float) -> np.ndarray:  # a pass carrying this many chunks' worth of prompt work per rank
+        # the chunk's GEMM rows join the pass's weight GEMMs and its attention the attention kernels: each group
+        # is costed by its own roofline as far as the kernels do not overlap (`roofline.kernel_work`)
         return combine(_scaled_rows(mean, req.draft + 1) + prompts * chunk_rows, mean["memory_s"],
                        mean["comm_s"] * (req.draft + 1) + prompts * frac * pre["comm_s"], mean["overhead_s"],
-                       mean["overlap"])
+                       mean["overlap"], mean["attention_compute_s"] * (req.draft + 1)
+                       + prompts * frac * pre["attention_compute_s"], mean["kv_memory_s"], mean["kernel_overlap"])
 
     mixed = carrying(1.0)
     t_c = mixed - t_d

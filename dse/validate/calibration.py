@@ -96,9 +96,16 @@ def load_serving_rows(path: Path | list[Path], factors: EfficiencyCatalog | None
     return ServingRows(terms, split, measured, family)
 
 
+def _with_stacks(factors: EfficiencyCatalog, refit_stack) -> EfficiencyCatalog:
+    """``factors``, after the serving stacks' terms are refitted and stored at them (``refit_stack``, if given)."""
+    if refit_stack is not None:
+        refit_stack(factors)
+    return factors
+
+
 def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
               stored: dict[str, Efficiency] | None = None, serving_file: Path | None = None,
-              serving_name: str = "") -> Calibration:
+              serving_name: str = "", refit_stack=None) -> Calibration:
     """Fit every family (and the global default on all points), then leave each point out in turn.
 
     ``stored``: the families' current factors, tried as a second starting point of each family's fit.
@@ -107,6 +114,9 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
     predicted from the joint fit without it. What the request level adds to a run's decode pass (``rest``)
     depends on the factors, so the joint fit is repeated on the rows re-derived at its own factors until no
     factor moves by more than FIXED_POINT_TOL (a fixed point: the stored factors reproduce themselves). The
+    ``refit_stack(factors)``, where given, refits and stores the serving stacks' terms at ``factors`` (an
+    `EfficiencyCatalog`) before the rows are re-derived at them: a run's TTFT, and with it the closed loop's decode
+    batch, follows the stacks, so the fixed point holds the factors and the stacks together. The
     global default (the start of every family's fit, and the factors of the systems of no family) is fitted on
     the points alone: one set of fixed times for hardware the runs do not measure would be a guess dressed as
     a fit, so the families without runs keep the estimated fixed times.
@@ -143,11 +153,11 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
         if moved <= FIXED_POINT_TOL:
             break
         previous = {f: families[f] for f in joint}
-        serving = rows_by_family(EfficiencyCatalog(default, dict(families), member_of))
+        serving = rows_by_family(_with_stacks(EfficiencyCatalog(default, dict(families), member_of), refit_stack))
     if joint:  # the factors as stored, and the rows as a reader of them derives the rows (a decode batch follows
-        # the factors): the stored errors are those a reader reproduces
+        # the factors and the stacks): the stored errors are those a reader reproduces
         families.update({f: as_stored(families[f]) for f in joint})
-        serving = rows_by_family(EfficiencyCatalog(default, dict(families), member_of))
+        serving = rows_by_family(_with_stacks(EfficiencyCatalog(default, dict(families), member_of), refit_stack))
     for fam in sorted(joint):
         runs[fam] = {**_runs_errors(serving[fam], families[fam]), "fixed_point_rounds": rounds,
                      "fixed_point_largest_move": round(float(moved), 6)}

@@ -5,16 +5,19 @@ A decode pass of the roofline (`dse.physics.roofline`) is, for fixed layout, bat
 function of the efficiency factors: with C, M and K its compute, memory and communication-bandwidth times at
 the peaks, n_u and n_o its collectives inside and across scale-up domains, L its layers and E its MoE layers,
 
-    step = combine(C / f_c, M / f_m, K / f_l + n_u lat_u + n_o lat_o, L o_l + E o_e, overlap)
+    step = combine(C / f_c, M / f_m, K / f_l + n_u lat_u + n_o lat_o, L o_l + E o_e, overlap,
+                   C_a / f_c, M_a / f_m, k)
 
-(`dse.physics.serving.combine`: max of compute and memory, communication serialized by 1 - overlap, then
-the fixed overheads), with C and M grown by the half-performance lengths (`dse.catalog.hardware.CURVES`):
-C + G n_g and M + A n_a, G the compute time at the peak of one more row in every GEMM the pass multiplies
-and A the memory time at the peak of one more token of KV per sequence and attention layer. `decode_terms`
-reads C, M, K, G, A and the counts off the physics itself (one pass at the peaks, one per latency at 1 us,
-one per length at 1 row or token); TPOT = step x rest, where ``rest`` is what the request level adds to the
-pass at the catalog's factors (prefill interference 1 / (1 - u) in an aggregated replica), held fixed while
-`dse.validate.fit` fits the factors of `dse.validate.factors.FACTORS`.
+(`dse.physics.serving.combine`: the kernel groups' work, k max(C, M) + (1 - k) (max(C - C_a, M - M_a) +
+max(C_a, M_a)) with C_a and M_a the attention kernels' share of C and M, communication serialized by
+1 - overlap, then the fixed overheads), with C and M (and M_a) grown by the half-performance lengths
+(`dse.catalog.hardware.CURVES`): C + G n_g and M + A n_a (M_a + A n_a), G the compute time at the peak of
+one more row in every GEMM the pass multiplies and A the memory time at the peak of one more token of KV per
+sequence and attention layer. `decode_terms` reads C, M, C_a, M_a, K, G, A and the counts off the physics
+itself (one pass at the peaks, one per latency at 1 us, one per length at 1 row or token); TPOT = step x
+rest, where ``rest`` is what the request level adds to the pass at the catalog's factors (prefill interference
+1 / (1 - u) in an aggregated replica), held fixed while `dse.validate.fit` fits the factors of
+`dse.validate.factors.FACTORS`.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from dse.validate.runs import group_key
 
 @dataclass
 class DecodeTerms:
-    """Per row: the decode pass's times at the peaks (s), its collective and layer counts, the compute time at
+    """Per row: the decode pass's times at the peaks (s; the attention kernels' compute and KV reads among them),
+    its collective and layer counts, the compute time at
     the peak of one row more in every GEMM (``gemm_rows``) and the memory time at the peak of one token more of
     KV per sequence and attention layer (``attention_tokens``), its overlap, and ``rest`` (the measured-run
     TPOT the physics predicts over its decode pass at the catalog's factors).
@@ -42,6 +46,8 @@ class DecodeTerms:
 
     compute: np.ndarray
     memory: np.ndarray
+    attention_compute: np.ndarray
+    kv_memory: np.ndarray
     comm: np.ndarray
     n_scaleup: np.ndarray
     n_scaleout: np.ndarray
@@ -62,7 +68,9 @@ def decode_step(d: DecodeTerms, f: dict) -> np.ndarray:
     overhead = d.n_layers * f["layer_overhead"] + d.n_moe_layers * f["moe_layer_overhead"]
     compute = (d.compute + d.gemm_rows * f["gemm_half_rows"]) / f["compute_decode"]
     memory = (d.memory + d.attention_tokens * f["attention_half_context"]) / f["memory"]
-    return combine(compute, memory, comm, overhead, d.overlap)
+    attention = d.attention_compute / f["compute_decode"]
+    kv = (d.kv_memory + d.attention_tokens * f["attention_half_context"]) / f["memory"]
+    return combine(compute, memory, comm, overhead, d.overlap, attention, kv, f["kernel_overlap"])
 
 
 def tpot_at(d: DecodeTerms, f: dict) -> np.ndarray:
@@ -111,7 +119,7 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
     n = len(table)
     models, systems, mt, st = run_tables(table, factors)
     peak = {**{k: 1.0 for k in ("compute_prefill", "compute_decode", "memory", "link", "hbm_usable")}, "overlap": 0.0}
-    probe = {k: FACTOR[k].scale for k in RUN_FITTED}  # 1 us; one row, one token
+    probe = {k: FACTOR[k].scale for k in RUN_FITTED if FACTOR[k].probe}  # 1 us; one row, one token
     in_flight = np.where(table["mode"].to_numpy() == "agg", table["in_flight"].to_numpy(),
                          decode_batch[table.index].to_numpy())
     context = table["isl"].to_numpy() + table["osl"].to_numpy() / 2.0
@@ -125,7 +133,8 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
     tiled = Candidates(*(np.tile(np.asarray(getattr(cand, f.name)), len(effs)) for f in fields(cand)))
     r = evaluate_at(tiled, mt, st, stacked, [{"context": np.tile(context, len(effs)), "phase": 0}])[0]
     at_peak, cat, *probed = ({k: v[i * n:(i + 1) * n] for k, v in r.items()} for i in range(len(effs)))
-    out = {"compute": at_peak["compute_s"], "memory": at_peak["memory_s"], "comm": at_peak["comm_s"]}
+    out = {"compute": at_peak["compute_s"], "memory": at_peak["memory_s"], "comm": at_peak["comm_s"],
+           "attention_compute": at_peak["attention_compute_s"], "kv_memory": at_peak["kv_memory_s"]}
     for (k, v), moved_pass in zip(probe.items(), probed, strict=True):  # each probe moves one time of the pass
         time = FACTOR[k].probe
         moved = (moved_pass[time] - at_peak[time]) / v

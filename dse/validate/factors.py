@@ -18,24 +18,24 @@ class Factor:
 
     ``bounds`` is the range (SI) of the least-squares fit of the catalog (`dse.validate.fit.fit`), which moves
     the factor in units of ``scale`` (a fixed time in microseconds). ``log_range`` is the range of log(value)
-    the decode-factor fit of the measured runs (`dse.validate.fit.fit_factors`) searches, and ``seed`` where
-    that fit starts a factor whose value is 0; the two ranges differ for the per-layer fixed times (the catalog
+    the decode-factor fit of the measured runs (`dse.validate.fit.fit_factors`) searches (a factor whose value is 0
+    starts at its bottom); the two ranges differ for the per-layer fixed times (the catalog
     fit stops at 1 ms, the decode fit at 10 ms). ``term`` is the field of `dse.validate.decode.DecodeTerms`
-    the factor acts on in a decode pass (empty: not a factor of the decode pass) and ``probe`` the time of the
-    pass a probe of a fixed time or length moves. ``estimate`` is the note stored with a fixed time or length
+    the factor acts on in a decode pass (empty: not a factor of the decode pass; for ``kernel_overlap``, the
+    attention kernels' compute, which every pass has) and ``probe`` the time of the pass a probe of a fixed time
+    or length moves (empty: not probed). ``estimate`` is the note stored with a fixed time or length
     no fit frees.
     """
 
     name: str
     kind: str  # share (of a peak, a capacity or a time), time (s per collective or layer), length (rows, tokens)
-    fitted_on: str  # cases (the published points), runs (measured serving runs)
+    fitted_on: str  # cases (the published points), runs (measured serving runs), none (the catalog's, never fitted)
     unit: str  # as efficiency.yaml stores it
     per_si: float  # stored value per SI value
     bounds: tuple[float, float]
     meaning: str
     scale: float = 1.0
     log_range: tuple[float, float] | None = None
-    seed: float = 1e-12
     term: str = ""
     probe: str = ""
     estimate: str = ""
@@ -45,10 +45,16 @@ SHARE_LOG_RANGE = (-20.0, 0.0)
 TIME_LOG_RANGE = (-40.0, float(np.log(1e-2)))
 """The decode fit's ranges of log(value): a share of a peak in (0, 1], a fixed time in (0, 10 ms]."""
 
+COMPUTE_CEILING = 0.9
+"""The highest share of a chip's peak dense tensor FLOP/s a family's fit may place its compute shares at: no GEMM
+sustains more (the vendors' own GEMM benchmarks reach 70-85% of the dense peak), so a fit at this ceiling has not
+measured the peak (with a pass costed by its kernel groups, CDNA3's fit put both compute shares at 0.97-1.0) and
+`dse.validate.fit.fit_family` leaves the share at the global value."""
+
 TABLE = (
-    Factor("compute_prefill", "share", "cases", "fraction", 1.0, (0.05, 1.0),
+    Factor("compute_prefill", "share", "cases", "fraction", 1.0, (0.05, COMPUTE_CEILING),
            "achieved share of the peak dense tensor FLOP/s in prefill passes"),
-    Factor("compute_decode", "share", "cases", "fraction", 1.0, (0.05, 1.0),
+    Factor("compute_decode", "share", "cases", "fraction", 1.0, (0.05, COMPUTE_CEILING),
            "achieved share of the peak dense tensor FLOP/s in decode passes",
            log_range=SHARE_LOG_RANGE, term="compute"),
     Factor("memory", "share", "cases", "fraction", 1.0, (0.05, 1.0),
@@ -86,15 +92,24 @@ TABLE = (
            "rows at which a GEMM reaches half its asymptotic FLOP rate (tile padding, wave quantization, pipeline "
            "fill): each weight matrix multiplied, dense or routed expert, costs this many rows of compute beyond "
            "its own",
-           log_range=(-20.0, float(np.log(4096.0))), seed=16.0, term="gemm_rows", probe="compute_s",
+           log_range=(-20.0, float(np.log(4096.0))), term="gemm_rows", probe="compute_s",
            estimate="a GEMM at its asymptotic rate at any row count, as the roofline takes it; not fitted"),
     Factor("attention_half_context", "length", "runs", "tokens", 1.0, (0.0, 65536.0),
            "KV tokens at which decode attention reaches half its asymptotic bandwidth (split-KV reduction, "
            "launch, occupancy at short sequences): each sequence's attention per layer reads this many tokens of "
            "KV beyond its own",
-           log_range=(-20.0, float(np.log(65536.0))), seed=64.0, term="attention_tokens", probe="memory_s",
+           log_range=(-20.0, float(np.log(65536.0))), term="attention_tokens", probe="memory_s",
            estimate="decode attention at its asymptotic bandwidth at any context, as the roofline takes it; not "
                     "fitted"),
+    Factor("kernel_overlap", "share", "none", "fraction", 1.0, (0.0, 1.0),
+           "share of a pass costed as one roofline of the whole pass, max(compute, memory); the rest is the sum of "
+           "its kernel groups' rooflines (the weight GEMMs': FLOPs against weight bytes; attention's: FLOPs against "
+           "KV bytes), which run one after the other",
+           log_range=SHARE_LOG_RANGE, term="attention_compute",
+           estimate="0: a layer's kernels run one after the other on a GPU (the weight GEMMs, then attention), so "
+                    "a prefill chunk's GEMM compute does not hide under the decode sequences' KV reads; not fitted "
+                    "(fitted on the measured TPOTs it traded off against the attention's half-performance context, "
+                    "which every pass has too); 1 (one roofline of the whole pass) only under --ideal"),
 )
 """Every fitted factor, in the order efficiency.yaml stores them."""
 FACTOR = {f.name: f for f in TABLE}

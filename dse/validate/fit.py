@@ -160,14 +160,15 @@ def used_by(d: DecodeTerms) -> tuple[str, ...]:
     move (a run with no collective across domains or no MoE layer says nothing of their fixed times). Unlike
     `identified`, no sensitivity threshold or collinearity test applies: the decode fit's loss is absolute.
     """
-    return tuple(k for k in FACTORS if np.any(getattr(d, FACTOR[k].term) > 0))
+    return tuple(k for k in FACTORS if FACTOR[k].fitted_on != "none" and np.any(getattr(d, FACTOR[k].term) > 0))
 
 
 PEAKS = ("compute_prefill", "compute_decode", "memory", "link")
-"""Shares of a peak rate: a family fit that places one at 1, the peak itself, has not measured it (the data ask
-for more than the hardware delivers, so the share compensates what the other factors miss; on CDNA3 the
-prefill share went to 1 with the objective within 4% of its value at 0.53): `fit_family` leaves it at the
-starting (global) value and fits the others again."""
+"""Shares of a peak rate: a family fit that places one at the top of its range (1, the peak itself, or for the
+compute shares `dse.validate.factors.COMPUTE_CEILING`) has not measured it (the data ask for more than the hardware
+delivers, so the share compensates what the other factors miss; on CDNA3 the prefill share went to 1 with the
+objective within 4% of its value at 0.53): `fit_family` leaves it at the starting (global) value and fits the
+others again."""
 PEAK_TOL = 1e-4
 """A share within this relative distance of its upper bound is at the peak (the bounded least squares stops
 just inside its bounds)."""
@@ -248,7 +249,10 @@ def _unpack(x: np.ndarray, free: tuple[str, ...], fixed: dict) -> dict:
 
 
 def _pack(f: dict, free: tuple[str, ...]) -> np.ndarray:
-    return np.array([np.log(f[name] if f[name] > 0 else FACTOR[name].seed) for name in free])
+    """The start in log space: each factor's value, a 0 at the bottom of its log range (the fit starts where the
+    catalog's fit stopped, a length or fixed time of 0 included).
+    """
+    return np.array([np.log(f[name]) if f[name] > 0 else FACTOR[name].log_range[0] for name in free])
 
 
 def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, max_iter: int = MAX_ITER,

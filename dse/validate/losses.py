@@ -23,12 +23,13 @@ from dse.validate.factors import FACTOR, FACTORS
 PRODUCTS = ("n_layers", "n_scaleup", "gemm_rows", "attention_tokens", "n_moe_layers", "n_scaleout")
 """The terms a factor multiplies, in the order `log_tpot` keeps their products: the layer overhead first and the
 scale-out latency last, the four between added in one operation to what each joins."""
-TERMS = ("comm", "compute", "memory", *PRODUCTS, "one_minus_overlap", "rest")
+TERMS = ("comm", "compute", "memory", "attention_compute", "kv_memory", *PRODUCTS, "one_minus_overlap", "rest")
 """The rows of the arrays `log_tpot` reads."""
 _FACTOR_OF_TERM = {FACTOR[k].term: k for k in FACTORS}
 _PRODUCT_FACTORS = np.array([FACTORS.index(_FACTOR_OF_TERM[t]) for t in PRODUCTS])
 _LINK = FACTORS.index("link")
 _SHARES = np.array([FACTORS.index("compute_decode"), FACTORS.index("memory")])
+_KERNEL = FACTORS.index("kernel_overlap")
 CHUNK = 1 << 14
 """Entries an operation of `Plan.losses` covers at most (its arrays stay in the processor's cache)."""
 
@@ -42,22 +43,44 @@ def log_tpot(t: np.ndarray, f: np.ndarray) -> np.ndarray:
     work = np.empty((len(PRODUCTS), m, w))
     comm = np.empty((m, w))
     np.divide(t[0], f[_LINK][:, None], out=comm)
-    np.multiply(t[3:9], f[_PRODUCT_FACTORS][:, :, None], out=work)
+    np.multiply(t[5:11], f[_PRODUCT_FACTORS][:, :, None], out=work)
     layer, scaleup, curves, moe, scaleout = work[0], work[1], work[2:4], work[4], work[5]
     np.add(comm, scaleup, out=comm)
     np.add(comm, scaleout, out=comm)  # comm / link + n_u lat_u + n_o lat_o
+    attn = np.empty((2, m, w))
+    attn[0] = t[3]
+    np.add(t[4], curves[1], out=attn[1])  # C_a, M_a + A n_a
     np.add(t[1:3], curves, out=curves)  # C + G n_g, M + A n_a
-    np.divide(curves, f[_SHARES][:, :, None], out=curves)  # compute, memory
+    shares = f[_SHARES][:, :, None]
+    np.divide(curves, shares, out=curves)  # compute, memory
+    np.divide(attn, shares, out=attn)  # the attention kernels' compute and memory
     np.add(layer, moe, out=layer)  # L o_l + E o_e
-    step, other = curves[0], curves[1]
-    np.maximum(step, other, out=step)  # `dse.physics.serving.combine`: the work, max(compute, memory)
+    step = _kernel_work(curves[0], curves[1], attn[0], attn[1], f[_KERNEL][:, None])
+    other = curves[1]
     np.minimum(comm, step, out=other)
     np.maximum(step, comm, out=step)
-    np.multiply(t[9], other, out=other)
+    np.multiply(t[11], other, out=other)
     np.add(step, other, out=step)
     np.add(step, layer, out=step)
-    np.multiply(step, t[10], out=step)  # TPOT: the pass times what the request level adds
+    np.multiply(step, t[12], out=step)  # TPOT: the pass times what the request level adds
     return np.log(step, out=step)
+
+
+def _kernel_work(compute: np.ndarray, memory: np.ndarray, attention: np.ndarray, kv: np.ndarray,
+                 k: np.ndarray) -> np.ndarray:
+    """`dse.physics.roofline.kernel_work` on arrays sets x rows (``k``: sets x 1), the same operations in the same
+    order, into a new array.
+    """
+    single = np.maximum(compute, memory)
+    below = k < 1.0
+    if not below.any():
+        return single
+    apart = np.maximum(compute - attention, memory - kv)
+    apart += np.maximum(attention, kv)
+    apart *= 1.0 - k
+    blended = k * single
+    blended += apart
+    return np.where(below, blended, single)
 
 
 def term_rows(d: DecodeTerms) -> np.ndarray:

@@ -25,12 +25,13 @@ def stack_rows(t: pd.DataFrame) -> np.ndarray:
     return (t["layout"] == "stated").to_numpy()
 
 
-def fit_stack_files(paths: list[Path]) -> tuple[dict, pd.DataFrame]:
-    """The terms per (framework, mode) fitted on the measured runs of ``paths`` (read as one) at the catalog's
-    factors, and the rows with their closed-loop TTFT pieces (`dse.validate.predict.predict_runs`).
+def fit_stack_files(paths: list[Path], factors=None) -> tuple[dict, pd.DataFrame]:
+    """The terms per (framework, mode) fitted on the measured runs of ``paths`` (read as one) at ``factors`` (an
+    `EfficiencyCatalog`; default the catalog's), and the rows with their closed-loop TTFT pieces
+    (`dse.validate.predict.predict_runs`).
     """
     t = map_runs(read_runs_files(paths)).table
-    pred = predict_runs(t)
+    pred = predict_runs(t, factors=factors)
     for col in ("prefill_s", "wave_s", "wait_floor_s", "transfer_s"):
         t[col] = pred[col].astype(float)
     fits, _, _ = fit_stack(t, group_key(t), stack_rows(t))
