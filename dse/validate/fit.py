@@ -466,35 +466,75 @@ def fit_stack(t: pd.DataFrame, groups: pd.Series, train: np.ndarray | None = Non
     sweeps they were fitted on) and both predictions of every row (a row whose fit has no training row left takes
     no stack terms: the engine alone).
     """
-    fits, in_sample, loo = {}, pd.Series(np.nan, index=t.index), pd.Series(np.nan, index=t.index)
+    return fit_stack_sets(t, [groups], train)[0]
+
+
+STACK_CHUNK = 1 << 20
+"""Grid entries (rows x xi x tau) `fit_stack_sets` evaluates at once."""
+
+
+def fit_stack_sets(t: pd.DataFrame, group_sets: list[pd.Series], train: np.ndarray | None = None,
+                   ) -> list[tuple[dict, pd.Series, pd.Series]]:
+    """`fit_stack` with each partition of ``group_sets``, the rows' errors on the grids computed once: summed per
+    cell (framework, mode, training or not, and group of each partition), a fit's total is the sum of its cells
+    and a left-out group's the total less the group's cells.
+    """
     train = np.ones(len(t), dtype=bool) if train is None else np.asarray(train, dtype=bool)
-    fw, mode, gk = (t["backend"].astype(str).to_numpy(), t["mode"].to_numpy(), np.asarray(groups))
-    grid = StackTerms(queue_share=QUEUE_SHARES[:, None, None], fixed_latency_s=FIXED_LATENCIES[None, :, None])
-    service, transfer, wave, floor = (t[c].to_numpy(dtype=float)[None, None, :]
-                                      for c in ("prefill_s", "transfer_s", "wave_s", "wait_floor_s"))
-    pred = closed_loop_ttft(service, transfer, wave, grid, floor)  # every row at every (xi, tau)
-    err = np.abs(np.log(pred / t["measured_ttft_s"].to_numpy()[None, None, :]))
-    for f, m in sorted(set(zip(fw, mode, strict=True))):
-        rows = np.flatnonzero((fw == f) & (mode == m))
-        fit_rows = train & (fw == f) & (mode == m)
-        if len(np.unique(gk[fit_rows])) < MIN_SWEEPS:
-            fit_rows = train & (fw == f)
-        total = err[:, :, fit_rows].sum(axis=-1)
-        if fit_rows.any():
-            i, j = np.unravel_index(np.argmin(total), total.shape)
-            fits[f"{f}|{m}"] = {"terms": StackTerms(queue_share=float(QUEUE_SHARES[i]),
-                                                     fixed_latency_s=float(FIXED_LATENCIES[j])),
-                                "rows": int(fit_rows.sum()), "sweeps": len(np.unique(gk[fit_rows]))}
-            in_sample.iloc[rows] = pred[i, j, rows]
-        else:
-            in_sample.iloc[rows] = pred[0, 0, rows]
-        for name in np.unique(gk[rows]):
-            mine = rows[gk[rows] == name]
-            rest_rows = fit_rows & (gk != name)
-            rest = err[:, :, rest_rows].sum(axis=-1)
-            i, j = np.unravel_index(np.argmin(rest), rest.shape) if rest_rows.any() else (0, 0)
-            loo.iloc[mine] = pred[i, j, mine]
-    return fits, in_sample, loo
+    fw, mode = t["backend"].astype(str).to_numpy(), t["mode"].to_numpy()
+    service, transfer, wave, floor = (t[c].to_numpy(dtype=float) for c in ("prefill_s", "transfer_s", "wave_s",
+                                                                           "wait_floor_s"))
+    measured = t["measured_ttft_s"].to_numpy(dtype=float)
+    keys = [fw, mode, train, *(np.asarray(g) for g in group_sets)]
+    cell = pd.MultiIndex.from_arrays(keys).factorize()[0] if len(t) else np.zeros(0, dtype=np.int64)
+    order = np.argsort(cell, kind="stable")
+    first = np.flatnonzero(np.r_[True, cell[order][1:] != cell[order][:-1]]) if len(t) else np.zeros(0, int)
+    sums = np.zeros((len(first), len(QUEUE_SHARES) * len(FIXED_LATENCIES)))  # per cell, its rows' errors summed
+    step = max(1, STACK_CHUNK // sums.shape[1])
+    for lo in range(0, len(t), step):  # every row at every (xi, tau), its rows in cell order
+        r = order[lo:lo + step]
+        # `closed_loop_ttft`, operation for operation, at every grid point
+        pred = (service[r, None] + np.maximum(QUEUE_SHARES[None, :] * wave[r, None], floor[r, None])
+                + transfer[r, None])[:, :, None] + FIXED_LATENCIES[None, None, :]
+        err = np.abs(np.log(pred / measured[r, None, None])).reshape(len(r), -1)
+        starts = first[(first >= lo) & (first < lo + len(r))] - lo
+        if not len(starts) or starts[0]:  # a cell begun in the previous chunk
+            starts = np.r_[0, starts]
+        part = np.add.reduceat(err, starts, axis=0)
+        at = cell[r[starts]]
+        sums[at] += part
+    cell_fw, cell_mode, cell_train = fw[order[first]], mode[order[first]], train[order[first]]
+    out = []
+    for g in group_sets:
+        gk = np.asarray(g)
+        cell_group = gk[order[first]]
+        fits, in_sample, loo = {}, np.full(len(t), np.nan), np.full(len(t), np.nan)
+
+        def predict(rows: np.ndarray, i: int, j: int) -> np.ndarray:
+            return closed_loop_ttft(service[rows], transfer[rows], wave[rows],
+                                    StackTerms(queue_share=QUEUE_SHARES[i], fixed_latency_s=FIXED_LATENCIES[j]),
+                                    floor[rows])
+
+        def best(cells: np.ndarray) -> tuple[int, int] | None:
+            if not cells.any():
+                return None
+            return np.unravel_index(np.argmin(sums[cells].sum(axis=0)), (len(QUEUE_SHARES), len(FIXED_LATENCIES)))
+
+        for f, m in sorted(set(zip(fw, mode, strict=True))):
+            rows = np.flatnonzero((fw == f) & (mode == m))
+            fit_cells, fit_rows = cell_train & (cell_fw == f) & (cell_mode == m), train & (fw == f) & (mode == m)
+            if len(np.unique(cell_group[fit_cells])) < MIN_SWEEPS:
+                fit_cells, fit_rows = cell_train & (cell_fw == f), train & (fw == f)
+            ij = best(fit_cells)
+            if ij is not None:
+                fits[f"{f}|{m}"] = {"terms": StackTerms(queue_share=float(QUEUE_SHARES[ij[0]]),
+                                                         fixed_latency_s=float(FIXED_LATENCIES[ij[1]])),
+                                    "rows": int(fit_rows.sum()), "sweeps": len(np.unique(cell_group[fit_cells]))}
+            in_sample[rows] = predict(rows, *(ij or (0, 0)))
+            for name in np.unique(gk[rows]):
+                mine = rows[gk[rows] == name]
+                loo[mine] = predict(mine, *(best(fit_cells & (cell_group != name)) or (0, 0)))
+        out.append((fits, pd.Series(in_sample, index=t.index), pd.Series(loo, index=t.index)))
+    return out
 
 
 # ---- the training fits -----------------------------------------------------------------------------------------------
