@@ -627,9 +627,11 @@ def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool
                   f"{e['signed_median']:+.1%}")
     console.print(t)
     if doc["rows_layout_unknown"]:
-        console.print(f"{doc['rows_layout_unknown']:,} row(s) state no worker counts (layout_unknown): read by no "
-                      "fit, predicted on the smallest deployment of their worker sizes, reported apart",
-                      highlight=False)
+        console.print(f"{doc['rows_layout_unknown']:,} row(s) state no layout dse can read as given "
+                      f"(layout_unknown): {doc.get('rows_layout_padded', 0):,} state an attention TP that does not "
+                      "divide the heads beside an attention DP (read with the heads padded); the others "
+                      "state no worker counts and are predicted on the smallest deployment of their worker sizes. "
+                      "Read by no fit, reported apart", highlight=False)
     f = Table(title="By hardware family: median absolute error, leave-group-out and leave-family-out (the family's "
                     "rows predicted by the fits on the other families' rows)", header_style="bold")
     for col in ("family", "n", "frameworks", "TPOT group-out", "TPOT family-out", "TTFT group-out",

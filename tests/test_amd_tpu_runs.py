@@ -40,7 +40,7 @@ def test_every_amd_and_tpu_run_is_mapped_with_its_stated_layout(rows):
     t = runs.table.set_index("id")
     assert {family_of(s) for s in t["system"]} == {"cdna3", "tpu"}
     assert set(t["model"]) == {"deepseek-v3", "qwen3-coder-480b-a35b", "llama-4-maverick", "llama-3.3-70b"}
-    assert (t["workers"] == "stated").all() and (t["kd"] == "bf16").all()  # the file's kv_dtype, not fp8 from the weights
+    assert (t["layout"] == "stated").all() and (t["kd"] == "bf16").all()  # the file's kv_dtype, not fp8 from the weights
     coder = t.loc["mi300x_sglang_qwen3coder480b_tp8_1000x1000_c64"]
     assert (coder["tp"], coder["dp"], coder["ep"], coder["etp"], coder["wd"]) == (8, 1, 2, 4, "fp8")  # --tp 8 --ep 2
     assert group_key(runs.table).nunique() == 6  # five SGLang sweeps and the TPU v6e one

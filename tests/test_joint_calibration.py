@@ -140,5 +140,5 @@ def test_the_catalog_fit_splits_no_decode(serving):
     from dse.validate.runs import map_runs, read_runs_files
 
     t = map_runs(read_runs_files(catalog_runs_files())).table
-    t = t[t["workers"] == "stated"]
+    t = t[t["layout"] == "stated"]
     assert len(t) == len(serving.split) and not serving.split.any()

@@ -268,6 +268,7 @@ class ModelTable:
     vocab: np.ndarray
     kv_elems: np.ndarray
     kv_heads: np.ndarray
+    q_heads: np.ndarray  # attention (query) heads, the unit TP shards attention by
     g_layers: np.ndarray  # (models, MAX_GROUPS)
     g_stored: np.ndarray
     g_window: np.ndarray
@@ -300,6 +301,7 @@ class ModelTable:
             vocab=_f([m.spec.vocab for m in models]),
             kv_elems=_f([m.kv_elems_per_layer for m in models]),
             kv_heads=_f([m.kv_heads for m in models]),
+            q_heads=_f([m.spec.attention.n_heads for m in models]),
             g_layers=_f([groups(m, 0) for m in models]),
             g_stored=_f([groups(m, 1) for m in models]),
             g_window=_f([groups(m, 2) for m in models]),
@@ -636,7 +638,10 @@ class _Gathered:
         self.overhead = (self.n_layers * eff.layer_overhead + self.moe_l * eff.moe_layer_overhead) * self.stretch
         # the parts of each pass's terms that do not depend on its batch, context or phase
         self.dense_flops = 2.0 * (self.p_act - self.routed_active)  # per token
-        self.attn_split = np.where(self.by_seq, 1.0, self.tp)  # TP splits the heads, or the sequences
+        # TP splits the heads (a rank computes ceil(heads / TP) of them: a TP that does not divide the heads, as
+        # measured runs state, pads the busiest rank), or the sequences
+        q_heads = models.q_heads[m]
+        self.attn_split = np.where(self.by_seq, 1.0, q_heads / np.ceil(q_heads / self.tp))
         self.tp_bw = np.where(self.tp <= self.domain, self.su * self.tp_link, self.so)
         self.any_tp = bool((self.tp > 1).any())
         self.ring_share = 2.0 * (self.tp - 1) / self.tp  # a ring all-reduce's bytes per byte reduced

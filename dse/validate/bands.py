@@ -106,7 +106,7 @@ def runs_ratios(paths: list[Path]) -> tuple[Ratios, Ratios]:
     worker counts, per family, and each family's rows predicted by the fits on the other families' rows.
     """
     t = validate_runs(map_runs(read_runs_files(paths))).table
-    t = t[t["workers"] == "stated"].reset_index(drop=True)
+    t = t[t["layout"] == "stated"].reset_index(drop=True)
     fam = np.array([family_of(s) or "" for s in t["system"]], dtype=object)
     known = [f for f in hardware_families() if (fam == f).any()]
     ratio = {(m, kind): 1.0 / (1.0 + t[f"{m}_{kind}_error"].to_numpy()) for m in ("tpot", "ttft")

@@ -79,7 +79,7 @@ def load_serving_rows(path: Path | list[Path], factors: EfficiencyCatalog | None
     """
     t = map_runs(read_runs_files(path if isinstance(path, list | tuple) else [path])).table
     if not t.empty:
-        t = t[t["workers"] == "stated"]
+        t = t[t["layout"] == "stated"]
     if t.empty:
         empty = np.zeros(0)
         terms, split, measured, keys = DecodeTerms(*[empty] * len(DecodeTerms.__dataclass_fields__)), \

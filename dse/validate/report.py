@@ -162,9 +162,10 @@ class RunsValidation:
             worst_rows[m] = w[["id", "model", "system", "backend", "mode", "isl", "osl", "concurrency",
                                f"measured_{m}_s", f"predicted_{m}_s", f"{m}_error", f"{m}_loo_error"]
                               ].to_dict("records")
-        unknown = int((t["workers"] == "unknown").sum()) if "workers" in t else 0
+        unknown = int((t["layout"] != "stated").sum()) if "layout" in t else 0
         return {"rows_given": self.given, "rows_predicted": len(t), "coverage": self.coverage,
                 "rows_layout_unknown": unknown,
+                "rows_layout_padded": int((t["layout"] == "padded").sum()) if "layout" in t else 0,
                 "coverage_stated_layout": (len(t) - unknown) / self.given if self.given else 0.0,
                 "summary": summary(self),
                 "rows_failing_the_memory_check": int((~t["fits"]).sum()) if "fits" in t else 0,
@@ -187,8 +188,8 @@ def _stats(err: pd.Series) -> dict:
 
 
 def _stated(t: pd.DataFrame) -> pd.DataFrame:
-    """The rows that state their layout (every row of a table without the ``workers`` column)."""
-    return t[t["workers"] != "unknown"] if "workers" in t else t
+    """The rows that state their layout (every row of a table without the ``layout`` column)."""
+    return t[t["layout"] == "stated"] if "layout" in t else t
 
 
 def summary(v: RunsValidation) -> list[dict]:
@@ -198,13 +199,14 @@ def summary(v: RunsValidation) -> list[dict]:
     and for TPOT ``loo_family_factors_median_abs_error``, the leave-group-out error with one decode factor set
     per hardware family shared by the frameworks (`family_key`) instead of one per family and framework. The
     categories all, agg and disagg hold the rows that state their layout; ``layout_unknown`` the rows reported
-    apart (`dse.validate.run.validate_runs`: predicted by fits that never read them).
+    apart (``layout`` ``unknown`` or ``padded``; `dse.validate.run.validate_runs`: predicted by fits that never
+    read them).
     """
     out = []
     t = v.table
     for cat in ("all", "agg", "disagg", "layout_unknown"):
         if cat == "layout_unknown":
-            sub = t[t["workers"] == "unknown"] if "workers" in t else t.iloc[:0]
+            sub = t[t["layout"] != "stated"] if "layout" in t else t.iloc[:0]
         else:
             sub = _stated(t) if cat == "all" else _stated(t)[_stated(t)["mode"] == cat]
         for m in METRICS:
@@ -230,17 +232,18 @@ def _band(c: float) -> str:
 
 def partitions(v: RunsValidation) -> dict[str, list[dict]]:
     """Median absolute errors (shipped physics and leave-group-out) of the rows that state their layout by
-    system x mode, model, framework, mode, ISL/OSL and concurrency band, and of every row by whether it states
-    its worker counts (``workers``: a disaggregated row without them is predicted apart, on the smallest
-    deployment of its worker sizes).
+    system x mode, model, framework, mode, ISL/OSL and concurrency band, and of every row by how its layout is known
+    (``layout``: ``stated``; ``unknown``, a disaggregated row without worker counts, predicted apart on the
+    smallest deployment of its worker sizes; ``padded``, an attention TP that does not divide the heads beside a
+    stated attention DP, read with the heads padded and predicted apart).
     """
     t = v.table.assign(isl_osl=v.table["isl"].astype(str) + "/" + v.table["osl"].astype(str),
                        concurrency_band=v.table["concurrency"].map(_band),
                        system_mode=v.table["system"] + " " + v.table["mode"])
     out = {}
-    for by in ("system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band", "workers"):
+    for by in ("system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band", "layout"):
         rows = []
-        for key, g in (t if by == "workers" else _stated(t)).groupby(by, sort=True):
+        for key, g in (t if by == "layout" else _stated(t)).groupby(by, sort=True):
             row = {by: key, "n": len(g)}
             for m in METRICS:
                 row[f"{m}_median_abs_error"] = float(g[f"{m}_error"].abs().median())
@@ -346,8 +349,8 @@ def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
              "measured - 1 with the catalog's calibrated physics; leave-group-out errors (the headline figure) "
              "leave the row's whole concurrency sweep out: TPOT refits the decode pass's efficiency factors per "
              "hardware family and framework on the other sweeps (the summary's loo_family_factors_median_abs_error "
-             "shares one set per family among the frameworks); rows whose layout is unknown (layout_unknown) are read "
-             "by no fit and reported apart; TTFT is the "
+             "shares one set per family among the frameworks); rows whose layout is unknown or padded "
+             "(layout_unknown) are read by no fit and reported apart; TTFT is the "
              "optimizer's request-level physics in a closed loop at the row's concurrency (one prompt's prefill, "
              "plus a share of the wave of other requests in flight queued ahead of it, plus the KV hand-off, plus "
              "the serving stack's fixed latency), the stack's share and latency refitted per (framework, mode) on "

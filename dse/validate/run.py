@@ -28,7 +28,9 @@ groups out and predicts the group left out from fits on the others:
   with 4 or more concurrencies), at a slope of a fraction of one prompt's prefill per request in flight: the wave.
 - Leave-family-out: each hardware family's rows predicted by the fits on the other families' rows (the error
   of a family with no measured runs of its own: the band of `dse.validate.bands` for such a family).
-- Rows whose layout the file leaves unknown (a disaggregated row without worker counts) are read by no fit and
+- Rows whose layout the file leaves unknown (a disaggregated row without worker counts) or states against what
+  frameworks document (attention TP that does not divide the heads beside a stated attention DP: read with the heads
+  padded) are read by no fit and
   reported apart (the summary's ``layout_unknown``): a layout guessed for want of data neither calibrates nor
   judges the physics.
 """
@@ -105,14 +107,16 @@ def validate_runs(runs: Runs) -> RunsValidation:
     ``ttft_lfo_error``): the decode factors per framework and the stacks' terms per (framework, mode) fitted on the
     rows of the other families, each family's rows predicted by them.
 
-    Rows whose layout is unknown (``workers``: a disaggregated row without worker counts, predicted on the
-    smallest deployment of its worker sizes) are read by no fit: they are predicted by the fits on the rows that
-    state their layout (out of sample by construction, so their leave-group-out error is that prediction's).
+    Rows whose layout is not stated (``layout``: ``unknown``, a disaggregated row without worker counts,
+    predicted on the smallest deployment of its worker sizes; ``padded``, a row whose attention TP does not divide
+    the heads beside a stated attention DP, read as stated with the heads padded) are read by no fit: they are
+    predicted by the fits on the rows that state their layout (out of sample by construction, so their
+    leave-group-out error is that prediction's).
     """
     t = runs.table.copy()
     if t.empty:
         return RunsValidation(t, {}, runs.skipped, runs.given)
-    apart = (t["workers"] == "unknown").to_numpy()
+    apart = (t["layout"] != "stated").to_numpy()
     parts, scales, family_fits = [], {}, ({}, {})
     if (~apart).any():
         stated, scales, family_fits = _validate_stated(t[~apart])

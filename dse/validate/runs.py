@@ -17,8 +17,12 @@ the physics (`dse.physics.serving`):
 - Layout (agg, and each pool of disagg): attention runs as ``tp_size`` x ``attention_dp_size`` and experts
   as ``moe_ep_size`` x ``moe_tp_size`` over the same chips (the two products must agree; a dense model has
   no expert split), ``pp_size`` stages. A missing degree is 1. Attention TP must divide the model's heads (no
-  framework runs it otherwise, and `dse evaluate` refuses it): where it does not and attention DP is left
-  empty, the chips run attention DP; where attention DP is stated, the row contradicts itself and is skipped.
+  framework documents sharding them otherwise, and `dse evaluate` refuses it): where it does not and attention
+  DP is left empty, the chips ran attention DP. Where attention DP is stated as well, the row is read as
+  stated with the heads padded (the busiest rank computes ceil(heads / TP) of them, its KV whole where the
+  model has fewer KV heads than ranks); its ``layout`` is ``padded`` and it is reported apart with the rows
+  whose layout is unknown (no fit reads it): on the measured runs these rows' TPOT rises far less with the
+  concurrency than one replica of that layout allows, so the stated layout is in doubt.
 - agg: ``batch_size`` is the configured sequences per attention-DP rank, so a replica holds
   batch_size x attention_dp_size sequences; a concurrency above that is spread over
   concurrency / (batch_size x attention_dp_size) replicas. Each replica is `aggregated` at its share of
@@ -27,7 +31,7 @@ the physics (`dse.physics.serving`):
   ``decode_num_workers`` decode replicas share the requests in flight that are past their prefill: of C in
   flight, lambda TTFT are queued, prefilling or handing off their KV (`decode_share_closed_loop`, Little's law
   over both stages); the closed loop gives the request rate, and with it the prefill queueing in TTFT.
-  A disaggregated row that leaves a worker count empty states no deployment: ``workers`` is ``unknown`` and
+  A disaggregated row that leaves a worker count empty states no deployment: ``layout`` is ``unknown`` and
   the row is predicted on the smallest one its pools' sizes allow (one prefill and one decode worker), apart
   from the rows that state their layout (`dse.validate.run.validate_runs`: no fit reads it and its errors are
   reported on their own). On the measured runs these are 637 rows that leave the worker counts and the
@@ -296,25 +300,31 @@ def nothing_predicted(path: Path, runs: Runs) -> str:
             f"{'' if len(runs.skipped) == 1 else 's'} skipped: {shown}{more}")
 
 
-def _layout(r: dict, prefix: str, moe: bool, heads: int) -> tuple[int, int, int, int, int] | str:
-    """(tp, dp, ep, etp, pp) of one worker, or the reason it is not a dse layout."""
+def _layout(r: dict, prefix: str, moe: bool, heads: int) -> tuple[tuple[int, int, int, int, int], str] | str:
+    """((tp, dp, ep, etp, pp), how the layout is read: ``stated`` or ``padded``) of one worker, or the reason it is
+    not a dse layout.
+    """
     def deg(name: str) -> int:
         v = r.get(prefix + name)
         return 1 if v is None or not np.isfinite(v) or v < 1 else int(v)
     tp, dp, pp = deg("tp_size"), deg("attention_dp_size"), deg("pp_size")
     ep, etp = deg("moe_ep_size"), deg("moe_tp_size")
+    known = "stated"
     if heads % tp:
-        if np.isfinite(r.get(prefix + "attention_dp_size", np.nan)):  # stated: the row contradicts itself
-            return (f"attention TP{tp} does not divide the model's {heads} heads (no framework runs it) and "
-                    f"attention DP is stated as {dp}")
-        tp, dp = 1, tp  # DP not stated: the run used attention DP over those chips
+        # Attention TP that does not divide the heads: where attention DP is left empty the chips ran attention
+        # DP (the row's only documented reading); where it is stated the row keeps its layout, the busiest rank
+        # computing ceil(heads / TP) heads (`dse.physics.roofline`), and is reported apart (``padded``)
+        if np.isfinite(r.get(prefix + "attention_dp_size", np.nan)):
+            known = "padded"
+        else:
+            tp, dp = 1, tp * dp
     chips = tp * dp
     if not moe:
-        return tp, dp, 1, chips, pp
+        return (tp, dp, 1, chips, pp), known
     if ep * etp != chips:
         return (f"expert layout EP{ep} x TP{etp} = {ep * etp} chips does not match attention TP{tp} x DP{dp} = "
                 f"{chips} chips")
-    return tp, dp, ep, etp, pp
+    return (tp, dp, ep, etp, pp), known
 
 
 def map_runs(raw: pd.DataFrame) -> Runs:
@@ -357,7 +367,7 @@ def map_runs(raw: pd.DataFrame) -> Runs:
             skip(f"ISL + OSL = {int(r['isl'] + r['osl']):,} exceeds {model}'s trained window")
             continue
         row = {"id": r["id"], "model": model, "system": system, "backend": r.get("backend", ""), "mode": r["mode"],
-               "workers": "stated", "sweep": r.get("sweep") or "",
+               "layout": "stated", "sweep": r.get("sweep") or "",
                "isl": int(r["isl"]), "osl": int(r["osl"]), "wd": wd, "ed": ed, "kd": kd,
                "measured_ttft_s": r["silicon_ttft_ms"] / 1e3, "measured_tpot_s": r["silicon_tpot_ms"] / 1e3}
         if r["mode"] == "agg":
@@ -365,7 +375,7 @@ def map_runs(raw: pd.DataFrame) -> Runs:
             if isinstance(lay, str):
                 skip(lay)
                 continue
-            tp, dp, ep, etp, pp = lay
+            (tp, dp, ep, etp, pp), row["layout"] = lay
             per_rank = r["batch_size"] if np.isfinite(r["batch_size"]) and r["batch_size"] >= 1 else np.nan
             conc = r["concurrency"] if np.isfinite(r["concurrency"]) and r["concurrency"] >= 1 else per_rank * dp
             if not np.isfinite(conc):
@@ -380,9 +390,10 @@ def map_runs(raw: pd.DataFrame) -> Runs:
             if isinstance(pre, str) or isinstance(dec, str):
                 skip(f"{'prefill' if isinstance(pre, str) else 'decode'} pool: {pre if isinstance(pre, str) else dec}")
                 continue
+            (pre, pre_known), (dec, dec_known) = pre, dec
             pw, dw = r["prefill_num_workers"], r["decode_num_workers"]
             stated = np.isfinite(pw) and pw >= 1 and np.isfinite(dw) and dw >= 1
-            row["workers"] = "stated" if stated else "unknown"
+            row["layout"] = "unknown" if not stated else "stated" if pre_known == dec_known == "stated" else "padded"
             if not stated:  # no deployment stated: the smallest one of the stated worker sizes, predicted apart
                 pw = dw = 1.0
             conc = r["concurrency"]
@@ -404,7 +415,7 @@ def map_runs(raw: pd.DataFrame) -> Runs:
 def family_key(table: pd.DataFrame) -> pd.Series:
     """What the catalog's decode factors are shared by (`dse validate --fit`): the hardware family (the system
     where it has none), whichever the mode (a decode pass runs the same kernels whether or not prefill runs
-    elsewhere; the request level adds the interference). Rows whose layout is unknown (``workers``) calibrate
+    elsewhere; the request level adds the interference). Rows whose layout is not stated (``layout``) calibrate
     nothing: the fits never read them.
     """
     return pd.Series([family_of(s) or s for s in table["system"]], index=table.index)

@@ -22,7 +22,7 @@ def stack_rows(t: pd.DataFrame) -> np.ndarray:
     """The rows the stack's terms are fitted on: those whose layout the file states (a disaggregated row whose
     worker counts the file leaves empty has an unknown number of requests per prefill server, and so an unknown wave).
     """
-    return (t["workers"] == "stated").to_numpy()
+    return (t["layout"] == "stated").to_numpy()
 
 
 def fit_stack_files(paths: list[Path]) -> tuple[dict, pd.DataFrame]:
