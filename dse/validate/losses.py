@@ -66,15 +66,37 @@ def term_rows(d: DecodeTerms) -> np.ndarray:
 
 
 def loss_of(d: DecodeTerms, measured: np.ndarray) -> Callable[[np.ndarray], float]:
-    """The loss of one fit on all of its rows, as a function of the factors ``f`` (`FACTORS` x 1): sum
-    |log(TPOT / measured)|, summed as numpy sums it.
+    """The loss of one fit on all of its rows, as a function of the factors ``f`` (`FACTORS`, or `FACTORS` x 1):
+    sum |log(TPOT / measured)|, summed as numpy sums it. `log_tpot`'s operations on one factor set, into buffers
+    made once (a fit evaluates its loss thousands of times on a few hundred rows: the calls, not the arithmetic,
+    are its cost).
     """
-    terms, log_measured = term_rows(d)[:, None, :], np.log(measured)[None, :]
+    t, log_measured = term_rows(d), np.log(measured)
+    comm = t[0]
+    work = np.empty((len(PRODUCTS), t.shape[1]))
+    a, b, c = np.empty(t.shape[1]), np.empty(t.shape[1]), np.empty(t.shape[1])
+    curves, sums = work[2:4], np.empty((2, t.shape[1]))
+    products, shares, link = _PRODUCT_FACTORS, _SHARES, _LINK
 
     def loss(f: np.ndarray) -> float:
-        err = log_tpot(terms, f)
-        np.subtract(err, log_measured, out=err)
-        return float(np.abs(err, out=err).sum())
+        f = f.reshape(-1)
+        np.multiply(t[3:9], f[products][:, None], out=work)  # layer, scale-up, curves (2), MoE, scale-out
+        np.divide(comm, f[link], out=a)
+        np.add(a, work[1], out=a)
+        np.add(a, work[5], out=a)  # comm / link + n_u lat_u + n_o lat_o
+        np.add(t[1:3], curves, out=sums)  # C + G n_g, M + A n_a
+        np.divide(sums, f[shares][:, None], out=sums)  # compute, memory
+        np.add(work[0], work[4], out=c)  # L o_l + E o_e
+        np.maximum(sums[0], sums[1], out=b)
+        np.minimum(a, b, out=sums[1])
+        np.maximum(b, a, out=b)
+        np.multiply(t[9], sums[1], out=sums[1])
+        np.add(b, sums[1], out=b)
+        np.add(b, c, out=b)
+        np.multiply(b, t[10], out=b)
+        np.log(b, out=b)
+        np.subtract(b, log_measured, out=b)
+        return float(np.abs(b, out=b).sum())
 
     return loss
 

@@ -295,8 +295,10 @@ SCATTER_MARGINS = {"left": 0.11, "right": 0.97, "bottom": 0.09, "top": 0.94}
 without laying the text out twice."""
 
 
-def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
-    """validate_runs.csv, summary.json, predicted-vs-measured scatters (log-log) and report.html."""
+def write_runs_report(v: RunsValidation, folder: Path, doc: dict | None = None) -> list[str]:
+    """validate_runs.csv, summary.json, predicted-vs-measured scatters (log-log) and report.html; ``doc``:
+    ``v.as_dict()`` where the caller has it already.
+    """
     import base64
     import html
     import json
@@ -308,7 +310,7 @@ def write_runs_report(v: RunsValidation, folder: Path) -> list[str]:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    doc = v.as_dict()
+    doc = v.as_dict() if doc is None else doc
     v.table.to_csv(folder / "validate_runs.csv", index=False)
     (folder / "summary.json").write_text(json.dumps(doc, indent=2, default=float))
     files = ["validate_runs.csv", "summary.json"]
