@@ -599,8 +599,9 @@ def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool
             raise InputError(f"{cases[0]}: --fit refits the YAML cases' efficiencies; a CSV of measured runs is "
                              "always cross-validated by leaving whole concurrency sweeps out (drop --fit)")
         v = validate_file(cases)
+        doc = v.as_dict()
         target = out or Path("results") / "validate_runs"
-        files = write_runs_report(v, target)
+        files = write_runs_report(v, target, doc)
         results = [c for c in cases if c.suffix.lower() != ".csv"]
         if results:  # benchmarks' results: their runs in the measured-runs columns, to keep
             from dse.validate.run import read_measured
@@ -610,7 +611,6 @@ def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool
             files.append("runs.csv")
     except InputError as exc:
         _fail(exc)
-    doc = v.as_dict()
     if as_json:
         typer.echo(json.dumps(_finite(doc), indent=2, default=float))
         return

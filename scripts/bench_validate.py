@@ -95,7 +95,7 @@ def main() -> None:
     if not args.no_count:
         doc.update(count_fits(args.cases))
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(doc, indent=2, default=int))
         return
     for key, value in doc.items():
         print(f"{key}: {value}")

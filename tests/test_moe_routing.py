@@ -74,3 +74,21 @@ def test_one_group_or_a_dense_model_has_no_straggler_and_large_batches_balance()
     # a batch-1 decode on EP 32 with 8 experts per GPU: a token's 8 experts reach 7.1 of the 32 GPUs
     # (32 (1 - (31/32)^8)); the busiest one reads at least one whole expert against a mean of 1/4
     assert float(touched_f[0]) * 8 * (8 / 256) >= 1.0
+
+
+def test_the_exact_sum_is_the_same_whichever_path_takes_its_rows():
+    """`_exact_sum` computes up to EXACT_ROWS rows at once and more one j at a time: the same rows give the same
+    sums to the last bit either way (each row's operations are its own)."""
+    from dse.physics.roofline import EXACT_MEAN, EXACT_ROWS, _exact_sum
+
+    rng = np.random.default_rng(7)
+    k = EXACT_ROWS // 2
+    n = rng.integers(2, 300, k).astype(float)
+    trials = np.floor(rng.uniform(1, 2000, k))
+    p = np.minimum(rng.uniform(0, 1, k) * EXACT_MEAN / trials, 0.5)
+    mean = trials * p
+    bound = np.minimum(np.ceil(mean + 10 * np.sqrt(mean * (1 - p)) + 10), trials)
+    for complement in (False, True):
+        alone = _exact_sum(n, trials, p, bound, complement)
+        among = _exact_sum(*(np.tile(a, 3) for a in (n, trials, p, bound)), complement)  # 3k > EXACT_ROWS rows
+        assert np.array_equal(alone, among[:k])

@@ -395,3 +395,58 @@ def test_the_split_passes_predicted_with_the_unsplit_ones_are_their_own():
     one, two = predict_runs_split(t, split)
     pd.testing.assert_frame_equal(one, predict_runs(t), check_exact=True)
     pd.testing.assert_frame_equal(two, predict_runs(t[split], two_batch=True), check_exact=True)
+
+
+def test_the_stack_fit_per_cell_is_the_grid_argmin_written_out():
+    """`fit_stack_sets` sums the rows' grid errors per cell; written out here as the mean |log error| of every
+    (xi, tau) over the training rows of each fit (and of each left-out group), its terms and predictions are the
+    argmin's, for two partitions at once, at each level of `stack_levels` (a model's own terms where its training
+    rows span two groups, else its framework and mode's, else its framework's)."""
+    from dse.catalog.frameworks import StackTerms
+    from dse.physics.serving import closed_loop_ttft
+    from dse.validate.fit import FIXED_LATENCIES, MIN_SWEEPS, QUEUE_SHARES, fit_stack_sets
+
+    rng = np.random.default_rng(3)
+    n = 60
+    t = pd.DataFrame({"backend": rng.choice(["sglang", "vllm"], n), "mode": rng.choice(["agg", "disagg"], n),
+                      "model": rng.choice(["m1", "m2", "m3"], n, p=[0.6, 0.35, 0.05]),
+                      "prefill_s": rng.uniform(0.05, 0.5, n), "transfer_s": rng.uniform(0, 0.02, n),
+                      "wave_s": rng.uniform(0, 2, n), "wait_floor_s": rng.uniform(0, 0.3, n)})
+    t["measured_ttft_s"] = t["prefill_s"] + 0.3 * t["wave_s"] + 0.1 + rng.normal(0, 0.05, n) ** 2
+    sweeps = pd.Series(rng.choice(list("abcdef"), n))
+    halves = pd.Series(rng.choice(["x", "y"], n))
+    train = rng.random(n) < 0.8
+    got = fit_stack_sets(t, [sweeps, halves], train)
+    cols = [t[c].to_numpy() for c in ("prefill_s", "transfer_s", "wave_s")]
+
+    def argmin(rows: np.ndarray) -> tuple[float, float]:  # every (xi, tau) of the grids, the first least
+        xi, tau = QUEUE_SHARES[:, None, None], FIXED_LATENCIES[None, :, None]
+        s, k, w, floor = (t[c].to_numpy()[rows] for c in ("prefill_s", "transfer_s", "wave_s", "wait_floor_s"))
+        pred = s + np.maximum(xi * w, floor) + k + tau
+        err = np.abs(np.log(pred / t["measured_ttft_s"].to_numpy()[rows])).sum(axis=-1)
+        i, j = divmod(int(np.argmin(err)), len(FIXED_LATENCIES))
+        return float(QUEUE_SHARES[i]), float(FIXED_LATENCIES[j])
+
+    fw, mode, model = t["backend"].to_numpy(), t["mode"].to_numpy(), t["model"].to_numpy()
+    levels_used = set()
+    for groups, (fits, in_sample, loo) in zip((sweeps, halves), got, strict=True):
+        g = groups.to_numpy()
+        for f, m, md in set(zip(fw, mode, model, strict=True)):
+            masks = [train & (fw == f) & (mode == m) & (model == md), train & (fw == f) & (mode == m),
+                     train & (fw == f)]
+            own = [k for k, r in enumerate(masks) if k == 2 or len(np.unique(g[r])) >= MIN_SWEEPS]
+            levels_used.add(own[0])
+            fit_rows = masks[own[0]]
+            key = (f"{f}|{m}|{md}", f"{f}|{m}", f)[own[0]]
+            terms = fits[key]["terms"]
+            assert (terms.queue_share, terms.fixed_latency_s) == argmin(fit_rows)
+            rows = (fw == f) & (mode == m) & (model == md)
+            for name in np.unique(g[rows]):
+                mine = rows & (g == name)
+                rest = next(r for r in (masks[k] & (g != name) for k in own) if r.any())
+                xi, tau = argmin(rest)
+                expected = closed_loop_ttft(*(c[mine] for c in cols), StackTerms(queue_share=xi, fixed_latency_s=tau),
+                                            t["wait_floor_s"].to_numpy()[mine])
+                assert np.allclose(loo[mine], expected, rtol=1e-12)
+            assert np.all(np.isfinite(in_sample[rows]))
+    assert levels_used == {0, 1}  # models with terms of their own and models that take their framework and mode's

@@ -88,20 +88,30 @@ def wait_cdf(x: np.ndarray, rho: np.ndarray) -> np.ndarray:
     where rho x <= EXACT_RHO_X, the Cramer-Lundberg tail beyond.
     """
     x, rho = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(rho, dtype=np.float64))
+    return _wait_cdf(x, rho, *tail(rho))
+
+
+def _wait_cdf(x: np.ndarray, rho: np.ndarray, y: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """`wait_cdf` with the tail's (y, C) of ``rho`` given (a bisection at fixed rho computes them once). The
+    closed form's j-th term is nonzero where x >= j only: each term is computed on those entries alone (sorted by
+    x, a prefix), the same operations on the same values as over the whole array.
+    """
     x = np.maximum(x, 0.0)
     exact = rho * x <= EXACT_RHO_X
-    xe = np.where(exact, x, 0.0)
-    k_max = int(np.floor(xe.max())) if xe.size else 0
-    total = np.zeros_like(xe)
+    xe = np.where(exact, x, 0.0).ravel()
+    order = np.argsort(-xe, kind="stable")
+    xs, rs = xe[order], rho.ravel()[order]
+    k_max = int(np.floor(xs[0])) if xs.size else 0
+    total = np.zeros_like(xs)
     for j in range(k_max + 1):
-        d = xe - j
-        on = d >= 0
-        term = np.where(on, (-rho * d) ** j / math.factorial(j) * np.exp(rho * np.where(on, d, 0.0)), 0.0)
-        total = total + term
-    y, c = tail(rho)
+        n = int(np.searchsorted(-xs, -float(j), side="right"))  # the entries with x >= j
+        d, r = xs[:n] - j, rs[:n]
+        total[:n] = total[:n] + (-r * d) ** j / math.factorial(j) * np.exp(r * d)
+    closed = np.empty_like(total)
+    closed[order] = total
     with np.errstate(over="ignore", invalid="ignore"):
         approx = 1.0 - c * np.exp(-y * x)
-    return np.where(exact, np.clip((1.0 - rho) * total, 0.0, 1.0), approx)
+    return np.where(exact, np.clip((1.0 - rho) * closed.reshape(x.shape), 0.0, 1.0), approx)
 
 
 def _quantile_direct(q: float, rho: np.ndarray) -> np.ndarray:
@@ -112,14 +122,14 @@ def _quantile_direct(q: float, rho: np.ndarray) -> np.ndarray:
         guess = np.log(np.maximum(c, 1e-300) / (1.0 - q)) / y
     hi = np.maximum(np.where(np.isfinite(guess), 2.0 * guess, 1.0), 1.0) + 1.0
     for _ in range(8):  # widen until the bracket holds the quantile
-        short = wait_cdf(hi, rho) < q
+        short = _wait_cdf(hi, rho, y, c) < q
         if not short.any():
             break
         hi = np.where(short, 2.0 * hi, hi)
     lo = np.zeros_like(hi)
     for _ in range(BISECTION_STEPS):
         mid = 0.5 * (lo + hi)
-        below = wait_cdf(mid, rho) < q
+        below = _wait_cdf(mid, rho, y, c) < q
         lo = np.where(below, mid, lo)
         hi = np.where(below, hi, mid)
     return np.where(1.0 - rho >= q, 0.0, hi)

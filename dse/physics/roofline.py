@@ -134,21 +134,39 @@ def expected_max_binomial(n: object, trials: object, q: object) -> np.ndarray:
     return out.reshape(shape)
 
 
+EXACT_ROWS = 256
+"""Up to this many rows `_exact_sum` computes every row's terms at once (j x rows); past it, one j at a time over
+the rows still in support (the Python loop's fixed cost then matters less than the padding's arithmetic)."""
+
+
 def _exact_sum(n: np.ndarray, trials: np.ndarray, p: np.ndarray, bound: np.ndarray, complement: bool) -> np.ndarray:
     """`expected_max_binomial`'s exact sum over j = 0 .. ``bound`` of 1 - F(j)^n for Binomial(trials, p) counts,
     or with ``complement`` of (1 - F(j))^n (the expected maximum is then trials less it).
+
+    Either way the same operations in the same order on each row: the pmf by the running product of its ratios
+    pmf(j) / pmf(j - 1), the CDF and the sum by running sums (numpy's accumulate adds left to right, as the loop
+    does; the terms past a row's bound are zero, which adds nothing).
     """
+    def term(c: np.ndarray, nn: np.ndarray) -> np.ndarray:
+        c = np.minimum(c, 1.0)
+        return (1.0 - c) ** nn if complement else 1.0 - c ** nn
+
+    if len(n) <= EXACT_ROWS:
+        j = np.arange(int(bound.max()) + 1 if len(n) else 1, dtype=np.float64)[:, None]
+        steps = np.empty((len(j), len(n)))
+        steps[0] = np.exp(trials * np.log1p(-p))
+        steps[1:] = np.maximum(trials - j[1:] + 1.0, 0.0) / j[1:] * (p / (1.0 - p))
+        terms = term(np.cumsum(np.cumprod(steps, axis=0), axis=0),
+                     np.repeat(n[None, :], len(j), axis=0))  # contiguous, as the loop's power reads it
+        terms[j > bound] = 0.0
+        return np.cumsum(terms, axis=0)[-1]
     order = np.argsort(bound, kind="stable")  # the loop below narrows to the counts still in support
     jb = bound[order]
     nn, m_, p = n[order], trials[order], p[order]
     pmf = np.exp(m_ * np.log1p(-p))
     cdf = pmf.copy()
 
-    def term(c: np.ndarray, s: slice) -> np.ndarray:
-        c = np.minimum(c, 1.0)
-        return (1.0 - c) ** nn[s] if complement else 1.0 - c ** nn[s]
-
-    total = term(cdf, slice(None))
+    total = term(cdf, nn)
     ratio = p / (1.0 - p)
     start = 0
     for j in range(1, int(jb[-1]) + 1):
@@ -157,7 +175,7 @@ def _exact_sum(n: np.ndarray, trials: np.ndarray, p: np.ndarray, bound: np.ndarr
         s = slice(start, None)
         pmf[s] *= np.maximum(m_[s] - j + 1.0, 0.0) / j * ratio[s]
         cdf[s] += pmf[s]
-        total[s] += term(cdf[s], s)
+        total[s] += term(cdf[s], nn[s])
     out = np.empty_like(total)
     out[order] = total
     return out

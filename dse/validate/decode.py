@@ -171,6 +171,13 @@ class TpotPasses:
     batch: pd.Series
     split_batch: pd.Series
 
+    def take(self, rows: np.ndarray) -> TpotPasses:
+        """The passes of the rows ``rows`` (positions)."""
+        return TpotPasses(*(getattr(self, k)[rows] for k in ("unsplit_tpot", "split_tpot", "log_error",
+                                                              "split_log_error", "eligible", "fw_mode", "groups")),
+                          {k: v[rows] for k, v in self.catalog.items()}, self.unsplit.take(rows),
+                          self.split.take(rows), self.batch.iloc[rows], self.split_batch.iloc[rows])
+
     def terms_for(self, split: np.ndarray) -> DecodeTerms:
         """The terms with the rows of ``split`` (among the eligible) run as two micro-batches."""
         return _pick(self.unsplit, self.split, split & self.eligible)

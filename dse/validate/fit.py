@@ -486,46 +486,91 @@ def fit_stack(t: pd.DataFrame, groups: pd.Series, train: np.ndarray | None = Non
     left out of its key's rows (a key left with no training row gives way to the next; none: no stack terms, the
     engine alone).
     """
-    fits, in_sample, loo = {}, pd.Series(np.nan, index=t.index), pd.Series(np.nan, index=t.index)
+    return fit_stack_sets(t, [groups], train)[0]
+
+
+STACK_CHUNK = 1 << 20
+"""Grid entries (rows x xi x tau) `fit_stack_sets` evaluates at once."""
+
+
+def fit_stack_sets(t: pd.DataFrame, group_sets: list[pd.Series], train: np.ndarray | None = None,
+                   ) -> list[tuple[dict, pd.Series, pd.Series]]:
+    """`fit_stack` with each partition of ``group_sets``, the rows' errors on the grids computed once: summed per
+    cell (framework, mode, model, training or not, and group of each partition), a fit's total is the sum of its
+    cells and a left-out group's the total less the group's cells.
+    """
     train = np.ones(len(t), dtype=bool) if train is None else np.asarray(train, dtype=bool)
     fw, mode, model = (t[c].astype(str).to_numpy() for c in ("backend", "mode", "model"))
-    gk = np.asarray(groups)
-    grid = StackTerms(queue_share=QUEUE_SHARES[:, None, None], fixed_latency_s=FIXED_LATENCIES[None, :, None])
-    service, transfer, wave, floor = (t[c].to_numpy(dtype=float)[None, None, :]
-                                      for c in ("prefill_s", "transfer_s", "wave_s", "wait_floor_s"))
-    pred = closed_loop_ttft(service, transfer, wave, grid, floor)  # every row at every (xi, tau)
-    err = np.abs(np.log(pred / t["measured_ttft_s"].to_numpy()[None, None, :]))
-    masks = {}
-    for f, m, md in set(zip(fw, mode, model, strict=True)):
-        for key, mask in zip(stack_levels(f, m, md), ((fw == f) & (mode == m) & (model == md), (fw == f) & (mode == m),
-                                                      fw == f), strict=True):
-            masks.setdefault(key, mask & train)
+    service, transfer, wave, floor = (t[c].to_numpy(dtype=float) for c in ("prefill_s", "transfer_s", "wave_s",
+                                                                           "wait_floor_s"))
+    measured = t["measured_ttft_s"].to_numpy(dtype=float)
+    keys = [fw, mode, model, train, *(np.asarray(g) for g in group_sets)]
+    cell = pd.MultiIndex.from_arrays(keys).factorize()[0] if len(t) else np.zeros(0, dtype=np.int64)
+    order = np.argsort(cell, kind="stable")
+    first = np.flatnonzero(np.r_[True, cell[order][1:] != cell[order][:-1]]) if len(t) else np.zeros(0, int)
+    sums = np.zeros((len(first), len(QUEUE_SHARES) * len(FIXED_LATENCIES)))  # per cell, its rows' errors summed
+    step = max(1, STACK_CHUNK // sums.shape[1])
+    for lo in range(0, len(t), step):  # every row at every (xi, tau), its rows in cell order
+        r = order[lo:lo + step]
+        # `closed_loop_ttft`, operation for operation, at every grid point
+        pred = (service[r, None] + np.maximum(QUEUE_SHARES[None, :] * wave[r, None], floor[r, None])
+                + transfer[r, None])[:, :, None] + FIXED_LATENCIES[None, None, :]
+        err = np.abs(np.log(pred / measured[r, None, None])).reshape(len(r), -1)
+        starts = first[(first >= lo) & (first < lo + len(r))] - lo
+        if not len(starts) or starts[0]:  # a cell begun in the previous chunk
+            starts = np.r_[0, starts]
+        part = np.add.reduceat(err, starts, axis=0)
+        at = cell[r[starts]]
+        sums[at] += part
+    head = order[first]
+    cell_fw, cell_mode, cell_model, cell_train = fw[head], mode[head], model[head], train[head]
+    pairs = sorted(set(zip(fw, mode, model, strict=True)))
 
-    def best(rows: np.ndarray) -> tuple[int, int]:
-        total = err[:, :, rows].sum(axis=-1)
-        return np.unravel_index(np.argmin(total), total.shape)
+    def predict(rows: np.ndarray, ij: tuple[int, int] | None) -> np.ndarray:
+        i, j = ij or (0, 0)
+        return closed_loop_ttft(service[rows], transfer[rows], wave[rows],
+                                StackTerms(queue_share=QUEUE_SHARES[i], fixed_latency_s=FIXED_LATENCIES[j]),
+                                floor[rows])
 
-    for key, rows in masks.items():
-        if len(np.unique(gk[rows])) >= MIN_SWEEPS or (key.count("|") == 0 and rows.any()):
-            i, j = best(rows)
-            fits[key] = {"terms": StackTerms(queue_share=float(QUEUE_SHARES[i]),
-                                             fixed_latency_s=float(FIXED_LATENCIES[j])),
-                         "rows": int(rows.sum()), "sweeps": len(np.unique(gk[rows])), "at": (i, j)}
-    for f, m, md in sorted(set(zip(fw, mode, model, strict=True))):
-        rows = np.flatnonzero((fw == f) & (mode == m) & (model == md))
-        keys = [k for k in stack_levels(f, m, md) if k in fits]
-        in_sample.iloc[rows] = pred[(*fits[keys[0]]["at"], rows)] if keys else pred[0, 0, rows]
-        for name in np.unique(gk[rows]):
-            mine = rows[gk[rows] == name]
-            rest = next((r for k in keys if (r := masks[k] & (gk != name)).any()), None)
-            i, j = best(rest) if rest is not None else (0, 0)
-            loo.iloc[mine] = pred[i, j, mine]
-    for f in fits.values():
-        del f["at"]
-    for f, m in set(zip(fw, mode, strict=True)):  # a mode without terms of its own takes the framework's
-        if f"{f}|{m}" not in fits and f in fits:
-            fits[f"{f}|{m}"] = fits[f]
-    return fits, in_sample, loo
+    def best(cells: np.ndarray) -> tuple[int, int] | None:
+        if not cells.any():
+            return None
+        return np.unravel_index(np.argmin(sums[cells].sum(axis=0)), (len(QUEUE_SHARES), len(FIXED_LATENCIES)))
+
+    level_cells, level_rows = {}, {}  # each key of `stack_levels`: its training cells and rows
+    for f, m, md in pairs:
+        for key, cells, rows in zip(
+                stack_levels(f, m, md),
+                ((cell_fw == f) & (cell_mode == m) & (cell_model == md), (cell_fw == f) & (cell_mode == m),
+                 cell_fw == f),
+                ((fw == f) & (mode == m) & (model == md), (fw == f) & (mode == m), fw == f), strict=True):
+            if key not in level_cells:
+                level_cells[key], level_rows[key] = cells & cell_train, rows & train
+    out = []
+    for g in group_sets:
+        gk = np.asarray(g)
+        cell_group = gk[head]
+        fits, at, in_sample, loo = {}, {}, np.full(len(t), np.nan), np.full(len(t), np.nan)
+        for key, cells in level_cells.items():
+            sweeps = len(np.unique(cell_group[cells]))
+            if sweeps >= MIN_SWEEPS or ("|" not in key and cells.any()):
+                at[key] = i, j = best(cells)
+                fits[key] = {"terms": StackTerms(queue_share=float(QUEUE_SHARES[i]),
+                                                 fixed_latency_s=float(FIXED_LATENCIES[j])),
+                             "rows": int(level_rows[key].sum()), "sweeps": sweeps}
+        for f, m, md in pairs:
+            rows = np.flatnonzero((fw == f) & (mode == m) & (model == md))
+            own = [k for k in stack_levels(f, m, md) if k in fits]
+            in_sample[rows] = predict(rows, at[own[0]] if own else None)
+            for name in np.unique(gk[rows]):
+                mine = rows[gk[rows] == name]
+                left = (best(level_cells[k] & (cell_group != name)) for k in own)
+                loo[mine] = predict(mine, next((ij for ij in left if ij is not None), None))
+        for f, m in set(zip(fw, mode, strict=True)):  # a mode without terms of its own takes the framework's
+            if f"{f}|{m}" not in fits and f in fits:
+                fits[f"{f}|{m}"] = fits[f]
+        out.append((fits, pd.Series(in_sample, index=t.index), pd.Series(loo, index=t.index)))
+    return out
 
 
 # ---- the training fits -----------------------------------------------------------------------------------------------

@@ -48,9 +48,9 @@ from dse.catalog.frameworks import StackTerms
 from dse.catalog.hardware import IDEAL
 from dse.errors import InputError
 from dse.physics.serving import closed_loop_ttft
-from dse.validate.decode import predicted_passes, tpot_at
+from dse.validate.decode import TpotPasses, predicted_passes, tpot_at
 from dse.validate.factors import FACTORS
-from dse.validate.fit import fit_stack, refit_tpot, refit_tpot_sets, stack_key_of
+from dse.validate.fit import fit_stack_sets, refit_tpot, refit_tpot_sets, stack_key_of
 from dse.validate.points import Cases
 from dse.validate.predict import predict, predict_runs, table
 from dse.validate.report import RunsValidation, Validation, family_bands, summarize
@@ -117,22 +117,23 @@ def validate_runs(runs: Runs) -> RunsValidation:
     if t.empty:
         return RunsValidation(t, {}, runs.skipped, runs.given)
     apart = (t["layout"] != "stated").to_numpy()
+    pred, tp = predicted_passes(t)  # every row's prediction is its own: the physics once for both parts
     parts, scales, family_fits = [], {}, ({}, {})
     if (~apart).any():
-        stated, scales, family_fits = _validate_stated(t[~apart])
+        stated, scales, family_fits = _validate_stated(t[~apart], pred[~apart], tp.take(np.flatnonzero(~apart)))
         parts.append(stated)
     if apart.any():
-        parts.append(_predict_apart(t[apart], scales, family_fits))
+        parts.append(_predict_apart(t[apart], scales, family_fits, pred[apart], tp.take(np.flatnonzero(apart))))
     out = pd.concat(parts).loc[t.index] if len(parts) > 1 else parts[0]
     return RunsValidation(out, scales, runs.skipped, runs.given)
 
 
-def _validate_stated(t: pd.DataFrame) -> tuple[pd.DataFrame, dict, tuple[dict, dict]]:
-    """`validate_runs` of rows that state their layout; also the decode fits per `family_key` and their two-batch
-    choice (what `_predict_apart` needs besides ``scales``).
+def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
+                     ) -> tuple[pd.DataFrame, dict, tuple[dict, dict]]:
+    """`validate_runs` of rows that state their layout, given their `predicted_passes`; also the decode fits per
+    `family_key` and their two-batch choice (what `_predict_apart` needs besides ``scales``).
     """
     t = t.copy()
-    pred, tp = predicted_passes(t)
     meas = t["measured_tpot_s"].to_numpy()
     scales = {}
     by_factors, by_family = refit_tpot_sets(tp, [factor_key(t).to_numpy(), family_key(t).to_numpy()], meas)
@@ -150,7 +151,8 @@ def _validate_stated(t: pd.DataFrame) -> tuple[pd.DataFrame, dict, tuple[dict, d
     # TTFT: the physics' closed loop through each framework's serving stack, its terms refitted per framework
     # and mode
     ttft = t["measured_ttft_s"]
-    fits, in_sample, loo = fit_stack(t, groups)
+    family = family_key(t).to_numpy()
+    (fits, in_sample, loo), (_, _, ttft_lfo) = fit_stack_sets(t, [groups, pd.Series(family, index=t.index)])
     scales["ttft"] = {k: {"queue_share": f["terms"].queue_share, "fixed_latency_s": f["terms"].fixed_latency_s,
                           "rows": f["rows"], "sweeps": f["sweeps"]} for k, f in fits.items()}
     t["ttft_in_sample_s"], t["ttft_loo_s"] = in_sample, loo
@@ -168,10 +170,9 @@ def _validate_stated(t: pd.DataFrame) -> tuple[pd.DataFrame, dict, tuple[dict, d
 
     # each family predicted by the fits on the other families' rows: decode factors per framework, the stacks'
     # terms per framework and mode
-    family = family_key(t).to_numpy()
     tpot_lfo = refit_tpot(replace(tp, groups=family), t["backend"].astype(str).to_numpy(), meas)[3]
     t["tpot_lfo_error"] = tpot_lfo / meas - 1.0
-    t["ttft_lfo_error"] = fit_stack(t, pd.Series(family, index=t.index))[2] / ttft - 1.0
+    t["ttft_lfo_error"] = ttft_lfo / ttft - 1.0
     _within_sweep(t, groups)
     t["fits"] = pred["fits"].astype(bool)  # the memory check; a measured run that "does not fit" is a finding
     return t, scales, (by_family[0], by_family[1].choice)
@@ -197,16 +198,17 @@ def _within_sweep(t: pd.DataFrame, groups: pd.Series) -> None:
         t[f"{m}_within_sweep_error"] = np.expm1(lr - lr.groupby(groups).transform("median"))
 
 
-def _predict_apart(t: pd.DataFrame, scales: dict, family_fits: tuple[dict, dict]) -> pd.DataFrame:
+def _predict_apart(t: pd.DataFrame, scales: dict, family_fits: tuple[dict, dict], pred: pd.DataFrame,
+                   tp: TpotPasses) -> pd.DataFrame:
     """Rows of unknown layout predicted by the fits of the rows that state theirs (``scales``; ``family_fits``:
     the decode factors per `family_key` and their two-batch choice): per key the fitted decode factors (the
     catalog's where no stated row shares the key), two-batch overlap as chosen for the row's framework and mode,
     and the serving stack's queue share and fixed latency fitted for its framework, mode and model (`stack_key_of`;
     none fitted: the physics' prefill, wait floor and hand-off alone). No fit read these rows, so each prediction
-    is out of sample: in-sample and leave-group-out errors are the same.
+    is out of sample: in-sample and leave-group-out errors are the same. ``pred`` and ``tp``: the rows'
+    `predicted_passes`.
     """
     t = t.copy()
-    pred, tp = predicted_passes(t)
     meas = t["measured_tpot_s"].to_numpy()
 
     def tpot_by(keys: np.ndarray, fits: dict, choice: dict) -> tuple[np.ndarray, np.ndarray]:

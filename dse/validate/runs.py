@@ -434,9 +434,15 @@ def factor_key(table: pd.DataFrame) -> pd.Series:
 
 def group_key(table: pd.DataFrame) -> pd.Series:
     """The concurrency sweep of each row (`GROUP`, with the row's ``sweep`` for ISL and OSL where given)."""
-    by_lengths = table[list(GROUP)].astype(str).agg("|".join, axis=1)
+    def joined(columns: list[str]) -> pd.Series:  # the columns' text joined by "|", column by column
+        out = table[columns[0]].astype(str)
+        for c in columns[1:]:
+            out = out + "|" + table[c].astype(str)
+        return out
+
+    by_lengths = joined(list(GROUP))
     if "sweep" not in table or not table["sweep"].astype(bool).any():
         return by_lengths
-    named = table[[*GROUP[:4], "sweep"]].astype(str).agg("|".join, axis=1)
+    named = joined([*GROUP[:4], "sweep"])
     return named.where(table["sweep"].astype(bool), by_lengths)
 

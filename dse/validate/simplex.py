@@ -12,7 +12,7 @@ instead of once per point.
 
 from __future__ import annotations
 
-import functools
+import bisect
 import math
 import operator
 from collections.abc import Callable
@@ -162,6 +162,7 @@ def nelder_mead(func: Callable[[np.ndarray], float], x0: np.ndarray, max_iter: i
     fsim = [func(np.array(v)) for v in sim]
     for _ in range(2):  # scipy sorts the initial simplex twice
         sim, fsim = _sorted(sim, fsim)
+    clean = len(set(fsim)) == len(fsim) and not any(map(math.isnan, fsim))  # `_sorted`'s plain sort applies
     iterations = 1
     while iterations < max_iter:
         best, f_best = sim[0], fsim[0]
@@ -170,7 +171,10 @@ def nelder_mead(func: Callable[[np.ndarray], float], x0: np.ndarray, max_iter: i
         if (abs(f_best - fsim[-1]) <= fatol
                 and max(abs(v - b) for vertex in sim[1:] for v, b in zip(vertex, best, strict=True)) <= xatol):
             break
-        xbar = [functools.reduce(operator.add, column) / n for column in zip(*sim[:-1], strict=True)]
+        total = sim[0]
+        for vertex in sim[1:-1]:  # the vertices added in order, coordinate by coordinate
+            total = list(map(operator.add, total, vertex))
+        xbar = [a / n for a in total]
         worst = sim[-1]
         xr = [REFLECT[0] * a - w for a, w in zip(xbar, worst, strict=True)]  # REFLECT[1] = 1
         fxr = func(np.array(xr))
@@ -193,7 +197,15 @@ def nelder_mead(func: Callable[[np.ndarray], float], x0: np.ndarray, max_iter: i
             sim = [best] + [[b + SHRINK * (v - b) for v, b in zip(vertex, best, strict=True)] for vertex in sim[1:]]
             fsim = [f_best] + [func(np.array(v)) for v in sim[1:]]
         iterations += 1
-        sim, fsim = _sorted(sim, fsim)
+        f_new = fsim[-1]
+        if not shrink and clean and f_new == f_new and f_new not in fsim[:-1]:
+            # one new vertex among values sorted, distinct and not NaN: its place is where a sort puts it
+            at = bisect.bisect_left(fsim, f_new, 0, n)
+            sim.insert(at, sim.pop())
+            fsim.insert(at, fsim.pop())
+        else:
+            sim, fsim = _sorted(sim, fsim)
+            clean = len(set(fsim)) == len(fsim) and not any(map(math.isnan, fsim))
     return np.array(sim[0]), min(fsim)
 
 
