@@ -802,8 +802,8 @@ def kernel_work(compute: object, memory: object, attention_compute: object, kv_m
     FLOPs, weight bytes), and k = ``kernel_overlap``. The kernels of a pass run one after the other, so the
     attention over the KV cache (memory-bound in decode) does not hide the GEMMs (compute-bound at large batch)
     nor the reverse: k = 0 is the sum of the two groups' rooflines, k = 1 the lecture's single roofline of the
-    whole pass (what ``--ideal`` keeps, to the bit). The blend is the same order of operations everywhere it is
-    computed (`dse.validate.losses.log_tpot` repeats it on arrays).
+    whole pass (what ``--ideal`` keeps, to the bit). The decode fit's loss (`dse.validate.losses.log_tpot`) calls it
+    on arrays of factor sets x rows.
     """
     single = np.maximum(compute, memory)
     k = _f(kernel_overlap)

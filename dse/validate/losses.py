@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dse.physics.roofline import kernel_work
 from dse.validate.decode import DecodeTerms
 from dse.validate.factors import FACTOR, FACTORS
 
@@ -55,7 +56,7 @@ def log_tpot(t: np.ndarray, f: np.ndarray) -> np.ndarray:
     np.divide(curves, shares, out=curves)  # compute, memory
     np.divide(attn, shares, out=attn)  # the attention kernels' compute and memory
     np.add(layer, moe, out=layer)  # L o_l + E o_e
-    step = _kernel_work(curves[0], curves[1], attn[0], attn[1], f[_KERNEL][:, None])
+    step = kernel_work(curves[0], curves[1], attn[0], attn[1], f[_KERNEL][:, None])
     other = curves[1]
     np.minimum(comm, step, out=other)
     np.maximum(step, comm, out=step)
@@ -64,23 +65,6 @@ def log_tpot(t: np.ndarray, f: np.ndarray) -> np.ndarray:
     np.add(step, layer, out=step)
     np.multiply(step, t[12], out=step)  # TPOT: the pass times what the request level adds
     return np.log(step, out=step)
-
-
-def _kernel_work(compute: np.ndarray, memory: np.ndarray, attention: np.ndarray, kv: np.ndarray,
-                 k: np.ndarray) -> np.ndarray:
-    """`dse.physics.roofline.kernel_work` on arrays sets x rows (``k``: sets x 1), the same operations in the same
-    order, into a new array.
-    """
-    single = np.maximum(compute, memory)
-    below = k < 1.0
-    if not below.any():
-        return single
-    apart = np.maximum(compute - attention, memory - kv)
-    apart += np.maximum(attention, kv)
-    apart *= 1.0 - k
-    blended = k * single
-    blended += apart
-    return np.where(below, blended, single)
 
 
 def term_rows(d: DecodeTerms) -> np.ndarray:
@@ -113,7 +97,7 @@ def loss_of(d: DecodeTerms, measured: np.ndarray) -> Callable[[np.ndarray], floa
         np.divide(sums, f[shares][:, None], out=sums)  # compute, memory
         np.divide(attn, f[shares][:, None], out=attn)  # the attention kernels' compute and memory
         np.add(work[0], work[4], out=c)  # L o_l + E o_e
-        b = _kernel_work(sums[0], sums[1], attn[0], attn[1], f[kernel:kernel + 1])
+        b = kernel_work(sums[0], sums[1], attn[0], attn[1], f[kernel:kernel + 1])
         np.minimum(a, b, out=sums[1])
         np.maximum(b, a, out=b)
         np.multiply(t[11], sums[1], out=sums[1])
