@@ -6,9 +6,11 @@ The metrics and their out-of-sample errors:
 - ``throughput`` (and every cost, its inverse): the published serving-throughput points of the family, each
   predicted by the family's fit without it (the leave-one-out predictions of calibration/fitted.yaml's table).
 - ``tpot`` and ``ttft``: the measured serving runs of the family (`dse validate --cases`), each predicted by the
-  fits without its concurrency sweep (leave-group-out: TPOT's decode factors per family and framework, TTFT's
-  closed-loop queue share and fixed latency per framework and mode; `dse.validate.run.validate_runs`), pooled
-  over the frameworks and modes (a prediction names neither framework nor benchmark). Rows whose worker counts
+  fits without its concurrency sweep (leave-group-out: TPOT's decode factors per family and framework), and for
+  TTFT without any row of its model (leave-model-out: the closed-loop queue share and fixed latency of its
+  framework and mode fitted on the other models' rows, as a model measured on no run takes them, which also
+  leaves the row's sweep out; `dse.validate.run.validate_runs`), pooled over the frameworks and modes (a
+  prediction names neither framework nor benchmark). Rows whose worker counts
   the file leaves empty are left out: their layout is unknown, and a prediction always knows its own.
 
 Leave-family-out errors (each family predicted with none of its own data):
@@ -111,9 +113,11 @@ def runs_ratios(paths: list[Path]) -> tuple[Ratios, Ratios]:
     known = [f for f in hardware_families() if (fam == f).any()]
     ratio = {(m, kind): 1.0 / (1.0 + t[f"{m}_{kind}_error"].to_numpy()) for m in ("tpot", "ttft")
              for kind in ("loo", "lfo")}
+    # TTFT out of sweep and out of model: a prediction's model may have no stack terms of its own
+    ratio["ttft", "loo"] = 1.0 / (1.0 + t["ttft_lmo_error"].to_numpy())
     sweeps = {f: int(group_key(t[fam == f]).nunique()) for f in known}
     return tuple(Ratios({f: ratio[m, "loo"][fam == f] for f in known}, {f: ratio[m, "lfo"][fam == f] for f in known},
-                        "leave-group-out", sweeps) for m in ("tpot", "ttft"))
+                        "leave-group-out" if m == "tpot" else "leave-model-out", sweeps) for m in ("tpot", "ttft"))
 
 
 def median_abs_error(ratio: np.ndarray) -> float:

@@ -197,7 +197,9 @@ def summary(v: RunsValidation) -> list[dict]:
     ``within_sweep_median_abs_error``, the leave-group-out error once each sweep's own median level is removed
     (the error of the shape across concurrency alone: the floor a better level for each sweep could reach),
     and for TPOT ``loo_family_factors_median_abs_error``, the leave-group-out error with one decode factor set
-    per hardware family shared by the frameworks (`family_key`) instead of one per family and framework. The
+    per hardware family shared by the frameworks (`family_key`) instead of one per family and framework, and for
+    TTFT ``leave_model_out_median_abs_error``, each row's TTFT through stack terms fitted without its model's rows
+    (what a model measured on no run gets: its framework and mode's terms). The
     categories all, agg and disagg hold the rows that state their layout; ``layout_unknown`` the rows reported
     apart (``layout`` ``unknown`` or ``padded``; `dse.validate.run.validate_runs`: predicted by fits that never
     read them).
@@ -219,6 +221,8 @@ def summary(v: RunsValidation) -> list[dict]:
                  "within_sweep_median_abs_error": float(sub[f"{m}_within_sweep_error"].abs().median())}
             if m == "tpot":
                 e["loo_family_factors_median_abs_error"] = float(sub["tpot_loo_family_error"].abs().median())
+            elif "ttft_lmo_error" in sub:
+                e["leave_model_out_median_abs_error"] = float(sub["ttft_lmo_error"].abs().median())
             out.append(e)
     return out
 

@@ -152,7 +152,8 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
     # and mode
     ttft = t["measured_ttft_s"]
     family = family_key(t).to_numpy()
-    (fits, in_sample, loo), (_, _, ttft_lfo) = fit_stack_sets(t, [groups, pd.Series(family, index=t.index)])
+    (fits, in_sample, loo), (_, _, ttft_lfo), (_, _, ttft_lmo) = fit_stack_sets(
+        t, [groups, pd.Series(family, index=t.index), t["model"]])
     scales["ttft"] = {k: {"queue_share": f["terms"].queue_share, "fixed_latency_s": f["terms"].fixed_latency_s,
                           "rows": f["rows"], "sweeps": f["sweeps"]} for k, f in fits.items()}
     t["ttft_in_sample_s"], t["ttft_loo_s"] = in_sample, loo
@@ -173,6 +174,7 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
     tpot_lfo = refit_tpot(replace(tp, groups=family), t["backend"].astype(str).to_numpy(), meas)[3]
     t["tpot_lfo_error"] = tpot_lfo / meas - 1.0
     t["ttft_lfo_error"] = ttft_lfo / ttft - 1.0
+    t["ttft_lmo_error"] = ttft_lmo / ttft - 1.0  # each model's rows through stack terms fitted without them
     _within_sweep(t, groups)
     t["fits"] = pred["fits"].astype(bool)  # the memory check; a measured run that "does not fit" is a finding
     return t, scales, (by_family[0], by_family[1].choice)
@@ -239,7 +241,7 @@ def _predict_apart(t: pd.DataFrame, scales: dict, family_fits: tuple[dict, dict]
     t["tpot_error"] = t["predicted_tpot_s"] / meas - 1.0
     t["tpot_in_sample_error"] = t["tpot_loo_error"] = tpot / meas - 1.0
     t["tpot_loo_family_error"] = tpot_family / meas - 1.0
-    t["tpot_lfo_error"] = t["ttft_lfo_error"] = np.nan
+    t["tpot_lfo_error"] = t["ttft_lfo_error"] = t["ttft_lmo_error"] = np.nan
     _within_sweep(t, group_key(t))
     t["fits"] = pred["fits"].astype(bool)
     return t
