@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMING = {"wall_s", "solve_wall_s", "per_point_s", "storage"}
+TIMING = {"wall_s", "solve_wall_s", "per_point_s", "storage", "study_wall_s"}
 TIMING_COLUMNS = {"wall_s", "solve_wall_s"}
 
 
