@@ -5,8 +5,10 @@ batch of n sequences per DP rank is t(n) = max_i f_i(n) + overhead, where each p
 memory, communication and their overlapped sums, `dse.physics.roofline._pass`) is non-decreasing
 and concave in n with f_i(0) >= 0: compute, KV reads and communication are affine in the tokens
 with non-negative intercepts (weights, fixed latencies), and the routed-expert weight read
-1 - (1 - k/E)^(n DP) is concave. For a concave f with f(0) >= 0, f(n)/n is non-increasing; a max
-of non-increasing functions is non-increasing. So, per block:
+1 - (1 - k/E)^(n DP) is concave. The work of a pass costed by its kernel groups (`roofline.kernel_work`:
+the weight GEMMs' roofline plus attention's) is a sum of such maxima, each of the same kind. For a concave f
+with f(0) >= 0, f(n)/n is non-increasing; a max, or a sum, of non-increasing functions is non-increasing. So,
+per block:
 
 - the step (TPOT) never falls as n grows, and
 - the cost per token, price x chips x t(n) / (n DP PP), never rises as n grows.
