@@ -48,9 +48,9 @@ def test_the_terms_give_the_physics_decode_pass_at_any_factors(sample):
     st = SystemTable.build([default_systems()[s] for s in systems])
     eff = Efficiency(**{**OTHER, "overlap": 0.0})
     rows = np.arange(len(t))
-    for (mode, isl, osl), g in t.groupby(["mode", "isl", "osl"], sort=False):
+    for (_mode, isl, osl), g in t.groupby(["mode", "isl", "osl"], sort=False):
         at = rows[t.index.get_indexer(g.index)]
-        batch = (g["in_flight"] if mode == "agg" else pred["decode_batch"][g.index]).to_numpy() / g["pp"].to_numpy()
+        batch = pred["decode_batch"][g.index].to_numpy() / g["pp"].to_numpy()  # what its replica runs at once
         cand = run_candidates(g, models, systems, "", batch, isl + osl / 2.0, np.where(split[at], 2, 1))
         physics = evaluate_at(cand, mt, st, eff, [{"context": isl + osl / 2.0, "phase": 0}])[0]["step_s"]
         mine = terms.take(at)

@@ -166,13 +166,15 @@ def test_the_stack_fit_recovers_planted_terms_through_the_optimizers_physics():
     tv = v.table
     fitted = np.array([stack_key_of(v.scales["ttft"], f, m, md) is not None
                        for f, m, md in zip(tv["backend"], tv["mode"], tv["model"], strict=True)])
-    wave_sets = tv["wait_floor_s"] <= 0.2 * tv["wave_s"]
+    # a row whose concurrency its KV pool does not hold waits in the framework's admission queue, its wait taken at
+    # the catalog's terms' rate (`dse.validate.predict.admitted`): not exact under other terms, so left out here
+    wave_sets = (tv["wait_floor_s"] <= 0.2 * tv["wave_s"]) & (tv["admission_s"] == 0)
     assert wave_sets.mean() > 0.98
     assert tv.loc[wave_sets & fitted, "ttft_in_sample_error"].abs().max() < 1e-9
     assert tv.loc[wave_sets & fitted, "ttft_loo_error"].abs().max() < 1e-9
     alone = tv[~fitted]
     assert np.allclose(alone["ttft_loo_s"], alone["prefill_s"] + np.maximum(alone["wait_floor_s"], 0.0)
-                       + alone["transfer_s"], rtol=1e-12)
+                       + alone["transfer_s"] + alone["admission_s"], rtol=1e-12)
     # the shipped prediction of an aggregated row is the optimizer's physics at the row's concurrency
     row = t[t["mode"] == "agg"].iloc[[0]]
     models, systems, mt, st = run_tables(row, None, row["backend"].iloc[0])

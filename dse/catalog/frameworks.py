@@ -57,6 +57,13 @@ ENGINE_ONLY = Stack()
 """No serving stack: the engine alone (the pure roofline's request, and a request no study framework serves)."""
 
 
+ADMISSION = ("prompt", "completion")
+"""What a framework's scheduler reserves KV for when it admits a request: ``prompt`` (the tokens the sequence holds
+now; running sequences grow into the pool and are preempted when it runs out: vLLM, SGLang), so the pool holds the
+sequences at their mean context, P + O / 2; ``completion`` (the prompt and every output token up front, never
+evicting: TensorRT-LLM's GUARANTEED_NO_EVICT), so it holds them at P + O."""
+
+
 @dataclass(frozen=True)
 class Memory:
     """How a framework reserves HBM: its rule (`MEMORY_RULES`), its fraction (NaN: SGLang's default, computed
@@ -84,6 +91,8 @@ class Framework:
     vendors: tuple[str, ...]
     memory: Memory
     quantities: dict[str, Quantity] = field(repr=False, compare=False, default_factory=dict)
+    admission: str = "prompt"
+    """What its scheduler holds KV for when it admits a request (`ADMISSION`)."""
 
     def runs_on(self, system: System) -> bool:
         return system.vendor in self.vendors
@@ -98,7 +107,7 @@ class Framework:
 def _framework_from(fid: str, entry: object, sources: dict, where: str) -> Framework:
     if not isinstance(entry, dict):
         raise InputError(f"{where}: expected a mapping with name, version, vendors and memory")
-    check_keys(entry, ("name", "version", "vendors", "memory"), where)
+    check_keys(entry, ("name", "version", "vendors", "memory", "admission"), where)
     for key in ("name", "version", "vendors", "memory"):
         if not entry.get(key):
             raise InputError(f"{where}: missing required field '{key}'")
@@ -117,8 +126,15 @@ def _framework_from(fid: str, entry: object, sources: dict, where: str) -> Frame
     fraction = q["fraction"].si if "fraction" in q else math.nan
     if not (math.isnan(fraction) or 0 < fraction <= 1):
         raise InputError(f"{where}: field 'memory.fraction': must be in (0, 1], got {fraction}")
+    adm = entry.get("admission")
+    if not isinstance(adm, dict) or adm.get("value") not in ADMISSION:
+        raise InputError(f"{where}: field 'admission': expected a mapping with value ({', '.join(ADMISSION)}), "
+                         f"source and date; got {adm!r}")
+    if adm.get("source") not in sources or not adm.get("date"):
+        raise InputError(f"{where}: field 'admission': needs a source of the file's sources and a date")
+    admission = str(adm["value"])
     return Framework(fid, str(entry["name"]), str(entry["version"]), tuple(vendors),
-                     Memory(mem["rule"], fraction, q["reserve"].si), q)
+                     Memory(mem["rule"], fraction, q["reserve"].si), q, admission)
 
 
 def load_frameworks(path: Path | None = None) -> tuple[dict[str, Framework], dict[str, str]]:

@@ -544,7 +544,9 @@ def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: n
     `prefill_pool` (with ``full_chunk``: ``chunk_share_s``, what each queued prompt costs). A prompt waits in the
     closed loop's wave (`dse.physics.queueing`): W = xi (n - 1) S_b, n = C / (servers x prefill replicas) the
     requests in flight per prefill server, xi the stack's queue share, never below the saturated loop's wait
-    (`closed_loop_ttft`); TTFT = S + W + transfer + tau. W does not depend on the rate, so Little's law over the
+    (`closed_loop_ttft`; its servers, busy all the time, prefill the queued prompts together, each at S_b, its
+    share of a full-chunk pass, so C requests cycle in C S_b / servers); TTFT = S + W + transfer + tau. W does not
+    depend on the rate, so Little's law over the
     engine's stages, lambda (S + W + transfer + (O - 1) TPOT) = C, gives it in closed form (the few requests inside
     the stack's fixed latency are counted with the engine's), and the prefill servers' utilisation stays at most 1.
     Returns ``requests_per_s``, ``ttft_s`` (and its quantiles), ``tpot_s``, ``prefill_rho``, ``queue_wait_s``,
@@ -559,13 +561,13 @@ def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: n
     terms = req.stack.disaggregated
     wave = np.maximum(c / servers - 1.0, 0.0) * share
     tail = max(req.output - 1, 0) * tpot
-    floor = np.maximum(c * s / servers - s - transfer - tail, 0.0)  # the saturated loop's (`closed_loop_ttft`)
+    floor = np.maximum(c * share / servers - s - transfer - tail, 0.0)  # the saturated loop's, at S_b per prompt
     wait = np.maximum(terms.queue_share * wave, floor)
     engine = s + wait + transfer
     lam = c / (engine + tail)
     tau = np.full(np.shape(engine), terms.fixed_latency_s)
     out = {"requests_per_s": lam, "ttft_s": closed_loop_ttft(s, transfer, wave, terms, floor) * np.ones_like(engine),
-           "tpot_s": tpot, "prefill_rho": lam * s / servers,
+           "tpot_s": tpot, "prefill_rho": lam * share / servers,
            "queue_wait_s": wait, "wave_s": wave, "wait_floor_s": floor, "stack_latency_s": tau}
     for q in req.quantiles:
         w_q = np.maximum(wave_wait_quantile(q, terms.queue_share, wave), floor)

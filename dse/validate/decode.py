@@ -109,7 +109,8 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
                  split: np.ndarray, factors: EfficiencyCatalog | None = None,
                  ) -> tuple[DecodeTerms, dict[str, np.ndarray]]:
     """The decode pass of every row (at its mean context, with its batch: the replica's share of the
-    concurrency in an aggregated row, the closed loop's decode batch in a disaggregated one; two micro-batches
+    concurrency in an aggregated row, or the sequences its KV pool admits where fewer (`dse.validate.predict.
+    admitted`), the closed loop's decode batch in a disaggregated one; two micro-batches
     where ``split``) as `DecodeTerms`: times at the peaks, collective and layer counts and the times per
     row and per token of the half-performance lengths, read off the physics with every fraction at 1, each
     latency probed at 1 us and each length at 1 row or token, and ``rest`` = the row's predicted TPOT
@@ -120,8 +121,8 @@ def decode_terms(table: pd.DataFrame, predicted_tpot: np.ndarray, decode_batch: 
     models, systems, mt, st = run_tables(table, factors)
     peak = {**{k: 1.0 for k in ("compute_prefill", "compute_decode", "memory", "link", "hbm_usable")}, "overlap": 0.0}
     probe = {k: FACTOR[k].scale for k in RUN_FITTED if FACTOR[k].probe}  # 1 us; one row, one token
-    in_flight = np.where(table["mode"].to_numpy() == "agg", table["in_flight"].to_numpy(),
-                         decode_batch[table.index].to_numpy())
+    held = decode_batch[table.index].to_numpy(dtype=float)  # the sequences a replica runs at once
+    in_flight = np.where(np.isnan(held), table["in_flight"].to_numpy(), held)
     context = table["isl"].to_numpy() + table["osl"].to_numpy() / 2.0
     cand = run_candidates(table, models, systems, "", in_flight / table["pp"].to_numpy(), context,
                           np.where(split, 2, 1)).broadcast()

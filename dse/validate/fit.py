@@ -21,7 +21,7 @@ from dse.validate.decode import DecodeTerms, ServingRows, TpotPasses, tpot_at
 from dse.validate.factors import FACTOR, FACTORS, FITTED, RUN_FITTED
 from dse.validate.losses import FitRows, loss_of
 from dse.validate.points import Point
-from dse.validate.predict import predict
+from dse.validate.predict import outside_stack, predict
 from dse.validate.simplex import minimize_many, nelder_mead
 
 # ---- least squares on the published points, jointly with measured runs -----------------------------------------------
@@ -501,8 +501,8 @@ def fit_stack_sets(t: pd.DataFrame, group_sets: list[pd.Series], train: np.ndarr
     """
     train = np.ones(len(t), dtype=bool) if train is None else np.asarray(train, dtype=bool)
     fw, mode, model = (t[c].astype(str).to_numpy() for c in ("backend", "mode", "model"))
-    service, transfer, wave, floor = (t[c].to_numpy(dtype=float) for c in ("prefill_s", "transfer_s", "wave_s",
-                                                                           "wait_floor_s"))
+    service, wave, floor = (t[c].to_numpy(dtype=float) for c in ("prefill_s", "wave_s", "wait_floor_s"))
+    transfer = outside_stack(t)
     measured = t["measured_ttft_s"].to_numpy(dtype=float)
     keys = [fw, mode, model, train, *(np.asarray(g) for g in group_sets)]
     cell = pd.MultiIndex.from_arrays(keys).factorize()[0] if len(t) else np.zeros(0, dtype=np.int64)

@@ -183,6 +183,49 @@ def run_stacks(table: pd.DataFrame, stacks: dict[str, Stack] | None = None) -> d
     return out
 
 
+TTFT_PIECES = ("prefill_s", "wave_s", "wait_floor_s", "transfer_s", "admission_s")
+"""The pieces of a row's closed-loop TTFT `predict_runs` returns, none of which depends on the serving stack's terms
+(`dse.physics.serving.closed_loop_ttft`, with the admission queue's wait added to the hand-off)."""
+
+
+def outside_stack(t: pd.DataFrame) -> np.ndarray:
+    """The part of each row's TTFT added to the prefill's service and wait (``transfer`` of
+    `dse.physics.serving.closed_loop_ttft`): the KV hand-off and the wait in the framework's admission queue.
+    """
+    admission = t["admission_s"].to_numpy(dtype=float) if "admission_s" in t else 0.0  # none where not given
+    return t["transfer_s"].to_numpy(dtype=float) + admission
+
+
+def admitted(fits_at, stated: np.ndarray, fits: np.ndarray) -> np.ndarray:
+    """The sequences per micro-batch a replica runs at once: ``stated`` where the memory check passes (``fits``, at
+    the peak context, or ``fits_at(batch)``: the check at each row's batch with its sequences at the context the
+    framework's admission holds them at, `dse.catalog.frameworks.ADMISSION`), else the largest whole number of
+    sequences ``fits_at`` passes at (it fails at more sequences once it fails at fewer, the KV and activations growing
+    with the batch), found by bisection; ``stated`` where even one sequence does not fit (the weights do not). A
+    framework admits requests while its KV pool holds them: a closed loop holding more keeps the rest in its
+    waiting queue.
+    """
+    stated = np.asarray(stated, dtype=np.float64)
+    fits = np.asarray(fits, dtype=bool)
+    if fits.all():
+        return stated
+    fits = fits | fits_at(stated)  # ``fits`` at the peak context, ``fits_at`` at the one admission holds
+    if fits.all():
+        return stated
+    lo = np.where(fits, stated, 1.0)
+    hi = stated.copy()
+    cap = fits | fits_at(lo)
+    while True:
+        active = cap & ~fits & (hi - lo > 1.0)
+        if not active.any():
+            break
+        mid = np.where(active, np.floor((lo + hi) / 2.0), lo)
+        ok = fits_at(mid)
+        lo = np.where(active & ok, mid, lo)
+        hi = np.where(active & ~ok, mid, hi)
+    return np.where(cap, lo, stated)
+
+
 def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: bool | np.ndarray = False,
                  decode_batch: pd.Series | None = None, factors: EfficiencyCatalog | None = None,
                  stacks: dict[str, Stack] | None = None) -> pd.DataFrame:
@@ -200,10 +243,11 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     ``decode_batch`` where it is given (the ideal roofline at the calibrated physics' operating point).
     ``factors``: the efficiency factors per system where ``eff`` is None (default: the catalog's).
     """
-    out = pd.DataFrame(index=table.index, columns=["predicted_ttft_s", "predicted_tpot_s", "fits", "prefill_s",
-                                                   "wave_s", "wait_floor_s", "transfer_s", "decode_batch"], dtype=float)
+    out = pd.DataFrame(index=table.index, columns=["predicted_ttft_s", "predicted_tpot_s", "fits", *TTFT_PIECES,
+                                                   "decode_batch"], dtype=float)
     if table.empty:
         return out
+    out["admission_s"] = 0.0
     models, systems, mt, _ = run_tables(table, factors)
     stack = run_stacks(table, stacks)
     # each run's HBM as its framework reserves it
@@ -217,6 +261,17 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
         if mode == "agg":
             r = aggregated(cand, mt, st, req, eff)
             tpot, fits, transfer = r["tpot_s"], r["fits"], np.zeros(len(g))
+            # the KV of b sequences at the mean context P + O / 2 is that of b (P + O / 2) / (P + O) at the peak
+            held = (isl + osl / 2.0) / (isl + osl) if get_framework(str(fw)).admission == "prompt" else 1.0
+            running = admitted(lambda b, cand=cand, req=req, st=st, held=held: aggregated(
+                replace(cand, batch=b * held), mt, st, req, eff)["fits"], per_stage, fits)
+            if (running < per_stage).any():  # the framework admits what its KV pool holds, the rest queue
+                r = aggregated(replace(cand, batch=running), mt, st, req, eff)
+                tpot = r["tpot_s"]
+                admission = (per_stage - running) * g["pp"].to_numpy() / r["requests_per_s"]
+                out.loc[g.index, "admission_s"] = admission
+                r = {**r, "ttft_s": r["ttft_s"] + admission}
+            out.loc[g.index, "decode_batch"] = running * g["pp"].to_numpy()
         else:
             pre_t = g[["model", "system", "wd", "ed", "kd"]].assign(**{k: g[f"p_{k}"] for k in ("tp", "dp", "ep", "etp",
                                                                                           "pp")})

@@ -169,6 +169,7 @@ class RunsValidation:
                 "coverage_stated_layout": (len(t) - unknown) / self.given if self.given else 0.0,
                 "summary": summary(self),
                 "rows_failing_the_memory_check": int((~t["fits"]).sum()) if "fits" in t else 0,
+                "rows_admission_queued": int((t["admission_s"] > 0).sum()) if "admission_s" in t else 0,
                 "partitions": partitions(self) if not t.empty else {},
                 "families": families_left_out(self) if not t.empty else [], "scales": self.scales,
                 "worst": worst_rows,
@@ -369,7 +370,11 @@ def write_runs_report(v: RunsValidation, folder: Path, doc: dict | None = None) 
              "framework reserves HBM, its layout does not hold the weights, activations and the KV of every request "
              "in flight at its peak context, yet they ran): a framework that allocates KV as tokens are generated, "
              "or queues requests the pool cannot hold, runs them; or the catalog's capacity (the vendor's GB) is "
-             "below the bytes the device reports; or the row's layout is unknown.</p>",
+             "below the bytes the device reports; or the row's layout is unknown. "
+             f"{doc['rows_admission_queued']:,} of them are predicted with the framework admitting what its KV pool "
+             "holds (at the mean context where it admits on the prompt, at the peak where it reserves the whole "
+             "completion) and the rest waiting in its queue: TPOT at the admitted batch, the queue's wait added to "
+             "TTFT.</p>",
              "<h2>Summary</h2>", table_html(doc["summary"]),
              "<h2>By hardware family: leave-group-out and leave-family-out</h2>",
              "<p>Leave-family-out: each family's rows predicted by the decode factors per framework and the "

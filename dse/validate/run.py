@@ -52,7 +52,7 @@ from dse.validate.decode import TpotPasses, predicted_passes, tpot_at
 from dse.validate.factors import FACTORS
 from dse.validate.fit import fit_stack_sets, refit_tpot, refit_tpot_sets, stack_key_of
 from dse.validate.points import Cases
-from dse.validate.predict import predict, predict_runs, table
+from dse.validate.predict import TTFT_PIECES, outside_stack, predict, predict_runs, table
 from dse.validate.report import RunsValidation, Validation, family_bands, summarize
 from dse.validate.runs import (
     METRICS,
@@ -184,7 +184,7 @@ def _copy_prediction(t: pd.DataFrame, pred: pd.DataFrame, ideal: pd.DataFrame) -
     """The physics' prediction of TTFT, the pieces it is made of (what refitting the stacks' terms needs), and the
     ideal roofline, into ``t``.
     """
-    for col in ("prefill_s", "wave_s", "wait_floor_s", "transfer_s"):
+    for col in TTFT_PIECES:
         t[col] = pred[col].astype(float)
     for m in METRICS:
         t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
@@ -231,8 +231,8 @@ def _predict_apart(t: pd.DataFrame, scales: dict, family_fits: tuple[dict, dict]
                                                               strict=True)]
     terms = StackTerms(queue_share=np.array([fits[k]["queue_share"] if k else 0.0 for k in keys]),
                        fixed_latency_s=np.array([fits[k]["fixed_latency_s"] if k else 0.0 for k in keys]))
-    ttft = closed_loop_ttft(*(t[c].to_numpy(dtype=float) for c in ("prefill_s", "transfer_s", "wave_s")), terms,
-                            t["wait_floor_s"].to_numpy(dtype=float))
+    ttft = closed_loop_ttft(t["prefill_s"].to_numpy(dtype=float), outside_stack(t), t["wave_s"].to_numpy(dtype=float),
+                            terms, t["wait_floor_s"].to_numpy(dtype=float))
     t["ttft_in_sample_s"] = t["ttft_loo_s"] = ttft
     t["ttft_in_sample_error"] = t["ttft_loo_error"] = ttft / t["measured_ttft_s"] - 1.0
     t["two_batch"] = t["two_batch_loo"] = split

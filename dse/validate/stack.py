@@ -12,7 +12,7 @@ import pandas as pd
 
 from dse.catalog.frameworks import MODES, STACK_FILE, StackTerms
 from dse.validate.fit import FIXED_LATENCIES, MIN_SWEEPS, QUEUE_SHARES, fit_stack
-from dse.validate.predict import predict_runs
+from dse.validate.predict import TTFT_PIECES, predict_runs
 from dse.validate.runs import group_key, map_runs, read_runs_files
 
 MODE_NAMES = {"agg": "aggregated", "disagg": "disaggregated"}
@@ -32,7 +32,7 @@ def fit_stack_files(paths: list[Path], factors=None) -> tuple[dict, pd.DataFrame
     """
     t = map_runs(read_runs_files(paths)).table
     pred = predict_runs(t, factors=factors)
-    for col in ("prefill_s", "wave_s", "wait_floor_s", "transfer_s"):
+    for col in TTFT_PIECES:
         t[col] = pred[col].astype(float)
     fits, _, _ = fit_stack(t, group_key(t), stack_rows(t))
     return fits, t
