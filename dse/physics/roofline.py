@@ -805,12 +805,14 @@ def kernel_work(compute: object, memory: object, attention_compute: object, kv_m
     whole pass (what ``--ideal`` keeps, to the bit). The decode fit's loss (`dse.validate.losses.log_tpot`) calls it
     on arrays of factor sets x rows.
     """
-    single = np.maximum(compute, memory)
     k = _f(kernel_overlap)
-    if not np.any(k < 1.0):
-        return single
+    if not (k < 1.0).any():
+        return np.maximum(compute, memory)
     apart = np.maximum(_f(compute) - attention_compute, _f(memory) - kv_memory) + np.maximum(attention_compute,
                                                                                               kv_memory)
+    if not (k > 0.0).any():  # k = 0 (the catalog's): 0 max(C, M) + 1 apart is apart, to the bit (and where a time
+        return apart  # is infinite, the groups' sum itself, not the NaN of 0 x inf)
+    single = np.maximum(compute, memory)
     with np.errstate(invalid="ignore"):
         return np.where(k < 1.0, k * single + (1.0 - k) * apart, single)
 

@@ -73,40 +73,15 @@ def term_rows(d: DecodeTerms) -> np.ndarray:
 
 
 def loss_of(d: DecodeTerms, measured: np.ndarray) -> Callable[[np.ndarray], float]:
-    """The loss of one fit on all of its rows, as a function of the factors ``f`` (`FACTORS`, or `FACTORS` x 1):
-    sum |log(TPOT / measured)|, summed as numpy sums it. `log_tpot`'s operations on one factor set, into buffers
-    made once (a fit evaluates its loss thousands of times on a few hundred rows: the calls, not the arithmetic,
-    are its cost).
+    """The loss of one fit on all of its rows, as a function of the factors ``f`` (`FACTORS` x 1): sum
+    |log(TPOT / measured)|, `log_tpot` at one factor set, summed as numpy sums it.
     """
-    t, log_measured = term_rows(d), np.log(measured)
-    comm = t[0]
-    work = np.empty((len(PRODUCTS), t.shape[1]))
-    a, c = np.empty(t.shape[1]), np.empty(t.shape[1])
-    curves, sums, attn = work[2:4], np.empty((2, t.shape[1])), np.empty((2, t.shape[1]))
-    products, shares, link, kernel = _PRODUCT_FACTORS, _SHARES, _LINK, _KERNEL
+    t, log_measured = term_rows(d)[:, None, :], np.log(measured)
 
     def loss(f: np.ndarray) -> float:
-        f = f.reshape(-1)
-        np.divide(comm, f[link], out=a)
-        np.multiply(t[5:11], f[products][:, None], out=work)  # layer, scale-up, curves (2), MoE, scale-out
-        np.add(a, work[1], out=a)
-        np.add(a, work[5], out=a)  # comm / link + n_u lat_u + n_o lat_o
-        attn[0] = t[3]
-        np.add(t[4], curves[1], out=attn[1])  # C_a, M_a + A n_a
-        np.add(t[1:3], curves, out=sums)  # C + G n_g, M + A n_a
-        np.divide(sums, f[shares][:, None], out=sums)  # compute, memory
-        np.divide(attn, f[shares][:, None], out=attn)  # the attention kernels' compute and memory
-        np.add(work[0], work[4], out=c)  # L o_l + E o_e
-        b = kernel_work(sums[0], sums[1], attn[0], attn[1], f[kernel:kernel + 1])
-        np.minimum(a, b, out=sums[1])
-        np.maximum(b, a, out=b)
-        np.multiply(t[11], sums[1], out=sums[1])
-        np.add(b, sums[1], out=b)
-        np.add(b, c, out=b)
-        np.multiply(b, t[12], out=b)
-        np.log(b, out=b)
-        np.subtract(b, log_measured, out=b)
-        return float(np.abs(b, out=b).sum())
+        err = log_tpot(t, f)[0]
+        np.subtract(err, log_measured, out=err)
+        return float(np.abs(err, out=err).sum())
 
     return loss
 
