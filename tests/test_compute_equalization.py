@@ -13,7 +13,7 @@ from formulation_contract import FormulationContract
 
 from dse.errors import InfeasibleError
 from dse.optimize.bridge import compile_model
-from dse.optimize.equalization import check, solve_lifetime
+from dse.optimize.equalization import check, restrict_serving, solve_lifetime
 from dse.optimize.scaling import (
     LOSS_FITS,
     REPEAT_HALF_LIFE,
@@ -89,12 +89,24 @@ def random_instance(rng: np.random.Generator) -> LifetimeData:
                 roles = ["both", "prefill", "decode"]
             for role in roles:
                 serve.append({"phase": phase, "model": name, "system": str(rng.choice(systems)), "role": role,
-                              "group": 0, "nodes": int(rng.integers(1, 3)), "rate": float(rng.uniform(0.6, 2.0))})
+                              "group": 0, "nodes": int(rng.integers(1, 3)), "rate": float(rng.uniform(0.6, 2.0)),
+                              "kv_tier": "host" if rng.uniform() < 0.3 else "hbm",
+                              "placement": "scale_out" if rng.uniform() < 0.3 else "scale_up"})
+    only = {}  # serving and rollouts held to some KV tiers or expert placements (a study's assumption)
+    if rng.uniform() < 0.6:
+        only = {"kv_tiers": ("hbm",)} if rng.uniform() < 0.5 else {"placements": ("scale_up",)}
     return LifetimeData(pd.DataFrame(models).set_index("model"), sy, inv, pd.DataFrame(train), pd.DataFrame(serve),
                         demand=float(rng.uniform(0.5, 3)), deploy_weeks=deploy, launch_by=launch_by,
                         rl_train_per_rollout_token=f,
                         power_cap_w=float(rng.uniform(2e4, 6e4)) if rng.uniform() < 0.4 else None,
-                        budget_usd=float(rng.uniform(20, 80)) if rng.uniform() < 0.3 else None)
+                        budget_usd=float(rng.uniform(20, 80)) if rng.uniform() < 0.3 else None, meta={"only": only})
+
+
+def _allowed(d: LifetimeData, row: dict) -> bool:
+    """Whether a serving or rollout option is within the instance's KV tiers and expert placements."""
+    only = d.meta.get("only", {})
+    return row["kv_tier"] in only.get("kv_tiers", (row["kv_tier"],)) and row["placement"] in only.get(
+        "placements", (row["placement"],))
 
 
 def _capacity(opts: list[dict], x: np.ndarray) -> np.ndarray:
@@ -109,6 +121,8 @@ def _capacity(opts: list[dict], x: np.ndarray) -> np.ndarray:
 
 def _vectors(opts: list[dict], inv_max: dict) -> np.ndarray:
     """Every bundle vector whose bundles each fit the largest inventory of their system."""
+    if not opts:
+        return np.zeros((1, 0))
     ranges = [range(int(inv_max[o["system"]] // o["nodes"]) + 1) for o in opts]
     return np.array(list(itertools.product(*ranges)), dtype=float).reshape(-1, len(opts))
 
@@ -121,7 +135,8 @@ def _per_system(opts: list[dict], x: np.ndarray, systems: list[str]) -> np.ndarr
 
 def brute_force(d: LifetimeData) -> float | None:
     """Every model, pre-training layout and length (any number of weeks that trains its tokens), RL layout, start
-    week, rollout and serving bundle vector: no code shared with the program. RL lasts the weeks its training
+    week, rollout and serving bundle vector (of the options within the instance's KV tiers and expert placements,
+    each option a class of its own): no code shared with the program. RL lasts the weeks its training
     layout needs (where rollouts are not trained, a power of two or the deadline; none without RL); rollouts
     generate the model's rollout tokens over those weeks and feed the training every week."""
     systems = list(d.systems.index)
@@ -133,8 +148,10 @@ def brute_force(d: LifetimeData) -> float | None:
     best = math.inf
     for name, row in d.models.iterrows():
         tr = d.train[d.train["model"] == name].to_dict("records")
-        srv = d.serve[(d.serve["model"] == name) & (d.serve["phase"] == "serve")].to_dict("records")
-        rol = d.serve[(d.serve["model"] == name) & (d.serve["phase"] == "rl")].to_dict("records")
+        srv = [o for o in d.serve[(d.serve["model"] == name) & (d.serve["phase"] == "serve")].to_dict("records")
+               if _allowed(d, o)]
+        rol = [o for o in d.serve[(d.serve["model"] == name) & (d.serve["phase"] == "rl")].to_dict("records")
+               if _allowed(d, o)]
         xs = _vectors(srv, inv_max)
         xs = xs[_capacity(srv, xs) >= d.demand - 1e-9]
         if not len(xs):
@@ -187,14 +204,15 @@ class TestLifetimeContract(FormulationContract):
         return random_instance(rng)
 
     def solve_mip(self, d):
-        r = solve_lifetime(d)
+        r = solve_lifetime(restrict_serving(d, **d.meta["only"]))
         return r.result.objective, r, r.result
 
     def solve_exhaustive(self, d):
         return brute_force(d)
 
     def recheck(self, d, r, value):
-        assert check(d, r) == []
+        assert check(restrict_serving(d, **d.meta["only"]), r) == []
+        assert all(_allowed(d, o) for o in r.bundles.to_dict("records"))
         assert r.cost["total"] == pytest.approx(value, rel=1e-6)
 
     def build_model(self, d):
@@ -356,8 +374,15 @@ def test_compute_equalization_study_finds_the_split_and_what_moves_it(shipped):
     assert len(demand) == 4  # three solved and the study's own
     assert demand["overtraining_ratio"].is_monotonic_increasing  # more demand: train a smaller model longer
     assert demand["serve_share"].is_monotonic_increasing
-    assert {"no RL", "dense models only", "no data limit"} <= set(sens.loc[sens["dimension"] == "assumption",
-                                                                            "value"])
+    assert {"no RL", "dense models only", "no data limit", "KV cache in HBM only",
+            "experts within one scale-up domain"} <= set(sens.loc[sens["dimension"] == "assumption", "value"])
+    # the KV tier and the expert placement are the program's choices: holding them to fewer never costs less
+    held = sens[sens["value"].isin(["KV cache in HBM only", "experts within one scale-up domain"])]
+    assert (held["lifetime_usd"] >= s["menu_optimum"]["lifetime_usd"] * (1 - 1e-9)).all()
+    assert (held.loc[held["value"] == "experts within one scale-up domain", "serve_scale_out_share"] == 0).all()
+    for key in ("serve", "rollout"):
+        assert 0 <= b[f"{key}_host_kv_share"] <= 1 and 0 <= b[f"{key}_scale_out_share"] <= 1
+    assert {"kv_tier", "placement"} <= set(run.table("phases").columns)
     for name in ("lifetime.png", "fleet.png", "sensitivity.png", "phases.csv", "menu.csv"):
         assert (run.out / name).exists(), name
     assert s["gain_over_greedy"] >= 0

@@ -360,7 +360,7 @@ def solve_lifetime(d: LifetimeData, solver: str = "highs", time_limit_s: float =
     """Solve the lifetime program (warm-started from the greedy plan); InfeasibleError names the binding resource and
     its shortfall.
     """
-    if d.models.empty:
+    if d.models.empty or "serve" not in d.columns.s_phase:  # nothing to choose from
         raise InfeasibleError(diagnose(d, solver))
     m = build(d)
     start = greedy(d) if warm_start else None
@@ -521,6 +521,17 @@ def restrict(d: LifetimeData, models: list[str]) -> LifetimeData:
                    serve=d.serve[d.serve["model"].isin(models)].reset_index(drop=True))
 
 
+def restrict_serving(d: LifetimeData, kv_tiers: tuple[str, ...] | None = None,
+                     placements: tuple[str, ...] | None = None) -> LifetimeData:
+    """The same program with serving and rollouts held to some KV tiers and expert placements (None: all)."""
+    ok = pd.Series(True, index=d.serve.index)
+    if kv_tiers is not None:
+        ok &= d.serve["kv_tier"].isin(kv_tiers)
+    if placements is not None:
+        ok &= d.serve["placement"].isin(placements)
+    return replace(d, serve=d.serve[ok].reset_index(drop=True))
+
+
 def figures(d: LifetimeData, r: LifetimeResult, quality: Quality) -> dict:
     """The optimum's figures: the model and its tokens, the phases' USD, weeks and shares, the marginal USD per token
     of each phase at its chosen configurations, the first-order condition's split and the lecture's units.
@@ -559,6 +570,23 @@ def figures(d: LifetimeData, r: LifetimeResult, quality: Quality) -> dict:
         "status": r.result.status, "gap": r.result.gap, "solve_wall_s": r.result.wall_s,
     })
     out["chinchilla_tokens"] = CHINCHILLA_TOKENS_PER_PARAM * active
+    out.update(class_shares(r.bundles))
+    return out
+
+
+def class_shares(bundles: pd.DataFrame) -> dict[str, float]:
+    """What the optimum picks for the serving KV cache's tier and the experts' placement: the share of serving's and
+    of the rollouts' nodes whose replicas keep the KV in host memory, and whose expert-parallel groups span more than
+    one scale-up domain (NaN where a phase holds no bundle).
+    """
+    out = {}
+    for phase, name in (("serve", "serve"), ("rl", "rollout")):
+        b = bundles[bundles["phase"] == phase] if "phase" in bundles else bundles.iloc[:0]
+        nodes = (b["nodes"] * b["bundles"]).astype(float) if len(b) else pd.Series(dtype=float)
+        total = float(nodes.sum())
+        for key, column, value in (("host_kv", "kv_tier", "host"), ("scale_out", "placement", "scale_out")):
+            share = float(nodes[b[column] == value].sum()) / total if total and column in b else math.nan
+            out[f"{name}_{key}_share"] = share
     return out
 
 

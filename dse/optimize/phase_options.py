@@ -93,18 +93,26 @@ def training_options(model: Architecture, system: System, nodes: list[int], seq:
 
 
 SERVE_COLUMNS = ("system", "role", "group", "numerics", "chips", "tp", "ep", "pp", "dp", "batch", "kv_tier",
-                 "context_parallel", "requests_per_s", "usd_per_s", "ttft_s", "tpot_s", "nodes", "per_bundle")
+                 "placement", "context_parallel", "requests_per_s", "usd_per_s",
+                 "ttft_s", "tpot_s", "nodes", "per_bundle")
+SERVE_CLASSES = ("role", "group", "system", "kv_tier", "placement")
+"""A serving option is compared only with those of its class: its role, numerics, system, KV tier and expert
+placement (`dse.optimize.operating_points.placement`). Within a system a point that costs no more per second and
+serves no fewer requests per second also takes no more nodes per bundle for no less rate (a node holds at least as
+many of its smaller replicas), so dropping the other loses nothing under any inventory; across systems, tiers or
+placements dropping it would decide in advance what the program is to decide under the shared inventory."""
 
 
 def serving_options(model: Architecture, workload: Request, opts: SpaceOptions,
                     modes: tuple[str, ...] = ("aggregated", "disaggregated")) -> pd.DataFrame:
     """The non-dominated operating points of the model serving the workload (aggregated replicas, prefill and
-    decode replicas), each as a bundle of whole nodes: the ``per_bundle`` replicas one node holds where a replica
-    takes at most a node (a node of 8 chips holds two 4-chip replicas; a 72-chip rack nine 8-chip ones), else one
-    replica on the nodes it spans (``nodes``). ``requests_per_s`` and ``usd_per_s`` stay per replica.
+    decode replicas) of each of `SERVE_CLASSES`, each as a bundle of whole nodes: the ``per_bundle`` replicas one
+    node holds where a replica takes at most a node (a node of 8 chips holds two 4-chip replicas; a 72-chip rack
+    nine 8-chip ones), else one replica on the nodes it spans (``nodes``). ``requests_per_s`` and ``usd_per_s`` stay
+    per replica.
     """
     space = build_space(model, workload, opts)
-    pts = operating_points(space, modes)
+    pts = operating_points(space, modes, by=SERVE_CLASSES)
     if pts.empty:
         return pd.DataFrame(columns=list(SERVE_COLUMNS))
     per_node = pts["system"].map({s.id: int(s.scaleup_domain) for s in space.systems}).to_numpy()
