@@ -327,6 +327,18 @@ def test_infeasible_life_names_the_binding_resource_and_shortfall():
         solve_lifetime(_one_model(budget=10.0))
 
 
+def test_highs_takes_the_greedy_cost_as_a_cutoff_and_survives_a_wrong_one():
+    """HiGHS through OR-Tools 9.15 takes no hint (the process crashes); the greedy plan's cost is its objective bound
+    instead. A cutoff at the optimum itself still finds it; one below it (no plan has that cost) is found out by the
+    solver's infeasible answer and the program solved again without it."""
+    from dse.optimize.bridge import solve_pyomo
+
+    d = _one_model()
+    for cutoff in (14.0, 7.0, None):
+        res = solve_pyomo(build(d), "highs", 10.0, cutoff=cutoff)
+        assert res.status == "optimal" and res.objective == pytest.approx(14.0)
+
+
 def test_the_program_is_never_worse_than_the_greedy():
     from dse.optimize.equalization import cost_of, greedy, held
 

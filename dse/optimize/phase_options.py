@@ -30,7 +30,7 @@ TRAIN_PP = (1, 2, 4, 8, 16)
 TRAIN_EP = (1, 8, 16, 32, 64)
 TRAIN_RECOMPUTE = ("selective", "full")
 TRAIN_COLUMNS = ("system", "nodes", "chips", "tp", "pp", "dp", "ep", "micro_batch", "recompute", "gemm_dtype",
-                 "global_batch", "seq", "tokens_per_s", "mfu", "step_s")
+                 "global_batch", "seq", "tokens_per_s", "mfu", "step_s", "stages")
 
 
 def node_counts(most: int) -> list[int]:
@@ -55,9 +55,11 @@ def _layouts(model: Architecture, chips: int, gemm_dtypes: tuple[str, ...]):
 def training_options(model: Architecture, system: System, nodes: list[int], seq: int, batch_tokens: float,
                      gemm_dtypes: tuple[str, ...] = ("bf16",), ideal: bool = False) -> pd.DataFrame:
     """Per number of nodes, the fastest layout that fits (`TRAIN_COLUMNS`; the first listed among equals), on the
-    front of nodes against tokens/s. Formats the chip has no tensor units for, and layouts the step refuses (no
-    scale-out bandwidth across domains, more pipeline chunks than the model places), are skipped. Every layout of
-    every node count is evaluated in one call of the vectorized step (`train_steps`).
+    front of nodes against tokens/s; ``stages`` is its pipeline partition (items per chunk, the embedding and head
+    among them), the one the step's partition program chooses (the least bottleneck within memory). Formats the
+    chip has no tensor units for, and layouts the step refuses (no scale-out bandwidth across domains, more
+    pipeline chunks than the model places), are skipped. Every layout of every node count is evaluated in one call
+    of the vectorized step (`train_steps`).
     """
     dtypes = tuple(g for g in gemm_dtypes if g == "bf16" or system.is_native(g))
     listed = [(n, lay) for n in nodes for lay in _layouts(model, n * int(system.scaleup_domain), dtypes)]
@@ -74,8 +76,10 @@ def training_options(model: Architecture, system: System, nodes: list[int], seq:
         if idx.size else None
     fits = np.zeros(len(lays), dtype=bool)
     tps, mfu, step = (np.full(len(lays), np.nan) for _ in range(3))
+    stages = np.full(len(lays), "", dtype=object)
     if r is not None:
         fits[idx], tps[idx], mfu[idx], step[idx] = r["fits"], r["tokens_per_s"], r["mfu"], r["step_s"]
+        stages[idx] = np.asarray(r["stages"], dtype=object)
     node_of = np.array([n for n, _ in listed])
     for n in nodes:
         here = np.flatnonzero((node_of == n) & fits)
@@ -88,7 +92,8 @@ def training_options(model: Architecture, system: System, nodes: list[int], seq:
         rows.append({"system": system.id, "nodes": n, "chips": n * int(system.scaleup_domain), "tp": lay.tp,
                      "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "micro_batch": lay.micro_batch,
                      "recompute": lay.recompute, "gemm_dtype": lay.gemm_dtype, "global_batch": int(sequences[i]),
-                     "seq": seq, "tokens_per_s": float(tps[i]), "mfu": float(mfu[i]), "step_s": float(step[i])})
+                     "seq": seq, "tokens_per_s": float(tps[i]), "mfu": float(mfu[i]), "step_s": float(step[i]),
+                     "stages": str(stages[i])})
     return pd.DataFrame(rows, columns=list(TRAIN_COLUMNS))
 
 

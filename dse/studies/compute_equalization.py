@@ -463,6 +463,7 @@ def _phases(d, r) -> pd.DataFrame:
                      "chips": t["chips"], "weeks": weeks,
                      "layout": f"TP{t['tp']} PP{t['pp']} DP{t['dp']} EP{t['ep']}, {t['recompute']} recomputation, "
                                f"{t['gemm_dtype']} GEMMs, batch {t['global_batch']} x {t['seq']}",
+                     "stages": t.get("stages", ""),
                      "tokens_per_s": t["tokens_per_s"], "mfu": t["mfu"],
                      "usd": weeks * t["nodes"] * float(price[t["system"]])})
     for _, b in r.bundles.iterrows():
