@@ -13,7 +13,7 @@ from formulation_contract import FormulationContract
 
 from dse.errors import InfeasibleError
 from dse.optimize.bridge import compile_model
-from dse.optimize.equalization import check, restrict_serving, solve_lifetime
+from dse.optimize.equalization import check, narrow_serving, solve_lifetime
 from dse.optimize.scaling import (
     LOSS_FITS,
     REPEAT_HALF_LIFE,
@@ -204,14 +204,14 @@ class TestLifetimeContract(FormulationContract):
         return random_instance(rng)
 
     def solve_mip(self, d):
-        r = solve_lifetime(restrict_serving(d, **d.meta["only"]))
+        r = solve_lifetime(narrow_serving(d, **d.meta["only"]))
         return r.result.objective, r, r.result
 
     def solve_exhaustive(self, d):
         return brute_force(d)
 
     def recheck(self, d, r, value):
-        assert check(restrict_serving(d, **d.meta["only"]), r) == []
+        assert check(narrow_serving(d, **d.meta["only"]), r) == []
         assert all(_allowed(d, o) for o in r.bundles.to_dict("records"))
         assert r.cost["total"] == pytest.approx(value, rel=1e-6)
 
@@ -325,6 +325,34 @@ def test_infeasible_life_names_the_binding_resource_and_shortfall():
         solve_lifetime(_one_model(power=2e3))
     with pytest.raises(InfeasibleError, match="budget: short by 4 USD"):
         solve_lifetime(_one_model(budget=10.0))
+
+
+def test_a_bundle_carries_every_replica_a_node_holds():
+    """A 4-chip replica on an 8-chip node: its bundle (one node) carries two replicas' rate; a 16-chip one spans two
+    nodes and carries its own."""
+    from dse.optimize.codesign import moe_model
+    from dse.optimize.equalization import ModelOptions, Quality, lifetime_data
+
+    model = moe_model(2048, 1, 8)
+    life = _life_of_h100()
+    serve = pd.DataFrame([{"system": "h100", "role": "both", "group": 0, "chips": c, "kv_tier": "hbm",
+                           "placement": "scale_up", "requests_per_s": 3.0, "usd_per_s": 1.0, "nodes": n,
+                           "per_bundle": p} for c, n, p in ((4, 1, 2), (16, 2, 1))])
+    mo = ModelOptions(model, pd.DataFrame(), pd.DataFrame(), serve, serve.iloc[:0])
+    d, _ = lifetime_data([mo], Quality(target_loss=3.0), life)
+    assert d.serve["rate"].tolist() == [6.0, 3.0]
+
+
+def _life_of_h100():
+    from dse.catalog.hardware import default_systems
+    from dse.optimize.equalization import Life
+    from dse.physics.serving import Request
+
+    return Life(serve=Request(prompt=100, output=10), demand_tokens_per_s=100.0, deploy_weeks=1, launch_by=2,
+                rollout=Request(prompt=10, output=10), rl_per_pretrain_token=0.0, rl_tokens=0.0,
+                rl_trained_share=0.0, seq=1024, batch_tokens=1e6, rl_batch_tokens=1e6,
+                systems={"h100": default_systems("rental_3yr")["h100"]}, train_systems=("h100",),
+                inventory={"h100": [4, 4, 4]})
 
 
 def test_highs_takes_the_greedy_cost_as_a_cutoff_and_survives_a_wrong_one():

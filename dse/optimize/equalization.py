@@ -151,11 +151,13 @@ def lifetime_data(options: list[ModelOptions], quality: Quality, life: Life) -> 
             if not t.empty:
                 train.append(t.assign(phase=phase, model=mo.model.id,
                                       tokens_per_week=t["tokens_per_s"] * life.week_s))
+        # a bundle's rate is its replicas' (``per_bundle`` of them where a replica takes less than a node)
         if not mo.serve.empty:
-            serve.append(mo.serve.assign(phase="serve", model=mo.model.id, rate=mo.serve["requests_per_s"]))
+            serve.append(mo.serve.assign(phase="serve", model=mo.model.id,
+                                         rate=mo.serve["requests_per_s"] * mo.serve["per_bundle"]))
         if not mo.rollout.empty:
-            serve.append(mo.rollout.assign(phase="rl", model=mo.model.id,
-                                           rate=mo.rollout["requests_per_s"] * life.rollout.output * life.week_s))
+            serve.append(mo.rollout.assign(phase="rl", model=mo.model.id, rate=mo.rollout["requests_per_s"]
+                                           * mo.rollout["per_bundle"] * life.rollout.output * life.week_s))
     systems = sorted({*life.train_systems, *(s for t in serve for s in t["system"])},
                      key=lambda s: list(life.systems).index(s))
     sy = pd.DataFrame({s: {"node_chips": node_chips(life.systems[s]),
@@ -522,15 +524,29 @@ def restrict(d: LifetimeData, models: list[str]) -> LifetimeData:
                    serve=d.serve[d.serve["model"].isin(models)].reset_index(drop=True))
 
 
-def restrict_serving(d: LifetimeData, kv_tiers: tuple[str, ...] | None = None,
-                     placements: tuple[str, ...] | None = None) -> LifetimeData:
-    """The same program with serving and rollouts held to some KV tiers and expert placements (None: all)."""
-    ok = pd.Series(True, index=d.serve.index)
+def narrow_serving(d: LifetimeData, kv_tiers: tuple[str, ...] | None = None,
+                   placements: tuple[str, ...] | None = None) -> LifetimeData:
+    """The same program with serving and rollouts held to some KV tiers and expert placements (None: all), less the
+    bundles another of the same phase, model, system, role and numerics group beats: no more nodes and no less rate.
+    Exact: such a bundle in a plan can be swapped for the other, which holds no more nodes (so no more cost, power or
+    inventory) and carries no less of its pool; the KV tier and the placement enter the program through nothing else.
+    """
+    t = d.serve
+    ok = pd.Series(True, index=t.index)
     if kv_tiers is not None:
-        ok &= d.serve["kv_tier"].isin(kv_tiers)
+        ok &= t["kv_tier"].isin(kv_tiers)
     if placements is not None:
-        ok &= d.serve["placement"].isin(placements)
-    return replace(d, serve=d.serve[ok].reset_index(drop=True))
+        ok &= t["placement"].isin(placements)
+    t = t[ok]
+    keep = []
+    for _, g in t.groupby(["phase", "model", "system", "role", "group"], sort=False):
+        g = g.sort_values(["nodes", "rate"], ascending=[True, False], kind="stable")
+        best = -math.inf
+        for i, rate in zip(g.index, g["rate"], strict=True):
+            if rate > best * (1 + 1e-12):
+                keep.append(i)
+                best = rate
+    return replace(d, serve=t.loc[sorted(keep)].reset_index(drop=True))
 
 
 def figures(d: LifetimeData, r: LifetimeResult, quality: Quality) -> dict:

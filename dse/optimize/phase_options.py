@@ -29,8 +29,11 @@ TRAIN_TP = (1, 2, 4, 8)
 TRAIN_PP = (1, 2, 4, 8, 16)
 TRAIN_EP = (1, 8, 16, 32, 64)
 TRAIN_RECOMPUTE = ("selective", "full")
-TRAIN_COLUMNS = ("system", "nodes", "chips", "tp", "pp", "dp", "ep", "micro_batch", "recompute", "gemm_dtype",
-                 "global_batch", "seq", "tokens_per_s", "mfu", "step_s", "stages")
+TRAIN_INTERLEAVE = (1, 2, 4)
+"""Pipeline chunks per device (1F1B, interleaved over v virtual stages; Narayanan et al. 2021): with the stage
+partition the step's partition program places in them, the pipeline's share of the layout decision."""
+TRAIN_COLUMNS = ("system", "nodes", "chips", "tp", "pp", "interleave", "dp", "ep", "micro_batch", "recompute",
+                 "gemm_dtype", "global_batch", "seq", "tokens_per_s", "mfu", "step_s", "stages")
 
 
 def node_counts(most: int) -> list[int]:
@@ -45,11 +48,13 @@ def _layouts(model: Architecture, chips: int, gemm_dtypes: tuple[str, ...]):
         if heads % tp or chips % (tp * pp) or pp > model.spec.n_layers:
             continue
         dp = chips // (tp * pp)
-        for ep, recompute, gemm in itertools.product(TRAIN_EP, TRAIN_RECOMPUTE, gemm_dtypes):
+        for ep, recompute, gemm, v in itertools.product(TRAIN_EP, TRAIN_RECOMPUTE, gemm_dtypes, TRAIN_INTERLEAVE):
             if ep > 1 and (not model.is_moe or experts % ep or (dp * tp) % ep):
                 continue
-            yield TrainLayout(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=1, interleave=2 if pp > 1 else 1,
-                              recompute=recompute, gemm_dtype=gemm)
+            if (pp == 1 and v > 1) or pp * v > model.spec.n_layers:
+                continue
+            yield TrainLayout(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=1, interleave=v, recompute=recompute,
+                              gemm_dtype=gemm)
 
 
 def training_options(model: Architecture, system: System, nodes: list[int], seq: int, batch_tokens: float,
@@ -90,8 +95,9 @@ def training_options(model: Architecture, system: System, nodes: list[int], seq:
         if rows and tps[i] <= rows[-1]["tokens_per_s"]:
             continue
         rows.append({"system": system.id, "nodes": n, "chips": n * int(system.scaleup_domain), "tp": lay.tp,
-                     "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "micro_batch": lay.micro_batch,
-                     "recompute": lay.recompute, "gemm_dtype": lay.gemm_dtype, "global_batch": int(sequences[i]),
+                     "pp": lay.pp, "interleave": lay.interleave, "dp": lay.dp, "ep": lay.ep,
+                     "micro_batch": lay.micro_batch, "recompute": lay.recompute, "gemm_dtype": lay.gemm_dtype,
+                     "global_batch": int(sequences[i]),
                      "seq": seq, "tokens_per_s": float(tps[i]), "mfu": float(mfu[i]), "step_s": float(step[i]),
                      "stages": str(stages[i])})
     return pd.DataFrame(rows, columns=list(TRAIN_COLUMNS))

@@ -218,9 +218,9 @@ class LifeSolver:
 
     def solve(self, keys: list[tuple[int, int, int]], life=None, quality=None, only: dict | None = None):
         """The program over the models ``keys``: (data, result, models left out); InfeasibleError when none fits.
-        ``only`` holds serving and rollouts to some KV tiers and expert placements (`restrict_serving`).
+        ``only`` holds serving and rollouts to some KV tiers and expert placements (`narrow_serving`).
         """
-        from dse.optimize.equalization import lifetime_data, restrict_serving, solve_lifetime
+        from dse.optimize.equalization import lifetime_data, narrow_serving, solve_lifetime
 
         life, quality = life or self.life, quality or self.quality
         if life.rl_trained_share == 0:
@@ -228,8 +228,7 @@ class LifeSolver:
         else:
             opts = [self.options_of(k) for k in keys]
         d, left = lifetime_data(opts, quality, life)
-        if only:
-            d = restrict_serving(d, **only)
+        d = narrow_serving(d, **(only or {}))
         r = solve_lifetime(d, self.spec.solver.name, self.spec.solver.time_limit_s)
         self.results.append(r.result)
         return d, r, left
@@ -461,7 +460,8 @@ def _phases(d, r) -> pd.DataFrame:
         weeks = r.pretrain_weeks if t["phase"] == "pretrain" else r.rl_weeks
         rows.append({"phase": t["phase"], "part": "training", "system": t["system"], "nodes": t["nodes"],
                      "chips": t["chips"], "weeks": weeks,
-                     "layout": f"TP{t['tp']} PP{t['pp']} DP{t['dp']} EP{t['ep']}, {t['recompute']} recomputation, "
+                     "layout": f"TP{t['tp']} PP{t['pp']}{_chunks(t)} DP{t['dp']} EP{t['ep']}, {t['recompute']} "
+                               "recomputation, "
                                f"{t['gemm_dtype']} GEMMs, batch {t['global_batch']} x {t['seq']}",
                      "stages": t.get("stages", ""),
                      "tokens_per_s": t["tokens_per_s"], "mfu": t["mfu"],
@@ -477,6 +477,12 @@ def _phases(d, r) -> pd.DataFrame:
                      "requests_per_s": b["requests_per_s"] * b["replicas"],
                      "usd": weeks * b["nodes"] * b["bundles"] * float(price[b["system"]])})
     return pd.DataFrame(rows)
+
+
+def _chunks(t: pd.Series) -> str:
+    """A pipeline's chunks per device where interleaved."""
+    v = int(t.get("interleave", 1) or 1)
+    return f" ({v} chunks per device)" if v > 1 else ""
 
 
 def _lifetime_plot(out: StudyOutput, path: Path) -> None:
