@@ -92,6 +92,12 @@ def random_instance(rng: np.random.Generator) -> LifetimeData:
                               "group": 0, "nodes": int(rng.integers(1, 3)), "rate": float(rng.uniform(0.6, 2.0)),
                               "kv_tier": "host" if rng.uniform() < 0.3 else "hbm",
                               "placement": "scale_out" if rng.uniform() < 0.3 else "scale_up"})
+                if rng.uniform() < 0.25:  # a rival of the same system and role, of another tier or placement
+                    rival = dict(serve[-1])
+                    rival.update(nodes=int(rng.integers(1, 3)), rate=float(rng.uniform(0.6, 2.0)),
+                                 kv_tier=str(rng.choice(["hbm", "host"])),
+                                 placement=str(rng.choice(["scale_up", "scale_out"])))
+                    serve.append(rival)
     only = {}  # serving and rollouts held to some KV tiers or expert placements (a study's assumption)
     if rng.uniform() < 0.6:
         only = {"kv_tiers": ("hbm",)} if rng.uniform() < 0.5 else {"placements": ("scale_up",)}
@@ -365,6 +371,25 @@ def test_highs_takes_the_greedy_cost_as_a_cutoff_and_survives_a_wrong_one():
     for cutoff in (14.0, 7.0, None):
         res = solve_pyomo(build(d), "highs", 10.0, cutoff=cutoff)
         assert res.status == "optimal" and res.objective == pytest.approx(14.0)
+
+
+def test_highs_presolve_is_not_trusted_with_infeasible():
+    """OR-Tools 9.15's HiGHS presolve calls this life infeasible (a model without RL that has rollout options): 2 weeks
+    of pre-training on 2 nodes, then a node serving for 2 weeks, 6 USD. The bridge confirms HiGHS's "infeasible"
+    without presolve and finds it."""
+    models = pd.DataFrame([{"model": "m", "pretrain_tokens": 1.75, "rollout_tokens": 0.0, "rl_train_tokens": 0.0}]
+                          ).set_index("model")
+    train = pd.DataFrame([{"phase": "pretrain", "model": "m", "system": "s", "nodes": 2, "tokens_per_week": 1.2},
+                          {"phase": "rl", "model": "m", "system": "s", "nodes": 1, "tokens_per_week": 2.3}])
+    serve = pd.DataFrame([{"phase": p, "model": "m", "system": "s", "role": r, "group": 0, "nodes": n, "rate": x}
+                          for p, r, n, x in (("serve", "both", 1, 0.75), ("rl", "prefill", 1, 1.6),
+                                             ("rl", "decode", 2, 1.9))])
+    sy = pd.DataFrame({"usd_per_node_week": [1.0], "power_per_node_w": [1e4]}, index=["s"])
+    inv = pd.DataFrame([[2.0, 5, 5, 5, 5, 5, 4]], index=["s"], columns=range(7))
+    d = LifetimeData(models, sy, inv, train, serve, demand=0.66, deploy_weeks=2, launch_by=5)
+    for warm in (True, False):
+        r = solve_lifetime(d, "highs", warm_start=warm)
+        assert r.result.status == "optimal" and r.cost["total"] == pytest.approx(6.0) and check(d, r) == []
 
 
 def test_the_program_is_never_worse_than_the_greedy():

@@ -121,7 +121,9 @@ def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: f
     solver as a hint, in column order (not to HiGHS: OR-Tools 9.15's HiGHS interface crashes the process on a
     model with hints). HiGHS takes ``cutoff`` instead, the objective of a plan known to be feasible (a minimizing
     model's): as its ``objective_bound`` it prunes every node whose bound is above it, as an incumbent of that cost
-    would, without a solution to pass; should HiGHS then find the model infeasible, it is solved again without it.
+    would, without a solution to pass. HiGHS's "infeasible" is confirmed by a second solve without the cutoff and
+    without presolve: its presolve (in OR-Tools 9.15) has declared a feasible lifetime program infeasible
+    (`tests/test_compute_equalization.py::test_highs_presolve_is_not_trusted_with_infeasible`).
     """
     transform(model, gdp)
     m, vmap, _ = compile_model(model, columns=columns)
@@ -133,8 +135,8 @@ def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: f
     if cutoff is not None and solver == "highs" and math.isfinite(cutoff):
         bound = (f"objective_bound={cutoff + 1e-9 * max(abs(cutoff), 1.0)!r}",)  # no closer than its tolerances
     engine, res = solve(m, solver, time_limit_s, node_limit, (*settings, *bound))
-    if bound and res.status == "infeasible":  # the caller's plan was not feasible after all
-        engine, res = solve(m, solver, time_limit_s, node_limit, settings)
+    if solver == "highs" and res.status == "infeasible":  # confirmed without the cutoff and without presolve
+        engine, res = solve(m, solver, time_limit_s, node_limit, (*settings, "presolve=off"))
     if res.ok:
         vals = engine.values([x for _, x in vmap.values()])
         for (v, _), val in zip(vmap.values(), vals, strict=True):
