@@ -361,18 +361,6 @@ def _life_of_h100():
                 inventory={"h100": [4, 4, 4]})
 
 
-def test_highs_takes_the_greedy_cost_as_a_cutoff_and_survives_a_wrong_one():
-    """HiGHS through OR-Tools 9.15 takes no hint (the process crashes); the greedy plan's cost is its objective bound
-    instead. A cutoff at the optimum itself still finds it; one below it (no plan has that cost) is found out by the
-    solver's infeasible answer and the program solved again without it."""
-    from dse.optimize.bridge import solve_pyomo
-
-    d = _one_model()
-    for cutoff in (14.0, 7.0, None):
-        res = solve_pyomo(build(d), "highs", 10.0, cutoff=cutoff)
-        assert res.status == "optimal" and res.objective == pytest.approx(14.0)
-
-
 def test_highs_presolve_is_not_trusted_with_infeasible():
     """OR-Tools 9.15's HiGHS presolve calls this life infeasible (a model without RL that has rollout options): 2 weeks
     of pre-training on 2 nodes, then a node serving for 2 weeks, 6 USD. The bridge confirms HiGHS's "infeasible"

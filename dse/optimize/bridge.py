@@ -113,17 +113,16 @@ def _add_bounded(m: mb.Model, expr, lo: float, hi: float):
 
 def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: float = 60.0,
                 gdp: str = "bigm", node_limit: int | None = None, settings: tuple[str, ...] = (),
-                warm_start: bool = False, columns: str = "first_use", cutoff: float | None = None) -> SolveResult:
+                warm_start: bool = False, columns: str = "first_use") -> SolveResult:
     """Transform the disjunctions by name, compile, solve; values keyed (component name, index).
 
     ``node_limit`` and ``settings`` go to `dse.optimize.solver.solve`; ``columns`` to `compile_model`. With
     ``warm_start``, every variable that holds a value (a greedy solution, or an earlier stage's) is passed to the
     solver as a hint, in column order (not to HiGHS: OR-Tools 9.15's HiGHS interface crashes the process on a
-    model with hints). HiGHS takes ``cutoff`` instead, the objective of a plan known to be feasible (a minimizing
-    model's): as its ``objective_bound`` it prunes every node whose bound is above it, as an incumbent of that cost
-    would, without a solution to pass. HiGHS's "infeasible" is confirmed by a second solve without the cutoff and
-    without presolve: its presolve (in OR-Tools 9.15) has declared a feasible lifetime program infeasible
-    (`tests/test_compute_equalization.py::test_highs_presolve_is_not_trusted_with_infeasible`).
+    model with hints, so HiGHS starts cold; its objective bound, or a constraint capping the objective at a known
+    plan's cost, is no substitute: either led HiGHS's presolve to a dearer plan reported optimal on the lifetime
+    program). HiGHS's "infeasible" is confirmed by a second solve without presolve: its presolve has declared a
+    feasible lifetime program infeasible (`tests/test_compute_equalization.py`).
     """
     transform(model, gdp)
     m, vmap, _ = compile_model(model, columns=columns)
@@ -131,11 +130,8 @@ def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: f
         for v, x in vmap.values():
             if v.value is not None and not v.fixed:
                 m.add_hint(x, float(v.value))
-    bound = ()
-    if cutoff is not None and solver == "highs" and math.isfinite(cutoff):
-        bound = (f"objective_bound={cutoff + 1e-9 * max(abs(cutoff), 1.0)!r}",)  # no closer than its tolerances
-    engine, res = solve(m, solver, time_limit_s, node_limit, (*settings, *bound))
-    if solver == "highs" and res.status == "infeasible":  # confirmed without the cutoff and without presolve
+    engine, res = solve(m, solver, time_limit_s, node_limit, settings)
+    if solver == "highs" and res.status == "infeasible":  # confirmed without presolve
         engine, res = solve(m, solver, time_limit_s, node_limit, (*settings, "presolve=off"))
     if res.ok:
         vals = engine.values([x for _, x in vmap.values()])

@@ -359,8 +359,8 @@ def _fastest_weeks(d: LifetimeData) -> int:
 
 def solve_lifetime(d: LifetimeData, solver: str = "highs", time_limit_s: float = 60.0,
                    warm_start: bool = True) -> LifetimeResult:
-    """Solve the lifetime program warm-started from the greedy plan (SCIP takes it as a hint, HiGHS its cost as a
-    cutoff); InfeasibleError names the binding resource and its shortfall.
+    """Solve the lifetime program warm-started from the greedy plan (SCIP takes it as a hint; HiGHS, which cannot,
+    starts cold); InfeasibleError names the binding resource and its shortfall.
     """
     if d.models.empty or "serve" not in d.columns.s_phase:  # nothing to choose from
         raise InfeasibleError(diagnose(d, solver))
@@ -368,8 +368,7 @@ def solve_lifetime(d: LifetimeData, solver: str = "highs", time_limit_s: float =
     start = greedy(d) if warm_start else None
     if start is not None:
         hint(m, d, start)
-    cutoff = cost_of(d, held(d, start))["total"] if start is not None else None  # for HiGHS, which takes no hint
-    res = solve_pyomo(m, solver, time_limit_s, warm_start=start is not None, cutoff=cutoff)
+    res = solve_pyomo(m, solver, time_limit_s, warm_start=start is not None)
     if res.status == "infeasible":
         raise InfeasibleError(diagnose(d, solver))
     if not res.ok:
