@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -320,6 +321,21 @@ def test_a_small_life_is_solved_as_the_arithmetic_says():
     r = solve_lifetime(d)
     assert r.cost == {"pretrain": 4.0, "rl": 4.0, "serve": 6.0, "total": 14.0}
     assert (r.pretrain_weeks, r.rl_weeks, r.launch) == (2, 2, 4) and check(d, r) == []
+
+
+def test_the_deadline_binds_only_where_no_earlier_start_fits():
+    """The same plan launched on the deadline: from week 2 it could have started in week 0 at the same cost (the
+    deadline holds nothing); from week 0, with the deadline right after RL, it does."""
+    from dse.optimize.equalization import Quality, binds, result_of
+
+    d = _one_model(launch_by=6)
+    r = solve_lifetime(d)
+    late = result_of(d, replace(r.plan, start=6 - r.launch + r.start), r.result)
+    assert late.launch == 6 and late.cost == r.cost
+    assert not any(b.startswith("deadline") for b in binds(d, late, Quality(2.0), False))
+    tight = solve_lifetime(_one_model(launch_by=4))
+    assert tight.launch == 4 and any(b.startswith("deadline") for b in binds(_one_model(launch_by=4), tight,
+                                                                                Quality(2.0), False))
 
 
 def test_infeasible_life_names_the_binding_resource_and_shortfall():

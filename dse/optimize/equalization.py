@@ -608,10 +608,12 @@ def class_shares(bundles: pd.DataFrame) -> dict[str, float]:
 
 def binds(d: LifetimeData, r: LifetimeResult, quality: Quality, menu_edge: bool) -> list[str]:
     """What holds the optimum where it is: the deadline, inventory, power and budget it meets with equality, the
-    unique data it repeats, whole weeks, and the edge of the model menu.
+    unique data it repeats, whole weeks, and the edge of the model menu. The deadline binds where the launch falls
+    on it and the same plan started any earlier breaks the inventory or power (an earlier start costs the same: the
+    solver may pick either, and only then is the deadline what holds it).
     """
     out = []
-    if r.launch == d.launch_by:
+    if r.launch == d.launch_by and all(violations(d, held(d, replace(r.plan, start=s))) for s in range(r.start)):
         out.append(f"deadline: the launch falls in week {r.launch}, the latest allowed")
     nodes = held(d, r.plan)
     per = nodes.sum(axis=0)

@@ -110,8 +110,10 @@ SERVE_CLASSES = ("role", "group", "system", "kv_tier", "placement")
 """A serving option is compared only with those of its class: its role, numerics, system, KV tier and expert
 placement (`dse.optimize.operating_points.placement`). Within a system a point that costs no more per second and
 serves no fewer requests per second also takes no more nodes per bundle for no less rate (a node holds at least as
-many of its smaller replicas), so dropping the other loses nothing under any inventory; across systems, tiers or
-placements dropping it would decide in advance what the program is to decide under the shared inventory."""
+many of its smaller replicas), so dropping the other loses nothing under any inventory; across systems dropping it
+would decide in advance what the lifetime program decides under the shared inventory, and across tiers or
+placements it would leave a study that holds them to HBM or to one scale-up domain without its options (the
+lifetime data narrows them per system once those are applied: `dse.optimize.equalization.narrow_serving`)."""
 
 
 def serving_options(model: Architecture, workload: Request, opts: SpaceOptions,

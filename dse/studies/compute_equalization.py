@@ -460,9 +460,9 @@ def _phases(d, r) -> pd.DataFrame:
         weeks = r.pretrain_weeks if t["phase"] == "pretrain" else r.rl_weeks
         rows.append({"phase": t["phase"], "part": "training", "system": t["system"], "nodes": t["nodes"],
                      "chips": t["chips"], "weeks": weeks,
-                     "layout": f"TP{t['tp']} PP{t['pp']}{_chunks(t)} DP{t['dp']} EP{t['ep']}, {t['recompute']} "
-                               "recomputation, "
-                               f"{t['gemm_dtype']} GEMMs, batch {t['global_batch']} x {t['seq']}",
+                     "layout": f"TP{t['tp']} PP{t['pp']}{_chunks(t)} DP{t['dp']} EP{t['ep']}, "
+                               f"{t['recompute']} recomputation, {t['gemm_dtype']} GEMMs, "
+                               f"batch {t['global_batch']} x {t['seq']}",
                      "stages": t.get("stages", ""),
                      "tokens_per_s": t["tokens_per_s"], "mfu": t["mfu"],
                      "usd": weeks * t["nodes"] * float(price[t["system"]])})
