@@ -490,3 +490,41 @@ def test_bad_study_exits_2_and_an_infeasible_one_3_naming_the_shortfall(tmp_path
     r = dse("run", path, "--out", str(tmp_path / "o"))
     assert r.returncode == 3, r.stderr
     assert "inventory of h100 in week" in " ".join(r.stderr.split()) and "short by" in r.stderr
+
+
+def test_training_options_are_the_fastest_layout_of_each_node_count():
+    """Per node count, the training option is the fastest fitting layout of every TP x PP x chunks per device x EP x
+    recomputation (each evaluated alone by the scalar step, its stage partition the step's own), and each option
+    trains faster than every option on fewer nodes (a slower one on more nodes costs more and finishes no sooner)."""
+    from dse.catalog.hardware import default_systems
+    from dse.errors import InputError
+    from dse.optimize.codesign import moe_model
+    from dse.optimize.phase_options import training_options
+    from dse.physics.training import TrainLayout, train_step
+
+    model, system = moe_model(1024, 8, 2), default_systems("rental_3yr")["h100"]
+    seq, tokens = 2048, 2 ** 21
+    got = training_options(model, system, [1, 2], seq, tokens)
+    best = {}
+    for nodes in (1, 2):
+        chips = 8 * nodes
+        for tp, pp, v, ep, rec in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16), (1, 2, 4), (1, 8, 16, 32, 64),
+                                                    ("selective", "full")):
+            if chips % (tp * pp) or (pp == 1 and v > 1) or pp * v > model.spec.n_layers:
+                continue
+            dp = chips // (tp * pp)
+            if model.spec.attention.n_heads % tp or (ep > 1 and (model.spec.ffn.n_experts % ep or (dp * tp) % ep)):
+                continue
+            batch = max(1, round(tokens / seq / dp)) * dp
+            try:
+                r = train_step(model, system, TrainLayout(tp=tp, pp=pp, dp=dp, ep=ep, interleave=v, recompute=rec),
+                               batch, seq)
+            except InputError:  # more chunks than the model places
+                continue
+            if r["fits"] and r["tokens_per_s"] > best.get(nodes, (0.0,))[0]:
+                best[nodes] = (r["tokens_per_s"], r["stages"])
+    front = [n for n in (1, 2) if n in best and all(best[n][0] > best[m][0] for m in (1, 2) if m < n and m in best)]
+    assert got["nodes"].tolist() == front
+    for _, row in got.iterrows():
+        assert row["tokens_per_s"] == pytest.approx(best[row["nodes"]][0], rel=1e-9)
+        assert tuple(int(x) for x in row["stages"].split(",")) == best[row["nodes"]][1]
