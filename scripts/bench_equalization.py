@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from dse.errors import InfeasibleError, SolverLimitError
 from dse.optimize.bridge import compile_model
-from dse.optimize.equalization import cost_of, greedy, held, lifetime_data, solve_lifetime
+from dse.optimize.equalization import cost_of, greedy, held, lifetime_data, narrow_serving, solve_lifetime
 from dse.studies.base import load_study
 from dse.studies.compute_equalization import LifeSolver, menu_of
 from formulations.compute_equalization import build
@@ -46,6 +46,7 @@ def main() -> None:
         for launch in (int(x) for x in a.launch.split(",")):
             life = replace(sv.life, launch_by=launch)
             d, _ = lifetime_data([sv.options_of(k) for k in keys], sv.quality, life)
+            d = narrow_serving(d)  # as the study solves it
             if d.models.empty:
                 continue
             size = compile_model(build(d))[0]

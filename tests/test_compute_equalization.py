@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,7 @@ from formulation_contract import FormulationContract
 
 from dse.errors import InfeasibleError
 from dse.optimize.bridge import compile_model
-from dse.optimize.equalization import check, solve_lifetime
+from dse.optimize.equalization import check, narrow_serving, solve_lifetime
 from dse.optimize.scaling import (
     LOSS_FITS,
     REPEAT_HALF_LIFE,
@@ -89,12 +90,30 @@ def random_instance(rng: np.random.Generator) -> LifetimeData:
                 roles = ["both", "prefill", "decode"]
             for role in roles:
                 serve.append({"phase": phase, "model": name, "system": str(rng.choice(systems)), "role": role,
-                              "group": 0, "nodes": int(rng.integers(1, 3)), "rate": float(rng.uniform(0.6, 2.0))})
+                              "group": 0, "nodes": int(rng.integers(1, 3)), "rate": float(rng.uniform(0.6, 2.0)),
+                              "kv_tier": "host" if rng.uniform() < 0.3 else "hbm",
+                              "placement": "scale_out" if rng.uniform() < 0.3 else "scale_up"})
+                if rng.uniform() < 0.25:  # a rival of the same system and role, of another tier or placement
+                    rival = dict(serve[-1])
+                    rival.update(nodes=int(rng.integers(1, 3)), rate=float(rng.uniform(0.6, 2.0)),
+                                 kv_tier=str(rng.choice(["hbm", "host"])),
+                                 placement=str(rng.choice(["scale_up", "scale_out"])))
+                    serve.append(rival)
+    only = {}  # serving and rollouts held to some KV tiers or expert placements (a study's assumption)
+    if rng.uniform() < 0.6:
+        only = {"kv_tiers": ("hbm",)} if rng.uniform() < 0.5 else {"placements": ("scale_up",)}
     return LifetimeData(pd.DataFrame(models).set_index("model"), sy, inv, pd.DataFrame(train), pd.DataFrame(serve),
                         demand=float(rng.uniform(0.5, 3)), deploy_weeks=deploy, launch_by=launch_by,
                         rl_train_per_rollout_token=f,
                         power_cap_w=float(rng.uniform(2e4, 6e4)) if rng.uniform() < 0.4 else None,
-                        budget_usd=float(rng.uniform(20, 80)) if rng.uniform() < 0.3 else None)
+                        budget_usd=float(rng.uniform(20, 80)) if rng.uniform() < 0.3 else None, meta={"only": only})
+
+
+def _allowed(d: LifetimeData, row: dict) -> bool:
+    """Whether a serving or rollout option is within the instance's KV tiers and expert placements."""
+    only = d.meta.get("only", {})
+    return row["kv_tier"] in only.get("kv_tiers", (row["kv_tier"],)) and row["placement"] in only.get(
+        "placements", (row["placement"],))
 
 
 def _capacity(opts: list[dict], x: np.ndarray) -> np.ndarray:
@@ -109,6 +128,8 @@ def _capacity(opts: list[dict], x: np.ndarray) -> np.ndarray:
 
 def _vectors(opts: list[dict], inv_max: dict) -> np.ndarray:
     """Every bundle vector whose bundles each fit the largest inventory of their system."""
+    if not opts:
+        return np.zeros((1, 0))
     ranges = [range(int(inv_max[o["system"]] // o["nodes"]) + 1) for o in opts]
     return np.array(list(itertools.product(*ranges)), dtype=float).reshape(-1, len(opts))
 
@@ -121,7 +142,8 @@ def _per_system(opts: list[dict], x: np.ndarray, systems: list[str]) -> np.ndarr
 
 def brute_force(d: LifetimeData) -> float | None:
     """Every model, pre-training layout and length (any number of weeks that trains its tokens), RL layout, start
-    week, rollout and serving bundle vector: no code shared with the program. RL lasts the weeks its training
+    week, rollout and serving bundle vector (of the options within the instance's KV tiers and expert placements,
+    each option a class of its own): no code shared with the program. RL lasts the weeks its training
     layout needs (where rollouts are not trained, a power of two or the deadline; none without RL); rollouts
     generate the model's rollout tokens over those weeks and feed the training every week."""
     systems = list(d.systems.index)
@@ -133,8 +155,10 @@ def brute_force(d: LifetimeData) -> float | None:
     best = math.inf
     for name, row in d.models.iterrows():
         tr = d.train[d.train["model"] == name].to_dict("records")
-        srv = d.serve[(d.serve["model"] == name) & (d.serve["phase"] == "serve")].to_dict("records")
-        rol = d.serve[(d.serve["model"] == name) & (d.serve["phase"] == "rl")].to_dict("records")
+        srv = [o for o in d.serve[(d.serve["model"] == name) & (d.serve["phase"] == "serve")].to_dict("records")
+               if _allowed(d, o)]
+        rol = [o for o in d.serve[(d.serve["model"] == name) & (d.serve["phase"] == "rl")].to_dict("records")
+               if _allowed(d, o)]
         xs = _vectors(srv, inv_max)
         xs = xs[_capacity(srv, xs) >= d.demand - 1e-9]
         if not len(xs):
@@ -187,14 +211,15 @@ class TestLifetimeContract(FormulationContract):
         return random_instance(rng)
 
     def solve_mip(self, d):
-        r = solve_lifetime(d)
+        r = solve_lifetime(narrow_serving(d, **d.meta["only"]))
         return r.result.objective, r, r.result
 
     def solve_exhaustive(self, d):
         return brute_force(d)
 
     def recheck(self, d, r, value):
-        assert check(d, r) == []
+        assert check(narrow_serving(d, **d.meta["only"]), r) == []
+        assert all(_allowed(d, o) for o in r.bundles.to_dict("records"))
         assert r.cost["total"] == pytest.approx(value, rel=1e-6)
 
     def build_model(self, d):
@@ -298,6 +323,21 @@ def test_a_small_life_is_solved_as_the_arithmetic_says():
     assert (r.pretrain_weeks, r.rl_weeks, r.launch) == (2, 2, 4) and check(d, r) == []
 
 
+def test_the_deadline_binds_only_where_no_earlier_start_fits():
+    """The same plan launched on the deadline: from week 2 it could have started in week 0 at the same cost (the
+    deadline holds nothing); from week 0, with the deadline right after RL, it does."""
+    from dse.optimize.equalization import Quality, binds, result_of
+
+    d = _one_model(launch_by=6)
+    r = solve_lifetime(d)
+    late = result_of(d, replace(r.plan, start=6 - r.launch + r.start), r.result)
+    assert late.launch == 6 and late.cost == r.cost
+    assert not any(b.startswith("deadline") for b in binds(d, late, Quality(2.0), False))
+    tight = solve_lifetime(_one_model(launch_by=4))
+    assert tight.launch == 4 and any(b.startswith("deadline") for b in binds(_one_model(launch_by=4), tight,
+                                                                                Quality(2.0), False))
+
+
 def test_infeasible_life_names_the_binding_resource_and_shortfall():
     with pytest.raises(InfeasibleError, match=r"inventory of s in week \d: short by 1 nodes"):
         solve_lifetime(_one_model(inventory=2.0))  # serving needs 3 nodes
@@ -307,6 +347,53 @@ def test_infeasible_life_names_the_binding_resource_and_shortfall():
         solve_lifetime(_one_model(power=2e3))
     with pytest.raises(InfeasibleError, match="budget: short by 4 USD"):
         solve_lifetime(_one_model(budget=10.0))
+
+
+def test_a_bundle_carries_every_replica_a_node_holds():
+    """A 4-chip replica on an 8-chip node: its bundle (one node) carries two replicas' rate; a 16-chip one spans two
+    nodes and carries its own."""
+    from dse.optimize.codesign import moe_model
+    from dse.optimize.equalization import ModelOptions, Quality, lifetime_data
+
+    model = moe_model(2048, 1, 8)
+    life = _life_of_h100()
+    serve = pd.DataFrame([{"system": "h100", "role": "both", "group": 0, "chips": c, "kv_tier": "hbm",
+                           "placement": "scale_up", "requests_per_s": 3.0, "usd_per_s": 1.0, "nodes": n,
+                           "per_bundle": p} for c, n, p in ((4, 1, 2), (16, 2, 1))])
+    mo = ModelOptions(model, pd.DataFrame(), pd.DataFrame(), serve, serve.iloc[:0])
+    d, _ = lifetime_data([mo], Quality(target_loss=3.0), life)
+    assert d.serve["rate"].tolist() == [6.0, 3.0]
+
+
+def _life_of_h100():
+    from dse.catalog.hardware import default_systems
+    from dse.optimize.equalization import Life
+    from dse.physics.serving import Request
+
+    return Life(serve=Request(prompt=100, output=10), demand_tokens_per_s=100.0, deploy_weeks=1, launch_by=2,
+                rollout=Request(prompt=10, output=10), rl_per_pretrain_token=0.0, rl_tokens=0.0,
+                rl_trained_share=0.0, seq=1024, batch_tokens=1e6, rl_batch_tokens=1e6,
+                systems={"h100": default_systems("rental_3yr")["h100"]}, train_systems=("h100",),
+                inventory={"h100": [4, 4, 4]})
+
+
+def test_highs_presolve_is_not_trusted_with_infeasible():
+    """OR-Tools 9.15's HiGHS presolve calls this life infeasible (a model without RL that has rollout options): 2 weeks
+    of pre-training on 2 nodes, then a node serving for 2 weeks, 6 USD. The bridge confirms HiGHS's "infeasible"
+    without presolve and finds it."""
+    models = pd.DataFrame([{"model": "m", "pretrain_tokens": 1.75, "rollout_tokens": 0.0, "rl_train_tokens": 0.0}]
+                          ).set_index("model")
+    train = pd.DataFrame([{"phase": "pretrain", "model": "m", "system": "s", "nodes": 2, "tokens_per_week": 1.2},
+                          {"phase": "rl", "model": "m", "system": "s", "nodes": 1, "tokens_per_week": 2.3}])
+    serve = pd.DataFrame([{"phase": p, "model": "m", "system": "s", "role": r, "group": 0, "nodes": n, "rate": x}
+                          for p, r, n, x in (("serve", "both", 1, 0.75), ("rl", "prefill", 1, 1.6),
+                                             ("rl", "decode", 2, 1.9))])
+    sy = pd.DataFrame({"usd_per_node_week": [1.0], "power_per_node_w": [1e4]}, index=["s"])
+    inv = pd.DataFrame([[2.0, 5, 5, 5, 5, 5, 4]], index=["s"], columns=range(7))
+    d = LifetimeData(models, sy, inv, train, serve, demand=0.66, deploy_weeks=2, launch_by=5)
+    for warm in (True, False):
+        r = solve_lifetime(d, "highs", warm_start=warm)
+        assert r.result.status == "optimal" and r.cost["total"] == pytest.approx(6.0) and check(d, r) == []
 
 
 def test_the_program_is_never_worse_than_the_greedy():
@@ -356,8 +443,15 @@ def test_compute_equalization_study_finds_the_split_and_what_moves_it(shipped):
     assert len(demand) == 4  # three solved and the study's own
     assert demand["overtraining_ratio"].is_monotonic_increasing  # more demand: train a smaller model longer
     assert demand["serve_share"].is_monotonic_increasing
-    assert {"no RL", "dense models only", "no data limit"} <= set(sens.loc[sens["dimension"] == "assumption",
-                                                                            "value"])
+    assert {"no RL", "dense models only", "no data limit", "KV cache in HBM only",
+            "experts within one scale-up domain"} <= set(sens.loc[sens["dimension"] == "assumption", "value"])
+    # the KV tier and the expert placement are the program's choices: holding them to fewer never costs less
+    held = sens[sens["value"].isin(["KV cache in HBM only", "experts within one scale-up domain"])]
+    assert (held["lifetime_usd"] >= s["menu_optimum"]["lifetime_usd"] * (1 - 1e-9)).all()
+    assert (held.loc[held["value"] == "experts within one scale-up domain", "serve_scale_out_share"] == 0).all()
+    for key in ("serve", "rollout"):
+        assert 0 <= b[f"{key}_host_kv_share"] <= 1 and 0 <= b[f"{key}_scale_out_share"] <= 1
+    assert {"kv_tier", "placement"} <= set(run.table("phases").columns)
     for name in ("lifetime.png", "fleet.png", "sensitivity.png", "phases.csv", "menu.csv"):
         assert (run.out / name).exists(), name
     assert s["gain_over_greedy"] >= 0
@@ -396,3 +490,41 @@ def test_bad_study_exits_2_and_an_infeasible_one_3_naming_the_shortfall(tmp_path
     r = dse("run", path, "--out", str(tmp_path / "o"))
     assert r.returncode == 3, r.stderr
     assert "inventory of h100 in week" in " ".join(r.stderr.split()) and "short by" in r.stderr
+
+
+def test_training_options_are_the_fastest_layout_of_each_node_count():
+    """Per node count, the training option is the fastest fitting layout of every TP x PP x chunks per device x EP x
+    recomputation (each evaluated alone by the scalar step, its stage partition the step's own), and each option
+    trains faster than every option on fewer nodes (a slower one on more nodes costs more and finishes no sooner)."""
+    from dse.catalog.hardware import default_systems
+    from dse.errors import InputError
+    from dse.optimize.codesign import moe_model
+    from dse.optimize.phase_options import training_options
+    from dse.physics.training import TrainLayout, train_step
+
+    model, system = moe_model(1024, 8, 2), default_systems("rental_3yr")["h100"]
+    seq, tokens = 2048, 2 ** 21
+    got = training_options(model, system, [1, 2], seq, tokens)
+    best = {}
+    for nodes in (1, 2):
+        chips = 8 * nodes
+        for tp, pp, v, ep, rec in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16), (1, 2, 4), (1, 8, 16, 32, 64),
+                                                    ("selective", "full")):
+            if chips % (tp * pp) or (pp == 1 and v > 1) or pp * v > model.spec.n_layers:
+                continue
+            dp = chips // (tp * pp)
+            if model.spec.attention.n_heads % tp or (ep > 1 and (model.spec.ffn.n_experts % ep or (dp * tp) % ep)):
+                continue
+            batch = max(1, round(tokens / seq / dp)) * dp
+            try:
+                r = train_step(model, system, TrainLayout(tp=tp, pp=pp, dp=dp, ep=ep, interleave=v, recompute=rec),
+                               batch, seq)
+            except InputError:  # more chunks than the model places
+                continue
+            if r["fits"] and r["tokens_per_s"] > best.get(nodes, (0.0,))[0]:
+                best[nodes] = (r["tokens_per_s"], r["stages"])
+    front = [n for n in (1, 2) if n in best and all(best[n][0] > best[m][0] for m in (1, 2) if m < n and m in best)]
+    assert got["nodes"].tolist() == front
+    for _, row in got.iterrows():
+        assert row["tokens_per_s"] == pytest.approx(best[row["nodes"]][0], rel=1e-9)
+        assert tuple(int(x) for x in row["stages"].split(",")) == best[row["nodes"]][1]

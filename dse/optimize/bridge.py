@@ -119,7 +119,10 @@ def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: f
     ``node_limit`` and ``settings`` go to `dse.optimize.solver.solve`; ``columns`` to `compile_model`. With
     ``warm_start``, every variable that holds a value (a greedy solution, or an earlier stage's) is passed to the
     solver as a hint, in column order (not to HiGHS: OR-Tools 9.15's HiGHS interface crashes the process on a
-    model with hints, so HiGHS starts cold).
+    model with hints, so HiGHS starts cold; its objective bound, or a constraint capping the objective at a known
+    plan's cost, is no substitute: either led HiGHS's presolve to a dearer plan reported optimal on the lifetime
+    program). HiGHS's "infeasible" is confirmed by a second solve without presolve: its presolve has declared a
+    feasible lifetime program infeasible (`tests/test_compute_equalization.py`).
     """
     transform(model, gdp)
     m, vmap, _ = compile_model(model, columns=columns)
@@ -128,6 +131,8 @@ def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: f
             if v.value is not None and not v.fixed:
                 m.add_hint(x, float(v.value))
     engine, res = solve(m, solver, time_limit_s, node_limit, settings)
+    if solver == "highs" and res.status == "infeasible":  # confirmed without presolve
+        engine, res = solve(m, solver, time_limit_s, node_limit, (*settings, "presolve=off"))
     if res.ok:
         vals = engine.values([x for _, x in vmap.values()])
         for (v, _), val in zip(vmap.values(), vals, strict=True):

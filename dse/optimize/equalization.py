@@ -151,11 +151,13 @@ def lifetime_data(options: list[ModelOptions], quality: Quality, life: Life) -> 
             if not t.empty:
                 train.append(t.assign(phase=phase, model=mo.model.id,
                                       tokens_per_week=t["tokens_per_s"] * life.week_s))
+        # a bundle's rate is its replicas' (``per_bundle`` of them where a replica takes less than a node)
         if not mo.serve.empty:
-            serve.append(mo.serve.assign(phase="serve", model=mo.model.id, rate=mo.serve["requests_per_s"]))
+            serve.append(mo.serve.assign(phase="serve", model=mo.model.id,
+                                         rate=mo.serve["requests_per_s"] * mo.serve["per_bundle"]))
         if not mo.rollout.empty:
-            serve.append(mo.rollout.assign(phase="rl", model=mo.model.id,
-                                           rate=mo.rollout["requests_per_s"] * life.rollout.output * life.week_s))
+            serve.append(mo.rollout.assign(phase="rl", model=mo.model.id, rate=mo.rollout["requests_per_s"]
+                                           * mo.rollout["per_bundle"] * life.rollout.output * life.week_s))
     systems = sorted({*life.train_systems, *(s for t in serve for s in t["system"])},
                      key=lambda s: list(life.systems).index(s))
     sy = pd.DataFrame({s: {"node_chips": node_chips(life.systems[s]),
@@ -357,10 +359,10 @@ def _fastest_weeks(d: LifetimeData) -> int:
 
 def solve_lifetime(d: LifetimeData, solver: str = "highs", time_limit_s: float = 60.0,
                    warm_start: bool = True) -> LifetimeResult:
-    """Solve the lifetime program (warm-started from the greedy plan); InfeasibleError names the binding resource and
-    its shortfall.
+    """Solve the lifetime program warm-started from the greedy plan (SCIP takes it as a hint; HiGHS, which cannot,
+    starts cold); InfeasibleError names the binding resource and its shortfall.
     """
-    if d.models.empty:
+    if d.models.empty or "serve" not in d.columns.s_phase:  # nothing to choose from
         raise InfeasibleError(diagnose(d, solver))
     m = build(d)
     start = greedy(d) if warm_start else None
@@ -521,6 +523,31 @@ def restrict(d: LifetimeData, models: list[str]) -> LifetimeData:
                    serve=d.serve[d.serve["model"].isin(models)].reset_index(drop=True))
 
 
+def narrow_serving(d: LifetimeData, kv_tiers: tuple[str, ...] | None = None,
+                   placements: tuple[str, ...] | None = None) -> LifetimeData:
+    """The same program with serving and rollouts held to some KV tiers and expert placements (None: all), less the
+    bundles another of the same phase, model, system, role and numerics group beats: no more nodes and no less rate.
+    Exact: such a bundle in a plan can be swapped for the other, which holds no more nodes (so no more cost, power or
+    inventory) and carries no less of its pool; the KV tier and the placement enter the program through nothing else.
+    """
+    t = d.serve
+    ok = pd.Series(True, index=t.index)
+    if kv_tiers is not None:
+        ok &= t["kv_tier"].isin(kv_tiers)
+    if placements is not None:
+        ok &= t["placement"].isin(placements)
+    t = t[ok]
+    keep = []
+    for _, g in t.groupby(["phase", "model", "system", "role", "group"], sort=False):
+        g = g.sort_values(["nodes", "rate"], ascending=[True, False], kind="stable")
+        best = -math.inf
+        for i, rate in zip(g.index, g["rate"], strict=True):
+            if rate > best * (1 + 1e-12):
+                keep.append(i)
+                best = rate
+    return replace(d, serve=t.loc[sorted(keep)].reset_index(drop=True))
+
+
 def figures(d: LifetimeData, r: LifetimeResult, quality: Quality) -> dict:
     """The optimum's figures: the model and its tokens, the phases' USD, weeks and shares, the marginal USD per token
     of each phase at its chosen configurations, the first-order condition's split and the lecture's units.
@@ -559,15 +586,34 @@ def figures(d: LifetimeData, r: LifetimeResult, quality: Quality) -> dict:
         "status": r.result.status, "gap": r.result.gap, "solve_wall_s": r.result.wall_s,
     })
     out["chinchilla_tokens"] = CHINCHILLA_TOKENS_PER_PARAM * active
+    out.update(class_shares(r.bundles))
+    return out
+
+
+def class_shares(bundles: pd.DataFrame) -> dict[str, float]:
+    """What the optimum picks for the serving KV cache's tier and the experts' placement: the share of serving's and
+    of the rollouts' nodes whose replicas keep the KV in host memory, and whose expert-parallel groups span more than
+    one scale-up domain (NaN where a phase holds no bundle).
+    """
+    out = {}
+    for phase, name in (("serve", "serve"), ("rl", "rollout")):
+        b = bundles[bundles["phase"] == phase] if "phase" in bundles else bundles.iloc[:0]
+        nodes = (b["nodes"] * b["bundles"]).astype(float) if len(b) else pd.Series(dtype=float)
+        total = float(nodes.sum())
+        for key, column, value in (("host_kv", "kv_tier", "host"), ("scale_out", "placement", "scale_out")):
+            share = float(nodes[b[column] == value].sum()) / total if total and column in b else math.nan
+            out[f"{name}_{key}_share"] = share
     return out
 
 
 def binds(d: LifetimeData, r: LifetimeResult, quality: Quality, menu_edge: bool) -> list[str]:
     """What holds the optimum where it is: the deadline, inventory, power and budget it meets with equality, the
-    unique data it repeats, whole weeks, and the edge of the model menu.
+    unique data it repeats, whole weeks, and the edge of the model menu. The deadline binds where the launch falls
+    on it and the same plan started any earlier breaks the inventory or power (an earlier start costs the same: the
+    solver may pick either, and only then is the deadline what holds it).
     """
     out = []
-    if r.launch == d.launch_by:
+    if r.launch == d.launch_by and all(violations(d, held(d, replace(r.plan, start=s))) for s in range(r.start)):
         out.append(f"deadline: the launch falls in week {r.launch}, the latest allowed")
     nodes = held(d, r.plan)
     per = nodes.sum(axis=0)

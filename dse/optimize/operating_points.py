@@ -39,12 +39,24 @@ def _config(space: Space, pos: int, n: int) -> dict:
     return describe_choice(space, Choice(int(space.blocks.index[pos]), int(n), np.nan, np.nan))
 
 
-def non_dominated(points: pd.DataFrame) -> pd.DataFrame:
-    """Drop points another of the same (role, group) dominates: no more USD/s and no fewer requests/s."""
+def placement(space: Space, points: pd.DataFrame) -> np.ndarray:
+    """Where each point's expert-parallel group lives: ``scale_up`` when a pipeline stage (the chips its experts and
+    attention share) fits in one scale-up domain, ``scale_out`` when its all-to-all crosses the scale-out network
+    (`dse.physics.roofline.dispatch_copies`).
+    """
+    domain = points["system"].map({s.id: int(s.scaleup_domain) for s in space.systems}).to_numpy()
+    stage = points["chips"].to_numpy() // np.maximum(points["pp"].to_numpy(), 1)
+    return np.where(stage > domain, "scale_out", "scale_up")
+
+
+def non_dominated(points: pd.DataFrame, by: tuple[str, ...] = ("role", "group")) -> pd.DataFrame:
+    """Drop points another of the same ``by`` class (role and numerics group by default) dominates: no more USD/s and
+    no fewer requests/s.
+    """
     if points.empty:
         return points
     keep = []
-    for _, g in points.groupby(["role", "group"], sort=False):
+    for _, g in points.groupby(list(by), sort=False):
         g = g.sort_values(["usd_per_s", "requests_per_s"], ascending=[True, False])
         best = -np.inf
         for i, r in g.iterrows():
@@ -55,8 +67,11 @@ def non_dominated(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disaggregated"),
-                     context_parallel: tuple[bool, ...] = (False, True)) -> pd.DataFrame:
-    """The non-dominated operating points of one (model, workload) space, one row per point (``COLUMNS``)."""
+                     context_parallel: tuple[bool, ...] = (False, True),
+                     by: tuple[str, ...] = ("role", "group")) -> pd.DataFrame:
+    """The non-dominated operating points of one (model, workload) space, one row per point (``COLUMNS``); a point
+    is compared only with those of its ``by`` class (`non_dominated`).
+    """
     w, b = space.workload, space.blocks
     req = space.workload
     rows: list[dict] = []
@@ -101,6 +116,8 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
     pts = pd.DataFrame(rows, columns=[c for c in ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp",
                                                   "etp", "batch", "context", "weights_dtype", "kv_dtype", "kv_tier",
                                                   *COLUMNS[13:])])
-    pts = non_dominated(pts)
+    if "placement" in by:
+        pts["placement"] = placement(space, pts)
+    pts = non_dominated(pts, by)
     pts["numerics"] = [f"{DTYPES[g // 16]}/{DTYPES[g % 16]}" for g in pts["group"]]
     return pts

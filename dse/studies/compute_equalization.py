@@ -216,9 +216,11 @@ class LifeSolver:
             self.options[key] = model_options(moe_model(*key), life, self.spec.options())
         return self.options[key]
 
-    def solve(self, keys: list[tuple[int, int, int]], life=None, quality=None):
-        """The program over the models ``keys``: (data, result, models left out); InfeasibleError when none fits."""
-        from dse.optimize.equalization import lifetime_data, solve_lifetime
+    def solve(self, keys: list[tuple[int, int, int]], life=None, quality=None, only: dict | None = None):
+        """The program over the models ``keys``: (data, result, models left out); InfeasibleError when none fits.
+        ``only`` holds serving and rollouts to some KV tiers and expert placements (`narrow_serving`).
+        """
+        from dse.optimize.equalization import lifetime_data, narrow_serving, solve_lifetime
 
         life, quality = life or self.life, quality or self.quality
         if life.rl_trained_share == 0:
@@ -226,6 +228,7 @@ class LifeSolver:
         else:
             opts = [self.options_of(k) for k in keys]
         d, left = lifetime_data(opts, quality, life)
+        d = narrow_serving(d, **(only or {}))
         r = solve_lifetime(d, self.spec.solver.name, self.spec.solver.time_limit_s)
         self.results.append(r.result)
         return d, r, left
@@ -331,17 +334,26 @@ def _variants(sv: LifeSolver, spec: Spec, menu: list, optimum: dict, progress: P
             points.append(("assumption", "dense models only", {}, None, dense))
         if e.rl.tokens_per_pretrain_token > 0 or e.rl.tokens > 0:
             points.append(("assumption", "no RL", {"rl_per_pretrain_token": 0.0, "rl_tokens": 0.0}, None, menu))
+        tiers, places = (set(pd.concat([sv.options_of(k).serve[c] for k in menu] + [sv.options_of(k).rollout[c]
+                                                                                    for k in menu]))
+                         for c in ("kv_tier", "placement"))
+        if len(tiers) > 1 and "hbm" in tiers:
+            points.append(("assumption", "KV cache in HBM only", {}, None, menu, {"kv_tiers": ("hbm",)}))
+        if len(places) > 1:
+            points.append(("assumption", "experts within one scale-up domain", {}, None, menu,
+                           {"placements": ("scale_up",)}))
     rows = [{"dimension": dim, "value": value, **optimum, "source": "study"} for dim, value, present in (
         ("demand_tokens_per_s", sv.life.demand_tokens_per_s, s.demands_tokens_per_s),
         ("deployment_weeks", e.deployment_weeks, s.deployment_weeks),
         ("trained_share", e.rl.trained_share, s.trained_shares)) if present and value not in present]
-    for j, (dim, value, life_change, quality_change, keys) in enumerate(points):
+    for j, (dim, value, life_change, quality_change, keys, *only) in enumerate(points):
         if progress:
             progress(f"sensitivity: {dim} = {value}", j, len(points))
         base = {"dimension": dim, "value": value}
         try:
             d, r, _ = sv.solve(keys, replace(sv.life, **life_change),
-                               replace(sv.quality, **quality_change) if quality_change else None)
+                               replace(sv.quality, **quality_change) if quality_change else None,
+                               only[0] if only else None)
             rows.append(_row(d, r, replace(sv.quality, **quality_change) if quality_change else sv.quality,
                              **base, source="solved"))
         except InfeasibleError as exc:
@@ -448,8 +460,10 @@ def _phases(d, r) -> pd.DataFrame:
         weeks = r.pretrain_weeks if t["phase"] == "pretrain" else r.rl_weeks
         rows.append({"phase": t["phase"], "part": "training", "system": t["system"], "nodes": t["nodes"],
                      "chips": t["chips"], "weeks": weeks,
-                     "layout": f"TP{t['tp']} PP{t['pp']} DP{t['dp']} EP{t['ep']}, {t['recompute']} recomputation, "
-                               f"{t['gemm_dtype']} GEMMs, batch {t['global_batch']} x {t['seq']}",
+                     "layout": f"TP{t['tp']} PP{t['pp']}{_chunks(t)} DP{t['dp']} EP{t['ep']}, "
+                               f"{t['recompute']} recomputation, {t['gemm_dtype']} GEMMs, "
+                               f"batch {t['global_batch']} x {t['seq']}",
+                     "stages": t.get("stages", ""),
                      "tokens_per_s": t["tokens_per_s"], "mfu": t["mfu"],
                      "usd": weeks * t["nodes"] * float(price[t["system"]])})
     for _, b in r.bundles.iterrows():
@@ -458,10 +472,17 @@ def _phases(d, r) -> pd.DataFrame:
                      "system": b["system"], "role": b["role"], "nodes": b["nodes"] * b["bundles"],
                      "chips": b["chips"] * b["replicas"], "replicas": b["replicas"], "weeks": weeks,
                      "layout": f"TP{b['tp']} EP{b['ep']} PP{b['pp']} DP{b['dp']}, batch {b['batch']}, KV in "
-                               f"{b['kv_tier']}, {b['numerics']}",
+                               f"{b['kv_tier']}, experts {b['placement'].replace('_', '-')}, {b['numerics']}",
+                     "kv_tier": b["kv_tier"], "placement": b["placement"],
                      "requests_per_s": b["requests_per_s"] * b["replicas"],
                      "usd": weeks * b["nodes"] * b["bundles"] * float(price[b["system"]])})
     return pd.DataFrame(rows)
+
+
+def _chunks(t: pd.Series) -> str:
+    """A pipeline's chunks per device where interleaved."""
+    v = int(t.get("interleave", 1) or 1)
+    return f" ({v} chunks per device)" if v > 1 else ""
 
 
 def _lifetime_plot(out: StudyOutput, path: Path) -> None:
@@ -554,9 +575,19 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
         f"costs {b['inference_inefficiency']:.1f}x pre-training per FLOP (the lecture: 3)",
         *_condition(lec.get("first_order", {})),
         f"weeks: pre-training {b['pretrain_weeks']}, RL {b['rl_weeks']}, launch in week {b['launch_week']}",
+        *_classes(b),
         *[f"binds: {x}" for x in summary["binds"]],
         *_moves(summary, tables),
     ]
+
+
+def _classes(b: dict) -> list[str]:
+    """The serving KV tier and expert placement the optimum picks, as shares of each phase's nodes."""
+    parts = [f"{label}: KV in host memory on {b[f'{key}_host_kv_share']:.0%} of its nodes, experts across scale-up "
+             f"domains on {b[f'{key}_scale_out_share']:.0%}" for key, label in (("serve", "serving"),
+                                                                               ("rollout", "rollouts"))
+             if isinstance(b.get(f"{key}_host_kv_share"), float) and not math.isnan(b[f"{key}_host_kv_share"])]
+    return ["; ".join(parts)] if parts else []
 
 
 def _condition(first: dict) -> list[str]:
