@@ -270,25 +270,28 @@ def prompts_per_chunk(req: Request) -> int:
 
 
 def _passes(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency, req: Request,
-            prefill: bool = False, decode: bool = True, full_chunk: bool = False) -> dict[str, dict]:
+            prefill: bool = False, decode: bool = True, full_chunk: bool = False,
+            prefill_memory: bool = False) -> dict[str, dict]:
     """The passes a request-level metric needs, evaluated over one gathering of the catalog columns:
-    ``mean`` and ``peak``, the decode pass at the mean context P + O/2 (times) and at the peak P + O
+    ``mean`` and ``peak``, the decode pass at the mean context P + O/2 (its times) and at the peak P + O
     (its memory check alone); ``prefill``, one prompt per DP rank (batch = DP) prefilled in one pass with its KV in HBM,
-    its work scaled to the computed (uncached) share of the prompt; ``full_chunk``, the same with as many
-    whole prompts per DP rank as one chunk carries (`prompts_per_chunk`).
+    its work scaled to the computed (uncached) share of the prompt (its times, and with ``prefill_memory`` its
+    memory check); ``full_chunk``, the same with as many whole prompts per DP rank as one chunk carries
+    (`prompts_per_chunk`; its times).
     """
     names, inputs = [], []
     if decode:
         names += ["mean", "peak"]
-        inputs += [{"context": req.prompt + req.output / 2.0, "phase": 0},
+        inputs += [{"context": req.prompt + req.output / 2.0, "phase": 0, "memory": False},
                    {"context": req.prompt + req.output, "phase": 0, "times": False}]
     dp = np.asarray(cand.dp, dtype=np.float64)
     if prefill:
         names.append("prefill")
-        inputs.append({"batch": dp, "context": req.prompt, "phase": 1, "kv_tier": 0})
+        inputs.append({"batch": dp, "context": req.prompt, "phase": 1, "kv_tier": 0, "memory": prefill_memory})
     if full_chunk:
         names.append("full_chunk")
-        inputs.append({"batch": dp * prompts_per_chunk(req), "context": req.prompt, "phase": 1, "kv_tier": 0})
+        inputs.append({"batch": dp * prompts_per_chunk(req), "context": req.prompt, "phase": 1, "kv_tier": 0,
+                       "memory": False})
     out = dict(zip(names, evaluate_at(replace(cand, chunk=float(req.chunk)), models, systems, eff, inputs),
                    strict=True))
     share = req.computed_prompt / req.prompt
@@ -481,7 +484,8 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
     """
     c = cand.broadcast()
     e = _eff(c, systems, eff)
-    passes = _passes(c, models, systems, e, req, prefill=True, decode=False, full_chunk=full_chunk)
+    passes = _passes(c, models, systems, e, req, prefill=True, decode=False, full_chunk=full_chunk,
+                     prefill_memory=True)
     pre = passes["prefill"]
     sys_idx = np.asarray(c.system)
     dp = np.asarray(c.dp, dtype=np.float64)
