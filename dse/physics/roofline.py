@@ -618,16 +618,21 @@ class _Gathered:
         wd = np.asarray(c.weights_dtype)
         exd = np.asarray(c.experts_dtype)
         ed = np.where(exd < 0, wd, exd) if (exd >= 0).any() else wd  # -1: as the weights
-        # weight-only quantization (a format without tensor units) reads its group scales too
-        scales = np.where(systems.native, 0.0, GROUP_SCALE_BYTES)  # per (system, format)
-        self.wbytes = dtype_bytes.take(wd) + scales[s, wd]
-        self.ebytes = dtype_bytes.take(ed) + scales[s, ed]
-        self.flops_rate = systems.flops[s, wd]
-        self.experts_rate = systems.flops[s, ed]
+        # per (system, format), gathered by one flat index: bytes per weight (weight-only quantization, a format
+        # without tensor units, reads its group scales too), FLOP/s, and the bytes an expert dispatch sends per
+        # token element there and back (FP8 out where the experts compute in FP8 or FP4, the activations back in bf16)
+        per_byte = dtype_bytes + np.where(systems.native, 0.0, GROUP_SCALE_BYTES)
+        dispatch_bytes = np.where(per_byte < 2, 1.0, ACT_BYTES) + ACT_BYTES
+        formats = len(DTYPES)
+        at_w = s * formats + wd
+        at_e = at_w if ed is wd else s * formats + ed
+        self.wbytes, self.flops_rate = per_byte.ravel().take(at_w), systems.flops.ravel().take(at_w)
+        self.ebytes, self.experts_rate = per_byte.ravel().take(at_e), systems.flops.ravel().take(at_e)
+        self.dispatch_bytes = dispatch_bytes.ravel().take(at_e)
         fp8 = DTYPES.index("fp8")
-        attn_fp8 = (DTYPE_BYTES_ARR[:, None] <= 1.0) & systems.native[:, fp8]  # per (KV format, system)
-        attn_rates = np.where(attn_fp8, systems.flops[:, fp8], systems.flops[:, DTYPES.index("bf16")])
-        self.attn_rate = attn_rates[np.asarray(c.kv_dtype), s]
+        attn_fp8 = systems.native[:, fp8, None] & (DTYPE_BYTES_ARR <= 1.0)  # per (system, KV format)
+        attn_rates = np.where(attn_fp8, systems.flops[:, fp8, None], systems.flops[:, DTYPES.index("bf16"), None])
+        self.attn_rate = attn_rates.ravel().take(s * formats + np.asarray(c.kv_dtype))
         self.on_host = np.asarray(c.kv_tier) == 1
         self.any_host = bool(self.on_host.any())
         self.imbalance = _f(c.imbalance)
@@ -711,7 +716,8 @@ class _Gathered:
         self.tp_a2a = np.where(mesh, 1.0, tp_group)  # an all-to-all's share beyond tp_link (torus)
         # fixed latencies (0 under --ideal): one per collective, and per layer
         tp_latency = np.where(self.tp <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
-        self.lat_tp = np.where(self.tp > 1, tp_latency, 0.0)
+        self.tp_on = (self.tp > 1).astype(np.float64)  # TP ranks exchange activations (1.0) or not (0.0)
+        self.lat_tp = _masked(tp_latency, self.tp_on)
         self.lat_ep = np.where(self.inter > 0, eff.latency_scaleout, eff.latency_scaleup)
         self.lat_pp = np.where(self.chips <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
         self.overhead = (self.n_layers * eff.layer_overhead + self.moe_l * eff.moe_layer_overhead) * self.stretch
@@ -724,13 +730,18 @@ class _Gathered:
         if self.any_by_seq:
             self.attn_split = np.where(self.by_seq, 1.0, self.attn_split)
         self.tp_bw = np.where(self.tp <= self.domain, self.su * self.tp_link, self.so)
-        self.any_tp = bool((self.tp > 1).any())
+        self.any_tp = bool(self.tp_on.any())
         self.ring_share = 2.0 * (self.tp - 1) / self.tp  # a ring all-reduce's bytes per byte reduced
         self.tp_layers = 2.0 * self.n_layers / self.pp_even  # all-reduces per pass through a stage
         self.dispatch = (self.n_exp > 0) & (self.copies_scaleup + self.copies_scaleout > 0)
         self.any_dispatch = bool(self.dispatch.any())
         self.any_inter = bool((self.inter > 0).any())
-        self.any_pp = bool((self.pp > 1).any())
+        # the scale-out bandwidth of a dispatch leaving the domain (1 where it does not: it sends nothing there)
+        self.so_out = np.where(self.inter > 0, self.so, 1.0) if self.any_inter else self.so
+        self.pp_on = (self.pp > 1).astype(np.float64)  # stages hand activations on (1.0) or not (0.0)
+        self.any_pp = bool(self.pp_on.any())
+        # the dispatch's all-to-alls per pass through a stage (none where nothing is dispatched)
+        self.ep_layers = _masked(self.moe_l / self.pp_even, self.dispatch.astype(np.float64))
         self.hand_bw = np.where(self.chips <= self.domain, self.su * self.p2p_link, self.so)
         self.any_split = bool((self.micro > 1).any())
         self.skew = self.imbalance - 1.0
@@ -799,6 +810,14 @@ class _Gathered:
             g.ctx = np.broadcast_to(_f(context), self.ctx.shape)
             g._context = {}
         return g
+
+
+def _masked(x: np.ndarray, on: np.ndarray) -> np.ndarray:
+    """``np.where(on > 0, x, 0.0)`` for x >= 0 (times, layers) and a mask ``on`` of 0.0 and 1.0: x times ``on``
+    where every x is finite (x 1.0 = x, x 0.0 = 0.0), the same figures without np.where's branch per element, which
+    a mask in no order mispredicts (there it takes ten multiplications' time).
+    """
+    return x * on if np.isfinite(x).all() else np.where(on > 0, x, 0.0)
 
 
 def _gsum(weights: list[np.ndarray], values: list[np.ndarray]) -> np.ndarray:
@@ -936,7 +955,7 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
         tp_s = ep_s = pp_s = 0.0
         if g.any_tp:
             msg = tokens_rank * g.d * ACT_BYTES
-            allreduce = np.where(g.tp > 1, g.ring_share * msg / g.tp_bw + g.lat_tp, 0.0)
+            allreduce = _masked(g.ring_share * msg / g.tp_bw + g.lat_tp, g.tp_on)
             tp_s = g.tp_layers * allreduce
         # KV split by sequence: queries to the rank holding their sequence's KV, outputs back (two all-to-alls)
         if g.any_by_seq:
@@ -944,14 +963,14 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
             tp_s = tp_s + np.where(g.by_seq, g.n_layers / g.pp_even * (io / (g.tp_bw * g.tp_a2a) + 2.0 * g.lat_tp),
                                    0.0)
         if g.any_dispatch:
-            disp = np.where(g.ebytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
             # each TP chip sends 1/TP of its rank's tokens; the busiest group receives received_f x the mean
-            token_bytes = received_f * tokens_rank / g.tp * g.d * (disp + ACT_BYTES)
-            scaleout = np.where(g.inter > 0, token_bytes * g.copies_scaleout / g.so, 0.0) if g.any_inter else 0.0
+            token_bytes = received_f * tokens_rank / g.tp * g.d * g.dispatch_bytes
+            # (no copies leave the domain where the replica fits in it: 0 bytes over 1)
+            scaleout = token_bytes * g.copies_scaleout / g.so_out if g.any_inter else 0.0
             a2a = np.maximum(token_bytes * g.copies_scaleup / g.a2a_bw, scaleout) + 2.0 * g.lat_ep  # both ways
-            ep_s = np.where(g.dispatch, g.moe_l / g.pp_even * a2a, 0.0)
+            ep_s = g.ep_layers * a2a if np.isfinite(a2a).all() else np.where(g.dispatch, g.ep_layers * a2a, 0.0)
         if g.any_pp:
-            pp_s = np.where(g.pp > 1, tokens * g.d * ACT_BYTES / g.cps / g.hand_bw + g.lat_pp, 0.0)
+            pp_s = _masked(tokens * g.d * ACT_BYTES / g.cps / g.hand_bw + g.lat_pp, g.pp_on)
     comm_s = g.pp * (tp_s + ep_s + pp_s)
 
     attention_s = attn_s * g.stretch  # the attention kernels' share of compute_s and of memory_s
@@ -1119,7 +1138,8 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False, memory: bool = True
     prefill = _phase(g)
     r = _pass(g, g.batch, prefill)
     step_s, compute_s, memory_s, comm_s = r["step_s"], r["compute_s"], r["memory_s"], r["comm_s"]
-    bound = np.where(comm_s > r["work"], 2, np.where(memory_s > compute_s, 1, 0))
+    comm_bound = comm_s > r["work"]  # the bound's code: 2 communication, else 1 memory, else 0 compute
+    bound = ((memory_s > compute_s) & ~comm_bound).astype(np.int64) + 2 * comm_bound
 
     # memory capacity per chip
     weights_bytes = g.weights_bytes
