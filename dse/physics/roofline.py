@@ -89,6 +89,13 @@ def _f(x: object) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def _fit(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``a`` broadcast to ``shape`` (itself where it has that shape: np.broadcast_to's Python costs a pass of a
+    slice's thousands of candidates as much as a few arithmetic operations).
+    """
+    return a if np.shape(a) == shape else np.broadcast_to(a, shape)
+
+
 DTYPE_BYTES_ARR = _f([DTYPE_BYTES[d] for d in DTYPES])
 @functools.cache
 def _z_max() -> np.ndarray:
@@ -473,6 +480,22 @@ class SystemTable:
         """The calibrated factors of each candidate's system, as arrays."""
         return Efficiency(**{name: col.take(system) for name, col in self.efficiency.items()})
 
+    def factors_of(self, system: np.ndarray) -> Efficiency:
+        """`efficiency_of` for the physics: a factor every candidate's system shares (the candidates' systems number
+        from lo to hi, and it has one value over them) as that one value, the same figure in every formula without a
+        gathered copy.
+        """
+        system = np.asarray(system)
+        if not system.size:
+            return self.efficiency_of(system)
+        lo, hi = int(system.min()), int(system.max())
+
+        def one(col: np.ndarray) -> np.ndarray:
+            span = col[lo:hi + 1]
+            return col[lo] if (span == span[0]).all() else col.take(system)
+
+        return Efficiency(**{name: one(col) for name, col in self.efficiency.items()})
+
 
 @dataclass
 class Candidates:
@@ -506,8 +529,9 @@ class Candidates:
     chunk: np.ndarray | float = DEFAULT_CHUNK  # chunked-prefill budget: prompt tokens per DP rank resident at once
 
     def broadcast(self) -> Candidates:
-        arrays = np.broadcast_arrays(*(np.asarray(getattr(self, f.name)) for f in fields(self)))
-        return Candidates(*arrays)
+        arrays = [np.asarray(getattr(self, f.name)) for f in fields(self)]
+        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+        return Candidates(*(_fit(a, shape) for a in arrays))
 
     def __len__(self) -> int:
         return int(np.broadcast(*(np.asarray(getattr(self, f.name)) for f in fields(self))).size)
@@ -800,14 +824,14 @@ class _Gathered:
         """The same candidates at another batch, context, phase or KV tier (the catalog columns are reused)."""
         g = copy.copy(self)
         if batch is not None:
-            g.batch = np.broadcast_to(_f(batch), self.batch.shape)
+            g.batch = _fit(_f(batch), self.batch.shape)
         if phase is not None:
-            g.phase = np.broadcast_to(np.asarray(phase), self.phase.shape)
+            g.phase = _fit(np.asarray(phase), self.phase.shape)
         if kv_tier is not None:
-            g.on_host = np.broadcast_to(np.asarray(kv_tier) == 1, self.on_host.shape)
+            g.on_host = _fit(np.asarray(kv_tier) == 1, self.on_host.shape)
             g.any_host = bool(g.on_host.any())
         if context is not None:
-            g.ctx = np.broadcast_to(_f(context), self.ctx.shape)
+            g.ctx = _fit(_f(context), self.ctx.shape)
             g._context = {}
         return g
 
@@ -1050,7 +1074,7 @@ def _in_slices(fn: Callable[..., dict], shared: int) -> Callable[..., dict]:
             sl = slice(lo, lo + SLICE)
             outs.append(fn(Candidates(*(getattr(c, f.name)[sl] for f in fields(c))), *args[:shared],
                            *(part(a, sl) for a in args[shared:]), **{k: part(v, sl) for k, v in kwargs.items()}))
-        return {k: np.concatenate([np.broadcast_to(o[k], (min(SLICE, n - lo),))
+        return {k: np.concatenate([_fit(o[k], (min(SLICE, n - lo),))
                                    for o, lo in zip(outs, range(0, n, SLICE), strict=True)]) for k in outs[0]}
 
     return run
@@ -1067,7 +1091,7 @@ def evaluate(
     """
     c = cand.broadcast()
     if eff is None:
-        eff = systems.efficiency_of(np.asarray(c.system))
+        eff = systems.factors_of(np.asarray(c.system))
     return _evaluate(_Gathered(c, models, systems, eff), ttft)
 
 
@@ -1080,7 +1104,7 @@ def evaluate_at(cand: Candidates, models: ModelTable, systems: SystemTable, eff:
     """
     c = cand.broadcast()
     if eff is None:
-        eff = systems.efficiency_of(np.asarray(c.system))
+        eff = systems.factors_of(np.asarray(c.system))
     g = _Gathered(c, models, systems, eff)
     out = []
     for kw in inputs:

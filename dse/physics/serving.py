@@ -155,7 +155,7 @@ def combine(compute: np.ndarray, memory: np.ndarray, comm: np.ndarray, overhead:
 
 
 def _eff(c: Candidates, systems: SystemTable, eff: Efficiency | None) -> Efficiency:
-    return eff if eff is not None else systems.efficiency_of(np.asarray(c.system))
+    return eff if eff is not None else systems.factors_of(np.asarray(c.system))
 
 
 def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v: np.ndarray) -> np.ndarray:
