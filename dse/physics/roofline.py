@@ -1069,13 +1069,19 @@ def _in_slices(fn: Callable[..., dict], shared: int) -> Callable[..., dict]:
         rest = [v for a in (*args[shared:], *kwargs.values()) for v in columns(a)]
         if c.model.ndim != 1 or n <= SLICE or any(np.ndim(v) and np.shape(v) != (n,) for v in rest):
             return fn(c, *args, **kwargs)
-        outs = []
-        for lo in range(0, n, SLICE):
+        out: dict[str, np.ndarray] = {}
+        for lo in range(0, n, SLICE):  # each slice's outputs copied into place while the caches hold them
             sl = slice(lo, lo + SLICE)
-            outs.append(fn(Candidates(*(getattr(c, f.name)[sl] for f in fields(c))), *args[:shared],
-                           *(part(a, sl) for a in args[shared:]), **{k: part(v, sl) for k, v in kwargs.items()}))
-        return {k: np.concatenate([_fit(o[k], (min(SLICE, n - lo),))
-                                   for o, lo in zip(outs, range(0, n, SLICE), strict=True)]) for k in outs[0]}
+            o = fn(Candidates(*(getattr(c, f.name)[sl] for f in fields(c))), *args[:shared],
+                   *(part(a, sl) for a in args[shared:]), **{k: part(v, sl) for k, v in kwargs.items()})
+            for k, v in o.items():
+                v = np.asarray(v)
+                if k not in out:
+                    out[k] = np.empty(n, dtype=v.dtype)
+                elif v.dtype != out[k].dtype:  # the type their concatenation would have
+                    out[k] = out[k].astype(np.promote_types(out[k].dtype, v.dtype))
+                out[k][sl] = v
+        return out
 
     return run
 
