@@ -883,10 +883,11 @@ def _routing(g: _Gathered, batch: np.ndarray, tokens: np.ndarray, per_seq: np.nd
     adds as many).
     """
     shape = tokens.shape
-    load_f, received_f, share = np.ones(shape), np.ones(shape), np.zeros(shape)
     moe = g.moe_rows
-    if moe.size:
-        load_f, received_f, share, tokens = load_f.ravel(), received_f.ravel(), share.ravel(), tokens.ravel()
+    if not moe.size:
+        load_f, received_f, share = np.ones(shape), np.ones(shape), np.zeros(shape)
+    else:
+        tokens = tokens.ravel()
         key = (np.broadcast_to(batch, shape) if _uniform(np.asarray(per_seq)) else tokens).ravel()
         first, inverse = distinct_rows(g.expert_group, key[moe])
         rows = moe[first]
@@ -898,10 +899,12 @@ def _routing(g: _Gathered, batch: np.ndarray, tokens: np.ndarray, per_seq: np.nd
             for o, f in zip((f_load, f_touched, f_received), _STRAGGLERS(t[multi], nn[multi], kk[multi], e[multi]),
                             strict=True):
                 o[multi] = f
-        load_f[moe] = f_load[inverse]
-        received_f[moe] = f_received[inverse]
-        share[moe] = np.minimum(touched * f_touched, 1.0)[inverse]
-        load_f, received_f, share = load_f.reshape(shape), received_f.reshape(shape), share.reshape(shape)
+        # per group, and first for the rows of no MoE: 1, 1 and 0
+        table = np.stack([np.concatenate([[1.0], f_load]), np.concatenate([[1.0], f_received]),
+                          np.concatenate([[0.0], np.minimum(touched * f_touched, 1.0)])])
+        at = np.zeros(tokens.size, dtype=np.int64)
+        at[moe] = inverse + 1
+        load_f, received_f, share = (t.take(at).reshape(shape) for t in table)
     if g.any_skew:
         load_f, received_f = load_f + g.skew, received_f + g.skew
     return load_f, received_f, share
