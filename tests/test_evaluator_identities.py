@@ -81,3 +81,27 @@ def test_slices_change_no_figure(drawn, monkeypatch):
         assert sliced.keys() == at_once[name].keys()
         for k, v in sliced.items():
             assert np.array_equal(v, np.broadcast_to(at_once[name][k], v.shape), equal_nan=v.dtype.kind == "f"), (name, k)
+
+
+def test_kept_routing_statistics_are_new_ones_bit_for_bit():
+    """The memo of `_straggler` returns what a new computation gives, across calls, repeats and its reset."""
+    rng = np.random.default_rng(5)
+    memo = roofline._StragglerMemo(limit=40)
+    for _ in range(6):
+        n = rng.integers(1, 30)
+        tokens = rng.integers(1, 5000, n).astype(float) * rng.choice([1.0, 0.5], n)
+        nn = rng.choice([16.0, 64.0, 256.0], n)
+        kk = rng.choice([1.0, 2.0, 8.0], n)
+        ep = rng.choice([2.0, 8.0, 64.0], n)
+        for got, want in zip(memo(tokens, nn, kk, ep), roofline._straggler(tokens, nn, kk, ep), strict=True):
+            assert np.array_equal(got, want)
+        assert memo.keys.size <= 40
+
+
+def test_masked_is_where():
+    rng = np.random.default_rng(6)
+    x = rng.random(1000) * 10.0 ** rng.integers(-8, 3, 1000)
+    on = (rng.random(1000) < 0.5).astype(float)
+    assert np.array_equal(roofline._masked(x, on), np.where(on > 0, x, 0.0))
+    x[3] = np.inf
+    assert np.array_equal(roofline._masked(x, on), np.where(on > 0, x, 0.0))

@@ -94,6 +94,10 @@ def test_a_request_rate_does_not_depend_on_the_rates_solved_with_it():
     q, w = 1 - x * s, 1 - v * x
     residual = k * x * (s * q + 0.5 * x * s * s + m_td * q / w) - c * q
     assert np.all(np.abs(residual) <= 1e-9 * c)
+    # the closed form polished by one Newton step is the bracketed Newton iteration's root to a few ulp
+    with np.errstate(divide="ignore"):
+        bracketed = serving._bracketed_newton(k, c, s, m_td, v, np.minimum(1.0 / s, 1.0 / v))
+    assert np.all(np.abs(x - bracketed) <= 8 * np.spacing(bracketed))
 
 
 def test_first_min_per_block_is_the_first_least_score_of_each_block():

@@ -89,6 +89,13 @@ def _f(x: object) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def _fit(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``a`` broadcast to ``shape`` (itself where it has that shape: np.broadcast_to's Python costs a pass of a
+    slice's thousands of candidates as much as a few arithmetic operations).
+    """
+    return a if np.shape(a) == shape else np.broadcast_to(a, shape)
+
+
 DTYPE_BYTES_ARR = _f([DTYPE_BYTES[d] for d in DTYPES])
 @functools.cache
 def _z_max() -> np.ndarray:
@@ -273,6 +280,43 @@ def _straggler(tokens: np.ndarray, nn: np.ndarray, top_k: np.ndarray, groups: np
                 for most, mean in ((load, mean_load), (touched, per * p), (received, tokens * h))]
 
 
+class _StragglerMemo:
+    """`_straggler` of rows of (tokens, experts, top-k, EP), each distinct row computed once and kept for later
+    calls: a long candidate list goes through `evaluate` in slices (`SLICE`), and its slices, the passes of a
+    request-level metric and the searches of a study meet the same (experts, top-k, EP, tokens) again and again.
+    A row's figures depend on that row alone (`_exact_sum` does the same operations on each row, whatever rows
+    it sums with), so a kept figure is the one a new computation gives, bit for bit. Kept in a sorted array of
+    keys, (experts, top-k, EP) in the real part (`_expert_key`) and the tokens in the imaginary part; at most
+    ``limit`` rows (then it starts again).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.keys = np.zeros(0, dtype=np.complex128)
+        self.values = np.zeros((3, 0))
+
+    def __call__(self, tokens: np.ndarray, nn: np.ndarray, top_k: np.ndarray, groups: np.ndarray) -> list[np.ndarray]:
+        key = _expert_key(nn, top_k, groups) + 1j * tokens
+        if not np.isfinite(key).all():
+            return _straggler(tokens, nn, top_k, groups)
+        distinct, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        at = np.minimum(np.searchsorted(self.keys, distinct), max(self.keys.size - 1, 0))
+        new = np.flatnonzero(self.keys[at] != distinct) if self.keys.size else np.arange(distinct.size)
+        if new.size:
+            rows = first[new]
+            values = np.stack(_straggler(tokens[rows], nn[rows], top_k[rows], groups[rows]))
+            if self.keys.size + new.size > self.limit:
+                self.keys, self.values = self.keys[:0], self.values[:, :0]
+            keys = np.concatenate([self.keys, distinct[new]])
+            order = np.argsort(keys, kind="stable")
+            self.keys, self.values = keys[order], np.concatenate([self.values, values], axis=1)[:, order]
+            at = np.searchsorted(self.keys, distinct)
+        return list(self.values[:, at[inverse.ravel()]])
+
+
+_STRAGGLERS = _StragglerMemo(1 << 18)
+
+
 @dataclass(frozen=True)
 class ModelTable:
     """Per-model scalars as arrays indexed by model number."""
@@ -370,6 +414,8 @@ def memory_budget(cap: np.ndarray, eff: Efficiency, chunk: np.ndarray, tp: np.nd
     Every byte of HBM (rule total, f = 1, R = 0) is the pure roofline's.
     """
     rule, f, reserve = (np.asarray(x, dtype=np.float64) for x in (eff.mem_rule, eff.mem_fraction, eff.mem_reserve))
+    if not rule.any():  # every candidate's rule is total: the rest need not be computed
+        return 1.0, 1.0, f * cap - reserve
     reserved = SGLANG_FIXED + SGLANG_PER_CHUNK_TOKEN * chunk + SGLANG_GRAPHS + SGLANG_PER_RANK * tp * pp
     reserved = np.where(cap > SGLANG_FLOOR_ABOVE, np.maximum(reserved, SGLANG_FLOOR), reserved)
     static = np.where(np.isnan(f), cap - reserved, f * cap) - reserve
@@ -432,7 +478,23 @@ class SystemTable:
 
     def efficiency_of(self, system: np.ndarray) -> Efficiency:
         """The calibrated factors of each candidate's system, as arrays."""
-        return Efficiency(**{name: col[system] for name, col in self.efficiency.items()})
+        return Efficiency(**{name: col.take(system) for name, col in self.efficiency.items()})
+
+    def factors_of(self, system: np.ndarray) -> Efficiency:
+        """`efficiency_of` for the physics: a factor every candidate's system shares (the candidates' systems number
+        from lo to hi, and it has one value over them) as that one value, the same figure in every formula without a
+        gathered copy.
+        """
+        system = np.asarray(system)
+        if not system.size:
+            return self.efficiency_of(system)
+        lo, hi = int(system.min()), int(system.max())
+
+        def one(col: np.ndarray) -> np.ndarray:
+            span = col[lo:hi + 1]
+            return col[lo] if (span == span[0]).all() else col.take(system)
+
+        return Efficiency(**{name: one(col) for name, col in self.efficiency.items()})
 
 
 @dataclass
@@ -467,8 +529,9 @@ class Candidates:
     chunk: np.ndarray | float = DEFAULT_CHUNK  # chunked-prefill budget: prompt tokens per DP rank resident at once
 
     def broadcast(self) -> Candidates:
-        arrays = np.broadcast_arrays(*(np.asarray(getattr(self, f.name)) for f in fields(self)))
-        return Candidates(*arrays)
+        arrays = [np.asarray(getattr(self, f.name)) for f in fields(self)]
+        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+        return Candidates(*(_fit(a, shape) for a in arrays))
 
     def __len__(self) -> int:
         return int(np.broadcast(*(np.asarray(getattr(self, f.name)) for f in fields(self))).size)
@@ -494,6 +557,13 @@ def alltoall_factor(group: np.ndarray, dims: np.ndarray, domain: np.ndarray | fl
     if mesh.size:
         out[mesh] = np.minimum(1.0, np.maximum(group[mesh] - 1.0, 1.0) / np.maximum(domain[mesh] - 1.0, 1.0))
     return out.reshape(shape)
+
+
+def _p2p_links(systems: SystemTable) -> np.ndarray:
+    """Per system, the share of a chip's scale-up bandwidth a point-to-point transfer (a PP hand-off) uses: on a
+    full mesh only the link to its peer (`alltoall_factor` of two chips), elsewhere all of it.
+    """
+    return np.where(systems.topo_dims < 0, alltoall_factor(2.0, systems.topo_dims, systems.domain), 1.0)
 
 
 def group_hit(n_exp: object, top_k: object, ep: object) -> np.ndarray:
@@ -570,55 +640,71 @@ class _Gathered:
         self.phase = np.asarray(c.phase)
         dtype_bytes = DTYPE_BYTES_ARR
         wd = np.asarray(c.weights_dtype)
-        ed = np.where(np.asarray(c.experts_dtype) < 0, wd, c.experts_dtype)
-        # weight-only quantization (a format without tensor units) reads its group scales too
-        self.wbytes = dtype_bytes[wd] + np.where(systems.native[s, wd], 0.0, GROUP_SCALE_BYTES)
-        self.ebytes = dtype_bytes[ed] + np.where(systems.native[s, ed], 0.0, GROUP_SCALE_BYTES)
-        self.flops_rate = systems.flops[s, wd]
-        self.experts_rate = systems.flops[s, ed]
+        exd = np.asarray(c.experts_dtype)
+        ed = np.where(exd < 0, wd, exd) if (exd >= 0).any() else wd  # -1: as the weights
+        # per (system, format), gathered by one flat index: bytes per weight (weight-only quantization, a format
+        # without tensor units, reads its group scales too), FLOP/s, and the bytes an expert dispatch sends per
+        # token element there and back (FP8 out where the experts compute in FP8 or FP4, the activations back in bf16)
+        per_byte = dtype_bytes + np.where(systems.native, 0.0, GROUP_SCALE_BYTES)
+        dispatch_bytes = np.where(per_byte < 2, 1.0, ACT_BYTES) + ACT_BYTES
+        formats = len(DTYPES)
+        at_w = s * formats + wd
+        at_e = at_w if ed is wd else s * formats + ed
+        self.wbytes, self.flops_rate = per_byte.ravel().take(at_w), systems.flops.ravel().take(at_w)
+        self.ebytes, self.experts_rate = per_byte.ravel().take(at_e), systems.flops.ravel().take(at_e)
+        self.dispatch_bytes = dispatch_bytes.ravel().take(at_e)
         fp8 = DTYPES.index("fp8")
-        attn_fp8 = (DTYPE_BYTES_ARR[np.asarray(c.kv_dtype)] <= 1.0) & systems.native[s, fp8]
-        self.attn_rate = np.where(attn_fp8, systems.flops[s, fp8], systems.flops[s, DTYPES.index("bf16")])
+        attn_fp8 = systems.native[:, fp8, None] & (DTYPE_BYTES_ARR <= 1.0)  # per (system, KV format)
+        attn_rates = np.where(attn_fp8, systems.flops[:, fp8, None], systems.flops[:, DTYPES.index("bf16"), None])
+        self.attn_rate = attn_rates.ravel().take(s * formats + np.asarray(c.kv_dtype))
         self.on_host = np.asarray(c.kv_tier) == 1
         self.any_host = bool(self.on_host.any())
         self.imbalance = _f(c.imbalance)
         self.micro = _f(c.micro_batches)
         self.chunk = _f(c.chunk)
         # model columns
-        self.p_act, self.p_dense, self.p_emb = models.p_active[m], models.p_dense[m], models.p_embedding[m]
-        self.p_exp, self.moe_l = models.p_expert[m], models.moe_layers[m]
-        self.n_exp, self.top_k = models.n_experts[m], models.top_k[m]
-        self.n_layers, self.d, self.vocab = models.n_layers[m], models.d_model[m], models.vocab[m]
-        groups = range(models.g_layers.shape[1])
-        self.g_layers = [np.ascontiguousarray(models.g_layers[:, k])[m] for k in groups]
-        self.g_cap = [np.ascontiguousarray(models.g_cap[:, k])[m] for k in groups]
-        self.g_stored = [np.ascontiguousarray(models.g_stored[:, k])[m] for k in groups]
-        self.g_window = [np.ascontiguousarray(models.g_window[:, k])[m] for k in groups]
-        self.idx_flops, self.idx_b = models.idx_flops[m], models.idx_bytes_layer[m]
-        self.attn_decode, self.attn_prefill = models.attn_decode[m], models.attn_prefill[m]
+        self.p_act, self.p_dense = models.p_active.take(m), models.p_dense.take(m)
+        self.p_emb = models.p_embedding.take(m)
+        self.p_exp, self.moe_l = models.p_expert.take(m), models.moe_layers.take(m)
+        self.n_exp, self.top_k = models.n_experts.take(m), models.top_k.take(m)
+        self.n_layers, self.d, self.vocab = models.n_layers.take(m), models.d_model.take(m), models.vocab.take(m)
+        # layer groups: those no candidate's model has (no layers, no KV) add 0 to every sum over groups; left out
+        groups = [k for k in range(models.g_layers.shape[1])
+                  if k == 0 or models.g_layers[:, k].take(m).any() or models.g_stored[:, k].take(m).any()]
+        self.g_layers = [models.g_layers[:, k].take(m) for k in groups]
+        self.g_cap = [models.g_cap[:, k].take(m) for k in groups]
+        self.g_stored = [models.g_stored[:, k].take(m) for k in groups]
+        self.g_window = [models.g_window[:, k].take(m) for k in groups]
+        self.idx_flops, self.idx_b = models.idx_flops.take(m), models.idx_bytes_layer.take(m)
+        self.any_idx_flops, self.any_idx_b = bool(self.idx_flops.any()), bool(self.idx_b.any())  # sparse attention
+        self.attn_decode, self.attn_prefill = models.attn_decode.take(m), models.attn_prefill.take(m)
         # KV split by head: a rank keeps ceil(kv_heads / TP) heads of every sequence (a whole copy where there
         # are fewer KV heads than ranks); split by sequence: all heads of 1/TP of the sequences
         self.by_seq = (np.asarray(c.kv_shard) == 1) & (self.tp > 1)
         self.any_by_seq = bool(self.by_seq.any())
-        shard = np.where(self.by_seq, 1.0, np.ceil(models.kv_heads[m] / self.tp) / models.kv_heads[m])
-        self.kv_main = models.kv_elems[m] * dtype_bytes[c.kv_dtype] * shard  # bytes per token per layer per chip
+        kv_heads = models.kv_heads.take(m)
+        shard = np.ceil(kv_heads / self.tp) / kv_heads
+        if self.any_by_seq:
+            shard = np.where(self.by_seq, 1.0, shard)
+        self.kv_main = models.kv_elems.take(m) * dtype_bytes[c.kv_dtype] * shard  # bytes per token per layer per chip
         # linear-attention state: split over TP with its heads (or whole, by sequence), read and written once
         # per decode step
-        self.state = models.state_bytes[m] / np.where(self.by_seq, 1.0, self.tp)
-        self.attn_io = models.attn_io[m]
+        self.state = models.state_bytes.take(m) / (np.where(self.by_seq, 1.0, self.tp) if self.any_by_seq else self.tp)
+        self.any_state = bool(self.state.any())
+        self.attn_io = models.attn_io.take(m)
         self.attn_layers = sum(self.g_layers)  # layers with attention over a KV cache
         self._context: dict[str, np.ndarray] = {}
         # system columns
-        self.hbm_cap = systems.hbm_capacity[s]
-        self.hbm_bw = systems.hbm_bandwidth[s] * eff.memory
-        self.host_bw = systems.host_bw[s] * eff.memory
-        self.host_cap = systems.host_capacity[s]
-        self.domain = systems.domain[s]
-        self.su = systems.scaleup_bw[s] * eff.link
-        self.so = systems.scaleout_bw[s] * eff.link
-        self.topo = systems.topo_dims[s]
-        self.price = systems.price_per_s[s]
-        self.power = systems.power_all_in[s]
+        self.hbm_cap = systems.hbm_capacity.take(s)
+        self.hbm_bw = systems.hbm_bandwidth.take(s) * eff.memory
+        self.host_bw = systems.host_bw.take(s) * eff.memory
+        self.host_cap = systems.host_capacity.take(s)
+        self.domain = systems.domain.take(s)
+        self.su = systems.scaleup_bw.take(s) * eff.link
+        self.so = systems.scaleout_bw.take(s) * eff.link
+        self.topo = systems.topo_dims.take(s)
+        self.price = systems.price_per_s.take(s)
+        self.power = systems.power_all_in.take(s)
         # layout-only quantities shared by every pass
         self.experts_per_chip = np.ceil(self.n_exp / self.ep)
         # whole layers per stage: the busiest of PP stages holds ceil(L / PP) of the L layers, as many as each of
@@ -650,11 +736,12 @@ class _Gathered:
         mesh = self.topo < 0
         tp_group = alltoall_factor(np.minimum(self.tp, self.domain), self.topo, self.domain)
         self.tp_link = np.where(mesh, tp_group, 1.0)
-        self.p2p_link = np.where(mesh, alltoall_factor(2.0, self.topo, self.domain), 1.0)
+        self.p2p_link = _p2p_links(systems).take(s)
         self.tp_a2a = np.where(mesh, 1.0, tp_group)  # an all-to-all's share beyond tp_link (torus)
         # fixed latencies (0 under --ideal): one per collective, and per layer
         tp_latency = np.where(self.tp <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
-        self.lat_tp = np.where(self.tp > 1, tp_latency, 0.0)
+        self.tp_on = (self.tp > 1).astype(np.float64)  # TP ranks exchange activations (1.0) or not (0.0)
+        self.lat_tp = _masked(tp_latency, self.tp_on)
         self.lat_ep = np.where(self.inter > 0, eff.latency_scaleout, eff.latency_scaleup)
         self.lat_pp = np.where(self.chips <= self.domain, eff.latency_scaleup, eff.latency_scaleout)
         self.overhead = (self.n_layers * eff.layer_overhead + self.moe_l * eff.moe_layer_overhead) * self.stretch
@@ -662,16 +749,23 @@ class _Gathered:
         self.dense_flops = 2.0 * (self.p_act - self.routed_active)  # per token
         # TP splits the heads (a rank computes ceil(heads / TP) of them: a TP that does not divide the heads, as
         # measured runs state, pads the busiest rank), or the sequences
-        q_heads = models.q_heads[m]
-        self.attn_split = np.where(self.by_seq, 1.0, q_heads / np.ceil(q_heads / self.tp))
+        q_heads = models.q_heads.take(m)
+        self.attn_split = q_heads / np.ceil(q_heads / self.tp)
+        if self.any_by_seq:
+            self.attn_split = np.where(self.by_seq, 1.0, self.attn_split)
         self.tp_bw = np.where(self.tp <= self.domain, self.su * self.tp_link, self.so)
-        self.any_tp = bool((self.tp > 1).any())
+        self.any_tp = bool(self.tp_on.any())
         self.ring_share = 2.0 * (self.tp - 1) / self.tp  # a ring all-reduce's bytes per byte reduced
         self.tp_layers = 2.0 * self.n_layers / self.pp_even  # all-reduces per pass through a stage
         self.dispatch = (self.n_exp > 0) & (self.copies_scaleup + self.copies_scaleout > 0)
         self.any_dispatch = bool(self.dispatch.any())
         self.any_inter = bool((self.inter > 0).any())
-        self.any_pp = bool((self.pp > 1).any())
+        # the scale-out bandwidth of a dispatch leaving the domain (1 where it does not: it sends nothing there)
+        self.so_out = np.where(self.inter > 0, self.so, 1.0) if self.any_inter else self.so
+        self.pp_on = (self.pp > 1).astype(np.float64)  # stages hand activations on (1.0) or not (0.0)
+        self.any_pp = bool(self.pp_on.any())
+        # the dispatch's all-to-alls per pass through a stage (none where nothing is dispatched)
+        self.ep_layers = _masked(self.moe_l / self.pp_even, self.dispatch.astype(np.float64))
         self.hand_bw = np.where(self.chips <= self.domain, self.su * self.p2p_link, self.so)
         self.any_split = bool((self.micro > 1).any())
         self.skew = self.imbalance - 1.0
@@ -695,12 +789,23 @@ class _Gathered:
                 # decode attention reaches half its bandwidth at attention_half_context tokens: each layer's
                 # kernel costs a sequence that many tokens of KV more than it holds
                 half = self.kv_main * self.eff.attention_half_context * self.attn_layers
-                value = self.kv_main * self._ctx("attended") + half + self._ctx("indexer") + 2.0 * self.state
+                value = self.kv_main * self._ctx("attended") + half
+                value = self._plus_index_state(value, 2.0)
             else:
-                value = (self.kv_main * _gsum(self.g_stored, [np.minimum(ctx, w) for w in self.g_window])
-                         + self._ctx("indexer") + self.state)
+                value = self._plus_index_state(
+                    self.kv_main * _gsum(self.g_stored, [np.minimum(ctx, w) for w in self.g_window]), 1.0)
             self._context[name] = value
         return self._context[name]
+
+    def _plus_index_state(self, value: np.ndarray, state_times: float) -> np.ndarray:
+        """``value`` + the indexer's keys + ``state_times`` x the linear-attention state, per sequence (terms no
+        candidate has are 0, and left out).
+        """
+        if self.any_idx_b:
+            value = value + self._ctx("indexer")
+        if self.any_state:
+            value = value + state_times * self.state
+        return value
 
     @property
     def attended(self) -> np.ndarray:
@@ -719,16 +824,24 @@ class _Gathered:
         """The same candidates at another batch, context, phase or KV tier (the catalog columns are reused)."""
         g = copy.copy(self)
         if batch is not None:
-            g.batch = np.broadcast_to(_f(batch), self.batch.shape)
+            g.batch = _fit(_f(batch), self.batch.shape)
         if phase is not None:
-            g.phase = np.broadcast_to(np.asarray(phase), self.phase.shape)
+            g.phase = _fit(np.asarray(phase), self.phase.shape)
         if kv_tier is not None:
-            g.on_host = np.broadcast_to(np.asarray(kv_tier) == 1, self.on_host.shape)
+            g.on_host = _fit(np.asarray(kv_tier) == 1, self.on_host.shape)
             g.any_host = bool(g.on_host.any())
         if context is not None:
-            g.ctx = np.broadcast_to(_f(context), self.ctx.shape)
+            g.ctx = _fit(_f(context), self.ctx.shape)
             g._context = {}
         return g
+
+
+def _masked(x: np.ndarray, on: np.ndarray) -> np.ndarray:
+    """``np.where(on > 0, x, 0.0)`` for x >= 0 (times, layers) and a mask ``on`` of 0.0 and 1.0: x times ``on``
+    where every x is finite (x 1.0 = x, x 0.0 = 0.0), the same figures without np.where's branch per element, which
+    a mask in no order mispredicts (there it takes ten multiplications' time).
+    """
+    return x * on if np.isfinite(x).all() else np.where(on > 0, x, 0.0)
 
 
 def _gsum(weights: list[np.ndarray], values: list[np.ndarray]) -> np.ndarray:
@@ -770,10 +883,11 @@ def _routing(g: _Gathered, batch: np.ndarray, tokens: np.ndarray, per_seq: np.nd
     adds as many).
     """
     shape = tokens.shape
-    load_f, received_f, share = np.ones(shape), np.ones(shape), np.zeros(shape)
     moe = g.moe_rows
-    if moe.size:
-        load_f, received_f, share, tokens = load_f.ravel(), received_f.ravel(), share.ravel(), tokens.ravel()
+    if not moe.size:
+        load_f, received_f, share = np.ones(shape), np.ones(shape), np.zeros(shape)
+    else:
+        tokens = tokens.ravel()
         key = (np.broadcast_to(batch, shape) if _uniform(np.asarray(per_seq)) else tokens).ravel()
         first, inverse = distinct_rows(g.expert_group, key[moe])
         rows = moe[first]
@@ -782,13 +896,15 @@ def _routing(g: _Gathered, batch: np.ndarray, tokens: np.ndarray, per_seq: np.nd
         f_load, f_touched, f_received = np.ones(len(rows)), np.ones(len(rows)), np.ones(len(rows))
         multi = np.flatnonzero(e > 1)
         if multi.size:
-            for o, f in zip((f_load, f_touched, f_received), _straggler(t[multi], nn[multi], kk[multi], e[multi]),
+            for o, f in zip((f_load, f_touched, f_received), _STRAGGLERS(t[multi], nn[multi], kk[multi], e[multi]),
                             strict=True):
                 o[multi] = f
-        load_f[moe] = f_load[inverse]
-        received_f[moe] = f_received[inverse]
-        share[moe] = np.minimum(touched * f_touched, 1.0)[inverse]
-        load_f, received_f, share = load_f.reshape(shape), received_f.reshape(shape), share.reshape(shape)
+        # per group, and first for the rows of no MoE: 1, 1 and 0
+        table = np.stack([np.concatenate([[1.0], f_load]), np.concatenate([[1.0], f_received]),
+                          np.concatenate([[0.0], np.minimum(touched * f_touched, 1.0)])])
+        at = np.zeros(tokens.size, dtype=np.int64)
+        at[moe] = inverse + 1
+        load_f, received_f, share = (t.take(at).reshape(shape) for t in table)
     if g.any_skew:
         load_f, received_f = load_f + g.skew, received_f + g.skew
     return load_f, received_f, share
@@ -806,7 +922,8 @@ def kernel_work(compute: object, memory: object, attention_compute: object, kv_m
     on arrays of factor sets x rows.
     """
     k = _f(kernel_overlap)
-    if not (k < 1.0).any():
+    below = k < 1.0
+    if not below.any():
         return np.maximum(compute, memory)
     apart = np.maximum(_f(compute) - attention_compute, _f(memory) - kv_memory) + np.maximum(attention_compute,
                                                                                               kv_memory)
@@ -814,7 +931,8 @@ def kernel_work(compute: object, memory: object, attention_compute: object, kv_m
         return apart  # is infinite, the groups' sum itself, not the NaN of 0 x inf)
     single = np.maximum(compute, memory)
     with np.errstate(invalid="ignore"):
-        return np.where(k < 1.0, k * single + (1.0 - k) * apart, single)
+        blend = k * single + (1.0 - k) * apart
+        return blend if below.all() else np.where(below, blend, single)
 
 
 def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[str, np.ndarray]:
@@ -827,11 +945,12 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
     # compute: attention, dense MLPs and shared experts run per DP rank on its own sequences (TP
     # splits them); routed experts run over every token of the stage, spread over all its chips.
     def attn_prefill() -> np.ndarray:
-        attended = _gsum(g.g_layers, [_causal(ctx, cap) for cap in g.g_cap])
-        return g.attn_prefill * attended + g.idx_flops * g.n_layers * _causal(ctx, np.inf)
+        attended = g.attn_prefill * _gsum(g.g_layers, [_causal(ctx, cap) for cap in g.g_cap])
+        return attended + g.idx_flops * g.n_layers * _causal(ctx, np.inf) if g.any_idx_flops else attended
 
     def attn_decode() -> np.ndarray:
-        return g.attn_decode * g.attended + g.idx_flops * g.n_layers * ctx
+        attended = g.attn_decode * g.attended
+        return attended + g.idx_flops * g.n_layers * ctx if g.any_idx_flops else attended
 
     attn = _where(prefill, attn_prefill, attn_decode)  # attention FLOPs per sequence
     rate, rate_e, rate_a = g.flops_rate * eff_c, g.experts_rate * eff_c, g.attn_rate * eff_c
@@ -865,7 +984,7 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
         tp_s = ep_s = pp_s = 0.0
         if g.any_tp:
             msg = tokens_rank * g.d * ACT_BYTES
-            allreduce = np.where(g.tp > 1, g.ring_share * msg / g.tp_bw + g.lat_tp, 0.0)
+            allreduce = _masked(g.ring_share * msg / g.tp_bw + g.lat_tp, g.tp_on)
             tp_s = g.tp_layers * allreduce
         # KV split by sequence: queries to the rank holding their sequence's KV, outputs back (two all-to-alls)
         if g.any_by_seq:
@@ -873,14 +992,14 @@ def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[s
             tp_s = tp_s + np.where(g.by_seq, g.n_layers / g.pp_even * (io / (g.tp_bw * g.tp_a2a) + 2.0 * g.lat_tp),
                                    0.0)
         if g.any_dispatch:
-            disp = np.where(g.ebytes < 2, 1.0, ACT_BYTES)  # FP8 dispatch when the experts compute in FP8/FP4
             # each TP chip sends 1/TP of its rank's tokens; the busiest group receives received_f x the mean
-            token_bytes = received_f * tokens_rank / g.tp * g.d * (disp + ACT_BYTES)
-            scaleout = np.where(g.inter > 0, token_bytes * g.copies_scaleout / g.so, 0.0) if g.any_inter else 0.0
+            token_bytes = received_f * tokens_rank / g.tp * g.d * g.dispatch_bytes
+            # (no copies leave the domain where the replica fits in it: 0 bytes over 1)
+            scaleout = token_bytes * g.copies_scaleout / g.so_out if g.any_inter else 0.0
             a2a = np.maximum(token_bytes * g.copies_scaleup / g.a2a_bw, scaleout) + 2.0 * g.lat_ep  # both ways
-            ep_s = np.where(g.dispatch, g.moe_l / g.pp_even * a2a, 0.0)
+            ep_s = g.ep_layers * a2a if np.isfinite(a2a).all() else np.where(g.dispatch, g.ep_layers * a2a, 0.0)
         if g.any_pp:
-            pp_s = np.where(g.pp > 1, tokens * g.d * ACT_BYTES / g.cps / g.hand_bw + g.lat_pp, 0.0)
+            pp_s = _masked(tokens * g.d * ACT_BYTES / g.cps / g.hand_bw + g.lat_pp, g.pp_on)
     comm_s = g.pp * (tp_s + ep_s + pp_s)
 
     attention_s = attn_s * g.stretch  # the attention kernels' share of compute_s and of memory_s
@@ -955,13 +1074,19 @@ def _in_slices(fn: Callable[..., dict], shared: int) -> Callable[..., dict]:
         rest = [v for a in (*args[shared:], *kwargs.values()) for v in columns(a)]
         if c.model.ndim != 1 or n <= SLICE or any(np.ndim(v) and np.shape(v) != (n,) for v in rest):
             return fn(c, *args, **kwargs)
-        outs = []
-        for lo in range(0, n, SLICE):
+        out: dict[str, np.ndarray] = {}
+        for lo in range(0, n, SLICE):  # each slice's outputs copied into place while the caches hold them
             sl = slice(lo, lo + SLICE)
-            outs.append(fn(Candidates(*(getattr(c, f.name)[sl] for f in fields(c))), *args[:shared],
-                           *(part(a, sl) for a in args[shared:]), **{k: part(v, sl) for k, v in kwargs.items()}))
-        return {k: np.concatenate([np.broadcast_to(o[k], (min(SLICE, n - lo),))
-                                   for o, lo in zip(outs, range(0, n, SLICE), strict=True)]) for k in outs[0]}
+            o = fn(Candidates(*(getattr(c, f.name)[sl] for f in fields(c))), *args[:shared],
+                   *(part(a, sl) for a in args[shared:]), **{k: part(v, sl) for k, v in kwargs.items()})
+            for k, v in o.items():
+                v = np.asarray(v)
+                if k not in out:
+                    out[k] = np.empty(n, dtype=v.dtype)
+                elif v.dtype != out[k].dtype:  # the type their concatenation would have
+                    out[k] = out[k].astype(np.promote_types(out[k].dtype, v.dtype))
+                out[k][sl] = v
+        return out
 
     return run
 
@@ -977,7 +1102,7 @@ def evaluate(
     """
     c = cand.broadcast()
     if eff is None:
-        eff = systems.efficiency_of(np.asarray(c.system))
+        eff = systems.factors_of(np.asarray(c.system))
     return _evaluate(_Gathered(c, models, systems, eff), ttft)
 
 
@@ -985,17 +1110,19 @@ def evaluate_at(cand: Candidates, models: ModelTable, systems: SystemTable, eff:
                 inputs: list[dict]) -> list[dict[str, np.ndarray]]:
     """`evaluate` (without TTFT) of the same candidates at several inputs, each a dict of ``batch``,
     ``context``, ``phase`` or ``kv_tier`` overrides; the catalog columns are gathered once. An input with
-    ``times: False`` gets only the memory check (``MEMORY_KEYS``), not the pass times.
+    ``times: False`` gets only the memory check (``MEMORY_KEYS``), not the pass times; one with ``memory: False``
+    only the pass times (``BRIEF_KEYS`` less ``CHECK_KEYS``).
     """
     c = cand.broadcast()
     if eff is None:
-        eff = systems.efficiency_of(np.asarray(c.system))
+        eff = systems.factors_of(np.asarray(c.system))
     g = _Gathered(c, models, systems, eff)
     out = []
     for kw in inputs:
         kw = dict(kw)
-        times = kw.pop("times", True)
-        out.append(_evaluate(g.with_inputs(**kw), ttft=False, brief=True) if times else _memory(g.with_inputs(**kw)))
+        times, memory = kw.pop("times", True), kw.pop("memory", True)
+        out.append(_evaluate(g.with_inputs(**kw), ttft=False, brief=True, memory=memory) if times
+                   else _memory(g.with_inputs(**kw)))
     return out
 
 
@@ -1005,6 +1132,8 @@ BRIEF_KEYS = ("chips", "compute_s", "memory_s", "comm_s", "step_s", "bound", "ov
 """What `evaluate_at` returns: the pass times and the memory check (what request-level physics builds on)."""
 MEMORY_KEYS = ("chips", "kv_bytes_per_chip", "hbm_bytes_per_chip", "fits")
 """What `evaluate_at` returns for an input with ``times: False``: the memory check alone."""
+CHECK_KEYS = ("hbm_bytes_per_chip", "fits", "activation_bytes_per_chip")
+"""What `evaluate_at` leaves out for an input with ``memory: False``: the memory check beyond the bytes held."""
 
 
 def _phase(g: _Gathered) -> np.ndarray | bool:
@@ -1040,24 +1169,27 @@ def _memory(g: _Gathered) -> dict[str, np.ndarray]:
     return {"chips": g.chips, "kv_bytes_per_chip": kv_bytes, "hbm_bytes_per_chip": hbm_bytes, "fits": fits}
 
 
-def _evaluate(g: _Gathered, ttft: bool, brief: bool = False) -> dict[str, np.ndarray]:
+def _evaluate(g: _Gathered, ttft: bool, brief: bool = False, memory: bool = True) -> dict[str, np.ndarray]:
     prefill = _phase(g)
     r = _pass(g, g.batch, prefill)
     step_s, compute_s, memory_s, comm_s = r["step_s"], r["compute_s"], r["memory_s"], r["comm_s"]
-    bound = np.where(comm_s > r["work"], 2, np.where(memory_s > compute_s, 1, 0))
+    comm_bound = comm_s > r["work"]  # the bound's code: 2 communication, else 1 memory, else 0 compute
+    bound = ((memory_s > compute_s) & ~comm_bound).astype(np.int64) + 2 * comm_bound
 
     # memory capacity per chip
     weights_bytes = g.weights_bytes
     kv_bytes = r["kv_bytes"]
-    act_bytes, hbm_bytes, fits = _hbm(g, prefill, r["seqs_rank"], r["tokens_rank"], kv_bytes)
     if brief:
-        return {"chips": g.chips, "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s,
-                "bound": bound, "overhead_s": np.broadcast_to(g.overhead, step_s.shape),
-                "kv_bytes_per_chip": kv_bytes, "hbm_bytes_per_chip": hbm_bytes, "fits": fits,
-                "overlap": r["overlap"], "gemm_fixed_s": np.broadcast_to(r["gemm_fixed_s"], step_s.shape),
-                "weights_bytes_per_chip": weights_bytes, "activation_bytes_per_chip": act_bytes,
-                "attention_compute_s": r["attention_compute_s"], "kv_memory_s": r["kv_memory_s"],
-                "kernel_overlap": r["kernel_overlap"]}
+        out = {"chips": g.chips, "compute_s": compute_s, "memory_s": memory_s, "comm_s": comm_s, "step_s": step_s,
+               "bound": bound, "overhead_s": np.broadcast_to(g.overhead, step_s.shape), "kv_bytes_per_chip": kv_bytes,
+               "overlap": r["overlap"], "gemm_fixed_s": np.broadcast_to(r["gemm_fixed_s"], step_s.shape),
+               "weights_bytes_per_chip": weights_bytes, "attention_compute_s": r["attention_compute_s"],
+               "kv_memory_s": r["kv_memory_s"], "kernel_overlap": r["kernel_overlap"]}
+        if memory:
+            out.update(zip(("activation_bytes_per_chip", "hbm_bytes_per_chip", "fits"),
+                           _hbm(g, prefill, r["seqs_rank"], r["tokens_rank"], kv_bytes), strict=True))
+        return out
+    act_bytes, hbm_bytes, fits = _hbm(g, prefill, r["seqs_rank"], r["tokens_rank"], kv_bytes)
 
     # throughput and cost: PP micro-batches are in flight
     seqs_in_flight = g.batch * g.pp

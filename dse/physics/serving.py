@@ -155,7 +155,7 @@ def combine(compute: np.ndarray, memory: np.ndarray, comm: np.ndarray, overhead:
 
 
 def _eff(c: Candidates, systems: SystemTable, eff: Efficiency | None) -> Efficiency:
-    return eff if eff is not None else systems.efficiency_of(np.asarray(c.system))
+    return eff if eff is not None else systems.factors_of(np.asarray(c.system))
 
 
 def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -165,31 +165,77 @@ def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v
     chunks fill every pass). Multiplying by q = 1 - x S removes the first:
     h(x) = k x (S q + x S^2 / 2 + m t_d q / w) - C q, w = 1 - v x, is smooth on [0, min(1/S, 1/v)) with
     h(0) = -C < 0, and at the upper end h(1/S) = k / 2 > 0 or h -> +inf as w -> 0; it shares its sign
-    with k x R(x) - C there, so the root is bracketed. Newton's method on h, replaced by bisection
-    whenever its step leaves the bracket, converges quadratically near the root and never diverges; each
-    rate stops when it moves by no more than ``NEWTON_RTOL`` of itself, so a rate does not depend on which
-    other rates it is solved with (stopped ones leave the arrays once an eighth has stopped; until then their
-    further steps are computed and discarded). (Newton on the unmultiplied equation
-    from a start clipped at the pole only halves its distance to the pole per step and needs tens of steps.)
+    with k x R(x) - C there, so the root is bracketed, and it is the only root there (k x R(x) rises with x).
+
+    Multiplied by w too, h is a cubic, and so is its equation in y = 1/x (`_cubic_rate`): the root is that cubic's
+    largest root, in closed form (trigonometric: the cubic has three real roots). One Newton step on h polishes it
+    to round-off; a rate whose step moves it by more than ``NEWTON_RTOL`` of itself, or out of the bracket (where
+    the closed form cancels: nearly coincident roots), is solved again by `_bracketed_newton` from the start
+    C / (k (S + m t_d)). Every rate is computed from its own inputs alone, so it does not depend on which other
+    rates it is solved with.
     """
     shape = np.broadcast_shapes(*(np.shape(a) for a in (k, c, s, m_td, v)))
     k, c, s, m_td, v = (np.array(np.broadcast_to(a, shape), dtype=np.float64).ravel() for a in (k, c, s, m_td, v))
-    lo = np.zeros_like(s)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         hi = np.minimum(1.0 / s, 1.0 / v)  # whichever pole comes first: the queue's or the interference's
+        x = _cubic_rate(k, c, s, m_td, v)
+        h, dh = _rate_residual(k, c, s, m_td, v, x)
+        out = x - h / dh
+        done = (np.abs(out - x) <= NEWTON_RTOL * x) & (out >= 0.0) & (out <= hi)
+    rest = np.flatnonzero(~done)
+    if rest.size:
+        out[rest] = _bracketed_newton(k[rest], c[rest], s[rest], m_td[rest], v[rest], hi[rest])
+    return out.reshape(shape)
+
+
+def _rate_residual(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v: np.ndarray, x: np.ndarray,
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """`_solve_rate`'s h(x) and its derivative."""
+    xs = x * s
+    q = 1.0 - xs
+    vx = v * x
+    w = 1.0 - vx
+    h = k * x * (s * q + 0.5 * x * s * s + m_td * q / w) - c * q
+    dh = k * s * q + k * m_td * ((q - xs) * w + vx * q) / (w * w) + c * s
+    return h, dh
+
+
+def _cubic_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """`_solve_rate`'s root in closed form. P(x) = h(x) w is a cubic with P(0) = -C < 0 and a leading
+    coefficient k S^2 v / 2 >= 0; with m t_d, v > 0 it changes sign at each pole in turn (P(1/S) = k (1 - v / S) / 2,
+    P(1/v) = k m t_d (1 - S / v) / v), so its three roots are real and positive: the rate, the smallest, below both
+    poles, one between them, one beyond (v = 0 or m t_d = 0 leave real roots too: one at infinity, or at 1/v and
+    those of a quadratic of positive discriminant). In y = 1/x, C y^3 - c1 y^2 + b y - a = 0 with
+    c1 = k (S + m t_d) + C (S + v), b = k S (S / 2 + v + m t_d) + C S v, a = k S^2 v / 2, and the rate is its largest
+    root: y = c1 / (3 C) + 2 r cos(arccos(z) / 3), r^2 = (c1 / (3 C))^2 - b / (3 C), z = -q / (2 r^3) with q the
+    depressed cubic's constant term (Cardano's casus irreducibilis, in Viete's trigonometric form). NaN where
+    r = 0 (a triple root, or its rounding).
+    """
+    a3 = (k * (s + m_td) + c * (s + v)) / (3.0 * c)  # c1 / (3 C)
+    b3 = (k * s * (0.5 * s + v + m_td) + c * s * v) / (3.0 * c)
+    r2 = a3 * a3 - b3
+    q = (3.0 * b3 - 2.0 * a3 * a3) * a3 - 0.5 * k * s * s * v / c
+    r = np.sqrt(r2)
+    z = np.minimum(np.maximum(-0.5 * q / (r * r2), -1.0), 1.0)
+    return 1.0 / (2.0 * r * np.cos(np.arccos(z) / 3.0) + a3)
+
+
+def _bracketed_newton(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v: np.ndarray,
+                      hi: np.ndarray) -> np.ndarray:
+    """`_solve_rate`'s root by Newton's method on h from C / (k (S + m t_d)) in the bracket [0, ``hi``), replaced
+    by bisection whenever its step leaves the bracket: it converges quadratically near the root and never diverges;
+    each rate stops when it moves by no more than ``NEWTON_RTOL`` of itself (stopped ones leave the arrays once an
+    eighth has stopped; until then their further steps are computed and discarded). Newton on the unmultiplied
+    equation from a start clipped at the pole would only halve its distance to the pole per step.
+    """
+    lo = np.zeros_like(s)
     x = np.minimum(c / (k * (s + m_td)), 0.5 * hi)
     out = x.copy()
-    # per rate: k, C, S, m t_d, v, the derivative's constant factors k S, k m t_d, C S, and its position in out
-    rows = np.stack([k, c, s, m_td, v, k * s, k * m_td, c * s, np.arange(x.size, dtype=np.float64)])
+    rows = np.stack([k, c, s, m_td, v, np.arange(x.size, dtype=np.float64)])  # per rate: its inputs, its place
     live = None  # the rates still moving among the rows (None: all); stopped ones leave in batches
     for _ in range(NEWTON_STEPS):
-        k, c, s, m_td, v, ks, km, cs, at = rows
-        xs = x * s
-        q = 1.0 - xs
-        vx = v * x
-        w = 1.0 - vx
-        h = k * x * (s * q + 0.5 * x * s * s + m_td * q / w) - c * q
-        dh = ks * q + km * ((q - xs) * w + vx * q) / (w * w) + cs
+        k, c, s, m_td, v, at = rows
+        h, dh = _rate_residual(k, c, s, m_td, v, x)
         lo = np.where(h < 0, x, lo)
         hi = np.where(h > 0, x, hi)
         x_new = x - h / dh
@@ -214,8 +260,8 @@ def _solve_rate(k: np.ndarray, c: np.ndarray, s: np.ndarray, m_td: np.ndarray, v
         x = x_new
     else:
         sel = slice(None) if live is None else live
-        out[rows[8][sel].astype(np.int64)] = x[sel]
-    return out.reshape(shape)
+        out[rows[5][sel].astype(np.int64)] = x[sel]
+    return out
 
 
 def prompts_per_chunk(req: Request) -> int:
@@ -224,25 +270,28 @@ def prompts_per_chunk(req: Request) -> int:
 
 
 def _passes(cand: Candidates, models: ModelTable, systems: SystemTable, eff: Efficiency, req: Request,
-            prefill: bool = False, decode: bool = True, full_chunk: bool = False) -> dict[str, dict]:
+            prefill: bool = False, decode: bool = True, full_chunk: bool = False,
+            prefill_memory: bool = False) -> dict[str, dict]:
     """The passes a request-level metric needs, evaluated over one gathering of the catalog columns:
-    ``mean`` and ``peak``, the decode pass at the mean context P + O/2 (times) and at the peak P + O
+    ``mean`` and ``peak``, the decode pass at the mean context P + O/2 (its times) and at the peak P + O
     (its memory check alone); ``prefill``, one prompt per DP rank (batch = DP) prefilled in one pass with its KV in HBM,
-    its work scaled to the computed (uncached) share of the prompt; ``full_chunk``, the same with as many
-    whole prompts per DP rank as one chunk carries (`prompts_per_chunk`).
+    its work scaled to the computed (uncached) share of the prompt (its times, and with ``prefill_memory`` its
+    memory check); ``full_chunk``, the same with as many whole prompts per DP rank as one chunk carries
+    (`prompts_per_chunk`; its times).
     """
     names, inputs = [], []
     if decode:
         names += ["mean", "peak"]
-        inputs += [{"context": req.prompt + req.output / 2.0, "phase": 0},
+        inputs += [{"context": req.prompt + req.output / 2.0, "phase": 0, "memory": False},
                    {"context": req.prompt + req.output, "phase": 0, "times": False}]
     dp = np.asarray(cand.dp, dtype=np.float64)
     if prefill:
         names.append("prefill")
-        inputs.append({"batch": dp, "context": req.prompt, "phase": 1, "kv_tier": 0})
+        inputs.append({"batch": dp, "context": req.prompt, "phase": 1, "kv_tier": 0, "memory": prefill_memory})
     if full_chunk:
         names.append("full_chunk")
-        inputs.append({"batch": dp * prompts_per_chunk(req), "context": req.prompt, "phase": 1, "kv_tier": 0})
+        inputs.append({"batch": dp * prompts_per_chunk(req), "context": req.prompt, "phase": 1, "kv_tier": 0,
+                       "memory": False})
     out = dict(zip(names, evaluate_at(replace(cand, chunk=float(req.chunk)), models, systems, eff, inputs),
                    strict=True))
     share = req.computed_prompt / req.prompt
@@ -435,7 +484,8 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
     """
     c = cand.broadcast()
     e = _eff(c, systems, eff)
-    passes = _passes(c, models, systems, e, req, prefill=True, decode=False, full_chunk=full_chunk)
+    passes = _passes(c, models, systems, e, req, prefill=True, decode=False, full_chunk=full_chunk,
+                     prefill_memory=True)
     pre = passes["prefill"]
     sys_idx = np.asarray(c.system)
     dp = np.asarray(c.dp, dtype=np.float64)
