@@ -925,8 +925,9 @@ def kernel_work(compute: object, memory: object, attention_compute: object, kv_m
     below = k < 1.0
     if not below.any():
         return np.maximum(compute, memory)
-    apart = np.maximum(_f(compute) - attention_compute, _f(memory) - kv_memory) + np.maximum(attention_compute,
-                                                                                              kv_memory)
+    with np.errstate(invalid="ignore"):  # a candidate with an infinite time (it cannot run) gets NaN, unwarned
+        apart = np.maximum(_f(compute) - attention_compute, _f(memory) - kv_memory) + np.maximum(attention_compute,
+                                                                                                  kv_memory)
     if not (k > 0.0).any():  # k = 0 (the catalog's): 0 max(C, M) + 1 apart is apart, to the bit (and where a time
         return apart  # is infinite, the groups' sum itself, not the NaN of 0 x inf)
     single = np.maximum(compute, memory)
