@@ -469,6 +469,9 @@ def validate(
                                                )] = False,
     out: Annotated[Path | None, typer.Option(help="Report folder (default: results/validate/).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Cross-validate measured runs anew, neither reading "
+                                           "nor keeping a result in the cache ($DSE_CACHE_DIR, else "
+                                           "~/.cache/dse; keyed by the runs, catalogs and dse's source).")] = False,
 ) -> None:
     """Predictions against published measurements: error per case and by category."""
     import datetime
@@ -487,7 +490,7 @@ def validate(
         if bands:
             _fail(InputError(f"{cases[0]}: --bands recomputes the bands from the catalog's cases and its measured "
                              "runs (hw_catalog/calibration/published/*.csv); drop --cases"))
-        _validate_runs(runs_files, fit, out, as_json)
+        _validate_runs(runs_files, fit, out, as_json, not no_cache)
         return
     if cases and len(cases) > 1:
         _fail(InputError(f"{', '.join(str(c) for c in cases)}: --cases takes one YAML cases file"))
@@ -587,7 +590,7 @@ def _store_bands(loaded, err: Console) -> None:
     write_bands(section, hw_dir())
 
 
-def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool) -> None:
+def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool, cache: bool = True) -> None:
     """`dse validate --cases FILE [--cases FILE ...]`: measured serving runs (CSVs, or the JSON results of a dse
     export's benchmark script) predicted at request level, cross-validated.
     """
@@ -598,7 +601,7 @@ def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool
         if fit:
             raise InputError(f"{cases[0]}: --fit refits the YAML cases' efficiencies; a CSV of measured runs is "
                              "always cross-validated by leaving whole concurrency sweeps out (drop --fit)")
-        v = validate_file(cases)
+        v = validate_file(cases, cache=cache)
         doc = v.as_dict()
         target = out or Path("results") / "validate_runs"
         files = write_runs_report(v, target, doc)

@@ -1,6 +1,8 @@
 """Time `dse validate --cases FILE --json` (the measured serving runs predicted and cross-validated): wall and CPU
-seconds of each of ``--repeat`` runs of the command and their medians, and (one run in this process, not timed)
-how many decode-factor fits it makes and how many loss evaluations of how many rows they take.
+seconds of each of ``--repeat`` runs of the command and their medians, cold (``--no-cache``: every fit made) and
+warm (the same inputs' result read back from a cache folder the first warm run fills, `dse.validate.cache`), and
+(one run in this process, not timed) how many decode-factor fits a cold run makes and how many loss evaluations of
+how many rows they take.
 
     python scripts/bench_validate.py [--cases shared/data/measured_serving.csv] [--repeat 3] [--json]
 """
@@ -15,6 +17,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,12 +25,15 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ROOT.parent / "shared" / "data" / "measured_serving.csv"
 
 
-def timed_run(cases: Path) -> tuple[float, float, bytes]:
-    """One run of the command in a child process: wall seconds, CPU seconds (user + system), its stdout."""
+def timed_run(cases: Path, cache: Path | None) -> tuple[float, float, bytes]:
+    """One run of the command in a child process, with ``cache`` as its cache folder (None: ``--no-cache``): wall
+    seconds, CPU seconds (user + system), its stdout."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "dse.cli", "validate", "--cases", str(cases), "--json"],
-                         cwd=ROOT, capture_output=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    flags = ["--no-cache"] if cache is None else []
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DSE_CACHE_DIR": str(cache or "")}
+    out = subprocess.run([sys.executable, "-m", "dse.cli", "validate", "--cases", str(cases), "--json", *flags],
+                         cwd=ROOT, capture_output=True, check=True, env=env)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -71,7 +77,7 @@ def count_fits(cases: Path) -> dict:
     fit.fit_factors, fit.fit_factors_many, fit.loss_of = counted_one, counted_many, counted_loss_of
     losses.Plan.losses = counted_plan_losses
     try:
-        validate_file(cases)
+        validate_file(cases, cache=False)
     finally:
         fit.fit_factors, fit.fit_factors_many, fit.loss_of = one_at_a_time, together, loss_of
         losses.Plan.losses = plan_losses
@@ -85,13 +91,17 @@ def main() -> None:
     parser.add_argument("--no-count", action="store_true", help="skip counting the fits and loss evaluations")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    runs = [timed_run(args.cases) for _ in range(args.repeat)]
-    outputs = {out for _, _, out in runs}
-    doc = {"command": f"dse validate --cases {args.cases} --json", "repeat": args.repeat,
-           "wall_s": [round(w, 3) for w, _, _ in runs], "cpu_s": [round(c, 3) for _, c, _ in runs],
-           "median_wall_s": round(statistics.median(w for w, _, _ in runs), 3),
-           "median_cpu_s": round(statistics.median(c for _, c, _ in runs), 3),
-           "outputs_identical": len(outputs) == 1}
+    with tempfile.TemporaryDirectory() as folder:
+        cold = [timed_run(args.cases, None) for _ in range(args.repeat)]
+        timed_run(args.cases, Path(folder))  # fills the cache
+        warm = [timed_run(args.cases, Path(folder)) for _ in range(args.repeat)]
+    doc = {"command": f"dse validate --cases {args.cases} --json", "repeat": args.repeat}
+    for name, runs in (("cold", cold), ("warm", warm)):
+        doc.update({f"{name}_wall_s": [round(w, 3) for w, _, _ in runs],
+                    f"{name}_cpu_s": [round(c, 3) for _, c, _ in runs],
+                    f"{name}_median_wall_s": round(statistics.median(w for w, _, _ in runs), 3),
+                    f"{name}_median_cpu_s": round(statistics.median(c for _, c, _ in runs), 3)})
+    doc["outputs_identical"] = len({out for _, _, out in cold + warm}) == 1
     if not args.no_count:
         doc.update(count_fits(args.cases))
     if args.json:

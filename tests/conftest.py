@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from dse.catalog.hardware import default_efficiency, default_systems
 from dse.catalog.models import default_models
 
 STUDIES = Path(__file__).resolve().parent.parent / "studies"
+os.environ["DSE_CACHE_DIR"] = ""  # no test reads a result another computed (tests/test_validate_cache.py sets its own)
 
 
 @pytest.fixture(scope="session")

@@ -258,13 +258,23 @@ def read_measured(path: Path) -> pd.DataFrame:
     return read_runs(path)
 
 
-def validate_file(path: Path | list[Path]) -> RunsValidation:
+def validate_file(path: Path | list[Path], cache: bool = True) -> RunsValidation:
     """Read, map, predict and cross-validate measured serving runs (`read_measured`: CSVs, or a dse export's
     benchmark results; one file, or several read as one); files none of whose rows can be predicted are an
-    InputError saying why each was skipped.
+    InputError saying why each was skipped. With ``cache``, a result computed before from the same files, catalogs
+    and source is read back (`dse.validate.cache`), and a new one kept.
     """
+    from dse.validate import cache as stored
+
     paths = [Path(p) for p in (path if isinstance(path, list | tuple) else [path])]
     runs = map_runs(read_runs_files(paths, read_measured))
     if runs.table.empty:
         raise InputError(nothing_predicted(paths[0] if len(paths) == 1 else Path(", ".join(map(str, paths))), runs))
-    return validate_runs(runs)
+    k = stored.key(paths) if cache and stored.cache_dir() is not None else None
+    found = stored.lookup(k) if k else None
+    if isinstance(found, RunsValidation):
+        return found
+    out = validate_runs(runs)
+    if k:
+        stored.store(k, out)
+    return out
