@@ -141,6 +141,8 @@ def start_from(m, d: FleetData, f: Fleet) -> None:
                 for li in range(len(levels)):
                     if (k, li, t) in m.HC:
                         m.y[k, li, t].set_value(float(f.replicas.at[k, t]) if li == active else 0.0)
+    for i, s in getattr(m, "CCS", ()):  # a capacity cover's share: what the system's replicas give, at most 1
+        m.cover_share[i, s].set_value(min(1.0, pyo.value(m.cover_part[i, s]), float(m.used[s].value)))
     if hasattr(m, "send"):
         for (j, g, s) in m.X:
             for t in m.T:
