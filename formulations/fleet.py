@@ -180,6 +180,10 @@ class FleetData:
         return replace(self, demand=self.demand[keep], inventory=self.inventory[keep], weight=weight), rep
 
 
+    def aggregated(self) -> FleetData:
+        """The same program with its aggregated options alone (a restriction: no prefill or decode pools)."""
+        return self._keep((self.options["role"] == "both").to_numpy())
+
     def shortlist(self, n: int) -> FleetData:
         """The same program with at most ``n`` options per (class, system, role): those with the fewest footprint
         chips per request/s. A restriction of the space (stated where used), not an exact reduction.
@@ -467,7 +471,7 @@ def add_covers(m: pyo.ConcreteModel, d: FleetData, ix: dict) -> None:
     m.CV = pyo.Set(initialize=range(len(rows)))
     m.cover = pyo.Constraint(m.CV, rule=lambda _, i: sum(m.x[k, rows[i][1]] for k in rows[i][0]) >= rows[i][2])
     add_capacity_covers(m, d, ix, [(ks, t, float(d.demand.loc[d.classes[int(ix["j_of"][ks[0]])], t]))
-                                   for ks, t, _ in rows])
+                                   for ks, t, _ in rows if int(ix["j_of"][ks[0]]) not in ix.get("hull", ())])
 
 
 def add_capacity_covers(m: pyo.ConcreteModel, d: FleetData, ix: dict, sides: list) -> None:
@@ -491,7 +495,7 @@ def add_capacity_covers(m: pyo.ConcreteModel, d: FleetData, ix: dict, sides: lis
     fixed = set(m.SU)
     share = {}
     caps: list = []
-    for i, (ks, t, lam) in enumerate(sides):
+    for i, (ks, _, _) in enumerate(sides):
         by_sys: dict = {}
         for k in ks:
             by_sys.setdefault(sys_of[k] if sys_of[k] in fixed else None, []).append(k)

@@ -187,7 +187,8 @@ def choose_solver(d: FleetData) -> str:
 
 
 def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, duals: bool = True,
-                hull: str = "aggregated", plan_stage: bool | None = None) -> FleetResult:
+                hull: str = "aggregated", plan_stage: bool | None = None, aggregated_stage: bool = True
+                ) -> FleetResult:
     """Solve the fleet program; InfeasibleError names the binding resource and its shortfall.
 
     Exact reductions first (`FleetData.reduced`: options another matches; `FleetData.merged`: equal slices as one);
@@ -208,9 +209,14 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     bound = -math.inf
     if not full:
         bound = relaxation_bound(m, "highs", time_limit_s / 2)
+    if g is not None and (dm.options["role"] != "both").any() and aggregated_stage:
+        left = time_limit_s / 3 if full else (time_limit_s - (time.perf_counter() - t0)) / 2
+        f = solve_aggregated(dm, name, left)
+        if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+            best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
     if (columns >= PLAN_STAGE_MIN if plan_stage is None else plan_stage) and g is not None:
-        left = time_limit_s / 3 if full else time_limit_s - (time.perf_counter() - t0)
-        f = solve_plans(dm, name, max(1.0, left), g)
+        left = (time_limit_s - (time.perf_counter() - t0)) / (2 if full else 1)
+        f = solve_plans(dm, name, max(1.0, left), best)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
     termination = "full program not run (its linear relaxation gives the bound)"
@@ -243,6 +249,27 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     if duals:
         out.duals = marginal_values(dr, _expand(dr, dr, rep, best))
     return out
+
+
+def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | None:
+    """The program restricted to aggregated options (a restriction: its fleets are fleets of the full program, its
+    bound is not the full program's), solved by `solve_fleet` within the time limit; None where a class has no
+    aggregated option or no fleet is found. Its N+1 modes have their convex hull (`formulations.fleet.add_hull`), a
+    relaxation far tighter than that of pools sized apart, so within a share of the time it reaches fleets the
+    full program started from the greedy does not (`scripts/bench_fleet.py`, disaggregated 1 model x 6 slices: the
+    aggregated optimum, 3,899 USD/day, where the full program stops at the greedy's 4,052 in 60 s).
+    """
+    sub = d.aggregated()
+    if not len(sub.options):
+        return None
+    try:
+        r = solve_fleet(sub, solver, time_limit_s, duals=False)
+    except (InfeasibleError, SolverLimitError):
+        return None
+    reps = pd.DataFrame(0.0, index=d.options.index, columns=d.slices)
+    reps.iloc[sub.meta["kept_options"], :] = r.replicas.to_numpy()
+    empty = pd.DataFrame(columns=d.slices, dtype=float)
+    return Fleet(r.reserved, r.hourly, reps, empty, empty.copy())
 
 
 def _expand(d: FleetData, dr: FleetData, rep: dict, f: Fleet) -> Fleet:
@@ -344,8 +371,7 @@ def solve_plans_by_slice(d: FleetData, solver: str, time_limit_s: float, reserve
     T = d.slices
     parts = []
     for t in T:
-        dt = replace(d, demand=d.demand[[t]], inventory=d.inventory[[t]], weight={t: d.weights[t]},
-                     budget_usd_per_day=None)
+        dt = _one_slice(d, t)
         plans, flows, _ = _plan_table(dt)
         m = build_plans(dt, plans)
         for s in m.S:
@@ -356,8 +382,23 @@ def solve_plans_by_slice(d: FleetData, solver: str, time_limit_s: float, reserve
         if not res.ok:
             return None
         parts.append(_plan_fleet(m, dt, plans, flows))
+    return _join_slices(d, parts, reserved)
+
+
+def _join_slices(d: FleetData, parts: list[Fleet], reserved: pd.Series) -> Fleet | None:
+    """One fleet from fleets of one slice each, solved with ``reserved`` nodes fixed: the nodes each slice's replicas
+    need (whole nodes, packed exactly), then each system's reserved nodes lowered to the count that costs least for
+    them (never raised: a slice then holds no more nodes than it did, within its inventory and power). None when over
+    the budget.
+    """
+    T = d.slices
     reps = pd.concat([f.replicas for f in parts], axis=1)[T]
-    pre = pd.concat([f.prefill for f in parts], axis=1).reindex(columns=T).fillna(0.0)
+
+    def flows(frames):
+        frames = [df for df in frames if len(df)]
+        return pd.concat(frames, axis=1).reindex(columns=T).fillna(0.0) if frames else pd.DataFrame(columns=T)
+
+    pre, dec = flows([f.prefill for f in parts]), flows([f.decode for f in parts])
     plans_all = {k: v for f in parts for k, v in f.plans.items()}
     sy = d.systems
     chips = pd.DataFrame({t: pd.Series(d.footprint() * reps[t].to_numpy()).groupby(d.options["system"]).sum()
@@ -371,10 +412,56 @@ def solve_plans_by_slice(d: FleetData, solver: str, time_limit_s: float, reserve
         best_r[s] = float(int(np.argmin(costs)))
     res_nodes = pd.Series(best_r)
     hourly = np.maximum(need.sub(res_nodes, axis=0), 0.0)
-    f = Fleet(res_nodes, hourly, reps, pre, pre.copy(), plans_all)
+    f = Fleet(res_nodes, hourly, reps, pre, dec, plans_all)
     if d.budget_usd_per_day is not None and fleet_cost(d, f) > d.budget_usd_per_day * (1 + TOL):
         return None
     return f
+
+
+def _one_slice(d: FleetData, t) -> FleetData:
+    """The program of slice ``t`` alone (its own weight; the budget left out: it bounds the whole day)."""
+    return replace(d, demand=d.demand[[t]], inventory=d.inventory[[t]], weight={t: d.weights[t]},
+                   budget_usd_per_day=None)
+
+
+def _slice_of(f: Fleet, t) -> Fleet:
+    """A fleet's slice ``t`` as a fleet of one slice."""
+    def col(df):
+        return df[[t]] if len(df) else df
+
+    return Fleet(f.reserved.copy(), f.hourly[[t]], f.replicas[[t]], col(f.prefill), col(f.decode),
+                 {k: v for k, v in f.plans.items() if k[1] == t})
+
+
+def reoptimize_by_slice(d: FleetData, solver: str, time_limit_s: float, f: Fleet) -> Fleet | None:
+    """Fix and re-optimize: the full program one slice at a time with a fleet's reserved nodes and systems in use
+    fixed (given them, slices are independent), each slice started from the fleet's own (SCIP and CP-SAT take it as
+    a hint; a slice keeps the fleet's replicas where the solver finds nothing cheaper in its share of the time), then
+    the reserved nodes lowered where that costs less (`_join_slices`). A fleet of the full program, never dearer than
+    ``f`` (None only over the budget). Where the relaxation is strong this reaches mixes of options the single
+    configurations of the plan program and the greedy miss.
+    """
+    t0 = time.perf_counter()
+    used = {s for s in d.systems.index if (f.reserved[s] + f.hourly.loc[s]).max() > 0}
+    parts = []
+    for i, t in enumerate(d.slices):
+        dt = _one_slice(d, t)
+        own = _slice_of(f, t)
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left < 0.5:
+            parts.append(own)
+            continue
+        m = build(dt)
+        start_from(m, dt, own)
+        for s in m.S:
+            m.reserved[s].fix(float(f.reserved[s]))
+        for s in m.SU:
+            m.used[s].fix(float(s in used))
+        own_cost = float(pyo.value(m.cost))
+        res = solve_pyomo(m, solver, left / (len(d.slices) - i), warm_start=solver in HINTS)
+        parts.append(_read(m, dt) if res.ok and res.objective < own_cost * (1 - 1e-9) else own)
+    out = _join_slices(d, parts, f.reserved)
+    return out if out is not None and fleet_cost(d, out) < fleet_cost(d, f) else f
 
 
 def _flows(keyed: dict, T: list) -> pd.DataFrame:
