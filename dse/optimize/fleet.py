@@ -187,14 +187,18 @@ def choose_solver(d: FleetData) -> str:
 
 
 def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, duals: bool = True,
-                hull: str = "aggregated", plan_stage: bool | None = None, aggregated_stage: bool = True
-                ) -> FleetResult:
+                hull: str = "aggregated", plan_stage: bool | None = None, aggregated_stage: bool = True,
+                bound_stage: bool = True) -> FleetResult:
     """Solve the fleet program; InfeasibleError names the binding resource and its shortfall.
 
     Exact reductions first (`FleetData.reduced`: options another matches; `FleetData.merged`: equal slices as one);
-    then a greedy fleet; on large programs the restricted program of one configuration per class and slice, started
-    from the greedy (a third of the time limit); then the full program started from the best fleet so far. The answer
-    is the cheapest fleet found (never dearer than the greedy), its gap against the full program's bound.
+    then a greedy fleet. Below `FULL_PROGRAM_MAX` columns: where classes have pools, the program restricted to
+    aggregated options (`solve_aggregated`, a third of the time); from `PLAN_STAGE_MIN` columns the restricted
+    program of one configuration per class and slice (`solve_plans`, half of the time left); then the full program
+    started from the best fleet so far, its bound the answer's. Above: the bound of the lean relaxation
+    (`formulations.fleet.build` with ``lean``; at most half the time), the rest to the plan program. The answer is
+    the cheapest fleet found (never dearer than the greedy), its gap against that bound. ``aggregated_stage`` and
+    ``bound_stage`` switch those stages off (a stage's own call needs no bound).
     """
     _no_option(d)
     t0 = time.perf_counter()
@@ -205,13 +209,11 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     best, best_cost, found_by = g, fleet_cost(dm, g), "greedy"
     columns = len(dm.options) * len(dm.slices)
     full = columns < FULL_PROGRAM_MAX or g is None
-    m = build(dm, hull=hull)
     bound = -math.inf
-    if not full:
-        bound = relaxation_bound(m, "highs", time_limit_s / 2)
-    if g is not None and (dm.options["role"] != "both").any() and aggregated_stage:
-        left = time_limit_s / 3 if full else (time_limit_s - (time.perf_counter() - t0)) / 2
-        f = solve_aggregated(dm, name, left)
+    if not full and bound_stage:
+        bound = relaxation_bound(build(dm, hull=hull, lean=True), "highs", time_limit_s / 2)
+    if full and g is not None and (dm.options["role"] != "both").any() and aggregated_stage:
+        f = solve_aggregated(dm, name, time_limit_s / 3)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
     if (columns >= PLAN_STAGE_MIN if plan_stage is None else plan_stage) and g is not None:
@@ -221,6 +223,7 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
             best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
     termination = "full program not run (its linear relaxation gives the bound)"
     if full:
+        m = build(dm, hull=hull)
         hinted = name in HINTS and best is not None
         if hinted:
             start_from(m, dm, best)
@@ -263,7 +266,7 @@ def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | 
     if not len(sub.options):
         return None
     try:
-        r = solve_fleet(sub, solver, time_limit_s, duals=False)
+        r = solve_fleet(sub, solver, time_limit_s, duals=False, bound_stage=False)
     except (InfeasibleError, SolverLimitError):
         return None
     reps = pd.DataFrame(0.0, index=d.options.index, columns=d.slices)
@@ -422,46 +425,6 @@ def _one_slice(d: FleetData, t) -> FleetData:
     """The program of slice ``t`` alone (its own weight; the budget left out: it bounds the whole day)."""
     return replace(d, demand=d.demand[[t]], inventory=d.inventory[[t]], weight={t: d.weights[t]},
                    budget_usd_per_day=None)
-
-
-def _slice_of(f: Fleet, t) -> Fleet:
-    """A fleet's slice ``t`` as a fleet of one slice."""
-    def col(df):
-        return df[[t]] if len(df) else df
-
-    return Fleet(f.reserved.copy(), f.hourly[[t]], f.replicas[[t]], col(f.prefill), col(f.decode),
-                 {k: v for k, v in f.plans.items() if k[1] == t})
-
-
-def reoptimize_by_slice(d: FleetData, solver: str, time_limit_s: float, f: Fleet) -> Fleet | None:
-    """Fix and re-optimize: the full program one slice at a time with a fleet's reserved nodes and systems in use
-    fixed (given them, slices are independent), each slice started from the fleet's own (SCIP and CP-SAT take it as
-    a hint; a slice keeps the fleet's replicas where the solver finds nothing cheaper in its share of the time), then
-    the reserved nodes lowered where that costs less (`_join_slices`). A fleet of the full program, never dearer than
-    ``f`` (None only over the budget). Where the relaxation is strong this reaches mixes of options the single
-    configurations of the plan program and the greedy miss.
-    """
-    t0 = time.perf_counter()
-    used = {s for s in d.systems.index if (f.reserved[s] + f.hourly.loc[s]).max() > 0}
-    parts = []
-    for i, t in enumerate(d.slices):
-        dt = _one_slice(d, t)
-        own = _slice_of(f, t)
-        left = time_limit_s - (time.perf_counter() - t0)
-        if left < 0.5:
-            parts.append(own)
-            continue
-        m = build(dt)
-        start_from(m, dt, own)
-        for s in m.S:
-            m.reserved[s].fix(float(f.reserved[s]))
-        for s in m.SU:
-            m.used[s].fix(float(s in used))
-        own_cost = float(pyo.value(m.cost))
-        res = solve_pyomo(m, solver, left / (len(d.slices) - i), warm_start=solver in HINTS)
-        parts.append(_read(m, dt) if res.ok and res.objective < own_cost * (1 - 1e-9) else own)
-    out = _join_slices(d, parts, f.reserved)
-    return out if out is not None and fleet_cost(d, out) < fleet_cost(d, f) else f
 
 
 def _flows(keyed: dict, T: list) -> pd.DataFrame:
