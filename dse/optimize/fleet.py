@@ -302,12 +302,13 @@ def _plan_table(d: FleetData) -> tuple[list, list, dict]:
     each plan's position by (class, slice, replicas).
     """
     plans, flows, index = [], [], {}
+    table = plan_options(d)
     for j in range(len(d.classes)):
         for t in d.slices:
             need = float(d.demand.iloc[j][t])
             if need <= 0:
                 continue
-            for counts, flow, _ in plans_of(d, j, need, mixes=True):
+            for counts, flow, _ in plans_of(d, j, need, mixes=True, table=table):
                 index[(j, t, frozenset(counts.items()))] = len(plans)
                 plans.append((j, t, counts))
                 flows.append(flow)
@@ -559,7 +560,33 @@ def check(d: FleetData, r: Fleet, objective: float | None = None) -> list[str]:
     return bad
 
 
-def plans_of(d: FleetData, j: int, need: float, mixes: bool = False
+def plan_options(d: FleetData) -> list[dict]:
+    """Per class, the options `plans_of` combines, as plain lists (computed once, not per slice): the aggregated
+    options (index, rate, hourly USD/h of a replica) and, per (numerics, system) in order, its prefill and its decode
+    options.
+    """
+    o, sy = d.options, d.systems
+    usd = (d.footprint() / sy.loc[o["system"], "node_chips"].to_numpy()
+           * sy.loc[o["system"], "hourly_usd_per_node_h"].to_numpy())
+    rate = o["requests_per_s"].to_numpy(dtype=float)
+    out = [{"agg": [], "pools": {}} for _ in d.classes]
+    cls = {c: j for j, c in enumerate(d.classes)}
+    for k, (mod, c, role, g, s) in enumerate(zip(o["model"], o["cls"], o["role"], o["group"], o["system"],
+                                                  strict=True)):
+        j = cls.get((mod, c))
+        if j is None:
+            continue
+        item = (k, float(rate[k]), float(usd[k]))
+        if role == "both":
+            out[j]["agg"].append(item)
+        else:
+            out[j]["pools"].setdefault((int(g), s), {"prefill": [], "decode": []})[role].append(item)
+    for t in out:
+        t["pools"] = dict(sorted(t["pools"].items()))
+    return out
+
+
+def plans_of(d: FleetData, j: int, need: float, mixes: bool = False, table: list[dict] | None = None
              ) -> list[tuple[dict[int, int], tuple | None, float]]:
     """A class's single-configuration plans for one slice: each aggregated option alone, and each prefill option with
     each decode option of its numerics on its own system, whole replicas with N+1 (one replica beyond the demand in
@@ -567,36 +594,28 @@ def plans_of(d: FleetData, j: int, need: float, mixes: bool = False
     as (replicas per option, (group, system, requests/s handed off) or None, hourly USD/h), cheapest first. With
     ``mixes``, also each aggregated option with one replica fewer and the fewest replicas of a slower aggregated
     option that make up the demand (the spare still the faster one's), where that is cheaper at hourly prices.
+    ``table``: `plan_options` of ``d``, where the caller asks for many slices.
     """
-    o, sy = d.options, d.systems
-    mod, cls = d.classes[j]
-    mine = o[(o["model"] == mod) & (o["cls"] == cls)]
-    foot = d.footprint()
-    usd = foot / sy.loc[o["system"], "node_chips"].to_numpy() * sy.loc[o["system"], "hourly_usd_per_node_h"].to_numpy()
+    mine = (table or plan_options(d))[j]
+    spare = 1 if d.n_plus_one else 0
     out = []
-    agg = mine[mine["role"] == "both"]
-    rates = agg["requests_per_s"].astype(float)
-    for k, rate in rates.items():
-        n = math.ceil(need / rate * (1 - 1e-12)) + (1 if d.n_plus_one else 0)
-        out.append(({k: n}, None, n * usd[k]))
+    for k, rate, usd in mine["agg"]:
+        n = math.ceil(need / rate * (1 - 1e-12)) + spare
+        out.append(({k: n}, None, n * usd))
         if not mixes or n < 2:
             continue
-        spare = rate if d.n_plus_one else 0.0
-        for b, rb in rates.items():
+        for b, rb, ub in mine["agg"]:
             if rb >= rate:
                 continue
-            m = math.ceil((need + spare - (n - 1) * rate) / rb * (1 - 1e-12))
-            if m > 0 and (n - 1) * usd[k] + m * usd[b] < n * usd[k]:
-                out.append(({k: n - 1, b: m}, None, (n - 1) * usd[k] + m * usd[b]))
-    for (g, s), grp in mine[mine["role"] != "both"].groupby(["group", "system"]):
-        for kp, rp in grp[grp["role"] == "prefill"].iterrows():
-            for kd, rd in grp[grp["role"] == "decode"].iterrows():
-                ratep, rated = float(rp["requests_per_s"]), float(rd["requests_per_s"])
-                spare = 1 if d.n_plus_one else 0  # each pool keeps one replica's rate beyond the demand
-                n_p = math.ceil(need / ratep * (1 - 1e-12)) + spare
+            m = math.ceil((need + spare * rate - (n - 1) * rate) / rb * (1 - 1e-12))
+            if m > 0 and (n - 1) * usd + m * ub < n * usd:
+                out.append(({k: n - 1, b: m}, None, (n - 1) * usd + m * ub))
+    for (g, s), pool in mine["pools"].items():
+        for kp, ratep, up in pool["prefill"]:
+            for kd, rated, ud in pool["decode"]:
+                n_p = math.ceil(need / ratep * (1 - 1e-12)) + spare  # each pool keeps one replica's rate spare
                 n_d = math.ceil(need / rated * (1 - 1e-12)) + spare
-                flow = min(n_p * ratep, n_d * rated)
-                out.append(({kp: n_p, kd: n_d}, (int(g), s, flow), n_p * usd[kp] + n_d * usd[kd]))
+                out.append(({kp: n_p, kd: n_d}, (g, s, min(n_p * ratep, n_d * rated)), n_p * up + n_d * ud))
     out.sort(key=lambda p: p[2])
     return out
 
@@ -610,30 +629,34 @@ def greedy(d: FleetData) -> Fleet | None:
     """
     o, sy = d.options, d.systems
     foot = d.footprint()
-    nc = sy["node_chips"].astype(float)
-    reps = pd.DataFrame(0.0, index=o.index, columns=d.slices)
+    nc = sy["node_chips"].to_numpy(dtype=float)
+    at = pd.Index(sy.index).get_indexer(o["system"])  # each option's system, by position
+    pw = sy["power_per_node_w"].to_numpy(dtype=float)
+    table = plan_options(d)
+    reps = np.zeros((len(o), len(d.slices)))
     nodes = pd.DataFrame(0.0, index=sy.index, columns=d.slices)
     flows: dict = {}
     plans: dict = {}
     chosen: dict = {}
-    pw = sy["power_per_node_w"].astype(float)
-    for t in d.slices:
-        chips = pd.Series(0.0, index=sy.index)
-        for j, c in enumerate(d.classes):
-            need = float(d.demand.loc[c, t])
+    demand = d.demand.to_numpy(dtype=float)
+    for i, t in enumerate(d.slices):
+        chips = np.zeros(len(sy))
+        inv = d.inventory[t].reindex(sy.index).to_numpy(dtype=float)
+        for j in range(len(d.classes)):
+            need = float(demand[j, i])
             if need <= 0:
                 continue
             if j not in plans or plans[j][0] != need:
-                plans[j] = (need, plans_of(d, j, need))
+                plans[j] = (need, plans_of(d, j, need, table=table))
             for counts, flow, _ in plans[j][1]:
                 trial = chips.copy()
                 for k, n in counts.items():
-                    trial[o.at[k, "system"]] += n * foot[k]
+                    trial[at[k]] += n * foot[k]
                 held = np.ceil(trial / nc - 1e-9)
-                if (held <= d.inventory[t]).all() and (d.power_cap_w is None or (held * pw).sum() <= d.power_cap_w):
+                if (held <= inv).all() and (d.power_cap_w is None or (held * pw).sum() <= d.power_cap_w):
                     chips = trial
                     for k, n in counts.items():
-                        reps.at[k, t] += n
+                        reps[k, i] += n
                     if flow is not None:
                         flows[(j, flow[0], flow[1], t)] = flow[2]
                     chosen[(j, t)] = counts
@@ -641,6 +664,7 @@ def greedy(d: FleetData) -> Fleet | None:
             else:
                 return None
         nodes[t] = np.ceil(chips / nc - 1e-9)
+    reps = pd.DataFrame(reps, index=o.index, columns=d.slices)
     base = nodes.min(axis=1)
     cheaper = sy["reserved_usd_per_node_h"] < sy["hourly_usd_per_node_h"]
     reserved = (base * cheaper).astype(float)
