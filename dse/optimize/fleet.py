@@ -169,8 +169,9 @@ optimum within seconds and the stage would only take its time."""
 
 FULL_PROGRAM_MAX = 3000
 """Columns above which the full program's branch and bound does not finish its root within a minute on 2 cores
-(aggregated 10 models x 12 distinct slices: no bound after 40 s): there the bound is its linear relaxation's
-(`relaxation_bound`, with the hull of `formulations.fleet.add_hull`; up to half the time limit) and the rest of the
+(aggregated 10 models x 12 distinct slices: no bound after 40 s): there the bound is the linear relaxation of the
+lean program (`relaxation_bound` of `formulations.fleet.build` with ``lean``: the hull of `add_hull` and the capacity
+covers, without the big-M rows a relaxation satisfies with slivers; up to half the time limit) and the rest of the
 time goes to the plan program."""
 
 
