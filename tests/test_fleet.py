@@ -105,6 +105,28 @@ def _served(d: FleetData, x: np.ndarray, cls: str) -> np.ndarray:
     return agg + local + np.minimum(out_cap, in_cap)
 
 
+def _grid(d: FleetData) -> np.ndarray:
+    """Every replica vector within the largest inventory (one row each)."""
+    o = d.options
+    return np.array(list(itertools.product(*[range(_most(d, k, o["system"].iat[k]) + 1) for k in range(len(o))])),
+                    dtype=float).reshape(-1, len(o))
+
+
+def _serves(d: FleetData, grid: np.ndarray, t) -> np.ndarray:
+    """Per replica vector: every class's demand of slice t served, and still served with any one replica down."""
+    o = d.options
+    ok = np.ones(len(grid), dtype=bool)
+    for (_, cls), need in d.demand[t].items():
+        if need <= 0:
+            continue
+        ok &= _served(d, grid, cls) >= need - 1e-9
+        for k in np.flatnonzero((o["cls"] == cls).to_numpy()) if d.n_plus_one else ():
+            down = grid.copy()  # one replica of option k fails, where it has one
+            down[:, k] = np.maximum(down[:, k] - 1, 0)
+            ok &= (grid[:, k] == 0) | (_served(d, down, cls) >= need - 1e-9)
+    return ok
+
+
 def brute_force(d: FleetData):
     """Every set of systems in use, every reserved count and, per slice, every replica vector (numpy over the grid):
     replicas packed into nodes (power-of-two replicas dividing the node share nodes, others take whole nodes), N+1 as
@@ -112,9 +134,7 @@ def brute_force(d: FleetData):
     model."""
     systems = list(d.systems.index)
     o = d.options
-    nk = len(o)
-    grid = np.array(list(itertools.product(*[range(_most(d, k, o["system"].iat[k]) + 1) for k in range(nk)])),
-                    dtype=float).reshape(-1, nk)
+    grid = _grid(d)
     chips = o["chips"].to_numpy()
     nodes = {}
     for s in systems:
@@ -124,18 +144,7 @@ def brute_force(d: FleetData):
         whole = at & ~share
         nodes[s] = (np.ceil((grid[:, share] * chips[share]).sum(axis=1) / nc - 1e-9)
                     + (grid[:, whole] * -(-chips[whole] // nc)).sum(axis=1))
-    ok_by_slice = {}
-    for t in d.slices:
-        ok = np.ones(len(grid), dtype=bool)
-        for (_, cls), need in d.demand[t].items():
-            if need <= 0:
-                continue
-            ok &= _served(d, grid, cls) >= need - 1e-9
-            for k in np.flatnonzero((o["cls"] == cls).to_numpy()) if d.n_plus_one else ():
-                down = grid.copy()  # one replica of option k fails, where it has one
-                down[:, k] = np.maximum(down[:, k] - 1, 0)
-                ok &= (grid[:, k] == 0) | (_served(d, down, cls) >= need - 1e-9)
-        ok_by_slice[t] = ok
+    ok_by_slice = {t: _serves(d, grid, t) for t in d.slices}
     best = None
     for used in itertools.product([0, 1], repeat=len(systems)):
         off = np.zeros(len(grid), dtype=bool)
@@ -256,6 +265,75 @@ def test_the_model_has_one_integer_per_option_and_slice_and_binaries_only_for_sp
     assert {v.parent_component().name for v in variables if v.is_integer() and not v.is_binary()} <= {
         "x", "reserved", "hourly"}
     assert len(m.level) <= len(m.x)  # at most one level per option and slice, fewer where rates repeat
+
+
+def test_capacity_covers_hold_at_every_replica_vector_that_serves_the_demand():
+    """Each capacity cover (per class, slice and side: sum r_k / (demand + r_k) x_k >= 1 with N+1) holds at every
+    replica vector the brute force finds serving the demand with any one replica down, and the covers are written
+    for the classes with pools."""
+    rng = np.random.default_rng(31)
+    checked = 0
+    for _ in range(40):
+        d = random_instance(rng, budget=False)
+        if not (d.options["role"] != "both").any() or set(d.options["cls"]) != {c for _, c in d.classes}:
+            continue
+        m = build(d)
+        grid = _grid(d)
+        rate = d.options["requests_per_s"].to_numpy()
+        for t in d.slices:
+            up = np.array([m.x[k, t].ub for k in range(len(d.options))])
+            ok = grid[_serves(d, grid, t) & (grid <= up).all(axis=1)]  # within the slice's inventory
+            for i in m.CC:
+                rows = [k for k in range(len(d.options)) if any(m.x[k, t] is v for v in
+                                                                 _vars_of(m.cover_rate[i]))]
+                if not rows or not len(ok):
+                    continue
+                lam = float(d.demand.loc[("m", d.options["cls"].iat[rows[0]]), t])
+                spare = rate[rows] if d.n_plus_one else 0.0
+                assert (ok[:, rows] @ (rate[rows] / (lam + spare)) >= 1 - 1e-9).all()
+                checked += 1
+    assert checked >= 10
+
+
+def _vars_of(con) -> list:
+    """The replica variables a capacity cover reaches (through the shares of systems in use)."""
+    from pyomo.core.expr.visitor import identify_variables
+
+    m = con.model()
+    out = []
+    for v in identify_variables(con.body):
+        if v.parent_component() is m.cover_share:
+            out += list(identify_variables(m.cover_part[v.index()].expr))
+        elif v.parent_component() is m.x:
+            out.append(v)
+    return out
+
+
+def test_lean_relaxation_and_aggregated_stage_bracket_the_brute_force_optimum():
+    """The lean model (`build(lean=True)`) is a relaxation: its linear and its integer optima are at most the brute
+    force's; the whole program's linear relaxation too; the stage restricted to aggregated options gives a fleet
+    that passes the re-check and costs at least the optimum."""
+    from dse.optimize.bridge import relaxation_bound, solve_pyomo
+    from dse.optimize.fleet import solve_aggregated
+
+    rng = np.random.default_rng(37)
+    checked = 0
+    while checked < 10:
+        d = random_instance(rng)
+        if not (d.options["role"] != "both").any():
+            continue
+        best = brute_force(d)
+        if best is None:
+            continue
+        assert relaxation_bound(build(d), "highs", 10) <= best * (1 + 1e-6) + 1e-6
+        assert relaxation_bound(build(d, lean=True), "highs", 10) <= best * (1 + 1e-6) + 1e-6
+        res = solve_pyomo(build(d, lean=True), "scip", 10)
+        assert res.ok and res.objective <= best * (1 + 1e-6) + 1e-6
+        f = solve_aggregated(d, "scip", 10)
+        if f is not None:
+            assert check(d, f) == []
+            assert fleet_cost(d, f) >= best * (1 - 1e-6)
+        checked += 1
 
 
 def test_reduction_drops_whole_multiples_and_keeps_the_optimum():

@@ -141,6 +141,8 @@ def start_from(m, d: FleetData, f: Fleet) -> None:
                 for li in range(len(levels)):
                     if (k, li, t) in m.HC:
                         m.y[k, li, t].set_value(float(f.replicas.at[k, t]) if li == active else 0.0)
+    for i, s in getattr(m, "CCS", ()):  # a capacity cover's share: what the system's replicas give, at most 1
+        m.cover_share[i, s].set_value(min(1.0, pyo.value(m.cover_part[i, s]), float(m.used[s].value)))
     if hasattr(m, "send"):
         for (j, g, s) in m.X:
             for t in m.T:
@@ -167,8 +169,9 @@ optimum within seconds and the stage would only take its time."""
 
 FULL_PROGRAM_MAX = 3000
 """Columns above which the full program's branch and bound does not finish its root within a minute on 2 cores
-(aggregated 10 models x 12 distinct slices: no bound after 40 s): there the bound is its linear relaxation's
-(`relaxation_bound`, with the hull of `formulations.fleet.add_hull`; up to half the time limit) and the rest of the
+(aggregated 10 models x 12 distinct slices: no bound after 40 s): there the bound is the linear relaxation of the
+lean program (`relaxation_bound` of `formulations.fleet.build` with ``lean``: the hull of `add_hull` and the capacity
+covers, without the big-M rows a relaxation satisfies with slivers; up to half the time limit) and the rest of the
 time goes to the plan program."""
 
 
@@ -185,13 +188,18 @@ def choose_solver(d: FleetData) -> str:
 
 
 def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, duals: bool = True,
-                hull: str = "aggregated", plan_stage: bool | None = None) -> FleetResult:
+                hull: str = "aggregated", plan_stage: bool | None = None, aggregated_stage: bool = True,
+                bound_stage: bool = True) -> FleetResult:
     """Solve the fleet program; InfeasibleError names the binding resource and its shortfall.
 
     Exact reductions first (`FleetData.reduced`: options another matches; `FleetData.merged`: equal slices as one);
-    then a greedy fleet; on large programs the restricted program of one configuration per class and slice, started
-    from the greedy (a third of the time limit); then the full program started from the best fleet so far. The answer
-    is the cheapest fleet found (never dearer than the greedy), its gap against the full program's bound.
+    then a greedy fleet. Below `FULL_PROGRAM_MAX` columns: where classes have pools, the program restricted to
+    aggregated options (`solve_aggregated`, a third of the time); from `PLAN_STAGE_MIN` columns the restricted
+    program of one configuration per class and slice (`solve_plans`, half of the time left); then the full program
+    started from the best fleet so far, its bound the answer's. Above: the bound of the lean relaxation
+    (`formulations.fleet.build` with ``lean``; at most half the time), the rest to the plan program. The answer is
+    the cheapest fleet found (never dearer than the greedy), its gap against that bound. ``aggregated_stage`` and
+    ``bound_stage`` switch those stages off (a stage's own call needs no bound).
     """
     _no_option(d)
     t0 = time.perf_counter()
@@ -202,17 +210,21 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     best, best_cost, found_by = g, fleet_cost(dm, g), "greedy"
     columns = len(dm.options) * len(dm.slices)
     full = columns < FULL_PROGRAM_MAX or g is None
-    m = build(dm, hull=hull)
     bound = -math.inf
-    if not full:
-        bound = relaxation_bound(m, "highs", time_limit_s / 2)
+    if not full and bound_stage:
+        bound = relaxation_bound(build(dm, hull=hull, lean=True), "highs", time_limit_s / 2)
+    if full and g is not None and (dm.options["role"] != "both").any() and aggregated_stage:
+        f = solve_aggregated(dm, name, time_limit_s / 3)
+        if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+            best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
     if (columns >= PLAN_STAGE_MIN if plan_stage is None else plan_stage) and g is not None:
-        left = time_limit_s / 3 if full else time_limit_s - (time.perf_counter() - t0)
-        f = solve_plans(dm, name, max(1.0, left), g)
+        left = (time_limit_s - (time.perf_counter() - t0)) / (2 if full else 1)
+        f = solve_plans(dm, name, max(1.0, left), best)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
     termination = "full program not run (its linear relaxation gives the bound)"
     if full:
+        m = build(dm, hull=hull)
         hinted = name in HINTS and best is not None
         if hinted:
             start_from(m, dm, best)
@@ -243,6 +255,27 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     return out
 
 
+def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | None:
+    """The program restricted to aggregated options (a restriction: its fleets are fleets of the full program, its
+    bound is not the full program's), solved by `solve_fleet` within the time limit; None where a class has no
+    aggregated option or no fleet is found. Its N+1 modes have their convex hull (`formulations.fleet.add_hull`), a
+    relaxation far tighter than that of pools sized apart, so within a share of the time it reaches fleets the
+    full program started from the greedy does not (`scripts/bench_fleet.py`, disaggregated 1 model x 6 slices: the
+    aggregated optimum, 3,899 USD/day, where the full program stops at the greedy's 4,052 in 60 s).
+    """
+    sub = d.aggregated()
+    if not len(sub.options):
+        return None
+    try:
+        r = solve_fleet(sub, solver, time_limit_s, duals=False, bound_stage=False)
+    except (InfeasibleError, SolverLimitError):
+        return None
+    reps = pd.DataFrame(0.0, index=d.options.index, columns=d.slices)
+    reps.iloc[sub.meta["kept_options"], :] = r.replicas.to_numpy()
+    empty = pd.DataFrame(columns=d.slices, dtype=float)
+    return Fleet(r.reserved, r.hourly, reps, empty, empty.copy())
+
+
 def _expand(d: FleetData, dr: FleetData, rep: dict, f: Fleet) -> Fleet:
     """A fleet of the reduced, merged program as a fleet of ``d``: every slice from the slice it maps to, replicas
     in ``d``'s options (0 for options the reduction dropped).
@@ -270,12 +303,13 @@ def _plan_table(d: FleetData) -> tuple[list, list, dict]:
     each plan's position by (class, slice, replicas).
     """
     plans, flows, index = [], [], {}
+    table = plan_options(d)
     for j in range(len(d.classes)):
         for t in d.slices:
             need = float(d.demand.iloc[j][t])
             if need <= 0:
                 continue
-            for counts, flow, _ in plans_of(d, j, need, mixes=True):
+            for counts, flow, _ in plans_of(d, j, need, mixes=True, table=table):
                 index[(j, t, frozenset(counts.items()))] = len(plans)
                 plans.append((j, t, counts))
                 flows.append(flow)
@@ -342,8 +376,7 @@ def solve_plans_by_slice(d: FleetData, solver: str, time_limit_s: float, reserve
     T = d.slices
     parts = []
     for t in T:
-        dt = replace(d, demand=d.demand[[t]], inventory=d.inventory[[t]], weight={t: d.weights[t]},
-                     budget_usd_per_day=None)
+        dt = _one_slice(d, t)
         plans, flows, _ = _plan_table(dt)
         m = build_plans(dt, plans)
         for s in m.S:
@@ -354,8 +387,23 @@ def solve_plans_by_slice(d: FleetData, solver: str, time_limit_s: float, reserve
         if not res.ok:
             return None
         parts.append(_plan_fleet(m, dt, plans, flows))
+    return _join_slices(d, parts, reserved)
+
+
+def _join_slices(d: FleetData, parts: list[Fleet], reserved: pd.Series) -> Fleet | None:
+    """One fleet from fleets of one slice each, solved with ``reserved`` nodes fixed: the nodes each slice's replicas
+    need (whole nodes, packed exactly), then each system's reserved nodes lowered to the count that costs least for
+    them (never raised: a slice then holds no more nodes than it did, within its inventory and power). None when over
+    the budget.
+    """
+    T = d.slices
     reps = pd.concat([f.replicas for f in parts], axis=1)[T]
-    pre = pd.concat([f.prefill for f in parts], axis=1).reindex(columns=T).fillna(0.0)
+
+    def flows(frames):
+        frames = [df for df in frames if len(df)]
+        return pd.concat(frames, axis=1).reindex(columns=T).fillna(0.0) if frames else pd.DataFrame(columns=T)
+
+    pre, dec = flows([f.prefill for f in parts]), flows([f.decode for f in parts])
     plans_all = {k: v for f in parts for k, v in f.plans.items()}
     sy = d.systems
     chips = pd.DataFrame({t: pd.Series(d.footprint() * reps[t].to_numpy()).groupby(d.options["system"]).sum()
@@ -369,10 +417,16 @@ def solve_plans_by_slice(d: FleetData, solver: str, time_limit_s: float, reserve
         best_r[s] = float(int(np.argmin(costs)))
     res_nodes = pd.Series(best_r)
     hourly = np.maximum(need.sub(res_nodes, axis=0), 0.0)
-    f = Fleet(res_nodes, hourly, reps, pre, pre.copy(), plans_all)
+    f = Fleet(res_nodes, hourly, reps, pre, dec, plans_all)
     if d.budget_usd_per_day is not None and fleet_cost(d, f) > d.budget_usd_per_day * (1 + TOL):
         return None
     return f
+
+
+def _one_slice(d: FleetData, t) -> FleetData:
+    """The program of slice ``t`` alone (its own weight; the budget left out: it bounds the whole day)."""
+    return replace(d, demand=d.demand[[t]], inventory=d.inventory[[t]], weight={t: d.weights[t]},
+                   budget_usd_per_day=None)
 
 
 def _flows(keyed: dict, T: list) -> pd.DataFrame:
@@ -507,7 +561,33 @@ def check(d: FleetData, r: Fleet, objective: float | None = None) -> list[str]:
     return bad
 
 
-def plans_of(d: FleetData, j: int, need: float, mixes: bool = False
+def plan_options(d: FleetData) -> list[dict]:
+    """Per class, the options `plans_of` combines, as plain lists (computed once, not per slice): the aggregated
+    options (index, rate, hourly USD/h of a replica) and, per (numerics, system) in order, its prefill and its decode
+    options.
+    """
+    o, sy = d.options, d.systems
+    usd = (d.footprint() / sy.loc[o["system"], "node_chips"].to_numpy()
+           * sy.loc[o["system"], "hourly_usd_per_node_h"].to_numpy())
+    rate = o["requests_per_s"].to_numpy(dtype=float)
+    out = [{"agg": [], "pools": {}} for _ in d.classes]
+    cls = {c: j for j, c in enumerate(d.classes)}
+    for k, (mod, c, role, g, s) in enumerate(zip(o["model"], o["cls"], o["role"], o["group"], o["system"],
+                                                  strict=True)):
+        j = cls.get((mod, c))
+        if j is None:
+            continue
+        item = (k, float(rate[k]), float(usd[k]))
+        if role == "both":
+            out[j]["agg"].append(item)
+        else:
+            out[j]["pools"].setdefault((int(g), s), {"prefill": [], "decode": []})[role].append(item)
+    for t in out:
+        t["pools"] = dict(sorted(t["pools"].items()))
+    return out
+
+
+def plans_of(d: FleetData, j: int, need: float, mixes: bool = False, table: list[dict] | None = None
              ) -> list[tuple[dict[int, int], tuple | None, float]]:
     """A class's single-configuration plans for one slice: each aggregated option alone, and each prefill option with
     each decode option of its numerics on its own system, whole replicas with N+1 (one replica beyond the demand in
@@ -515,36 +595,28 @@ def plans_of(d: FleetData, j: int, need: float, mixes: bool = False
     as (replicas per option, (group, system, requests/s handed off) or None, hourly USD/h), cheapest first. With
     ``mixes``, also each aggregated option with one replica fewer and the fewest replicas of a slower aggregated
     option that make up the demand (the spare still the faster one's), where that is cheaper at hourly prices.
+    ``table``: `plan_options` of ``d``, where the caller asks for many slices.
     """
-    o, sy = d.options, d.systems
-    mod, cls = d.classes[j]
-    mine = o[(o["model"] == mod) & (o["cls"] == cls)]
-    foot = d.footprint()
-    usd = foot / sy.loc[o["system"], "node_chips"].to_numpy() * sy.loc[o["system"], "hourly_usd_per_node_h"].to_numpy()
+    mine = (table or plan_options(d))[j]
+    spare = 1 if d.n_plus_one else 0
     out = []
-    agg = mine[mine["role"] == "both"]
-    rates = agg["requests_per_s"].astype(float)
-    for k, rate in rates.items():
-        n = math.ceil(need / rate * (1 - 1e-12)) + (1 if d.n_plus_one else 0)
-        out.append(({k: n}, None, n * usd[k]))
+    for k, rate, usd in mine["agg"]:
+        n = math.ceil(need / rate * (1 - 1e-12)) + spare
+        out.append(({k: n}, None, n * usd))
         if not mixes or n < 2:
             continue
-        spare = rate if d.n_plus_one else 0.0
-        for b, rb in rates.items():
+        for b, rb, ub in mine["agg"]:
             if rb >= rate:
                 continue
-            m = math.ceil((need + spare - (n - 1) * rate) / rb * (1 - 1e-12))
-            if m > 0 and (n - 1) * usd[k] + m * usd[b] < n * usd[k]:
-                out.append(({k: n - 1, b: m}, None, (n - 1) * usd[k] + m * usd[b]))
-    for (g, s), grp in mine[mine["role"] != "both"].groupby(["group", "system"]):
-        for kp, rp in grp[grp["role"] == "prefill"].iterrows():
-            for kd, rd in grp[grp["role"] == "decode"].iterrows():
-                ratep, rated = float(rp["requests_per_s"]), float(rd["requests_per_s"])
-                spare = 1 if d.n_plus_one else 0  # each pool keeps one replica's rate beyond the demand
-                n_p = math.ceil(need / ratep * (1 - 1e-12)) + spare
+            m = math.ceil((need + spare * rate - (n - 1) * rate) / rb * (1 - 1e-12))
+            if m > 0 and (n - 1) * usd + m * ub < n * usd:
+                out.append(({k: n - 1, b: m}, None, (n - 1) * usd + m * ub))
+    for (g, s), pool in mine["pools"].items():
+        for kp, ratep, up in pool["prefill"]:
+            for kd, rated, ud in pool["decode"]:
+                n_p = math.ceil(need / ratep * (1 - 1e-12)) + spare  # each pool keeps one replica's rate spare
                 n_d = math.ceil(need / rated * (1 - 1e-12)) + spare
-                flow = min(n_p * ratep, n_d * rated)
-                out.append(({kp: n_p, kd: n_d}, (int(g), s, flow), n_p * usd[kp] + n_d * usd[kd]))
+                out.append(({kp: n_p, kd: n_d}, (g, s, min(n_p * ratep, n_d * rated)), n_p * up + n_d * ud))
     out.sort(key=lambda p: p[2])
     return out
 
@@ -558,30 +630,34 @@ def greedy(d: FleetData) -> Fleet | None:
     """
     o, sy = d.options, d.systems
     foot = d.footprint()
-    nc = sy["node_chips"].astype(float)
-    reps = pd.DataFrame(0.0, index=o.index, columns=d.slices)
+    nc = sy["node_chips"].to_numpy(dtype=float)
+    at = pd.Index(sy.index).get_indexer(o["system"])  # each option's system, by position
+    pw = sy["power_per_node_w"].to_numpy(dtype=float)
+    table = plan_options(d)
+    reps = np.zeros((len(o), len(d.slices)))
     nodes = pd.DataFrame(0.0, index=sy.index, columns=d.slices)
     flows: dict = {}
     plans: dict = {}
     chosen: dict = {}
-    pw = sy["power_per_node_w"].astype(float)
-    for t in d.slices:
-        chips = pd.Series(0.0, index=sy.index)
-        for j, c in enumerate(d.classes):
-            need = float(d.demand.loc[c, t])
+    demand = d.demand.to_numpy(dtype=float)
+    for i, t in enumerate(d.slices):
+        chips = np.zeros(len(sy))
+        inv = d.inventory[t].reindex(sy.index).to_numpy(dtype=float)
+        for j in range(len(d.classes)):
+            need = float(demand[j, i])
             if need <= 0:
                 continue
             if j not in plans or plans[j][0] != need:
-                plans[j] = (need, plans_of(d, j, need))
+                plans[j] = (need, plans_of(d, j, need, table=table))
             for counts, flow, _ in plans[j][1]:
                 trial = chips.copy()
                 for k, n in counts.items():
-                    trial[o.at[k, "system"]] += n * foot[k]
+                    trial[at[k]] += n * foot[k]
                 held = np.ceil(trial / nc - 1e-9)
-                if (held <= d.inventory[t]).all() and (d.power_cap_w is None or (held * pw).sum() <= d.power_cap_w):
+                if (held <= inv).all() and (d.power_cap_w is None or (held * pw).sum() <= d.power_cap_w):
                     chips = trial
                     for k, n in counts.items():
-                        reps.at[k, t] += n
+                        reps[k, i] += n
                     if flow is not None:
                         flows[(j, flow[0], flow[1], t)] = flow[2]
                     chosen[(j, t)] = counts
@@ -589,6 +665,7 @@ def greedy(d: FleetData) -> Fleet | None:
             else:
                 return None
         nodes[t] = np.ceil(chips / nc - 1e-9)
+    reps = pd.DataFrame(reps, index=o.index, columns=d.slices)
     base = nodes.min(axis=1)
     cheaper = sy["reserved_usd_per_node_h"] < sy["hourly_usd_per_node_h"]
     reserved = (base * cheaper).astype(float)
