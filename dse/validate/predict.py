@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 import pandas as pd
@@ -196,6 +196,12 @@ def outside_stack(t: pd.DataFrame) -> np.ndarray:
     return t["transfer_s"].to_numpy(dtype=float) + admission
 
 
+def _rows(cand: Candidates, rows: np.ndarray) -> Candidates:
+    """The candidates of ``rows`` (a mask), each field taken where it is given per candidate."""
+    c = cand.broadcast()
+    return Candidates(*(np.asarray(getattr(c, f.name))[rows] for f in fields(c)))
+
+
 def admitted(fits_at, stated: np.ndarray, fits: np.ndarray) -> np.ndarray:
     """The sequences per micro-batch a replica runs at once: ``stated`` where the memory check passes (``fits``, at
     the peak context, or ``fits_at(batch)``: the check at each row's batch with its sequences at the context the
@@ -263,8 +269,13 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
             tpot, fits, transfer = r["tpot_s"], r["fits"], np.zeros(len(g))
             # the KV of b sequences at the mean context P + O / 2 is that of b (P + O / 2) / (P + O) at the peak
             held = (isl + osl / 2.0) / (isl + osl) if get_framework(str(fw)).admission == "prompt" else 1.0
-            running = admitted(lambda b, cand=cand, req=req, st=st, held=held: aggregated(
-                replace(cand, batch=b * held), mt, st, req, eff)["fits"], per_stage, fits)
+            running = per_stage.astype(float)
+            over = ~np.asarray(fits, dtype=bool)
+            if over.any():  # the check again on those rows alone, at each trial batch
+                sub = _rows(cand, over)
+                running[over] = admitted(lambda b, sub=sub, req=req, st=st, held=held: aggregated(
+                    replace(sub, batch=b * held), mt, st, req, eff)["fits"], per_stage[over], np.zeros(over.sum(),
+                                                                                                  dtype=bool))
             if (running < per_stage).any():  # the framework admits what its KV pool holds, the rest queue
                 r = aggregated(replace(cand, batch=running), mt, st, req, eff)
                 tpot = r["tpot_s"]
