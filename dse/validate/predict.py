@@ -202,20 +202,16 @@ def _rows(cand: Candidates, rows: np.ndarray) -> Candidates:
     return Candidates(*(np.asarray(getattr(c, f.name))[rows] for f in fields(c)))
 
 
-def admitted(fits_at, stated: np.ndarray, fits: np.ndarray) -> np.ndarray:
-    """The sequences per micro-batch a replica runs at once: ``stated`` where the memory check passes (``fits``, at
-    the peak context, or ``fits_at(batch)``: the check at each row's batch with its sequences at the context the
-    framework's admission holds them at, `dse.catalog.frameworks.ADMISSION`), else the largest whole number of
-    sequences ``fits_at`` passes at (it fails at more sequences once it fails at fewer, the KV and activations growing
-    with the batch), found by bisection; ``stated`` where even one sequence does not fit (the weights do not). A
-    framework admits requests while its KV pool holds them: a closed loop holding more keeps the rest in its
-    waiting queue.
+def admitted(fits_at, stated: np.ndarray) -> np.ndarray:
+    """The sequences per micro-batch a replica runs at once, for rows whose memory check fails at the peak context:
+    ``stated`` where ``fits_at(batch)`` (the check at each row's batch with its sequences at the context the
+    framework's admission holds them at, `dse.catalog.frameworks.ADMISSION`) passes, else the largest whole number of
+    sequences it passes at (it fails at more sequences once it fails at fewer, the KV and activations growing with
+    the batch), found by bisection; ``stated`` where even one sequence does not fit (the weights do not). A framework
+    admits requests while its KV pool holds them: a closed loop holding more keeps the rest in its waiting queue.
     """
     stated = np.asarray(stated, dtype=np.float64)
-    fits = np.asarray(fits, dtype=bool)
-    if fits.all():
-        return stated
-    fits = fits | fits_at(stated)  # ``fits`` at the peak context, ``fits_at`` at the one admission holds
+    fits = np.asarray(fits_at(stated), dtype=bool)
     if fits.all():
         return stated
     lo = np.where(fits, stated, 1.0)
@@ -274,8 +270,7 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
             if over.any():  # the check again on those rows alone, at each trial batch
                 sub = _rows(cand, over)
                 running[over] = admitted(lambda b, sub=sub, req=req, st=st, held=held: aggregated(
-                    replace(sub, batch=b * held), mt, st, req, eff)["fits"], per_stage[over], np.zeros(over.sum(),
-                                                                                                  dtype=bool))
+                    replace(sub, batch=b * held), mt, st, req, eff)["fits"], per_stage[over])
             if (running < per_stage).any():  # the framework admits what its KV pool holds, the rest queue
                 r = aggregated(replace(cand, batch=running), mt, st, req, eff)
                 tpot = r["tpot_s"]

@@ -48,6 +48,7 @@ from dse.catalog.frameworks import StackTerms
 from dse.catalog.hardware import IDEAL
 from dse.errors import InputError
 from dse.physics.serving import closed_loop_ttft
+from dse.validate import cache as stored
 from dse.validate.decode import TpotPasses, predicted_passes, tpot_at
 from dse.validate.factors import FACTORS
 from dse.validate.fit import fit_stack_sets, refit_tpot, refit_tpot_sets, stack_key_of
@@ -264,8 +265,6 @@ def validate_file(path: Path | list[Path], cache: bool = True) -> RunsValidation
     InputError saying why each was skipped. With ``cache``, a result computed before from the same files, catalogs
     and source is read back (`dse.validate.cache`), and a new one kept.
     """
-    from dse.validate import cache as stored
-
     paths = [Path(p) for p in (path if isinstance(path, list | tuple) else [path])]
     runs = map_runs(read_runs_files(paths, read_measured))
     if runs.table.empty:
