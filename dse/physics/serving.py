@@ -596,9 +596,9 @@ def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: n
     requests in flight per prefill server, xi the stack's queue share, never below the saturated loop's wait
     (`closed_loop_ttft`; its servers, busy all the time, prefill the queued prompts together, each at S_b, its
     share of a full-chunk pass, so C requests cycle in C S_b / servers); TTFT = S + W + transfer + tau. W does not
-    depend on the rate, so Little's law over the
-    engine's stages, lambda (S + W + transfer + (O - 1) TPOT) = C, gives it in closed form (the few requests inside
-    the stack's fixed latency are counted with the engine's), and the prefill servers' utilisation stays at most 1.
+    depend on the rate, so Little's law over the engine's stages, lambda (S + W + transfer + (O - 1) TPOT) = C,
+    gives it in closed form (the few requests inside the stack's fixed latency are counted with the engine's), and
+    the prefill servers' utilisation at S_b stays at most 1.
     Returns ``requests_per_s``, ``ttft_s`` (and its quantiles), ``tpot_s``, ``prefill_rho``, ``queue_wait_s``,
     ``wave_s`` and ``stack_latency_s``.
     """
