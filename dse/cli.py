@@ -179,7 +179,7 @@ def evaluate(
         else:
             reserve = ("the reserve of " + result["framework"]) if result["framework"] else "nothing reserved"
             why = (f"HBM capacity runs out {where}: {_si(need, 'B')} per chip needed (weights, KV, activations) "
-                   f"against {_si(usable, 'B')} usable ({_si(result['hbm_capacity_per_chip'], 'B')} of HBM less "
+                   f"against {_si(usable, 'B')} usable ({_si(result['device_memory_per_chip'], 'B')} of device memory less "
                    f"{reserve}), short by {_si(need - usable, 'B')}")
         Console(stderr=True).print(f"[bold red]does not fit:[/] {escape(why)}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)

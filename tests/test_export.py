@@ -185,11 +185,14 @@ def test_wide_expert_parallelism_gets_an_all_to_all_backend():
 def test_memory_fractions_hold_the_plans_budget():
     plan = check_entry(AGGREGATED)
     mem = memory_budget(plan, plan.pools[0])
-    # no framework in the entry: H200's default, vLLM, reserves 0.92 of the device less 2 GiB (hw_catalog/frameworks.yaml)
-    assert mem.usable == pytest.approx(mem.capacity * 0.92 - 2 * 2**30)
+    # no framework in the entry: H200's default, vLLM, fills 0.92 of the device less what it holds besides, 7.9 GiB
+    # (hw_catalog/frameworks.yaml), and is told 0.92
+    assert mem.capacity == 141 * 2**30 and mem.usable == pytest.approx(mem.capacity * 0.92 - 7.9 * 2**30)
     tight = memory_budget(check_entry({**AGGREGATED, "framework": "vllm", "mem_fraction": 0.8}), plan.pools[0])
-    assert tight.usable == pytest.approx(tight.capacity * 0.8 - 2 * 2**30)  # the plan's own fraction
+    assert tight.usable == pytest.approx(tight.capacity * 0.8 - 7.9 * 2**30)  # the plan's own fraction
+    assert memory_flags(tight)["vllm"] == 0.8
     want = memory_flags(mem)
+    assert want["vllm"] == 0.92
     assert _all(AGGREGATED, "launch_vllm.sh", "vllm serve")[0]["--gpu-memory-utilization"] == f"{want['vllm']:g}"
     sg = _all(AGGREGATED, "launch_sglang.sh", "python -m sglang.launch_server")[0]
     assert float(sg["--mem-fraction-static"]) * mem.capacity <= mem.usable - mem.activations

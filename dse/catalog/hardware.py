@@ -34,6 +34,8 @@ SYSTEM_FIELDS: dict[str, FieldSpec] = {
     "flops_fp4": FieldSpec("flop_rate", False, "dense FP4 tensor FLOP/s per chip"),
     "flops_int8": FieldSpec("flop_rate", False, "dense INT8 tensor operations per second per chip"),
     "hbm_capacity": FieldSpec("bytes", True, "HBM capacity per chip"),
+    "device_memory": FieldSpec("bytes", False, "memory the device reports to CUDA per chip (nvidia-smi's total, what "
+                               "a serving framework's memory fraction is of); the HBM capacity where not given"),
     "hbm_bandwidth": FieldSpec("byte_rate", True, "HBM bandwidth per chip"),
     "scaleup_domain": FieldSpec("count", True, "chips in one scale-up (NVLink/ICI) domain"),
     "chips_per_node": FieldSpec("count", False, "chips in one host (a server, or a compute tray of a rack-scale "
@@ -114,6 +116,13 @@ class System:
     power_all_in_w: float = math.nan
     status: str = "shipping"
     kv_dtypes: tuple[str, ...] = ("bf16",)
+    device_memory: float = math.nan
+    """Memory the device reports (`SYSTEM_FIELDS`): what memory checks hold weights, KV and activations within (as
+    frameworks reserve it); the nominal ``hbm_capacity`` (of the lecture's drain time) where the catalog has none."""
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.device_memory):
+            object.__setattr__(self, "device_memory", self.hbm_capacity)
 
     @property
     def native_dtypes(self) -> tuple[str, ...]:
@@ -162,6 +171,8 @@ class System:
                 changes["flops"] = {d: v * f for d, v in self.flops.items()}
             elif name == "scaleup_domain":  # a whole number of chips
                 changes[name] = max(1, int(round(self.scaleup_domain * f)))
+            elif name == "hbm_capacity":  # the HBM and the memory the device reports of it, together
+                changes[name], changes["device_memory"] = self.hbm_capacity * f, self.device_memory * f
             else:
                 changes[name] = getattr(self, name) * f
         return replace(self, **changes)
@@ -273,6 +284,7 @@ def _system_from(entry: dict, sources: dict, where: str) -> System:
         topology=topo,
         flops={d: q[f"flops_{d}"].si for d in DTYPES if f"flops_{d}" in q},
         hbm_capacity=q["hbm_capacity"].si,
+        device_memory=_nan(q, "device_memory"),
         hbm_bandwidth=q["hbm_bandwidth"].si,
         scaleup_domain=int(domain),
         scaleup_bandwidth=q["scaleup_bandwidth"].si,

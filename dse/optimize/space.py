@@ -249,7 +249,7 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     r2 = evaluate(block_candidates(blocks, n_sat + 1, workload.context), mt, st, eff, ttft=False)
     block_eff = eff or st.efficiency_of(blocks["system_idx"].to_numpy())
     on_host = blocks["tier"].to_numpy() == 1
-    a_act, a_kv, budget = memory_budget(st.hbm_capacity[blocks["system_idx"]], block_eff, float(workload.chunk),
+    a_act, a_kv, budget = memory_budget(st.device_memory[blocks["system_idx"]], block_eff, float(workload.chunk),
                                         blocks["tp"].to_numpy(float), blocks["pp"].to_numpy(float))
 
     def need(r: dict) -> np.ndarray:
@@ -263,7 +263,7 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     host_cap = st.host_capacity[blocks["system_idx"]]
     with np.errstate(divide="ignore", invalid="ignore"):  # a block whose HBM does not grow with n (KV on the host)
         n_cap = np.floor((budget - hbm_base) / hbm_slope * (1 + 1e-12))
-        n_cap = np.minimum(n_cap, np.floor((st.hbm_capacity[blocks["system_idx"]] - (r1["hbm_bytes_per_chip"] - held
+        n_cap = np.minimum(n_cap, np.floor((st.device_memory[blocks["system_idx"]] - (r1["hbm_bytes_per_chip"] - held
                                                                                      * n_sat)) / held * (1 + 1e-12)))
         n_host = np.where(on_host, np.floor(host_cap / kv_slope * (1 + 1e-12)), np.inf)
     n_hi = np.minimum(np.minimum(n_cap, n_host), opts.max_batch_per_rank)

@@ -335,13 +335,13 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
         else:
             out[key] = None if (isinstance(v, float) and math.isnan(v)) else (None if v == math.inf else float(v))
     # what weights, activations and KV may fill as the framework reserves HBM (never above the device)
-    a_act, a_kv, budget = (float(x) for x in memory_budget(system.hbm_capacity, eff, cfg.chunk, layout.tp, layout.pp))
+    a_act, a_kv, budget = (float(x) for x in memory_budget(system.device_memory, eff, cfg.chunk, layout.tp, layout.pp))
     w, act = out["weights_bytes_per_chip"], out["activation_bytes_per_chip"]
-    out["hbm_usable_per_chip"] = min(w + act + (budget - w - a_act * act) / a_kv, system.hbm_capacity)
+    out["hbm_usable_per_chip"] = min(w + act + (budget - w - a_act * act) / a_kv, system.device_memory)
     out["kv_capacity_tokens"] = _kv_capacity(cand, tables, eff, cfg, system, w)
     out["framework"] = "" if ideal else fw.id
     out["mem_fraction"] = None if ideal else (memory.fraction if not math.isnan(memory.fraction)
-                                              else budget / system.hbm_capacity)
+                                              else budget / system.device_memory)
     if cfg.output is not None and cfg.prompt is not None:
         out.update(request_metrics(cand, tables, eff, cfg, ENGINE_ONLY if ideal else stack_of(fw.id, model.id)))
         out["fits"] = out["fits"] and out["fits_request"]  # both the step at --context and the request's peak
@@ -350,6 +350,7 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     out["params_embedding"] = model.params_embedding
     out["kv_bytes_per_token"] = model.kv_bytes_per_token(cfg.kv_dtype)
     out["hbm_capacity_per_chip"] = system.hbm_capacity
+    out["device_memory_per_chip"] = system.device_memory
     out["usd_per_chip_hour"] = None if math.isnan(system.price_per_s) else system.price_per_s * 3600
     out["price_kind"] = system.price_kind
     out["price_is_estimate"] = system.price_is_estimate
@@ -374,7 +375,7 @@ def _kv_capacity(cand: Candidates, tables: tuple[ModelTable, SystemTable], eff: 
     kv = [evaluate(replace(cand, batch=1, context=c, phase=0, kv_tier=0), *tables, eff, ttft=False)[
         "kv_bytes_per_chip"].item() for c in KV_PROBE]
     per_token = (kv[1] - kv[0]) / (KV_PROBE[1] - KV_PROBE[0])
-    a_act, a_kv, budget = (float(x) for x in memory_budget(system.hbm_capacity, eff, cfg.chunk, cand.tp, cand.pp))
+    a_act, a_kv, budget = (float(x) for x in memory_budget(system.device_memory, eff, cfg.chunk, cand.tp, cand.pp))
     room = (budget - weights - a_act * prof["activation_bytes_per_chip"].item()) / a_kv
     return max(int(room // per_token), 0) if per_token > 0 else 0
 

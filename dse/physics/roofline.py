@@ -433,7 +433,8 @@ class SystemTable:
     ids: tuple[str, ...]
     flops: np.ndarray  # (systems, len(DTYPES)): FLOP/s when weights are in that dtype
     native: np.ndarray  # (systems, len(DTYPES)): whether the chip has tensor units for the dtype
-    hbm_capacity: np.ndarray
+    hbm_capacity: np.ndarray  # nominal (the drain time's)
+    device_memory: np.ndarray  # as the device reports it (the memory check's)
     hbm_bandwidth: np.ndarray
     domain: np.ndarray
     scaleup_bw: np.ndarray
@@ -464,6 +465,7 @@ class SystemTable:
             flops=_f([[s.flops[s.compute_dtype(d)] for d in DTYPES] for s in systems]),
             native=np.array([[s.is_native(d) for d in DTYPES] for s in systems], dtype=bool).reshape(-1, len(DTYPES)),
             hbm_capacity=_f([s.hbm_capacity for s in systems]),
+            device_memory=_f([s.device_memory for s in systems]),
             hbm_bandwidth=_f([s.hbm_bandwidth for s in systems]),
             domain=_f([s.scaleup_domain for s in systems]),
             scaleup_bw=_f([s.scaleup_bandwidth for s in systems]),
@@ -695,7 +697,8 @@ class _Gathered:
         self.attn_layers = sum(self.g_layers)  # layers with attention over a KV cache
         self._context: dict[str, np.ndarray] = {}
         # system columns
-        self.hbm_cap = systems.hbm_capacity.take(s)
+        self.hbm_cap = systems.device_memory.take(s)  # what the memory check holds everything within
+        self.hbm_nominal = systems.hbm_capacity.take(s)
         self.hbm_bw = systems.hbm_bandwidth.take(s) * eff.memory
         self.host_bw = systems.host_bw.take(s) * eff.memory
         self.host_cap = systems.host_capacity.take(s)
@@ -1243,7 +1246,7 @@ def _evaluate(g: _Gathered, ttft: bool, brief: bool = False, memory: bool = True
         "kernel_overlap": r["kernel_overlap"],  # share of the pass costed as one roofline (`kernel_work`)
         "sequences_in_flight": seqs_in_flight,
         "balance_batch": balance_batch,
-        "hbm_drain_s": g.hbm_cap / (g.hbm_bw / g.eff.memory),
+        "hbm_drain_s": g.hbm_nominal / (g.hbm_bw / g.eff.memory),
         "kv_crossover_context": kv_crossover,
     }
     if ttft:

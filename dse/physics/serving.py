@@ -507,9 +507,9 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
     usd_per_s = chips * systems.price_per_s[sys_idx]
     # memory: with context parallelism each chip holds 1/cp of its prompt's KV; checked as the framework reserves it
     hbm = pre["hbm_bytes_per_chip"] - kv_chip * (1.0 - 1.0 / cp)
-    a_act, a_kv, budget = memory_budget(systems.hbm_capacity[sys_idx], e, float(req.chunk), tp, pp)
+    a_act, a_kv, budget = memory_budget(systems.device_memory[sys_idx], e, float(req.chunk), tp, pp)
     fits = ((pre["weights_bytes_per_chip"] + a_act * pre["activation_bytes_per_chip"] + a_kv * kv_chip / cp <= budget)
-            & (hbm <= systems.hbm_capacity[sys_idx]))
+            & (hbm <= systems.device_memory[sys_idx]))
     out = {"prefill_service_s": service, "servers": servers, "kv_transfer_s": transfer,
            "usd_per_prompt": usd_per_s * service / servers, "chips": chips, "usd_per_s": usd_per_s,
            "chip_s_per_prompt": chips * service / servers, "fits": fits, "hbm_bytes_per_chip": hbm,

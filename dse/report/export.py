@@ -445,7 +445,7 @@ def check_model_path(path: str, label: str = "--model-path") -> str:
 class Memory:
     """A pool's HBM per chip as the plan's memory model counts it (bytes)."""
 
-    capacity: float
+    capacity: float  # as the device reports it
     usable: float  # what the plan lets the engine fill: as its framework reserves HBM
     weights: float
     kv: float
@@ -475,7 +475,7 @@ def memory_budget(plan: Plan, pool: Pool) -> Memory:
     except InputError as exc:
         raise InputError(f"pool {pool.name} ({pool.system}, {plan.model}): {exc}") from None
     hbm_kv = ev["kv_bytes_per_chip"] if pool.kv_tier == "hbm" else 0.0
-    return Memory(ev["hbm_capacity_per_chip"], ev["hbm_usable_per_chip"], ev["weights_bytes_per_chip"], hbm_kv,
+    return Memory(ev["device_memory_per_chip"], ev["hbm_usable_per_chip"], ev["weights_bytes_per_chip"], hbm_kv,
                   ev["activation_bytes_per_chip"])
 
 
@@ -484,13 +484,17 @@ def _floor3(x: float) -> float:
 
 
 def memory_flags(mem: Memory) -> dict[str, float]:
-    """Each framework's memory fraction for the plan's budget: vLLM's ``--gpu-memory-utilization`` covers weights,
-    activations and KV cache (usable / capacity); SGLang's ``--mem-fraction-static`` weights and KV cache (usable
+    """Each framework's memory fraction for the plan's budget, of the memory the device reports: vLLM's
+    ``--gpu-memory-utilization`` covers weights, activations, KV cache and what vLLM holds besides (its profile run's
+    peak and non-torch memory, the catalog's reserve: (usable + reserve) / capacity); SGLang's ``--mem-fraction-static`` weights and KV cache (usable
     less the activations); TensorRT-LLM's ``--kv_cache_free_gpu_memory_fraction`` the share of the memory left
     after weights and activations that the KV cache takes. Rounded down to 0.001.
     """
     free = mem.capacity - mem.weights - mem.activations
-    return {"vllm": _floor3(mem.usable / mem.capacity),
+    from dse.catalog.frameworks import default_frameworks
+
+    reserve = default_frameworks()["vllm"].memory.reserve
+    return {"vllm": _floor3(min(mem.usable + reserve, mem.capacity) / mem.capacity),
             "sglang": _floor3((mem.usable - mem.activations) / mem.capacity),
             "trtllm": _floor3((mem.usable - mem.weights - mem.activations) / free) if free > 0 else 0.0}
 
