@@ -179,8 +179,8 @@ def evaluate(
         else:
             reserve = ("the reserve of " + result["framework"]) if result["framework"] else "nothing reserved"
             why = (f"HBM capacity runs out {where}: {_si(need, 'B')} per chip needed (weights, KV, activations) "
-                   f"against {_si(usable, 'B')} usable ({_si(result['device_memory_per_chip'], 'B')} of device memory less "
-                   f"{reserve}), short by {_si(need - usable, 'B')}")
+                   f"against {_si(usable, 'B')} usable ({_si(result['device_memory_per_chip'], 'B')} of device "
+                   f"memory less {reserve}), short by {_si(need - usable, 'B')}")
         Console(stderr=True).print(f"[bold red]does not fit:[/] {escape(why)}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)
 
@@ -214,9 +214,9 @@ def _print_evaluation(r: dict) -> None:
     t.add_column("note")
     comm = f"TP {_si(r['tp_comm_s'], 's')}, EP {_si(r['ep_comm_s'], 's')}, PP {_si(r['pp_comm_s'], 's')}"
     fits = "fits" if r["fits"] else "DOES NOT FIT"
-    cap = _si(r["hbm_capacity_per_chip"], "B")
+    cap = _si(r["device_memory_per_chip"], "B")  # as the device reports it
     usable = (f"{_si(r['hbm_usable_per_chip'], 'B')} usable of {cap}" if r["hbm_usable_per_chip"] < r[
-        "hbm_capacity_per_chip"] else f"of {cap}") + (f" as {r['framework']} reserves it" if r["framework"] else "")
+        "device_memory_per_chip"] else f"of {cap}") + (f" as {r['framework']} reserves it" if r["framework"] else "")
     crossover = "-" if r["kv_crossover_context"] is None else f"{r['kv_crossover_context']:.0f}"
     band_t = band_c = ""
     if r.get("tokens_per_s_band"):

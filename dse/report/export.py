@@ -486,9 +486,10 @@ def _floor3(x: float) -> float:
 def memory_flags(mem: Memory) -> dict[str, float]:
     """Each framework's memory fraction for the plan's budget, of the memory the device reports: vLLM's
     ``--gpu-memory-utilization`` covers weights, activations, KV cache and what vLLM holds besides (its profile run's
-    peak and non-torch memory, the catalog's reserve: (usable + reserve) / capacity); SGLang's ``--mem-fraction-static`` weights and KV cache (usable
-    less the activations); TensorRT-LLM's ``--kv_cache_free_gpu_memory_fraction`` the share of the memory left
-    after weights and activations that the KV cache takes. Rounded down to 0.001.
+    peak and non-torch memory, the catalog's reserve: (usable + reserve) / capacity); SGLang's
+    ``--mem-fraction-static`` weights and KV cache (usable less the activations); TensorRT-LLM's
+    ``--kv_cache_free_gpu_memory_fraction`` the share of the memory left after weights and activations that the KV
+    cache takes. Rounded down to 0.001.
     """
     free = mem.capacity - mem.weights - mem.activations
     from dse.catalog.frameworks import default_frameworks
