@@ -27,7 +27,7 @@ def test_each_rule_in_closed_form():
     fw = default_frameworks()
     vllm = with_memory(Efficiency(), fw["vllm"].memory)
     a_act, a_kv, budget = memory_budget(cap, vllm, chunk, tp, pp)
-    assert (a_act, a_kv) == (1.0, 1.0) and budget == pytest.approx(0.92 * cap - 7.9 * GIB)
+    assert (a_act, a_kv) == (1.0, 1.0) and budget == pytest.approx(0.92 * cap - 5.4 * GIB)
     trt = with_memory(Efficiency(), fw["trtllm"].with_fraction(0.8))
     a_act, a_kv, budget = memory_budget(cap, trt, chunk, tp, pp)  # KV <= f (C - weights - activations - R)
     assert a_act == 1.0 and a_kv == pytest.approx(1 / 0.8) and budget == pytest.approx(cap - 2 * GIB)

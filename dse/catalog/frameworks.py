@@ -7,7 +7,7 @@ written by `dse validate --fit`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,6 +23,8 @@ MEMORY_FIELDS = {
     "fraction": FieldSpec("fraction", False, "the framework's memory fraction (its rule says of what)"),
     "reserve": FieldSpec("bytes", True, "memory the framework holds besides weights, KV cache and activations",
                          positive=False),
+    "reserve_moe": FieldSpec("bytes", False, "the reserve when the model routes experts (a larger profile-run "
+                             "peak); the reserve where not given", positive=False),
 }
 MODES = ("aggregated", "disaggregated")
 
@@ -73,6 +75,11 @@ class Memory:
     rule: str = "total"
     fraction: float = 1.0
     reserve: float = 0.0
+    reserve_moe: float = math.nan  # the reserve of a mixture-of-experts model (``reserve`` where NaN)
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.reserve_moe):
+            object.__setattr__(self, "reserve_moe", self.reserve)
 
     @property
     def rule_code(self) -> int:
@@ -101,7 +108,7 @@ class Framework:
         """The framework's memory at ``fraction`` (its default when None)."""
         if fraction is None:
             return self.memory
-        return Memory(self.memory.rule, float(fraction), self.memory.reserve)
+        return replace(self.memory, fraction=float(fraction))
 
 
 def _framework_from(fid: str, entry: object, sources: dict, where: str) -> Framework:
@@ -134,7 +141,8 @@ def _framework_from(fid: str, entry: object, sources: dict, where: str) -> Frame
         raise InputError(f"{where}: field 'admission': needs a source of the file's sources and a date")
     admission = str(adm["value"])
     return Framework(fid, str(entry["name"]), str(entry["version"]), tuple(vendors),
-                     Memory(mem["rule"], fraction, q["reserve"].si), q, admission)
+                     Memory(mem["rule"], fraction, q["reserve"].si,
+                            q["reserve_moe"].si if "reserve_moe" in q else math.nan), q, admission)
 
 
 def load_frameworks(path: Path | None = None) -> tuple[dict[str, Framework], dict[str, str]]:

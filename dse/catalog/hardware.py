@@ -196,9 +196,10 @@ class Efficiency:
     every fraction is 1 (full overlap, no HBM reserve, a pass as one roofline: ``kernel_overlap`` 1), every latency
     and length 0: the pure roofline.
 
-    ``mem_rule``, ``mem_fraction`` and ``mem_reserve`` are the serving framework's memory reservation
-    (`dse.catalog.frameworks.Memory`: its rule's code in `MEMORY_RULES`, its fraction, NaN for SGLang's computed
-    default, and the bytes it holds besides weights, KV cache and activations), which the memory check applies
+    ``mem_rule``, ``mem_fraction``, ``mem_reserve`` and ``mem_reserve_moe`` are the serving framework's memory
+    reservation (`dse.catalog.frameworks.Memory`: its rule's code in `MEMORY_RULES`, its fraction, NaN for SGLang's
+    computed default, and the bytes it holds besides weights, KV cache and activations, for a dense model and for
+    one that routes experts), which the memory check applies
     (`dse.physics.roofline.memory_budget`); not fitted, set from the deployment's framework (the defaults: every
     byte of HBM, as ``--ideal`` has it).
     """
@@ -212,6 +213,7 @@ class Efficiency:
     mem_rule: float = 0.0
     mem_fraction: float = 1.0
     mem_reserve: float = 0.0
+    mem_reserve_moe: float = 0.0
     latency_scaleup: float = 0.0
     latency_scaleout: float = 0.0
     layer_overhead: float = 0.0
@@ -222,7 +224,7 @@ class Efficiency:
 
 
 IDEAL = Efficiency()
-MEMORY_FIELDS = ("mem_rule", "mem_fraction", "mem_reserve")
+MEMORY_FIELDS = ("mem_rule", "mem_fraction", "mem_reserve", "mem_reserve_moe")
 """The fields of `Efficiency` a deployment's serving framework sets (its memory reservation): not fitted."""
 
 

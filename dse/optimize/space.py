@@ -250,7 +250,7 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     block_eff = eff or st.efficiency_of(blocks["system_idx"].to_numpy())
     on_host = blocks["tier"].to_numpy() == 1
     a_act, a_kv, budget = memory_budget(st.device_memory[blocks["system_idx"]], block_eff, float(workload.chunk),
-                                        blocks["tp"].to_numpy(float), blocks["pp"].to_numpy(float))
+                                        blocks["tp"].to_numpy(float), blocks["pp"].to_numpy(float), model.is_moe)
 
     def need(r: dict) -> np.ndarray:
         kv_hbm = np.where(on_host, 0.0, r["kv_bytes_per_chip"])

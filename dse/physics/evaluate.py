@@ -335,7 +335,8 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
         else:
             out[key] = None if (isinstance(v, float) and math.isnan(v)) else (None if v == math.inf else float(v))
     # what weights, activations and KV may fill as the framework reserves HBM (never above the device)
-    a_act, a_kv, budget = (float(x) for x in memory_budget(system.device_memory, eff, cfg.chunk, layout.tp, layout.pp))
+    a_act, a_kv, budget = (float(x) for x in memory_budget(system.device_memory, eff, cfg.chunk, layout.tp, layout.pp,
+                                                            model.is_moe))
     w, act = out["weights_bytes_per_chip"], out["activation_bytes_per_chip"]
     out["hbm_usable_per_chip"] = min(w + act + (budget - w - a_act * act) / a_kv, system.device_memory)
     out["kv_capacity_tokens"] = _kv_capacity(cand, tables, eff, cfg, system, w)
@@ -375,7 +376,9 @@ def _kv_capacity(cand: Candidates, tables: tuple[ModelTable, SystemTable], eff: 
     kv = [evaluate(replace(cand, batch=1, context=c, phase=0, kv_tier=0), *tables, eff, ttft=False)[
         "kv_bytes_per_chip"].item() for c in KV_PROBE]
     per_token = (kv[1] - kv[0]) / (KV_PROBE[1] - KV_PROBE[0])
-    a_act, a_kv, budget = (float(x) for x in memory_budget(system.device_memory, eff, cfg.chunk, cand.tp, cand.pp))
+    moe = bool(tables[0].n_experts[np.asarray(cand.model)].max() > 0)
+    a_act, a_kv, budget = (float(x) for x in memory_budget(system.device_memory, eff, cfg.chunk, cand.tp, cand.pp,
+                                                            moe))
     room = (budget - weights - a_act * prof["activation_bytes_per_chip"].item()) / a_kv
     return max(int(room // per_token), 0) if per_token > 0 else 0
 

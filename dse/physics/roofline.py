@@ -396,14 +396,16 @@ than 60 GiB."""
 
 def with_memory(eff: Efficiency, memory: Memory) -> Efficiency:
     """``eff`` with a framework's memory reservation (`dse.catalog.frameworks.Memory`)."""
-    return replace(eff, mem_rule=float(memory.rule_code), mem_fraction=memory.fraction, mem_reserve=memory.reserve)
+    return replace(eff, mem_rule=float(memory.rule_code), mem_fraction=memory.fraction, mem_reserve=memory.reserve,
+                   mem_reserve_moe=memory.reserve_moe)
 
 
 def memory_budget(cap: np.ndarray, eff: Efficiency, chunk: np.ndarray, tp: np.ndarray, pp: np.ndarray,
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  moe: np.ndarray | bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The framework's memory check as weights + a_act x activations + a_kv x KV (in HBM) <= budget, per chip
-    of HBM capacity ``cap``: returns (a_act, a_kv, budget), with fraction f and reserve R (``eff.mem_*``: what the
-    framework holds outside its pools, CUDA context, NCCL buffers, CUDA graphs).
+    of the memory ``cap`` the device reports: returns (a_act, a_kv, budget), with fraction f and reserve R
+    (``eff.mem_*``: what the framework holds outside its pools, CUDA context, NCCL buffers, CUDA graphs, its
+    profile run's peak; ``mem_reserve_moe`` where ``moe``, the model routing experts).
 
     - total (vLLM: gpu_memory_utilization of the device): weights + activations + R + KV <= f C;
     - static (SGLang: mem_fraction_static for weights and the KV pool; activations and CUDA graphs in the rest):
@@ -414,6 +416,8 @@ def memory_budget(cap: np.ndarray, eff: Efficiency, chunk: np.ndarray, tp: np.nd
     Every byte of HBM (rule total, f = 1, R = 0) is the pure roofline's.
     """
     rule, f, reserve = (np.asarray(x, dtype=np.float64) for x in (eff.mem_rule, eff.mem_fraction, eff.mem_reserve))
+    if np.any(moe):
+        reserve = np.where(moe, np.asarray(eff.mem_reserve_moe, dtype=np.float64), reserve)
     if not rule.any():  # every candidate's rule is total: the rest need not be computed
         return 1.0, 1.0, f * cap - reserve
     reserved = SGLANG_FIXED + SGLANG_PER_CHUNK_TOKEN * chunk + SGLANG_GRAPHS + SGLANG_PER_RANK * tp * pp
@@ -775,7 +779,7 @@ class _Gathered:
         self.any_skew = bool((self.skew != 0.0).any())
         self.weights_bytes = self.wbytes * self.p_dense / (self.tp * self.pp_even) + self.routed_bytes_per_chip
         self.mem_a_act, self.mem_a_kv, self.mem_budget = memory_budget(self.hbm_cap, eff, self.chunk, self.tp,
-                                                                       self.pp)
+                                                                       self.pp, self.n_exp > 0)
 
     def _ctx(self, name: str) -> np.ndarray:
         """A term at the candidates' context, computed on first use: ``attended`` (KV tokens attended per

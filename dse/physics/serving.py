@@ -507,7 +507,8 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
     usd_per_s = chips * systems.price_per_s[sys_idx]
     # memory: with context parallelism each chip holds 1/cp of its prompt's KV; checked as the framework reserves it
     hbm = pre["hbm_bytes_per_chip"] - kv_chip * (1.0 - 1.0 / cp)
-    a_act, a_kv, budget = memory_budget(systems.device_memory[sys_idx], e, float(req.chunk), tp, pp)
+    a_act, a_kv, budget = memory_budget(systems.device_memory[sys_idx], e, float(req.chunk), tp, pp,
+                                        models.n_experts[np.asarray(cand.model)] > 0)
     fits = ((pre["weights_bytes_per_chip"] + a_act * pre["activation_bytes_per_chip"] + a_kv * kv_chip / cp <= budget)
             & (hbm <= systems.device_memory[sys_idx]))
     out = {"prefill_service_s": service, "servers": servers, "kv_transfer_s": transfer,

@@ -450,6 +450,7 @@ class Memory:
     weights: float
     kv: float
     activations: float
+    vllm_reserve: float = 0.0  # what vLLM holds besides, for the plan's model (part of vLLM's fraction)
 
     @property
     def planned(self) -> float:
@@ -463,6 +464,8 @@ def memory_budget(plan: Plan, pool: Pool) -> Memory:
     holds at its batch and context (`dse.physics.evaluate`, calibrated). The frameworks' memory flags are derived
     from it (`memory_flags`).
     """
+    from dse.catalog.frameworks import default_frameworks
+    from dse.catalog.models import get_model
     from dse.physics.evaluate import Config, evaluate_config
 
     context = plan.prompt if pool.role == "prefill" else plan.max_len
@@ -475,8 +478,9 @@ def memory_budget(plan: Plan, pool: Pool) -> Memory:
     except InputError as exc:
         raise InputError(f"pool {pool.name} ({pool.system}, {plan.model}): {exc}") from None
     hbm_kv = ev["kv_bytes_per_chip"] if pool.kv_tier == "hbm" else 0.0
+    vllm = default_frameworks()["vllm"].memory
     return Memory(ev["device_memory_per_chip"], ev["hbm_usable_per_chip"], ev["weights_bytes_per_chip"], hbm_kv,
-                  ev["activation_bytes_per_chip"])
+                  ev["activation_bytes_per_chip"], vllm.reserve_moe if get_model(plan.model).is_moe else vllm.reserve)
 
 
 def _floor3(x: float) -> float:
@@ -486,16 +490,13 @@ def _floor3(x: float) -> float:
 def memory_flags(mem: Memory) -> dict[str, float]:
     """Each framework's memory fraction for the plan's budget, of the memory the device reports: vLLM's
     ``--gpu-memory-utilization`` covers weights, activations, KV cache and what vLLM holds besides (its profile run's
-    peak and non-torch memory, the catalog's reserve: (usable + reserve) / capacity); SGLang's
+    peak and non-torch memory for the plan's model: (usable + that reserve) / capacity); SGLang's
     ``--mem-fraction-static`` weights and KV cache (usable less the activations); TensorRT-LLM's
     ``--kv_cache_free_gpu_memory_fraction`` the share of the memory left after weights and activations that the KV
     cache takes. Rounded down to 0.001.
     """
     free = mem.capacity - mem.weights - mem.activations
-    from dse.catalog.frameworks import default_frameworks
-
-    reserve = default_frameworks()["vllm"].memory.reserve
-    return {"vllm": _floor3(min(mem.usable + reserve, mem.capacity) / mem.capacity),
+    return {"vllm": _floor3(min(mem.usable + mem.vllm_reserve, mem.capacity) / mem.capacity),
             "sglang": _floor3((mem.usable - mem.activations) / mem.capacity),
             "trtllm": _floor3((mem.usable - mem.weights - mem.activations) / free) if free > 0 else 0.0}
 

@@ -51,7 +51,7 @@ from dse.physics.serving import closed_loop_ttft
 from dse.validate import cache as stored
 from dse.validate.decode import TpotPasses, predicted_passes, tpot_at
 from dse.validate.factors import FACTORS
-from dse.validate.fit import fit_stack_sets, refit_tpot, refit_tpot_sets, stack_key_of
+from dse.validate.fit import LFO_MAX_ITER, LFO_PASSES, fit_stack_sets, refit_tpot, refit_tpot_sets, stack_key_of
 from dse.validate.points import Cases
 from dse.validate.predict import TTFT_PIECES, outside_stack, predict, predict_runs, table
 from dse.validate.report import RunsValidation, Validation, family_bands, summarize
@@ -172,7 +172,8 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
 
     # each family predicted by the fits on the other families' rows: decode factors per framework, the stacks'
     # terms per framework and mode
-    tpot_lfo = refit_tpot(replace(tp, groups=family), t["backend"].astype(str).to_numpy(), meas)[3]
+    tpot_lfo = refit_tpot(replace(tp, groups=family), t["backend"].astype(str).to_numpy(), meas, LFO_MAX_ITER,
+                          LFO_PASSES)[3]
     t["tpot_lfo_error"] = tpot_lfo / meas - 1.0
     t["ttft_lfo_error"] = ttft_lfo / ttft - 1.0
     t["ttft_lmo_error"] = ttft_lmo / ttft - 1.0  # each model's rows through stack terms fitted without them
