@@ -7,6 +7,7 @@ allowed), 3 infeasible, 1 anything else.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import math
 import os
@@ -313,6 +314,7 @@ def run(
     err = Console(stderr=True)
     try:
         spec = load_study(study)
+        _started()
         target = out or Path("results") / spec.study
         bar = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err, transient=True)
@@ -909,8 +911,24 @@ def catalog_import_model(
                f"(without the input embedding), {arch.kv_bytes_per_token('bf16'):,.0f} KV bytes per token in bf16")
 
 
+_OWN_PROCESS = False
+"""Whether the command line runs in a process of its own (`main`), not inside a caller's (the tests' CliRunner)."""
+
+
+def _started() -> None:
+    """A command's start-up is over: in a process of the command line's own, every object made so far (the modules,
+    the catalogs, the study) is put out of the cyclic garbage collector's reach (``gc.freeze``). They live to the
+    end of the process, and each full collection would otherwise walk them all again: some 0.15 s of a short
+    question's 0.8 s of CPU. What the command makes afterwards is collected as usual; a caller's process keeps its
+    own collector as it is.
+    """
+    if _OWN_PROCESS:
+        gc.freeze()
+
+
 def main() -> None:
     """Console-script entry point (``dse --version`` answers before anything heavy is imported)."""
+    global _OWN_PROCESS
     if sys.argv[1:] == ["--version"]:
         from dse import __version__
 
@@ -919,6 +937,7 @@ def main() -> None:
     from dse.physics import keep_freed_memory
 
     keep_freed_memory()  # the evaluator's temporaries stay in the process instead of page-faulting back each call
+    _OWN_PROCESS = True
     try:
         app()
     except (InputError, InfeasibleError, SolverLimitError) as exc:  # pragma: no cover - commands catch their own

@@ -208,3 +208,39 @@ def test_a_system_without_a_price_of_the_kind_evaluates_with_no_cost():
     r = dse("evaluate", "--model", "deepseek-v3", "--system", "mi355x", "--ep", "8", "--batch", "8", "--context",
             "4096", "--price-kind", "on_demand")
     assert r.returncode == 0 and "no on_demand price" in " ".join(r.stdout.split())
+
+
+QUESTION = {
+    "study": "question", "kind": "cheapest", "description": "A small chat question.", "expect": "An answer.",
+    "models": ["llama-3.1-8b"],
+    "workloads": [{"name": "chat", "prompt": 2000, "output": 200, "ttft_max_s": 1.0, "tpot_max_s": 0.05}],
+    "space": {"systems": ["h100"], "max_chips_per_stage": 1, "pp": [1], "max_racks": 1, "max_batch_per_rank": 64},
+}
+
+
+def test_the_command_line_freezes_its_start_up_in_its_own_process_only(tmp_path):
+    """`dse run` in a process of its own puts its start-up objects out of the collector's reach (gc.freeze); run
+    inside a caller's process (CliRunner) it leaves the caller's collector as it found it; the answers are the same."""
+    import gc
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from dse.cli import app
+
+    study = tmp_path / "q.yaml"
+    study.write_text(yaml.safe_dump(QUESTION))
+    code = ("import gc, sys\nsys.argv = ['dse', 'run', sys.argv[1], '--no-plots', '--out', sys.argv[2]]\n"
+            "from dse.cli import main\ntry:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code\n"
+            "print(gc.get_freeze_count())")
+    r = subprocess.run([sys.executable, "-c", code, str(study), str(tmp_path / "own")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout.strip().splitlines()[-1]) > 10_000
+    before = gc.get_freeze_count()
+    result = CliRunner().invoke(app, ["run", str(study), "--no-plots", "--out", str(tmp_path / "caller")])
+    assert result.exit_code == 0, result.output
+    assert gc.get_freeze_count() == before
+    for name in ("best.csv", "serving.csv", "systems.csv"):
+        assert (tmp_path / "own" / name).read_bytes() == (tmp_path / "caller" / name).read_bytes()

@@ -1,5 +1,6 @@
 """`dse run --no-plots` and where the plotting library is imported: a run without plots gives the same answers
-and a report that says its figures were skipped, and no command imports matplotlib unless it draws a figure."""
+and a report that says its figures were skipped, and no command imports matplotlib unless it draws a figure (nor,
+answering a serving question, Optuna, Pyomo, OR-Tools, SciPy or SQLite)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_help_names_no_plots():
     assert r.exit_code == 0 and "--no-plots" in r.output
 
 
-HEAVY = ("matplotlib", "pandas", "optuna", "pyomo", "ortools", "scipy")
+HEAVY = ("matplotlib", "pandas", "optuna", "pyomo", "ortools", "scipy", "sqlite3")
 PROBE = """
 import json, sys
 import dse
@@ -104,4 +105,4 @@ def test_commands_import_no_plotting_library(tmp_path):
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     assert seen["evaluate"] == []  # one configuration: numpy only, no tables, solvers or figures
     for step in ("run --no-plots", "api", "api --no-plots"):
-        assert not {"matplotlib", "optuna", "pyomo", "scipy"} & set(seen[step]), (step, seen[step])
+        assert not {"matplotlib", "optuna", "pyomo", "ortools", "scipy", "sqlite3"} & set(seen[step]), (step, seen[step])

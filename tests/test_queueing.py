@@ -56,6 +56,28 @@ def test_the_quantile_tables_match_the_distribution():
     assert Q.rho_for_wait_quantile(0.9, np.array([0.0]))[0] == pytest.approx(0.1)
 
 
+def test_the_shipped_tables_are_the_ones_built_today(monkeypatch):
+    """The tables a command reads from TABLES_FILE are build_table's (scripts/make_md1_tables.py writes them; on
+    this machine bit for bit, 1e-12 allowed for another CPU's exp and log), and a file whose settings are not
+    today's is not read."""
+    shipped = Q._shipped()
+    assert sorted(shipped) == sorted(Q.QUANTILES)
+    for q in Q.QUANTILES:
+        z, x = Q.build_table(q)
+        assert shipped[q][0].shape == z.shape and shipped[q][1].shape == x.shape
+        np.testing.assert_allclose(shipped[q][0], z, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(shipped[q][1], x, rtol=1e-12, atol=0)
+        assert Q._table(q) is shipped[q]
+    monkeypatch.setattr(Q, "BISECTION_STEPS", Q.BISECTION_STEPS - 1)
+    Q._shipped.cache_clear()
+    try:
+        assert Q._shipped() == {}
+    finally:
+        monkeypatch.undo()
+        Q._shipped.cache_clear()
+    assert sorted(Q._shipped()) == sorted(Q.QUANTILES)
+
+
 @pytest.mark.parametrize("rho", [0.5, 0.9])
 def test_the_quantiles_match_a_simulated_queue(rho):
     waits = lindley(rho, 400_000, seed=int(rho * 100))

@@ -73,6 +73,26 @@ def test_yaml_problems_are_named(tmp_path, text, message):
     assert r.returncode == 2 and message in one_line(r.stderr) and "Traceback" not in r.stderr
 
 
+def test_yaml_read_for_some_keys_is_the_full_read_of_those_keys(tmp_path):
+    """read_yaml(keys=...) builds the named top-level sections alone, equal to the full read's; a syntax error or a
+    repeated key among the kept ones is still an InputError naming the file; the stored fit's bands read so."""
+    from dse.catalog.calibration import load_fitted
+    from dse.catalog.loading import read_yaml
+    from dse.errors import InputError
+
+    full = load_fitted()
+    part = load_fitted(keys=("bands",))
+    assert sorted(part) == ["band", "bands"] and part["band"] == full["band"] and part["bands"] == full["bands"]
+    path = tmp_path / "f.yaml"
+    path.write_text("a: {x: 1}\nb: [1, 2\n")
+    with pytest.raises(InputError, match="not valid YAML"):
+        read_yaml(path, keys=("a",))
+    path.write_text("a: {x: 1, x: 2}\nb: 3\n")
+    with pytest.raises(InputError, match="key 'x' given twice"):
+        read_yaml(path, keys=("a",))
+    assert read_yaml(path, keys=("b",)) == {"b": 3} and read_yaml(path, keys=("c",)) == {}
+
+
 def test_binary_and_utf16_files_are_refused(tmp_path):
     for name, data in (("u16.yaml", yaml.safe_dump(STUDIES["kv_cache_tiers"]).encode("utf-16")),
                        ("bin.yaml", bytes(range(256)))):

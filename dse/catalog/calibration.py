@@ -27,12 +27,14 @@ def family_of(system: str) -> str | None:
     return default_efficiency_catalog().members.get(system)
 
 
-def load_fitted(path: Path | None = None) -> dict | None:
-    """The stored fit (errors, bands), or None when there is none; a malformed file is an InputError."""
+def load_fitted(path: Path | None = None, keys: tuple[str, ...] | None = None) -> dict | None:
+    """The stored fit (errors, bands), or None when there is none; a malformed file is an InputError. With
+    ``keys``, its top-level sections of those names alone (`read_yaml`; ``band`` is always read).
+    """
     path = Path(path) if path else hw_dir() / "calibration" / "fitted.yaml"
     if not path.exists():
         return None
-    doc = read_yaml(path)
+    doc = read_yaml(path, keys=None if keys is None else ("band", *keys))
     band = doc.get("band") if isinstance(doc, dict) else None
     if not isinstance(band, dict) or "default" not in band:
         raise InputError(f"{path}: field 'band': expected a mapping of hardware family -> [low, high] with a "
@@ -142,9 +144,10 @@ _CACHE: dict = {}
 
 
 def _fitted_cached() -> dict | None:
+    """The stored fit's bands (its fitted points, most of the file, are left unread)."""
     key = str(hw_dir())
     if key not in _CACHE:
-        _CACHE[key] = load_fitted()
+        _CACHE[key] = load_fitted(keys=("bands",))
     return _CACHE[key]
 
 

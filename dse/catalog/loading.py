@@ -110,13 +110,21 @@ def read_text(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str:
         raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from None
 
 
-def read_yaml(path: Path) -> Any:
+def read_yaml(path: Path, keys: tuple[str, ...] | None = None) -> Any:
     """Parse a YAML file strictly: UTF-8, no duplicate keys, bounded size and nesting; every problem is an
     InputError naming the file (and the line where YAML tells it).
+
+    With ``keys``, a document that is a mapping keeps those top-level keys alone: the others are parsed (a syntax
+    error anywhere is still reported) but never built into Python objects, which is most of the cost of a large
+    section the caller does not read.
     """
     text = read_text(path)
+    loader = _UniqueKeyLoader(text)
     try:
-        doc = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        node = loader.get_single_node()
+        if keys is not None and isinstance(node, yaml.MappingNode):
+            node.value = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value in keys]
+        doc = None if node is None else loader.construct_document(node)
     except _DuplicateKey as dup:
         raise InputError(f"{path}: line {dup.line}: key '{dup.key}' given twice (first on line {dup.first}); "
                          "each key may appear once") from None
@@ -128,6 +136,8 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise InputError(f"{path}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    finally:
+        loader.dispose()
     if _depth(doc) > MAX_DEPTH:
         raise InputError(f"{path}: nested too deeply; at most {MAX_DEPTH} levels are read")
     return doc

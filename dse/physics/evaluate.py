@@ -277,6 +277,15 @@ def resolve(cfg: Config) -> Resolved:
 
 def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | None = None) -> dict:
     """All metrics of one configuration; raises InputError on bad names, layouts or values."""
+    step, request = evaluate_levels(cfg, ideal, efficiency)
+    return step if request is None else request
+
+
+def evaluate_levels(cfg: Config, ideal: bool = False, efficiency: Efficiency | None = None
+                    ) -> tuple[dict, dict | None]:
+    """`evaluate_config` of ``cfg`` as it is without ``output`` (the step level) and, where ``cfg`` has a prompt and
+    an output, as it is with them (the request level; None otherwise): both from one evaluation of the step.
+    """
     r = resolve(cfg)
     model, system, layout, phase = r.model, r.system, r.layout, r.phase
     wd, kd, tier = r.weights_dtype, r.kv_dtype, r.kv_tier
@@ -343,9 +352,17 @@ def evaluate_config(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
     out["framework"] = "" if ideal else fw.id
     out["mem_fraction"] = None if ideal else (memory.fraction if not math.isnan(memory.fraction)
                                               else budget / system.device_memory)
+    request = None
     if cfg.output is not None and cfg.prompt is not None:
-        out.update(request_metrics(cand, tables, eff, cfg, ENGINE_ONLY if ideal else stack_of(fw.id, model.id)))
-        out["fits"] = out["fits"] and out["fits_request"]  # both the step at --context and the request's peak
+        request = {**out, **request_metrics(cand, tables, eff, cfg, ENGINE_ONLY if ideal else stack_of(fw.id,
+                                                                                                       model.id))}
+        request["fits"] = request["fits"] and request["fits_request"]  # the step at --context and the request's peak
+    return _completed(out, model, system, cfg, ideal), (None if request is None else
+                                                        _completed(request, model, system, cfg, ideal))
+
+
+def _completed(out: dict, model: Architecture, system: System, cfg: Config, ideal: bool) -> dict:
+    """``out`` with the model's parameters, the chip's price and power, and every prediction's band."""
     out["params_total"] = model.params_total
     out["params_active"] = model.params_active
     out["params_embedding"] = model.params_embedding

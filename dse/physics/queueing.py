@@ -19,7 +19,8 @@ x_q(rho): below one service time in closed form, x_q = ln(q / (1 - rho)) / rho (
 covers q); above, on a grid of z = -ln(1 - rho) ``GRID_STEP`` apart from the utilisation where x_q = 1, each node
 solved by bisection on the distribution and read by linear interpolation in z (error below 1e-5 (1 + x_q), tested);
 past the grid, the tail's quantile ln(C / (1 - q)) / y. x_q is nondecreasing in rho, as in the queue, so a target
-on a quantile stays a bound on rho (`rho_for_wait_quantile` inverts it).
+on a quantile stays a bound on rho (`rho_for_wait_quantile` inverts it). The tables of `QUANTILES` ship with the
+package (`TABLES_FILE`, written by ``scripts/make_md1_tables.py``), so a command reads them instead of building them.
 
 **Closed loop** (a benchmark: N requests in flight, each replaced as it completes). Requests started together
 with identical lengths finish together and come back together: in a synchronized wave a prompt waits for the
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
@@ -57,6 +59,9 @@ QUANTILES = (0.5, 0.9, 0.99)
 BISECTION_STEPS = 64
 TAIL_NEWTON_STEPS = 40
 """Newton steps for the tail's exponent (quadratic near the root; a few more from a start far right of it)."""
+TABLES_FILE = Path(__file__).with_name("md1_wait_quantiles.npz")
+"""`build_table` of each of `QUANTILES`, as ``scripts/make_md1_tables.py`` writes them (a test rebuilds them and
+finds the same numbers): a command that sets a target on a quantile reads its table instead of building it."""
 POISSON_EXACT_MEAN = 50.0
 """Below this mean a Poisson quantile is the cumulative sum's; above, the Cornish-Fisher expansion's."""
 
@@ -152,8 +157,7 @@ def _rho_one(q: float) -> float:
     return lo
 
 
-@lru_cache(maxsize=8)
-def _table(q: float) -> tuple[np.ndarray, np.ndarray]:
+def build_table(q: float) -> tuple[np.ndarray, np.ndarray]:
     """The grid z from the utilisation where x_q = 1 (`_rho_one`: below it the first piece is closed-form) and
     x_q at each node, nondecreasing.
     """
@@ -162,6 +166,32 @@ def _table(q: float) -> tuple[np.ndarray, np.ndarray]:
     x = _quantile_direct(q, -np.expm1(-z))
     x[0] = 1.0
     return z, np.maximum.accumulate(x)  # nondecreasing as in the queue (drops bisection noise in the last bit)
+
+
+def table_parameters() -> np.ndarray:
+    """The settings a table depends on, stored beside the shipped tables: a table is read from the file only when
+    they are today's.
+    """
+    return np.array([GRID_STEP, GRID_Z_MAX, EXACT_RHO_X, BISECTION_STEPS, TAIL_NEWTON_STEPS], dtype=np.float64)
+
+
+@lru_cache(maxsize=1)
+def _shipped() -> dict[float, tuple[np.ndarray, np.ndarray]]:
+    """The tables of `TABLES_FILE` by quantile (none when its parameters are not today's)."""
+    try:
+        data = np.load(TABLES_FILE, allow_pickle=False)
+    except OSError:
+        return {}
+    with data:
+        if not np.array_equal(data["parameters"], table_parameters()):
+            return {}
+        return {float(q): (data[f"z{i}"], data[f"x{i}"]) for i, q in enumerate(data["quantiles"])}
+
+
+@lru_cache(maxsize=8)
+def _table(q: float) -> tuple[np.ndarray, np.ndarray]:
+    """`build_table` of q: read from `TABLES_FILE` where it holds q, else built (some 0.1 s of CPU per table)."""
+    return _shipped().get(q) or build_table(q)
 
 
 def wait_quantile(q: float, rho: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ from dse.optimize.serving import ServingResult
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Space, build_space, describe_choice, subset
 from dse.optimize.whole import Budget, whole_aggregated, whole_disaggregated
-from dse.physics.evaluate import Config, evaluate_config
+from dse.physics.evaluate import Config, evaluate_levels
 from dse.physics.queueing import QUANTILES, quantile_name
 from dse.physics.serving import Request
 from dse.studies.base import StudySpec
@@ -99,13 +99,12 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
     config = Config(model=model, prompt=prompt, weight_only=weight_only, allow_beyond_trained_context=True,
                     framework=(req.stack.framework if req is not None else "") or framework,
                     mem_fraction=mem_fraction, **{k: cfg[k] for k in LAYOUT_KEYS}, **price, **served)
-    ev = evaluate_config(config, ideal=ideal)
+    ev, rq = evaluate_levels(config if output is None else replace(config, output=output), ideal=ideal)
     if system is not None:
         ev["price_is_estimate"] = system.price_is_estimate
     ev["usd_per_mtok_input"] = ev["chips"] * ev["usd_per_chip_hour"] / 3600 * ev["ttft_s"] / prompt * 1e6
     req: dict = {}
     if output is not None:
-        rq = evaluate_config(replace(config, output=output), ideal=ideal)
         req = {k: rq[k] for k in REQUEST_EXTRA}
         req["request_ttft_s"], req["request_tpot_s"] = rq["ttft_s"], rq["tpot_s"]
     keys = ("system", "chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context", "weights_dtype",

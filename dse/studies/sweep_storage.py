@@ -7,7 +7,6 @@ file without importing Optuna on every run.
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 
 STORAGE = "optuna.db"
@@ -19,6 +18,8 @@ storage from a user's file of that name (dse.report.output)."""
 
 def create_storage(path: Path) -> None:
     """Create the SQLite file of a storage at ``path``, marked with dse's application id, unless one is there."""
+    import sqlite3  # here: a run that keeps no storage does not load SQLite
+
     if os.path.lexists(path):
         return
     con = sqlite3.connect(path)
