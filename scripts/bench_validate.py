@@ -1,10 +1,11 @@
 """Time `dse validate --cases FILE --json` (the measured serving runs predicted and cross-validated): wall and CPU
 seconds of each of ``--repeat`` runs of the command and their medians, cold (``--no-cache``: every fit made) and
-warm (the same inputs' result read back from a cache folder the first warm run fills, `dse.validate.cache`), and
+warm (the same inputs' result read back from a cache folder the first warm run fills, `dse.validate.cache`),
 (one run in this process, not timed) how many decode-factor fits a cold run makes and how many loss evaluations of
-how many rows they take.
+how many rows they take, and (``--split``, one more run in this process) the CPU seconds of `validate_file`'s
+stages.
 
-    python scripts/bench_validate.py [--cases shared/data/measured_serving.csv] [--repeat 3] [--json]
+    python scripts/bench_validate.py [--cases shared/data/measured_serving.csv] [--repeat 3] [--split] [--json]
 """
 
 from __future__ import annotations
@@ -84,11 +85,59 @@ def count_fits(cases: Path) -> dict:
     return counts
 
 
+STAGES = (("predicted_passes", "run", "predicted_passes"), ("decode_fits_in_sample", "fit", "fit_factors"),
+          ("decode_fits_left_out", "fit", "fit_factors_many"), ("decode_fits_other", "run", "refit_tpot_sets"),
+          ("decode_fits_other", "run", "refit_tpot"), ("ideal_roofline", "run", "predict_runs"),
+          ("stack_fits", "run", "fit_stack_sets"))
+"""`validate_file`'s stages, each timed where it is called (module `dse.validate.<module>`, function): the decode
+fits' time less the fits per key (in sample, one at a time) and the leave-group-out fits (together) is the two-batch
+choice and the terms they read."""
+
+
+def stage_split(cases: Path) -> dict:
+    """CPU seconds of one `validate_file` run in this process (no cache) and of each of its `STAGES` (the rest:
+    reading and mapping the runs, the TPOT and TTFT columns, the rows of unknown layout).
+    """
+    sys.path.insert(0, str(ROOT))
+    modules = {m: importlib.import_module(f"dse.validate.{m}") for m in ("run", "fit")}
+    from dse.validate.run import validate_file
+
+    spent = {name: 0.0 for name, _, _ in STAGES}
+    inner = {"decode_fits_other": ("decode_fits_in_sample", "decode_fits_left_out")}
+    originals = [(modules[m], f, getattr(modules[m], f)) for _, m, f in STAGES]
+
+    def timed(name, func):
+        def call(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                spent[name] += time.process_time() - start
+        return call
+
+    for (name, _, _), (module, f, func) in zip(STAGES, originals, strict=True):
+        setattr(module, f, timed(name, func))
+    try:
+        start = time.process_time()
+        validate_file(cases, cache=False)
+        total = time.process_time() - start
+    finally:
+        for module, f, func in originals:
+            setattr(module, f, func)
+    for outer, parts in inner.items():  # the fits are timed inside the decode-fit functions too
+        spent[outer] -= sum(spent[p] for p in parts)
+    out = {f"cpu_s_{k}": round(v, 3) for k, v in spent.items()}
+    out["cpu_s_rest"] = round(total - sum(spent.values()), 3)
+    out["cpu_s_validate_file"] = round(total, 3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=Path, default=DEFAULT_CASES)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-count", action="store_true", help="skip counting the fits and loss evaluations")
+    parser.add_argument("--split", action="store_true", help="also time validate_file's stages (one more run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
@@ -104,6 +153,8 @@ def main() -> None:
     doc["outputs_identical"] = len({out for _, _, out in cold + warm}) == 1
     if not args.no_count:
         doc.update(count_fits(args.cases))
+    if args.split:
+        doc.update(stage_split(args.cases))
     if args.json:
         print(json.dumps(doc, indent=2, default=int))
         return

@@ -929,14 +929,16 @@ def kernel_work(compute: object, memory: object, attention_compute: object, kv_m
     on arrays of factor sets x rows.
     """
     k = _f(kernel_overlap)
-    below = k < 1.0
-    if not below.any():
+    one = k.item() if k.size == 1 else None  # one share for every row: tested as a float (an array's any() costs
+    # more than the pass itself on a few hundred rows, and the decode fit's loss calls this ~10^5 times)
+    if not (one < 1.0 if one is not None else (k < 1.0).any()):
         return np.maximum(compute, memory)
     with np.errstate(invalid="ignore"):  # a candidate with an infinite time (it cannot run) gets NaN, unwarned
         apart = np.maximum(_f(compute) - attention_compute, _f(memory) - kv_memory) + np.maximum(attention_compute,
                                                                                                   kv_memory)
-    if not (k > 0.0).any():  # k = 0 (the catalog's): 0 max(C, M) + 1 apart is apart, to the bit (and where a time
-        return apart  # is infinite, the groups' sum itself, not the NaN of 0 x inf)
+    if not (one > 0.0 if one is not None else (k > 0.0).any()):  # k = 0 (the catalog's): 0 max(C, M) + 1 apart
+        return apart  # is apart, to the bit (and where a time is infinite, the groups' sum itself, not 0 x inf's NaN)
+    below = k < 1.0
     single = np.maximum(compute, memory)
     with np.errstate(invalid="ignore"):
         blend = k * single + (1.0 - k) * apart
