@@ -351,8 +351,9 @@ def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
     catalog's factors (every error vanishes), and the others, read by no fit, are predicted by those factors
     (their error is the 25% they were made off by), reported apart from the headline. A factor the stated rows do
     not identify (the roofline of a pass's attention kernels whose other side binds on every stated row) stays
-    where the fit leaves it: 6 of the 565 rows of unknown layout (H200 TensorRT-LLM TP8 EP8) then err within 1.6%
-    of their 25% (1.1% while memory checks took the nominal 141 GB, not the 141 GiB the device reports)."""
+    where the fit leaves it: 10 of the 565 rows of unknown layout (H200 TensorRT-LLM TP8 EP8) then err within 2.7%
+    of their 25% (6 within 1.1% while memory checks took the nominal 141 GB, not the 141 GiB the device reports, with
+    vLLM's reserve one figure for every model: where the fit leaves that factor moved with them)."""
     from dse.catalog.frameworks import StackTerms
     from dse.physics.serving import closed_loop_ttft
     from dse.validate.predict import predict_runs
@@ -374,9 +375,9 @@ def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
     v = validate_runs(runs)
     err = v.table["tpot_in_sample_error"]
     apart = (err[unknown] - 0.25).abs()
-    assert err[~unknown].abs().max() < 1e-9 and (apart < 1e-9).mean() > 0.98 and apart.max() < 0.016
+    assert err[~unknown].abs().max() < 1e-9 and (apart < 1e-9).mean() > 0.98 and apart.max() < 0.027
     loo = (v.table.loc[unknown, "tpot_loo_error"] - 0.25).abs()
-    assert (loo < 1e-9).mean() > 0.98 and loo.max() < 0.016
+    assert (loo < 1e-9).mean() > 0.98 and loo.max() < 0.027
     assert np.allclose(v.table.loc[unknown, "ttft_loo_error"], 0.25, atol=1e-9)
     for key, f in v.scales["tpot"].items():
         catalog = efficiency_for(v.table.loc[factor_key(v.table) == key, "system"].iloc[0])
