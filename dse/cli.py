@@ -474,6 +474,8 @@ def validate(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Cross-validate measured runs anew, neither reading "
                                            "nor keeping a result in the cache ($DSE_CACHE_DIR, else "
                                            "~/.cache/dse; keyed by the runs, catalogs and dse's source).")] = False,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Measured runs: draw no scatter PNGs (scripted use: "
+                                           "faster, no matplotlib).")] = False,
 ) -> None:
     """Predictions against published measurements: error per case and by category."""
     import datetime
@@ -492,7 +494,7 @@ def validate(
         if bands:
             _fail(InputError(f"{cases[0]}: --bands recomputes the bands from the catalog's cases and its measured "
                              "runs (hw_catalog/calibration/published/*.csv); drop --cases"))
-        _validate_runs(runs_files, fit, out, as_json, not no_cache)
+        _validate_runs(runs_files, fit, out, as_json, not no_cache, not no_plots)
         return
     if cases and len(cases) > 1:
         _fail(InputError(f"{', '.join(str(c) for c in cases)}: --cases takes one YAML cases file"))
@@ -592,7 +594,8 @@ def _store_bands(loaded, err: Console) -> None:
     write_bands(section, hw_dir())
 
 
-def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool, cache: bool = True) -> None:
+def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool, cache: bool = True,
+                   plots: bool = True) -> None:
     """`dse validate --cases FILE [--cases FILE ...]`: measured serving runs (CSVs, or the JSON results of a dse
     export's benchmark script) predicted at request level, cross-validated.
     """
@@ -606,7 +609,7 @@ def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool
         v = validate_file(cases, cache=cache)
         doc = v.as_dict()
         target = out or Path("results") / "validate_runs"
-        files = write_runs_report(v, target, doc)
+        files = write_runs_report(v, target, doc, plots)
         results = [c for c in cases if c.suffix.lower() != ".csv"]
         if results:  # benchmarks' results: their runs in the measured-runs columns, to keep
             from dse.validate.run import read_measured

@@ -106,3 +106,33 @@ def test_commands_import_no_plotting_library(tmp_path):
     assert seen["evaluate"] == []  # one configuration: numpy only, no tables, solvers or figures
     for step in ("run --no-plots", "api", "api --no-plots"):
         assert not {"matplotlib", "optuna", "pyomo", "ortools", "scipy", "sqlite3"} & set(seen[step]), (step, seen[step])
+
+
+def test_validate_no_plots_same_figures_no_matplotlib(tmp_path):
+    """`dse validate --cases RUNS.csv --no-plots`: the same summary and table as with the scatters, no PNG, a report
+    that says they were skipped, and matplotlib never imported (in a fresh process)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    root = Path(__file__).resolve().parent.parent
+    runs = pd.read_csv(root / "hw_catalog" / "calibration" / "published" / "measured_serving.csv")
+    runs = runs[(runs["backend"] == "vllm") & (runs["mode"] == "agg") & runs["system"].str.startswith("h")]
+    path = tmp_path / "runs.csv"
+    runs.head(60).to_csv(path, index=False)
+    env_code = ("import json, sys\nfrom dse.cli import main\nsys.argv = ['dse', 'validate', '--cases', sys.argv[1], "
+                "'--no-cache', '--out', sys.argv[2]] + sys.argv[3:]\ntry:\n    main()\nexcept SystemExit as exc:\n"
+                "    assert not exc.code, exc.code\nprint(json.dumps('matplotlib' in sys.modules))\n")
+    seen = {}
+    for name, extra in (("plots", []), ("no-plots", ["--no-plots"])):
+        r = subprocess.run([sys.executable, "-c", env_code, str(path), str(tmp_path / name), *extra],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        seen[name] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen == {"plots": True, "no-plots": False}
+    a, b = tmp_path / "plots", tmp_path / "no-plots"
+    assert sorted(p.name for p in b.iterdir()) == sorted(p.name for p in a.iterdir() if p.suffix != ".png")
+    assert (a / "validate_runs.csv").read_bytes() == (b / "validate_runs.csv").read_bytes()
+    assert json.loads((a / "summary.json").read_text()) == json.loads((b / "summary.json").read_text())
+    report = (b / "report.html").read_text()
+    assert "Figures skipped" in report and "<img" not in report and "<img" in (a / "report.html").read_text()

@@ -300,18 +300,13 @@ SCATTER_MARGINS = {"left": 0.11, "right": 0.97, "bottom": 0.09, "top": 0.94}
 without laying the text out twice."""
 
 
-def write_runs_report(v: RunsValidation, folder: Path, doc: dict | None = None) -> list[str]:
-    """validate_runs.csv, summary.json, predicted-vs-measured scatters (log-log) and report.html; ``doc``:
-    ``v.as_dict()`` where the caller has it already.
+def write_runs_report(v: RunsValidation, folder: Path, doc: dict | None = None, plots: bool = True) -> list[str]:
+    """validate_runs.csv, summary.json, predicted-vs-measured scatters (log-log; with ``plots``) and report.html;
+    ``doc``: ``v.as_dict()`` where the caller has it already.
     """
     import base64
     import html
     import json
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -320,7 +315,12 @@ def write_runs_report(v: RunsValidation, folder: Path, doc: dict | None = None) 
     (folder / "summary.json").write_text(json.dumps(doc, indent=2, default=float))
     files = ["validate_runs.csv", "summary.json"]
     imgs = []
-    for m in METRICS:
+    if plots and not v.table.empty:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    for m in METRICS if plots else ():
         if v.table.empty:
             continue
         fig, ax = plt.subplots(figsize=(7, 6))
@@ -369,8 +369,8 @@ def write_runs_report(v: RunsValidation, folder: Path, doc: dict | None = None) 
              f"<p>{doc['rows_failing_the_memory_check']:,} measured runs fail dse's memory check (as the run's "
              "framework reserves HBM, its layout does not hold the weights, activations and the KV of every request "
              "in flight at its peak context, yet they ran): a framework that allocates KV as tokens are generated, "
-             "or queues requests the pool cannot hold, runs them; or the catalog's capacity (the vendor's GB) is "
-             "below the bytes the device reports; or the row's layout is unknown. "
+             "or queues requests the pool cannot hold, runs them; or the framework reserves less than the catalog "
+             "says; or the row's layout is unknown. "
              f"{doc['rows_admission_queued']:,} of them are predicted with the framework admitting what its KV pool "
              "holds (at the mean context where it admits on the prompt, at the peak where it reserves the whole "
              "completion) and the rest waiting in its queue: TPOT at the admitted batch, the queue's wait added to "
@@ -381,6 +381,8 @@ def write_runs_report(v: RunsValidation, folder: Path, doc: dict | None = None) 
              "serving stacks' terms per framework and mode fitted on the other families' rows alone.</p>",
              table_html(doc["families"])]
     parts += [f"<h2>{m.upper()}</h2><img src='data:image/png;base64,{img}'>" for m, img in imgs]
+    if not plots:
+        parts.append("<p>Figures skipped (--no-plots): " + ", ".join(f"scatter_{m}.png" for m in METRICS) + "</p>")
     for by, rows in doc["partitions"].items():
         parts += [f"<h2>Error by {html.escape(by.replace('_', ' '))}</h2>", table_html(rows)]
     for m, rows in doc["worst"].items():
