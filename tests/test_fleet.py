@@ -641,20 +641,25 @@ def test_cheapest_plan_equals_enumeration_of_every_replica_vector():
 
 
 def test_column_generation_bound_is_at_most_the_brute_force_optimum():
-    """The column generation bound (the master's Lagrangian value) never exceeds the brute force's optimum, and
-    is at least the linear relaxation's where it converges."""
+    """The column generation bound (the master's Lagrangian value), with and without branching on the node counts,
+    never exceeds the brute force's optimum; branching never lowers it and raises it on some instances; where the
+    master converges it is at least the linear relaxation's."""
     from dse.optimize.bridge import relaxation_bound
     from dse.optimize.fleet_bound import column_bound
 
     rng = np.random.default_rng(43)
-    checked = 0
+    checked = raised = 0
     while checked < 12:
         d = random_instance(rng)
         best = brute_force(d)
         if best is None:
             continue
+        root = column_bound(d, 10.0, tol=1e-9, branch=False)
         cb = column_bound(d, 10.0, tol=1e-9)
+        assert root.bound <= cb.bound * (1 + 1e-9) + 1e-9
         assert cb.bound <= best * (1 + 1e-6) + 1e-6
-        if d.budget_usd_per_day is None and cb.bound >= cb.master * (1 - 1e-6):
-            assert cb.bound >= relaxation_bound(build(d), "highs", 10) * (1 - 1e-6) - 1e-6
+        raised += cb.bound > root.bound + 1e-6
+        if d.budget_usd_per_day is None and root.bound >= root.master * (1 - 1e-6):
+            assert root.bound >= relaxation_bound(build(d), "highs", 10) * (1 - 1e-6) - 1e-6
         checked += 1
+    assert raised >= 1

@@ -29,8 +29,10 @@ from formulations.fleet_columns import cover_components, cover_program, master_p
 
 MAX_PROGRAMS = 10
 """Most classes and slices priced by their cover program (HiGHS, ~50 ms each) rather than the branch and bound over
-components (~1 ms; classes whose pools pair across an interconnect have no components): above, no bound is
-computed (`column_bound` returns minus infinity) and the caller falls back on a linear relaxation."""
+components (~1 ms; a class whose pools pair across an interconnect has none): above, `column_bound` computes no
+bound (minus infinity) and the caller falls back on a linear relaxation. Pricing pooled pairs by a search over
+per-system halves was tried: exact against the cover program on the bench's mixed 5 models x 12 slices, but 47 of
+its 220 classes and slices passed 20,000 nodes, too slow for the time limit."""
 
 ARTIFICIAL_USD = 1e9
 """Cost of the artificial column each class and slice starts with (so the first master is feasible); never part of a
@@ -61,11 +63,11 @@ def _chips(d: FleetData, counts: dict, foot: np.ndarray, sys_pos: np.ndarray) ->
 
 
 def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, tol: float = 1e-3,
-                 near_usd: float = 1.0) -> ColumnBound:
+                 near_usd: float = 1.0, branch: bool = True) -> ColumnBound:
     """Column generation on ``d`` (reduced and merged as the caller solves it) within ``time_limit_s``; ``start``:
     block (class index, slice) -> plans to begin with (each a {option: replicas}). Stops when the bound is within
-    ``tol`` of the master's optimum, when no plan prices below its block's dual, or at the time limit; returns the
-    best bound reached.
+    ``tol`` of the master's optimum, when no plan prices below its block's dual, or at the time limit. With
+    ``branch``, then branches on the node counts (`_branch`) in the time left. Returns the best bound reached.
     """
     t0 = time.perf_counter()
     out = ColumnBound()
@@ -112,86 +114,144 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
     nc = d.systems["node_chips"].to_numpy(dtype=float)
     pw = d.systems["power_per_node_w"].to_numpy(dtype=float)
     inv = d.inventory.reindex(S).to_numpy(dtype=float)
-    while True:
-        out.iterations += 1
-        mp = master_program(d, blocks, np.r_[np.arange(len(blocks)), [c[0] for c in columns]].astype(np.int64),
-                            np.vstack([np.zeros((len(blocks), len(S)))] + [c[1][None, :] for c in columns]))
-        mp.c[mp.n_nodes:mp.n_nodes + len(blocks)] = ARTIFICIAL_USD
-        lp = linprog(mp.c, A_ub=mp.A_ub, b_ub=mp.b_ub, A_eq=mp.A_eq, b_eq=mp.b_eq, bounds=mp.bounds,
-                     method="highs")
-        if lp.status != 0:
-            break
-        out.master = float(lp.fun)
-        out.x = lp.x[:mp.n_nodes]
-        dual = np.maximum(-np.asarray(lp.ineqlin.marginals), 0.0)  # what a unit more of each <= row saves
-        sigma = np.asarray(lp.eqlin.marginals)
-        pi = dual[mp.rows["hold"]].reshape(nS, nT)  # USD/day per chip of system and slice
-        inv_u = dual[mp.rows["inventory"]].reshape(len(fixed), nT) if fixed else np.zeros((0, nT))
-        eta: dict = {}
-        for (b, s), v in zip(mp.keys["link"], dual[mp.rows["link"]], strict=True):
-            eta.setdefault(b, np.zeros(nS))[S.index(s)] = v
-        phi = dual[mp.rows["power"]] if d.power_cap_w is not None else np.zeros(0)
-        # the node and in-use variables, each at the bound that minimizes its reduced cost
-        value = 0.0
-        red_res = res_c - pi.sum(axis=1) * nc
-        red_hr = hr_c - pi * nc[:, None]
-        red_fix = {}
-        for n_, si in enumerate(fixed):
-            red_res[si] += inv_u[n_].sum()
-            red_hr[si] += inv_u[n_]
-            red_fix[si] = fix_c[si] - float((inv_u[n_] * inv[si]).sum()) - sum(v[si] for v in eta.values())
-            value += min(red_fix[si], 0.0)
-        if len(phi):
-            red_res += pw * phi.sum()
-            red_hr += np.outer(pw, phi)
-            value -= float(phi.sum() * d.power_cap_w)
-        value += float(np.minimum(red_res, 0.0) @ inv.min(axis=1))
-        value += float((np.minimum(red_hr, 0.0) * inv).sum())
-        added = 0
-        for b, (j, t) in enumerate(blocks):
-            ti = tix[t]
-            fx = eta.get(b, np.zeros(nS))
-            seed = None
-            near = []
-            for chips, used, counts in mine[b]:  # the block's plans so far at these prices: a plan to beat
-                v = float(chips @ pi[:, ti]) + sum(fx[i] for i in used)
-                if seed is None or v < seed[0]:
-                    seed = (v, counts)
-                if v <= sigma[b] + near_usd:
-                    near.append(counts)
-            out.near[b] = near
-            found = None
-            if parts[b] is not None:
-                found = cheapest_plan(parts[b], lams[b], dict(zip(S, pi[:, ti].tolist(), strict=True)),
-                                      dict(zip(S, fx.tolist(), strict=True)), seed)
-                out.searched += found is not None
-            if found is None:
-                if b not in covers:
-                    covers[b] = cover_program(d, j, t, up[t].to_numpy())
-                cp = covers[b]
-                r = milp(cp.cost(pi[sys_pos[cp.ks], ti] * foot[cp.ks], fx[pd.Index(S).get_indexer(cp.systems)]),
-                         integrality=cp.integrality, bounds=(cp.lb, cp.ub),
-                         constraints=LinearConstraint(cp.A, cp.lo, cp.hi), options={"mip_rel_gap": 1e-7})
-                out.programs += 1
-                if r.x is None:
+    def generate(box: tuple, stop: float) -> tuple[float, dict]:
+        """Column generation with the node variables within ``box`` (reserved low, high; hourly low, high): its
+        best Lagrangian value (a bound on every fleet whose nodes are in the box; infinity where the box holds
+        none) and the last master's node values and near plans.
+        """
+        node: dict = {"bound": -math.inf, "master": math.inf, "x": None, "near": {}}
+        while True:
+            out.iterations += 1
+            mp = master_program(d, blocks, np.r_[np.arange(len(blocks)), [c[0] for c in columns]].astype(np.int64),
+                                np.vstack([np.zeros((len(blocks), len(S)))] + [c[1][None, :] for c in columns]))
+            mp.c[mp.n_nodes:mp.n_nodes + len(blocks)] = ARTIFICIAL_USD
+            mp.bounds[:nS, 0], mp.bounds[:nS, 1] = box[0], box[1]
+            mp.bounds[nS:nS + nS * nT, 0], mp.bounds[nS:nS + nS * nT, 1] = box[2].ravel(), box[3].ravel()
+            lp = linprog(mp.c, A_ub=mp.A_ub, b_ub=mp.b_ub, A_eq=mp.A_eq, b_eq=mp.b_eq, bounds=mp.bounds,
+                         method="highs")
+            if lp.status != 0:
+                return math.inf if lp.status == 2 else node["bound"], node
+            node["master"] = float(lp.fun)
+            node["x"] = lp.x[:mp.n_nodes]
+            dual = np.maximum(-np.asarray(lp.ineqlin.marginals), 0.0)  # what a unit more of each <= row saves
+            sigma = np.asarray(lp.eqlin.marginals)
+            pi = dual[mp.rows["hold"]].reshape(nS, nT)  # USD/day per chip of system and slice
+            inv_u = dual[mp.rows["inventory"]].reshape(len(fixed), nT) if fixed else np.zeros((0, nT))
+            eta: dict = {}
+            for (b, s), v in zip(mp.keys["link"], dual[mp.rows["link"]], strict=True):
+                eta.setdefault(b, np.zeros(nS))[S.index(s)] = v
+            phi = dual[mp.rows["power"]] if d.power_cap_w is not None else np.zeros(0)
+            # the node and in-use variables, each at the bound that minimizes its reduced cost
+            value = 0.0
+            red_res = res_c - pi.sum(axis=1) * nc
+            red_hr = hr_c - pi * nc[:, None]
+            red_fix = {}
+            for n_, si in enumerate(fixed):
+                red_res[si] += inv_u[n_].sum()
+                red_hr[si] += inv_u[n_]
+                red_fix[si] = fix_c[si] - float((inv_u[n_] * inv[si]).sum()) - sum(v[si] for v in eta.values())
+                value += min(red_fix[si], 0.0)
+            if len(phi):
+                red_res += pw * phi.sum()
+                red_hr += np.outer(pw, phi)
+                value -= float(phi.sum() * d.power_cap_w)
+            value += float(np.where(red_res < 0, box[1], box[0]) @ red_res)
+            value += float((np.where(red_hr < 0, box[3], box[2]) * red_hr).sum())
+            added = 0
+            for b, (j, t) in enumerate(blocks):
+                ti = tix[t]
+                fx = eta.get(b, np.zeros(nS))
+                seed = None
+                near = []
+                for chips, used, counts in mine[b]:  # the block's plans so far at these prices: a plan to beat
+                    v = float(chips @ pi[:, ti]) + sum(fx[i] for i in used)
+                    if seed is None or v < seed[0]:
+                        seed = (v, counts)
+                    if v <= sigma[b] + near_usd:
+                        near.append(counts)
+                node["near"][b] = near
+                found = None
+                if parts[b] is not None:
+                    found = cheapest_plan(parts[b], lams[b], dict(zip(S, pi[:, ti].tolist(), strict=True)),
+                                          dict(zip(S, fx.tolist(), strict=True)), seed)
+                    out.searched += found is not None
+                if found is None:
+                    if b not in covers:
+                        covers[b] = cover_program(d, j, t, up[t].to_numpy())
+                    cp = covers[b]
+                    r = milp(cp.cost(pi[sys_pos[cp.ks], ti] * foot[cp.ks], fx[pd.Index(S).get_indexer(cp.systems)]),
+                             integrality=cp.integrality, bounds=(cp.lb, cp.ub),
+                             constraints=LinearConstraint(cp.A, cp.lo, cp.hi), options={"mip_rel_gap": 1e-7})
+                    out.programs += 1
+                    if r.x is None:
+                        value = -math.inf
+                        break
+                    low = float(min(getattr(r, "mip_dual_bound", r.fun), r.fun))
+                    found = (float(r.fun), {int(k): int(round(v)) for k, v in zip(cp.ks, r.x[:len(cp.ks)], strict=True)
+                                            if v > 0.5})
+                else:
+                    low = found[0]
+                if not math.isfinite(low):  # no plan within the replica bounds: this round bounds nothing
                     value = -math.inf
                     break
-                low = float(min(getattr(r, "mip_dual_bound", r.fun), r.fun))
-                found = (float(r.fun), {int(k): int(round(v)) for k, v in zip(cp.ks, r.x[:len(cp.ks)], strict=True)
-                                        if v > 0.5})
-            else:
-                low = found[0]
-            if not math.isfinite(low):
-                value = -math.inf
-                break
-            value += low
-            if found[0] < sigma[b] - 1e-7 * max(1.0, abs(sigma[b])):
-                added += add(b, found[1])
-        out.bound = max(out.bound, value)
-        out.wall_s = time.perf_counter() - t0
-        if not added or out.bound >= out.master * (1 - tol) or out.wall_s >= time_limit_s:
-            break
+                value += low
+                if found[0] < sigma[b] - 1e-7 * max(1.0, abs(sigma[b])):
+                    added += add(b, found[1])
+            node["bound"] = max(node["bound"], value)
+            if not added or node["bound"] >= node["master"] * (1 - tol) or time.perf_counter() >= stop:
+                return node["bound"], node
+
+    root = (np.zeros(nS), inv.min(axis=1), np.zeros((nS, nT)), inv.copy())
+    out.bound, node = generate(root, t0 + time_limit_s)
+    out.master, out.x, out.near = node["master"], node["x"], node["near"]
+    if branch and node["x"] is not None:
+        out.bound = _branch(generate, root, out.bound, node, d, t0 + time_limit_s)
+    out.wall_s = time.perf_counter() - t0
     return out
+
+
+def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop: float) -> float:
+    """Branch and price on the node counts, best bound first, within ``stop``: reserved nodes are whole, and so are
+    hourly nodes at an optimum (where replicas take whole nodes the least hourly count meeting a whole-node need is
+    whole; elsewhere the program makes them integers), so a box's fleets are those of its two halves, below and
+    above a fractional node count: the one rounding most USD/day (fraction times the node's cost per day). The bound
+    is the least over the boxes left open (each box's own bound valid for the fleets in it).
+    """
+    nS, nT = len(d.systems), len(d.slices)
+    res_c, hr_c, _ = node_costs(d)
+    cost = np.r_[res_c, hr_c.ravel()]
+    open_: list = [(bound, root, node["x"])]
+    while time.perf_counter() < stop:
+        open_.sort(key=lambda o: o[0])
+        b0, box, x = open_[0]
+        v = x[:nS + nS * nT]
+        frac = np.minimum(v - np.floor(v + 1e-9), np.ceil(v - 1e-9) - v)
+        score = np.where(frac > 1e-6, frac * cost, 0.0)
+        if not score.any():
+            break  # the least open box has whole node counts: branching on nodes cannot raise it
+        i = int(np.argmax(score))
+        kids = []
+        for side in (0, 1):
+            lo_r, hi_r, lo_h, hi_h = (a.copy() for a in box)
+            lo, hi = (lo_r, hi_r) if i < nS else (lo_h.ravel(), hi_h.ravel())
+            at = i if i < nS else i - nS
+            if side == 0:
+                hi[at] = math.floor(v[i] + 1e-9)
+            else:
+                lo[at] = math.ceil(v[i] - 1e-9)
+            if lo[at] > hi[at]:
+                continue
+            kid = (lo_r, hi_r, lo_h, hi_h)
+            kb, kn = generate(kid, stop)
+            if kb == math.inf:
+                continue  # no fleet has its nodes in this box
+            kids.append((max(kb, b0), kid, kn["x"]))  # the parent's bound holds in the box too
+        open_ = open_[1:] + kids
+        if not open_:
+            return b0
+        if any(o[2] is None for o in open_):
+            break
+    return min(o[0] for o in open_)
 
 
 def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tuple[float, dict] | None = None,
@@ -243,8 +303,8 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
 
     if not search(0, 0.0, 0.0, 0.0, frozenset(), ()):
         return None
-    if not isinstance(best[1], tuple):  # the start was not beaten
-        return best[0], best[1]
+    if not isinstance(best[1], tuple):  # the start was not beaten (or no plan at all: infinity)
+        return best[0], best[1] or {}
     counts: dict = {}
     for i, n in best[1]:
         c = tables[i][0]
