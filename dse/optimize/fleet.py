@@ -184,9 +184,10 @@ COLUMN_SHARE = 1 / 3
 
 def _round_master(d: FleetData, solver: str, cb, plans: dict, time_limit_s: float) -> Fleet | None:
     """Fleets of the plans near the column generation's duals (``plans``), slice by slice with the systems in use
-    and the reserved nodes of its master fixed (`solve_plans_by_slice`), those rounded to the nearest and down; the
-    cheaper. On `scripts/bench_fleet.py`'s aggregated 10 models x 24 h it reaches 75,475 USD/day in 3 CPU s, where
-    the plan program reached 75,855 in 60 s.
+    and the reserved nodes of its master fixed (`solve_plans_by_slice`): the root master's rounded to the nearest
+    and down, and the least-bound box's after branching rounded to the nearest; the cheapest. On
+    `scripts/bench_fleet.py`'s aggregated 10 models x 24 h the root's reach 75,475 USD/day in 3 CPU s, where the plan
+    program reached 75,855 in 60 s.
     """
     if cb.x is None:
         return None
@@ -195,8 +196,12 @@ def _round_master(d: FleetData, solver: str, cb, plans: dict, time_limit_s: floa
     used = {s for s, v in zip(fixed, cb.x[len(S) * (1 + nT):], strict=True) if v > 1e-6}
     used |= {s for s in S if s not in fixed}
     best = None
-    for rounded in (np.round(cb.x[:len(S)]), np.floor(cb.x[:len(S)] + 1e-6)):
-        f = solve_plans_by_slice(d, solver, time_limit_s / 2, pd.Series(rounded, index=S), used, plans, False)
+    tries = {tuple(np.round(cb.x[:len(S)])), tuple(np.floor(cb.x[:len(S)] + 1e-6))}
+    if cb.leaf is not None:
+        tries.add(tuple(np.round(cb.leaf[:len(S)])))
+    for rounded in sorted(tries):
+        f = solve_plans_by_slice(d, solver, time_limit_s / len(tries), pd.Series(rounded, index=S), used, plans,
+                                 False)
         if f is not None and fleet_cost(d, f) < fleet_cost(d, best):
             best = f
     return best

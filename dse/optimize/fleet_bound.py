@@ -52,6 +52,7 @@ class ColumnBound:
     blocks: list = field(default_factory=list)  # (class index, slice)
     plans: dict = field(default_factory=dict)  # block index -> list of {option: replicas}
     x: np.ndarray = None  # the master's node variables (reserved, hourly, in use), last round
+    leaf: np.ndarray = None  # the same in the open box of least bound, after branching
     near: dict = field(default_factory=dict)  # block index -> the plans within ``near_usd`` of its dual, last round
 
 
@@ -205,17 +206,19 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
     out.bound, node = generate(root, t0 + time_limit_s)
     out.master, out.x, out.near = node["master"], node["x"], node["near"]
     if branch and node["x"] is not None:
-        out.bound = _branch(generate, root, out.bound, node, d, t0 + time_limit_s)
+        out.bound, out.leaf = _branch(generate, root, out.bound, node, d, t0 + time_limit_s)
     out.wall_s = time.perf_counter() - t0
     return out
 
 
-def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop: float) -> float:
+def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop: float
+            ) -> tuple[float, np.ndarray | None]:
     """Branch and price on the node counts, best bound first, within ``stop``: reserved nodes are whole, and so are
     hourly nodes at an optimum (where replicas take whole nodes the least hourly count meeting a whole-node need is
     whole; elsewhere the program makes them integers), so a box's fleets are those of its two halves, below and
     above a fractional node count: the one rounding most USD/day (fraction times the node's cost per day). The bound
-    is the least over the boxes left open (each box's own bound valid for the fleets in it).
+    is the least over the boxes left open (each box's own bound valid for the fleets in it); returned with the node
+    values of the master of the box that has it.
     """
     nS, nT = len(d.systems), len(d.slices)
     res_c, hr_c, _ = node_costs(d)
@@ -248,10 +251,11 @@ def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop:
             kids.append((max(kb, b0), kid, kn["x"]))  # the parent's bound holds in the box too
         open_ = open_[1:] + kids
         if not open_:
-            return b0
+            return b0, None
         if any(o[2] is None for o in open_):
             break
-    return min(o[0] for o in open_)
+    least = min(open_, key=lambda o: o[0])
+    return least[0], least[2]
 
 
 def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tuple[float, dict] | None = None,
