@@ -586,3 +586,80 @@ def test_disaggregated_vs_aggregated_study_answers_its_question(shipped):
     for wl in ("rag", "coding"):  # long prompts: splitting pays on 8-GPU nodes
         assert long.loc[(wl, "disaggregated"), "usd_per_s"] < long.loc[(wl, "aggregated"), "usd_per_s"]
     assert len(s["best"]) == 6
+
+
+def _cheapest_by_enumeration(d: FleetData, cls: str, t, up: np.ndarray, price: dict, fixed: dict) -> float | None:
+    """The cheapest replica vector of one class (within ``up``) that serves its slice-t demand with any one replica
+    down (the brute force's `_serves`), at chips priced per system plus a fixed price per system used; None past 200,000 vectors."""
+    o = d.options
+    mine = np.flatnonzero((o["cls"] == cls).to_numpy() & (up > 0))
+    if not len(mine) or math.prod(int(up[k]) + 1 for k in mine) > 200_000:
+        return None
+    sub = FleetData(d.systems, d.inventory, o.iloc[mine].reset_index(drop=True),
+                    d.demand.loc[[("m", cls)]], slice_h=d.slice_h, n_plus_one=d.n_plus_one)
+    grid = np.array(list(itertools.product(*[range(int(up[k]) + 1) for k in mine])), dtype=float).reshape(-1,
+                                                                                                       len(mine))
+    ok = _serves(sub, grid, t)
+    chips = o["chips"].to_numpy(dtype=float)[mine]
+    cost = np.zeros(len(grid))
+    for s in d.systems.index:
+        at = (o["system"].to_numpy()[mine] == s)
+        nc = int(d.systems.loc[s, "node_chips"])
+        foot = np.array([c if (int(c) & (int(c) - 1) == 0 and nc % int(c) == 0) else -(-int(c) // nc) * nc
+                         for c in chips[at]], dtype=float)
+        on = grid[:, at] @ foot
+        cost += price[s] * on + fixed[s] * (on > 0)
+    return float(cost[ok].min()) if ok.any() else math.inf
+
+
+def test_cheapest_plan_equals_enumeration_of_every_replica_vector():
+    """The column generation's pricing (branch and bound over components, and the cover program where pools pair
+    across an interconnect) returns the cheapest replica vector serving one class's demand with N+1, equal to an
+    enumeration of every vector (the brute force's own service rule), at random prices."""
+    from dse.optimize.fleet_bound import cheapest_plan
+    from formulations.fleet_columns import cover_components
+
+    rng = np.random.default_rng(41)
+    checked = 0
+    while checked < 40:
+        d = random_instance(rng, budget=False)
+        up = d.upper()
+        for j, (_, cls) in enumerate(d.classes):
+            for t in d.slices:
+                if float(d.demand.iloc[j][t]) <= 0:
+                    continue
+                price = {s: float(rng.uniform(0, 3)) for s in d.systems.index}
+                fixed = {s: float(rng.uniform(0, 5) * (rng.uniform() < 0.5)) for s in d.systems.index}
+                ref = _cheapest_by_enumeration(d, cls, t, up[t].to_numpy(), price, fixed)
+                comps = cover_components(d, j, t, up[t].to_numpy())
+                if comps is None or ref is None:
+                    continue
+                got = cheapest_plan(comps, float(d.demand.iloc[j][t]), price, fixed)
+                assert got is not None
+                assert got[0] == pytest.approx(ref, rel=1e-9, abs=1e-9)
+                checked += 1
+
+
+def test_column_generation_bound_is_at_most_the_brute_force_optimum():
+    """The column generation bound (the master's Lagrangian value), with and without branching on the node counts,
+    never exceeds the brute force's optimum; branching never lowers it and raises it on some instances; where the
+    master converges it is at least the linear relaxation's."""
+    from dse.optimize.bridge import relaxation_bound
+    from dse.optimize.fleet_bound import column_bound
+
+    rng = np.random.default_rng(43)
+    checked = raised = 0
+    while checked < 12:
+        d = random_instance(rng)
+        best = brute_force(d)
+        if best is None:
+            continue
+        root = column_bound(d, 10.0, tol=1e-9, branch=False)
+        cb = column_bound(d, 10.0, tol=1e-9)
+        assert root.bound <= cb.bound * (1 + 1e-9) + 1e-9
+        assert cb.bound <= best * (1 + 1e-6) + 1e-6
+        raised += cb.bound > root.bound + 1e-6
+        if d.budget_usd_per_day is None and root.bound >= root.master * (1 - 1e-6):
+            assert root.bound >= relaxation_bound(build(d), "highs", 10) * (1 - 1e-6) - 1e-6
+        checked += 1
+    assert raised >= 1

@@ -15,6 +15,7 @@ import pyomo.environ as pyo
 
 from dse.errors import InfeasibleError, SolverLimitError
 from dse.optimize.bridge import lp_savings, relaxation_bound, solve_pyomo
+from dse.optimize.fleet_bound import column_bound
 from dse.optimize.operating_points import operating_points
 from dse.optimize.solver import SolveResult, elastic_shortfalls, relative_gap
 from dse.optimize.space import Space
@@ -175,6 +176,53 @@ covers, without the big-M rows a relaxation satisfies with slivers; up to half t
 time goes to the plan program."""
 
 
+COLUMN_SHARE = 1 / 3
+"""Share of the time limit for the column generation bound (`dse.optimize.fleet_bound.column_bound`): measured with
+`scripts/bench_fleet.py` it converges (to 0.1% of its master) in 13 CPU s on disaggregated 10 models x 24 h and
+5 CPU s on aggregated; stopped early, it still returns a valid bound (its best Lagrangian value)."""
+
+
+def _round_master(d: FleetData, solver: str, cb, plans: dict, time_limit_s: float) -> Fleet | None:
+    """Fleets of the plans near the column generation's duals (``plans``), slice by slice with the systems in use
+    and the reserved nodes of its master fixed (`solve_plans_by_slice`): the root master's rounded to the nearest
+    and down, and the least-bound box's after branching rounded to the nearest; the cheapest. On
+    `scripts/bench_fleet.py`'s aggregated 10 models x 24 h the root's reach 75,475 USD/day in 3 CPU s, where the plan
+    program reached 75,855 in 60 s.
+    """
+    if cb.x is None:
+        return None
+    S, nT = list(d.systems.index), len(d.slices)
+    fixed = [s for s in S if float(d.systems.loc[s, "fixed_usd_per_day"]) > 0]
+    used = {s for s, v in zip(fixed, cb.x[len(S) * (1 + nT):], strict=True) if v > 1e-6}
+    used |= {s for s in S if s not in fixed}
+    best = None
+    tries = {tuple(np.round(cb.x[:len(S)])), tuple(np.floor(cb.x[:len(S)] + 1e-6))}
+    if cb.leaf is not None:
+        tries.add(tuple(np.round(cb.leaf[:len(S)])))
+    for rounded in sorted(tries):
+        f = solve_plans_by_slice(d, solver, time_limit_s / len(tries), pd.Series(rounded, index=S), used, plans,
+                                 False)
+        if f is not None and fleet_cost(d, f) < fleet_cost(d, best):
+            best = f
+    return best
+
+
+def _start_plans(d: FleetData, g: Fleet) -> dict:
+    """Plans the column generation starts from: per class and slice the greedy's and each single configuration
+    (`plans_of`).
+    """
+    table = plan_options(d)
+    out: dict = {}
+    for j in range(len(d.classes)):
+        for t in d.slices:
+            need = float(d.demand.iloc[j][t])
+            if need > 0:
+                out[(j, t)] = [c for c, _, _ in plans_of(d, j, need, table=table)]
+    for key, counts in g.plans.items():
+        out.setdefault(key, []).append(counts)
+    return out
+
+
 def choose_solver(d: FleetData) -> str:
     """The back end for ``solver: auto``, by size (measured with `scripts/bench_fleet.py`, 2 shared cores, 60 s).
 
@@ -193,12 +241,16 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     """Solve the fleet program; InfeasibleError names the binding resource and its shortfall.
 
     Exact reductions first (`FleetData.reduced`: options another matches; `FleetData.merged`: equal slices as one);
-    then a greedy fleet. Below `FULL_PROGRAM_MAX` columns: where classes have pools, the program restricted to
-    aggregated options (`solve_aggregated`, a third of the time); from `PLAN_STAGE_MIN` columns the restricted
-    program of one configuration per class and slice (`solve_plans`, half of the time left); then the full program
-    started from the best fleet so far, its bound the answer's. Above: the bound of the lean relaxation
-    (`formulations.fleet.build` with ``lean``; at most half the time), the rest to the plan program. The answer is
-    the cheapest fleet found (never dearer than the greedy), its gap against that bound. ``aggregated_stage`` and
+    then a greedy fleet. From `PLAN_STAGE_MIN` columns, the column generation bound
+    (`dse.optimize.fleet_bound.column_bound`, `COLUMN_SHARE` of the time) and fleets of its near plans at its
+    master's reserved nodes (`_round_master`); where it computes none (classes pooled across interconnects) and
+    above `FULL_PROGRAM_MAX` columns, the lean relaxation's bound (`formulations.fleet.build` with ``lean``; at most
+    half the time). Below `FULL_PROGRAM_MAX` columns: where classes have pools, the program restricted to aggregated
+    options (`solve_aggregated`, a third of the time); from `PLAN_STAGE_MIN` columns the restricted program of one
+    plan per class and slice (`solve_plans`: the column generation's near plans and the greedy's where it ran, else
+    every single configuration and simple mixes; half of the time left, all of it above `FULL_PROGRAM_MAX`); then
+    the full program started from the best fleet so far, its bound the answer's where higher. The answer is the
+    cheapest fleet found (never dearer than the greedy), its gap against the best bound. ``aggregated_stage`` and
     ``bound_stage`` switch those stages off (a stage's own call needs no bound).
     """
     _no_option(d)
@@ -210,19 +262,31 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     best, best_cost, found_by = g, fleet_cost(dm, g), "greedy"
     columns = len(dm.options) * len(dm.slices)
     full = columns < FULL_PROGRAM_MAX or g is None
-    bound = -math.inf
-    if not full and bound_stage:
+    plans = (columns >= PLAN_STAGE_MIN if plan_stage is None else plan_stage) and g is not None
+    bound, extra, bounded_by = -math.inf, None, ""
+    if plans and bound_stage:
+        cb = column_bound(dm, COLUMN_SHARE * time_limit_s, _start_plans(dm, g))
+        if cb.bound > -math.inf:
+            bound, extra = cb.bound, {cb.blocks[b]: p for b, p in cb.near.items()}
+            for key, counts in g.plans.items():
+                extra.setdefault(key, []).append(counts)
+            bounded_by = f"bound by column generation ({cb.iterations} rounds)"
+            f = _round_master(dm, name, cb, extra, time_limit_s / 6)
+            if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+                best, best_cost, found_by = f, fleet_cost(dm, f), "plans at the master's nodes"
+    if not full and bound_stage and bound == -math.inf:
         bound = relaxation_bound(build(dm, hull=hull, lean=True), "highs", time_limit_s / 2)
+        bounded_by = "bound by the linear relaxation"
     if full and g is not None and (dm.options["role"] != "both").any() and aggregated_stage:
         f = solve_aggregated(dm, name, time_limit_s / 3)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
-    if (columns >= PLAN_STAGE_MIN if plan_stage is None else plan_stage) and g is not None:
+    if plans:
         left = (time_limit_s - (time.perf_counter() - t0)) / (2 if full else 1)
-        f = solve_plans(dm, name, max(1.0, left), best)
+        f = solve_plans(dm, name, max(1.0, left), best, extra, mixes=extra is None)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
-    termination = "full program not run (its linear relaxation gives the bound)"
+    termination = f"full program not run ({bounded_by or 'no bound'})"
     if full:
         m = build(dm, hull=hull)
         hinted = name in HINTS and best is not None
@@ -239,8 +303,9 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
             raise SolverLimitError(f"no fleet found within {time_limit_s:g} s by {name} (it stopped with no "
                                    f"solution, status {res.status}); raise solver.time_limit_s or try solver.name: "
                                    f"{other}")
-        bound = res.bound if math.isfinite(res.bound) else -math.inf
-        termination = res.termination
+        if math.isfinite(res.bound) and res.bound > bound:
+            bound, bounded_by = res.bound, ""
+        termination = res.termination + (f"; {bounded_by}" if bounded_by else "")
     bound = min(bound, best_cost)
     gap = relative_gap(best_cost, bound) if math.isfinite(bound) else math.inf
     status = "optimal" if gap <= 1e-6 else "feasible"
@@ -298,22 +363,73 @@ def _expand(d: FleetData, dr: FleetData, rep: dict, f: Fleet) -> Fleet:
     return Fleet(f.reserved.copy(), spread(f.hourly), reps, spread(f.prefill), spread(f.decode))
 
 
-def _plan_table(d: FleetData) -> tuple[list, list, dict]:
-    """Every class's plans in every slice with demand: (class, slice, replicas per option), their hand-offs, and
-    each plan's position by (class, slice, replicas).
+def _plan_table(d: FleetData, extra: dict | None = None, mixes: bool = True) -> tuple[list, list, dict]:
+    """Every class's plans in every slice with demand: (class, slice, replicas per option), their hand-offs (a list
+    of (group, system, requests/s) per plan), and each plan's position by (class, slice, replicas). ``extra``: more
+    plans per (class, slice) ({option: replicas} each, as column generation found them), kept where their pools
+    pair on one system (`pooled_flows`).
     """
     plans, flows, index = [], [], {}
     table = plan_options(d)
+
+    def add(j, t, counts, flow):
+        key = (j, t, frozenset(counts.items()))
+        if key not in index:
+            index[key] = len(plans)
+            plans.append((j, t, counts))
+            flows.append(flow)
+
     for j in range(len(d.classes)):
         for t in d.slices:
             need = float(d.demand.iloc[j][t])
             if need <= 0:
                 continue
-            for counts, flow, _ in plans_of(d, j, need, mixes=True, table=table):
-                index[(j, t, frozenset(counts.items()))] = len(plans)
-                plans.append((j, t, counts))
-                flows.append(flow)
+            for counts, flow, _ in plans_of(d, j, need, mixes=True, table=table) if mixes else ():
+                add(j, t, counts, [] if flow is None else [flow])
+            for counts in (extra or {}).get((j, t), []):
+                flow = pooled_flows(d, j, need, counts)
+                if flow is not None:
+                    add(j, t, counts, flow)
     return plans, flows, index
+
+
+def pooled_flows(d: FleetData, j: int, need: float, counts: dict) -> list | None:
+    """The hand-offs of a class's plan whose prefill and decode pools pair on their own system (per numerics group
+    and system, min(prefill rate, decode rate)), or None where the plan does not serve ``need`` that way with N+1
+    (any one replica down: an aggregated one takes its rate, a prefill or decode one leaves its pair the least of
+    the rest of its pool and its mate).
+    """
+    o = d.options
+    rate = o["requests_per_s"].to_numpy(dtype=float)
+    agg, pools = 0.0, {}
+    tops = []
+    for k, n in counts.items():
+        if n <= 0:
+            continue
+        if o["role"].iat[k] == "both":
+            agg += rate[k] * n
+            tops.append(("both", rate[k]))
+            continue
+        pool = pools.setdefault((int(o["group"].iat[k]), o["system"].iat[k]), {"prefill": [0.0, 0.0],
+                                                                                 "decode": [0.0, 0.0]})
+        side = pool[o["role"].iat[k]]
+        side[0] += rate[k] * n
+        side[1] = max(side[1], rate[k])
+    pair = {u: min(p["prefill"][0], p["decode"][0]) for u, p in pools.items()}
+    served = agg + sum(pair.values())
+    tol = 1e-9 * max(1.0, need)
+    if served < need - tol:
+        return None
+    if d.n_plus_one:
+        worst = max((r for _, r in tops), default=0.0)
+        for u, p in pools.items():
+            cp, cd = p["prefill"][0], p["decode"][0]
+            if cp > 0 and cd > 0:
+                left = min(min(cp - p["prefill"][1], cd), min(cp, cd - p["decode"][1]))
+                worst = max(worst, pair[u] - left)
+        if served - worst < need - tol:
+            return None
+    return [(g, s, v) for (g, s), v in pair.items() if v > 0]
 
 
 def _plan_fleet(m, d: FleetData, plans: list, flows: list) -> Fleet:
@@ -329,20 +445,21 @@ def _plan_fleet(m, d: FleetData, plans: list, flows: list) -> Fleet:
             chosen[(j, t)] = counts
             for k, n in counts.items():
                 reps.at[k, t] += n
-            if flows[i] is not None:
-                keyed[(j, flows[i][0], flows[i][1], t)] = flows[i][2]
+            for g, sy, v in flows[i]:
+                keyed[(j, g, sy, t)] = keyed.get((j, g, sy, t), 0.0) + v
     pre = _flows(keyed, T)
     return Fleet(reserved, hourly, reps, pre, pre.copy(), chosen)
 
 
-def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | None = None) -> Fleet | None:
+def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | None = None,
+                extra: dict | None = None, mixes: bool = True) -> Fleet | None:
     """The restricted program of one configuration per class and slice (`plans_of`): first slice by slice with the
     reserved nodes and the systems in use of its linear relaxation fixed (`solve_plans_by_slice`, a quarter of the
     time), then whole, started from the better of that and ``start`` where the solver takes hints. The cheapest
     fleet found; None when none is.
     """
     t0 = time.perf_counter()
-    plans, flows, index = _plan_table(d)
+    plans, flows, index = _plan_table(d, extra, mixes)
     best = start
     m = build_plans(d, plans)
     pyo.TransformationFactory("core.relax_integer_vars").apply_to(m)
@@ -350,7 +467,7 @@ def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | N
     if lp.ok:
         reserved = pd.Series({s: float(math.floor((m.reserved[s].value or 0) + 1e-6)) for s in m.S})
         used = {s for s in m.SU if (m.used[s].value or 0) > 1e-6}
-        f = solve_plans_by_slice(d, solver, time_limit_s / 4, reserved, used)
+        f = solve_plans_by_slice(d, solver, time_limit_s / 4, reserved, used, extra, mixes)
         if f is not None and fleet_cost(d, f) < fleet_cost(d, best) * (1 - 1e-9):
             best = f
     m = build_plans(d, plans)
@@ -366,8 +483,8 @@ def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | N
     return best
 
 
-def solve_plans_by_slice(d: FleetData, solver: str, time_limit_s: float, reserved: pd.Series, used: set
-                         ) -> Fleet | None:
+def solve_plans_by_slice(d: FleetData, solver: str, time_limit_s: float, reserved: pd.Series, used: set,
+                         extra: dict | None = None, mixes: bool = True) -> Fleet | None:
     """The plan program one slice at a time with the reserved nodes and the systems in use fixed (given them, slices
     are independent: each pays only its hourly nodes), then each system's reserved nodes lowered to the count that
     costs least for the nodes the slices hold. A fleet of the full program; None when a slice finds none in time or
@@ -377,7 +494,7 @@ def solve_plans_by_slice(d: FleetData, solver: str, time_limit_s: float, reserve
     parts = []
     for t in T:
         dt = _one_slice(d, t)
-        plans, flows, _ = _plan_table(dt)
+        plans, flows, _ = _plan_table(dt, extra, mixes)
         m = build_plans(dt, plans)
         for s in m.S:
             m.reserved[s].fix(min(float(reserved[s]), float(dt.inventory.loc[s, t])))
