@@ -176,6 +176,9 @@ covers, without the big-M rows a relaxation satisfies with slivers; up to half t
 time goes to the plan program."""
 
 
+OWN_SHARE = 1 / 6
+"""Share of the time limit for the column generation on the restriction of a program whose pools join across systems
+to pools paired on their own system (its fleets only; `solve_fleet`)."""
 COLUMN_SHARE = 1 / 3
 """Share of the time limit for the column generation bound (`dse.optimize.fleet_bound.column_bound`): measured with
 `scripts/bench_fleet.py` it converges (to 0.1% of its master) in 13 CPU s on disaggregated 10 models x 24 h and
@@ -274,6 +277,19 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
             f = _round_master(dm, name, cb, extra, time_limit_s / 6)
             if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
                 best, best_cost, found_by = f, fleet_cost(dm, f), "plans at the master's nodes"
+    if plans and bound_stage and bound == -math.inf and (dm.systems["interconnect_bytes_per_s"] > 0).any():
+        # pools joined across systems: the column generation prices no class here, but on the same options with
+        # every pool paired on its own system (a restriction: each of its fleets is one of this program's, its bound
+        # is not a bound here) it gives fleets and near plans, so the answer is never dearer than that restriction's
+        own = replace(dm, systems=dm.systems.assign(interconnect_bytes_per_s=0.0))
+        cb = column_bound(own, OWN_SHARE * time_limit_s, _start_plans(own, g))
+        if cb.bound > -math.inf:
+            extra = {cb.blocks[b]: p for b, p in cb.near.items()}
+            for key, counts in g.plans.items():
+                extra.setdefault(key, []).append(counts)
+            f = _round_master(own, name, cb, extra, time_limit_s / 12)
+            if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+                best, best_cost, found_by = f, fleet_cost(dm, f), "plans of pools paired on their own systems"
     if not full and bound_stage and bound == -math.inf:
         bound = relaxation_bound(build(dm, hull=hull, lean=True), "highs", time_limit_s / 2)
         bounded_by = "bound by the linear relaxation"
