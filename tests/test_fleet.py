@@ -673,21 +673,15 @@ def test_pools_joined_across_systems_answer_no_dearer_than_pools_paired_on_their
     disaggregated instance's 48,794)."""
     from dataclasses import replace
 
-    from dse.optimize.fleet import OWN_SHARE, _round_master, _start_plans
-    from dse.optimize.fleet_bound import column_bound
+    from dse.optimize.fleet import OWN_SHARE, _column_stage
 
     d, limit = larger_instance(np.random.default_rng(7)), 8.0
     r = solve_fleet(d, "highs", time_limit_s=limit, duals=False, plan_stage=True)
     assert check(d, r, r.result.objective) == []
     assert r.result.bound <= r.result.objective * (1 + 1e-9)
     dm = d.reduced().merged()[0]
-    g = greedy(dm)
+    assert _column_stage(dm, greedy(dm), "highs", 1.0, 1.0)[0].bound == -np.inf  # the program prices nothing
     own = replace(dm, systems=dm.systems.assign(interconnect_bytes_per_s=0.0))
-    cb = column_bound(own, OWN_SHARE * limit, _start_plans(own, g))
-    assert cb.bound > -np.inf and cb.iterations > 0  # priced on the restriction, where the program prices nothing
-    extra = {cb.blocks[b]: p for b, p in cb.near.items()}
-    for key, counts in g.plans.items():
-        extra.setdefault(key, []).append(counts)
-    f = _round_master(own, "highs", cb, extra, limit / 12)
-    assert f is not None
+    cb, _, f = _column_stage(own, greedy(dm), "highs", OWN_SHARE * limit, limit / 12)
+    assert cb.bound > -np.inf and cb.iterations > 0 and f is not None  # the restriction is priced
     assert r.result.objective <= fleet_cost(dm, f) * (1 + 1e-9)

@@ -15,7 +15,7 @@ import pyomo.environ as pyo
 
 from dse.errors import InfeasibleError, SolverLimitError
 from dse.optimize.bridge import lp_savings, relaxation_bound, solve_pyomo
-from dse.optimize.fleet_bound import column_bound
+from dse.optimize.fleet_bound import ColumnBound, column_bound
 from dse.optimize.operating_points import operating_points
 from dse.optimize.solver import SolveResult, elastic_shortfalls, relative_gap
 from dse.optimize.space import Space
@@ -268,26 +268,18 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     plans = (columns >= PLAN_STAGE_MIN if plan_stage is None else plan_stage) and g is not None
     bound, extra, bounded_by = -math.inf, None, ""
     if plans and bound_stage:
-        cb = column_bound(dm, COLUMN_SHARE * time_limit_s, _start_plans(dm, g))
+        cb, extra, f = _column_stage(dm, g, name, COLUMN_SHARE * time_limit_s, time_limit_s / 6)
         if cb.bound > -math.inf:
-            bound, extra = cb.bound, {cb.blocks[b]: p for b, p in cb.near.items()}
-            for key, counts in g.plans.items():
-                extra.setdefault(key, []).append(counts)
-            bounded_by = f"bound by column generation ({cb.iterations} rounds)"
-            f = _round_master(dm, name, cb, extra, time_limit_s / 6)
+            bound, bounded_by = cb.bound, f"bound by column generation ({cb.iterations} rounds)"
             if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
                 best, best_cost, found_by = f, fleet_cost(dm, f), "plans at the master's nodes"
-    if plans and bound_stage and bound == -math.inf and (dm.systems["interconnect_bytes_per_s"] > 0).any():
-        # pools joined across systems: the column generation prices no class here, but on the same options with
-        # every pool paired on its own system (a restriction: each of its fleets is one of this program's, its bound
-        # is not a bound here) it gives fleets and near plans, so the answer is never dearer than that restriction's
-        own = replace(dm, systems=dm.systems.assign(interconnect_bytes_per_s=0.0))
-        cb = column_bound(own, OWN_SHARE * time_limit_s, _start_plans(own, g))
-        if cb.bound > -math.inf:
-            extra = {cb.blocks[b]: p for b, p in cb.near.items()}
-            for key, counts in g.plans.items():
-                extra.setdefault(key, []).append(counts)
-            f = _round_master(own, name, cb, extra, time_limit_s / 12)
+        elif (dm.systems["interconnect_bytes_per_s"] > 0).any():
+            # pools joined across systems: the column generation prices no class here, but on the same options with
+            # every pool paired on its own system (a restriction: each of its fleets is one of this program's, its
+            # bound is not a bound here) it gives fleets and near plans, so the answer is never dearer than that
+            # restriction's
+            own = replace(dm, systems=dm.systems.assign(interconnect_bytes_per_s=0.0))
+            _, extra, f = _column_stage(own, g, name, OWN_SHARE * time_limit_s, time_limit_s / 12)
             if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
                 best, best_cost, found_by = f, fleet_cost(dm, f), "plans of pools paired on their own systems"
     if not full and bound_stage and bound == -math.inf:
@@ -334,6 +326,21 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     if duals:
         out.duals = marginal_values(dr, _expand(dr, dr, rep, best))
     return out
+
+
+def _column_stage(d: FleetData, g: Fleet, solver: str, bound_s: float, round_s: float,
+                  ) -> tuple[ColumnBound, dict | None, Fleet | None]:
+    """The column generation on ``d`` from the greedy ``g``'s plans (`column_bound`, within ``bound_s``): its result,
+    its near plans with the greedy's per (class index, slice) (None where it priced nothing), and the fleet at its
+    master's rounded reserved nodes (`_round_master`, within ``round_s``; None where none).
+    """
+    cb = column_bound(d, bound_s, _start_plans(d, g))
+    if cb.bound == -math.inf:
+        return cb, None, None
+    extra = {cb.blocks[b]: p for b, p in cb.near.items()}
+    for key, counts in g.plans.items():
+        extra.setdefault(key, []).append(counts)
+    return cb, extra, _round_master(d, solver, cb, extra, round_s)
 
 
 def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | None:
