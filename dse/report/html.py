@@ -69,7 +69,10 @@ def explain(o: Optimum, space) -> str:
         cap = f"the TPOT target of {w.tpot_max * 1e3:g} ms caps the batch"
     else:
         cap = "the batch stops where a larger one no longer lowers the cost per token, or at the study's limit"
-    free = e["hbm_capacity_per_chip"] - e["hbm_bytes_per_chip"]
+    device = e.get("device_memory_per_chip") or e["hbm_capacity_per_chip"]  # as the device reports it
+    usable = e.get("hbm_usable_per_chip") or device  # what the framework lets weights, KV and activations fill
+    free = usable - e["hbm_bytes_per_chip"]
+    held = f"{_fmt_bytes(usable)} {e['framework']} may fill of " if e.get("framework") and usable < device else ""
     pool = e["pools"][-1] if o.request_level and e.get("pools") else e  # the aggregated or decode replica
     which = {"both": "Each replica", "decode": "Each decode replica"}.get(pool.get("role", ""), "The replica")
     price = (f" at {e.get('usd_per_chip_hour') or float('nan'):.3g} USD per chip-hour ({e.get('price_kind', '')}"
@@ -86,8 +89,8 @@ def explain(o: Optimum, space) -> str:
         f"EP{e['ep']} PP{e['pp']}, batch {e['batch']}, weights {e['weights_dtype']}, KV {e['kv_dtype']} in "
         f"{e['kv_tier']}. Binding resource: <b>{binding}</b> ({times} per step). {cap}. "
         f"Memory per chip: weights {_fmt_bytes(e['weights_bytes_per_chip'])}, KV {_fmt_bytes(e['kv_bytes_per_chip'])}, "
-        f"activations {_fmt_bytes(e['activation_bytes_per_chip'])}, free {_fmt_bytes(free)} of "
-        f"{_fmt_bytes(e['hbm_capacity_per_chip'])}. {cost}; "
+        f"activations {_fmt_bytes(e['activation_bytes_per_chip'])}, free {_fmt_bytes(free)} of the "
+        f"{held}{_fmt_bytes(device)} the device reports. {cost}; "
         f"TPOT {e['tpot_s'] * 1e3:.3g} ms, TTFT {e['ttft_s']:.3g} s.{_request(o)}{_power(e)}"
         + (f" <b>Context {e['context']:,} is beyond the model's published maximum of {e['max_context']:,} tokens "
            "(allow_beyond_trained_context).</b>" if e.get("beyond_trained_context") else "")

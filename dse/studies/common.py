@@ -43,7 +43,7 @@ EXTRA = (
     "pp_comm_s", "weights_bytes_per_chip", "kv_bytes_per_chip", "activation_bytes_per_chip", "hbm_capacity_per_chip",
     "sequences_in_flight", "usd_per_chip_hour", "prompt", "price_kind", "price_is_estimate", "power_w",
     "joules_per_token", "experts_dtype", "attention_dtype", "beyond_trained_context", "max_context", "framework",
-    "mem_fraction", "hbm_usable_per_chip",
+    "mem_fraction", "hbm_usable_per_chip", "device_memory_per_chip",
 )
 QUANTILE_KEYS = tuple(f"{m}_{quantile_name(q)}_s" for q in QUANTILES for m in ("ttft", "tpot"))
 """The quantile keys of a request-level entry (``ttft_p90_s``, ...)."""
