@@ -348,7 +348,7 @@ def evaluate_levels(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
                                                             model.is_moe))
     w, act = out["weights_bytes_per_chip"], out["activation_bytes_per_chip"]
     out["hbm_usable_per_chip"] = min(w + act + (budget - w - a_act * act) / a_kv, system.device_memory)
-    out["kv_capacity_tokens"] = _kv_capacity(cand, tables, eff, cfg, system, w)
+    out["kv_capacity_tokens"] = _kv_capacity(cand, tables, eff, cfg, w, (a_act, a_kv, budget))
     out["framework"] = "" if ideal else fw.id
     out["mem_fraction"] = None if ideal else (memory.fraction if not math.isnan(memory.fraction)
                                               else budget / system.device_memory)
@@ -384,18 +384,17 @@ KV_PROBE = (1024, 2048)
 
 
 def _kv_capacity(cand: Candidates, tables: tuple[ModelTable, SystemTable], eff: Efficiency, cfg: Config,
-                 system: System, weights: float) -> int:
+                 weights: float, check: tuple[float, float, float]) -> int:
     """Tokens of KV one attention-DP rank's chips hold as the framework reserves HBM (what a framework logs as its
-    KV cache size): the room its memory check leaves beside the weights and the activations of its profile run (a
-    prefill of one chunk), over a sequence's KV bytes per token per chip (read off two contexts).
+    KV cache size): the room its memory check (``check``: `memory_budget`'s a_act, a_kv and budget for the
+    configuration) leaves beside the weights and the activations of its profile run (a prefill of one chunk), over a
+    sequence's KV bytes per token per chip (read off two contexts).
     """
     prof = evaluate(replace(cand, batch=1, context=cfg.chunk, phase=1, kv_tier=0), *tables, eff, ttft=False)
     kv = [evaluate(replace(cand, batch=1, context=c, phase=0, kv_tier=0), *tables, eff, ttft=False)[
         "kv_bytes_per_chip"].item() for c in KV_PROBE]
     per_token = (kv[1] - kv[0]) / (KV_PROBE[1] - KV_PROBE[0])
-    moe = bool(tables[0].n_experts[np.asarray(cand.model)].max() > 0)
-    a_act, a_kv, budget = (float(x) for x in memory_budget(system.device_memory, eff, cfg.chunk, cand.tp, cand.pp,
-                                                            moe))
+    a_act, a_kv, budget = check
     room = (budget - weights - a_act * prof["activation_bytes_per_chip"].item()) / a_kv
     return max(int(room // per_token), 0) if per_token > 0 else 0
 
