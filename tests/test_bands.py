@@ -337,13 +337,12 @@ def _brute_disaggregated(model, w: Request, opts, m: Margins) -> float | None:
     dsi = np.array([r[0] for r in rows])
     d_ok = t["d_ok"] & ((dec["tpot_s"] * m.tpot[dsi] <= w.tpot_max * (1 + 1e-9)) if w.tpot_max else True)
     d_cost = np.where(d_ok, dec["usd_per_request"] * m.cost[dsi], np.inf)
-    fmt = np.array([(r[6], r[7]) for r in rows])
     best = math.inf
     for j, pr in enumerate(pre_rows):
         rho = rho_for_ttft(pre["prefill_service_s"][j], pre["kv_transfer_s"][j], t["req"], m.ttft[pr[0]])
         if not (pre["fits"][j] and np.isfinite(rho) and rho > 0):
             continue
-        same = (fmt[:, 0] == pr[6]) & (fmt[:, 1] == pr[7])
+        same = t["pair"] == t["pre_pair"][j]
         if same.any():
             best = min(best, float(np.min(d_cost[same])) + pre["usd_per_prompt"][j] / rho * m.cost[pr[0]])
     return None if math.isinf(best) else best
