@@ -122,6 +122,18 @@ def test_a_calibrated_decode_step_is_never_faster_than_the_roofline(full):
     assert (t["measured_tpot_s"] * (1 + t["tpot_loo_error"]) >= t["ideal_tpot_loo_s"] * (1 - 1e-9)).all()
 
 
+def test_the_ideal_ttft_is_the_engine_alone(full):
+    """The ideal roofline's TTFT carries no serving-stack term (as `--ideal` has it): the calibrated prediction is
+    above it by at least the row's stack fixed latency, and few runs (under 3%) measure faster than it."""
+    from dse.catalog.frameworks import stack_of
+
+    t = full.table
+    tau = np.array([stack_of(fw, md).terms("aggregated" if mode == "agg" else "disaggregated").fixed_latency_s
+                    for fw, md, mode in zip(t["backend"], t["model"], t["mode"], strict=True)])
+    assert (t["predicted_ttft_s"] - t["ideal_ttft_s"] >= tau * (1 - 1e-9) - 1e-12).all()
+    assert (t["measured_ttft_s"] < t["ideal_ttft_s"]).mean() < 0.03
+
+
 @pytest.mark.parametrize("metric", ["tpot", "ttft"])
 def test_leave_group_out_never_sees_the_sweep_it_predicts(metric):
     """A synthetic sweep measured 3x slower than all others: in sample its fit is shared with the rest, and

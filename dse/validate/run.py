@@ -184,12 +184,18 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
 
 def _copy_prediction(t: pd.DataFrame, pred: pd.DataFrame, ideal: pd.DataFrame) -> None:
     """The physics' prediction of TTFT, the pieces it is made of (what refitting the stacks' terms needs), and the
-    ideal roofline, into ``t``.
+    ideal roofline, into ``t``: ``ideal`` (`predict_runs` with every efficiency 1) at the prediction's operating
+    point, its TTFT without the serving stack's terms (no fixed latency, queue share 0: the engine alone, as
+    ``--ideal`` has it; the pieces do not depend on them, `closed_loop_ttft`).
     """
     for col in TTFT_PIECES:
         t[col] = pred[col].astype(float)
     for m in METRICS:
         t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
+    t["ideal_ttft_s"] = closed_loop_ttft(ideal["prefill_s"].to_numpy(dtype=float), outside_stack(ideal),
+                                         ideal["wave_s"].to_numpy(dtype=float), StackTerms(),
+                                         ideal["wait_floor_s"].to_numpy(dtype=float))
+    for m in METRICS:
         t[f"{m}_ideal_error"] = t[f"ideal_{m}_s"] / t[f"measured_{m}_s"] - 1.0
     t["predicted_ttft_s"] = pred["predicted_ttft_s"].astype(float)
     t["ttft_error"] = t["predicted_ttft_s"] / t["measured_ttft_s"] - 1.0
