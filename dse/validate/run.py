@@ -116,7 +116,7 @@ def validate_runs(runs: Runs) -> RunsValidation:
     """
     t = runs.table.copy()
     if t.empty:
-        return RunsValidation(t, {}, runs.skipped, runs.given)
+        return RunsValidation(t, {}, runs.skipped, runs.given, runs.duplicates)
     apart = (t["layout"] != "stated").to_numpy()
     pred, tp = predicted_passes(t)  # every row's prediction is its own: the physics once for both parts
     parts, scales, family_fits = [], {}, ({}, {})
@@ -126,7 +126,7 @@ def validate_runs(runs: Runs) -> RunsValidation:
     if apart.any():
         parts.append(_predict_apart(t[apart], scales, family_fits, pred[apart], tp.take(np.flatnonzero(apart))))
     out = pd.concat(parts).loc[t.index] if len(parts) > 1 else parts[0]
-    return RunsValidation(out, scales, runs.skipped, runs.given)
+    return RunsValidation(out, scales, runs.skipped, runs.given, runs.duplicates)
 
 
 def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
