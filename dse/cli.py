@@ -643,7 +643,8 @@ def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool
                       f"(layout_unknown): {doc.get('rows_layout_padded', 0):,} state an attention TP that does not "
                       "divide the heads beside an attention DP (read with the heads padded); "
                       f"{doc.get('rows_layout_conflicting', 0):,} are measurements listed again with another layout "
-                      "(predicted on the one with the fewest chips); the others "
+                      f"(predicted on the one with the fewest chips); {doc.get('rows_no_concurrency', 0):,} state no "
+                      "concurrency (predicted at their layout's batch in flight); the others "
                       "state no worker counts and are predicted on the smallest deployment of their worker sizes. "
                       "Read by no fit, reported apart", highlight=False)
     f = Table(title="By hardware family: median absolute error, leave-group-out and leave-family-out (the family's "

@@ -174,6 +174,7 @@ class RunsValidation:
                 "coverage": self.coverage, "rows_layout_unknown": unknown,
                 "rows_layout_padded": int((t["layout"] == "padded").sum()) if "layout" in t else 0,
                 "rows_layout_conflicting": int((t["layout"] == "conflicting").sum()) if "layout" in t else 0,
+                "rows_no_concurrency": int((t["layout"] == "no_concurrency").sum()) if "layout" in t else 0,
                 "coverage_stated_layout": (len(t) - unknown) / self.measurements if self.measurements else 0.0,
                 "summary": summary(self),
                 "rows_failing_the_memory_check": int((~t["fits"]).sum()) if "fits" in t else 0,
@@ -366,8 +367,9 @@ def write_runs_report(v: RunsValidation, folder: Path, doc: dict | None = None, 
              "measured - 1 with the catalog's calibrated physics; leave-group-out errors (the headline figure) "
              "leave the row's whole concurrency sweep out: TPOT refits the decode pass's efficiency factors per "
              "hardware family and framework on the other sweeps (the summary's loo_family_factors_median_abs_error "
-             "shares one set per family among the frameworks); rows whose layout is unknown or padded "
-             "(layout_unknown) are read by no fit and reported apart; TTFT is the "
+             "shares one set per family among the frameworks); rows whose layout is unknown, padded or "
+             "conflicting, or that state no concurrency (layout_unknown), are read by no fit and reported apart; "
+             "TTFT is the "
              "optimizer's request-level physics in a closed loop at the row's concurrency (one prompt's prefill, "
              "plus a share of the wave of other requests in flight queued ahead of it, plus the KV hand-off, plus "
              "the serving stack's fixed latency), the stack's share and latency refitted per (framework, mode) on "
