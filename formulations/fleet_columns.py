@@ -283,9 +283,9 @@ class Pooled:
     most: dict  # role -> most replicas of each option
 
 
-def _pareto(M: np.ndarray, left: np.ndarray, chips: np.ndarray) -> np.ndarray:
-    """Rows no other row beats: serving at least as much, as much after its worst failure, in no more chips, one of
-    them strictly (of identical rows the first).
+def pareto(M: np.ndarray, left: np.ndarray, chips: np.ndarray) -> np.ndarray:
+    """Rows no other row beats: serving at least as much, as much after its worst failure, in no more chips (or
+    USD), one of them strictly (of identical rows the first).
     """
     if len(M) == 0:
         return np.zeros(0, dtype=bool)
@@ -316,7 +316,7 @@ def _pool(rate: np.ndarray, chips: np.ndarray, most: np.ndarray) -> tuple[np.nda
     cap, ch = n @ rate, n @ chips
     top = np.where(n > 0, rate[None, :], 0.0).max(axis=1)
     keep = np.concatenate([np.flatnonzero(top == v)[_front(cap[top == v], ch[top == v])] for v in np.unique(top)])
-    keep = keep[_pareto(cap[keep], -top[keep], ch[keep])]
+    keep = keep[pareto(cap[keep], -top[keep], ch[keep])]
     return n[keep], cap[keep], top[keep], ch[keep]
 
 
@@ -356,7 +356,7 @@ def cover_components(d: FleetData, j: int, t, up: np.ndarray) -> list[Component 
 
     def add(system, kk, configs, served, left, chips):
         M, left = np.minimum(served, lam), np.minimum(left if spare else served, lam)
-        keep = _pareto(M, left, chips)
+        keep = pareto(M, left, chips)
         out.append(Component(system, np.asarray(kk), configs[keep], M[keep], (M - left)[keep], chips[keep]))
 
     for k in ks:

@@ -31,11 +31,11 @@ from formulations.fleet import FleetData
 from formulations.fleet_columns import (
     Component,
     Pooled,
-    _pareto,
     cover_components,
     cover_program,
     master_program,
     node_costs,
+    pareto,
 )
 
 ARTIFICIAL_USD = 1e9
@@ -325,7 +325,7 @@ def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True) -> Compo
         n, cap, top, cost = _pool_states(u.rate[r], usd, u.most[r], lam)
         a = np.minimum(cap, lam)
         b = np.minimum(cap - top, lam) if spare else a
-        keep = _pareto(a, b, cost)
+        keep = pareto(a, b, cost)
         side[r] = (n[keep], a[keep], b[keep], cost[keep])
     nP, aP, bP, cP = side["prefill"]
     nD, aD, bD, cD = side["decode"]
@@ -344,7 +344,7 @@ def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True) -> Compo
     pair = np.unique(i * len(cD) + j)
     i, j = pair // len(cD), pair % len(cD)
     M, left, usd = np.minimum(aP[i], aD[j]), np.minimum(bP[i], bD[j]), cP[i] + cD[j]
-    keep = _pareto(M, left, usd)
+    keep = pareto(M, left, usd)
     configs = np.concatenate([nP[i[keep]], nD[j[keep]]], axis=1)
     return Component(None, np.r_[u.ks["prefill"], u.ks["decode"]], configs, M[keep], (M - left)[keep],
                      np.zeros(int(keep.sum())), usd[keep])
