@@ -229,10 +229,12 @@ def _start_plans(d: FleetData, g: Fleet) -> dict:
 JOINED_PAIRS_MAX = 400
 """Most (class, slice) pairs with demand for which `solve_fleet` runs the column generation on a program whose pools
 join across systems (its pairs across systems priced by `dse.optimize.fleet_bound.priced_pool`), after the one on
-its own-system restriction. Measured with `scripts/bench_fleet.py` (2 shared cores, load 4-6): on mixed 5 models x 12
-slices (220 pairs) a round takes 5-25 s and the first gives a bound of 12,980 USD/day, above the lean relaxation's
-12,826 (after 26 rounds its master is at 13,472 and still falling); on 10 x 24 (960 pairs) no round ends within its
-share of the time, which then goes to the lean relaxation instead."""
+its own-system restriction, where the full program does not run (below `FULL_PROGRAM_MAX` columns the full
+program's search gives the bound, and the time is left to it: on mixed 1 model x 6 slices, with this column
+generation run, the full program had 23 s and ended at a 3.09% gap). Measured with `scripts/bench_fleet.py` (2
+shared cores, load 4-6): on mixed 5 models x 12 slices (220 pairs) a round takes 5-25 s and the first gives a bound
+of 12,980 USD/day, above the lean relaxation's 12,826 (after 26 rounds its master is at 13,472 and still falling);
+on 10 x 24 (960 pairs) no round ends within its share of the time, which then goes to the lean relaxation."""
 
 
 def demand_pairs(d: FleetData) -> int:
@@ -311,7 +313,7 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
             _, extra, f = _column_stage(own, g, name, OWN_SHARE * time_limit_s, time_limit_s / 12)
             if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
                 best, best_cost, found_by = f, fleet_cost(dm, f), "plans of pools paired on their own systems"
-        if not joined or demand_pairs(dm) <= JOINED_PAIRS_MAX:
+        if not joined or (not full and demand_pairs(dm) <= JOINED_PAIRS_MAX):
             cb, more, f = _column_stage(dm, g, name, COLUMN_SHARE * time_limit_s, time_limit_s / 6, cut=joined)
             if cb.bound > -math.inf:
                 bound, bounded_by = cb.bound, f"bound by column generation ({cb.iterations} rounds)"
