@@ -259,17 +259,33 @@ class Component:
     chips on ``system``.
     """
 
-    system: str
+    system: str | None
     ks: np.ndarray
     configs: np.ndarray
     M: np.ndarray
     loss: np.ndarray
     chips: np.ndarray
+    usd: np.ndarray | None = None  # priced: USD/day per configuration, already at given prices (system None)
 
 
-def _pareto(M: np.ndarray, left: np.ndarray, chips: np.ndarray) -> np.ndarray:
-    """Rows no other row beats: serving at least as much, as much after its worst failure, in no more chips, one of
-    them strictly (of identical rows the first).
+@dataclass
+class Pooled:
+    """A unit whose prefill and decode pools span systems joined by interconnects (`unit_of` (group, None)): its
+    options, their rates, footprint chips, systems and the most replicas worth holding of each (`_most`), per role.
+    Its non-dominated configurations depend on the chips' prices (replicas on different systems), so the pricing
+    enumerates them at given prices (`dse.optimize.fleet_bound.priced_pool`).
+    """
+
+    ks: dict  # role -> option indices
+    rate: dict  # role -> requests/s per replica
+    chips: dict  # role -> footprint chips per replica
+    system: dict  # role -> system per option
+    most: dict  # role -> most replicas of each option
+
+
+def pareto(M: np.ndarray, left: np.ndarray, chips: np.ndarray) -> np.ndarray:
+    """Rows no other row beats: serving at least as much, as much after its worst failure, in no more chips (or
+    USD), one of them strictly (of identical rows the first).
     """
     if len(M) == 0:
         return np.zeros(0, dtype=bool)
@@ -300,7 +316,7 @@ def _pool(rate: np.ndarray, chips: np.ndarray, most: np.ndarray) -> tuple[np.nda
     cap, ch = n @ rate, n @ chips
     top = np.where(n > 0, rate[None, :], 0.0).max(axis=1)
     keep = np.concatenate([np.flatnonzero(top == v)[_front(cap[top == v], ch[top == v])] for v in np.unique(top)])
-    keep = keep[_pareto(cap[keep], -top[keep], ch[keep])]
+    keep = keep[pareto(cap[keep], -top[keep], ch[keep])]
     return n[keep], cap[keep], top[keep], ch[keep]
 
 
@@ -311,12 +327,12 @@ def _most(rate: np.ndarray, up: np.ndarray, lam: float) -> np.ndarray:
     return np.minimum(up, np.ceil((lam + rate.max()) / rate * (1 - 1e-12))).astype(np.int64)
 
 
-def cover_components(d: FleetData, j: int, t, up: np.ndarray) -> list[Component] | None:
+def cover_components(d: FleetData, j: int, t, up: np.ndarray) -> list[Component | Pooled]:
     """The class cover set of class ``j`` in slice ``t`` as components, each with its non-dominated configurations:
     one per aggregated option (1 to up_k replicas: serves r_k n, r_k (n - 1) after a failure), one per unit pairing
     its prefill and decode pools on one system (serves min(cP, cD); after the failure of a prefill replica of the
-    pool's top rate rP, min(cP - rP, cD), of a decode one min(cP, cD - rD)). None where a unit spans systems (an
-    interconnect): the cover program (`cover_program`) then stands for the class.
+    pool's top rate rP, min(cP - rP, cD), of a decode one min(cP, cD - rD)), and, where a unit spans systems (an
+    interconnect), its options (`Pooled`): the same service rule, configurations enumerated at the pricing's prices.
 
     A plan of configurations, one per component used, is in the cover set exactly when, with N+1, for every
     component c used, the others' service plus c's after its worst failure is at least the demand lam (one replica
@@ -340,7 +356,7 @@ def cover_components(d: FleetData, j: int, t, up: np.ndarray) -> list[Component]
 
     def add(system, kk, configs, served, left, chips):
         M, left = np.minimum(served, lam), np.minimum(left if spare else served, lam)
-        keep = _pareto(M, left, chips)
+        keep = pareto(M, left, chips)
         out.append(Component(system, np.asarray(kk), configs[keep], M[keep], (M - left)[keep], chips[keep]))
 
     for k in ks:
@@ -348,14 +364,17 @@ def cover_components(d: FleetData, j: int, t, up: np.ndarray) -> list[Component]
             n = np.arange(1, min(int(up[k]), math.ceil(lam / rate[k] * (1 - 1e-12)) + 1) + 1)
             add(o["system"].iat[k], [k], n[:, None], rate[k] * n, rate[k] * (n - 1), foot[k] * n)
         else:
-            u = unit_of(d, k)
-            if u[1] is None:
-                return None
-            units.setdefault(u, {"prefill": [], "decode": []})[role[k]].append(k)
+            units.setdefault(unit_of(d, k), {"prefill": [], "decode": []})[role[k]].append(k)
     for (_, s), pools in units.items():
         if not pools["prefill"] or not pools["decode"]:
             continue  # a pool with no mate serves nothing
         kp, kd = np.array(pools["prefill"]), np.array(pools["decode"])
+        if s is None:
+            sys_of = o["system"].to_numpy()
+            out.append(Pooled({"prefill": kp, "decode": kd}, {"prefill": rate[kp], "decode": rate[kd]},
+                              {"prefill": foot[kp], "decode": foot[kd]}, {"prefill": sys_of[kp], "decode": sys_of[kd]},
+                              {"prefill": _most(rate[kp], up[kp], lam), "decode": _most(rate[kd], up[kd], lam)}))
+            continue
         nP, cP, tP, chP = _pool(rate[kp], foot[kp], _most(rate[kp], up[kp], lam))
         nD, cD, tD, chD = _pool(rate[kd], foot[kd], _most(rate[kd], up[kd], lam))
         a, b = np.meshgrid(np.arange(len(cP)), np.arange(len(cD)), indexing="ij")

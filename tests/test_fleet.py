@@ -640,6 +640,49 @@ def test_cheapest_plan_equals_enumeration_of_every_replica_vector():
                 checked += 1
 
 
+def test_pooled_units_are_priced_as_an_enumeration_of_every_replica_vector():
+    """Pools joined across systems by interconnects (free hand-offs, with and without N+1): the pricing that forms
+    their non-dominated pairs at the prices (`priced_pool`) and decides the fixed prices of the systems they use
+    (`cheapest_plan_fixed`) returns the cheapest replica vector serving the class's demand with N+1, equal to an
+    enumeration of every vector (the brute force's own service rule, re-pairing the pools after a failure); with
+    the pooled units' fixed prices left out (`cheapest_plan`) it is a lower bound, exact where no system has one."""
+    from dataclasses import replace
+
+    from dse.optimize.fleet_bound import cheapest_plan, cheapest_plan_fixed
+    from formulations.fleet_columns import Pooled, cover_components
+
+    rng = np.random.default_rng(47)
+    checked = spare = 0
+    while checked < 40:
+        d = random_instance(rng, budget=False)
+        if not (d.options["role"] != "both").any() or len(d.systems) < 2:
+            continue
+        joined = (rng.uniform(size=len(d.systems)) < 0.8).astype(float) * 1e30  # bytes/s: never binding
+        d = replace(d, systems=d.systems.assign(interconnect_bytes_per_s=joined), n_plus_one=bool(rng.uniform() < 0.7))
+        up = d.upper()
+        for j, (_, cls) in enumerate(d.classes):
+            for t in d.slices:
+                need = float(d.demand.iloc[j][t])
+                comps = cover_components(d, j, t, up[t].to_numpy())
+                if need <= 0 or not any(isinstance(c, Pooled) for c in comps):
+                    continue
+                price = {s: float(rng.uniform(0, 3)) for s in d.systems.index}
+                fixed = {s: float(rng.uniform(0, 5) * (rng.uniform() < 0.7)) for s in d.systems.index}
+                ref = _cheapest_by_enumeration(d, cls, t, up[t].to_numpy(), price, fixed)
+                if ref is None:
+                    continue
+                got = cheapest_plan_fixed(comps, need, price, fixed, spare=d.n_plus_one)
+                assert got is not None and got[0] == pytest.approx(ref, rel=1e-9, abs=1e-9)
+                low = cheapest_plan(comps, need, price, fixed, spare=d.n_plus_one)
+                assert low[0] <= ref + 1e-9
+                free = cheapest_plan(comps, need, price, dict.fromkeys(fixed, 0.0), spare=d.n_plus_one)
+                assert free[0] == pytest.approx(_cheapest_by_enumeration(d, cls, t, up[t].to_numpy(), price,
+                                                                         dict.fromkeys(fixed, 0.0)), rel=1e-9, abs=1e-9)
+                checked += 1
+                spare += d.n_plus_one
+    assert spare >= 10
+
+
 def test_column_generation_bound_is_at_most_the_brute_force_optimum():
     """The column generation bound (the master's Lagrangian value), with and without branching on the node counts,
     never exceeds the brute force's optimum; branching never lowers it and raises it on some instances; where the
@@ -665,12 +708,39 @@ def test_column_generation_bound_is_at_most_the_brute_force_optimum():
     assert raised >= 1
 
 
+def test_column_generation_bound_with_pools_joined_across_systems_and_n_plus_one():
+    """Pools joined by interconnects with N+1 (the pricing forms their pairs, `priced_pool`): the bound never exceeds
+    the brute force's optimum, whose service re-pairs the pools after a failure within the interconnects' bytes/s
+    (so it is at most the program's optimum, which keeps hand-offs as planned); every class is priced by the search,
+    none by the cover program, and the bound reaches the optimum on some (on all six of these when written)."""
+    from dataclasses import replace
+
+    from dse.optimize.fleet_bound import column_bound
+
+    rng = np.random.default_rng(53)
+    checked = tight = 0
+    while checked < 6:
+        d = random_instance(rng, budget=False)
+        if not (d.options["role"] != "both").any() or len(d.systems) < 2 or not d.n_plus_one:
+            continue
+        d = replace(d, systems=d.systems.assign(interconnect_bytes_per_s=rng.uniform(0.5, 3, len(d.systems)) * KV))
+        best = brute_force(d)
+        if best is None:
+            continue
+        cb = column_bound(d, 10.0, tol=1e-9)
+        assert -np.inf < cb.bound <= best * (1 + 1e-6) + 1e-6
+        assert cb.programs == 0 and cb.searched > 0
+        tight += cb.bound >= best * (1 - 1e-6)
+        checked += 1
+    assert tight >= 1
+
+
 def test_pools_joined_across_systems_answer_no_dearer_than_pools_paired_on_their_own():
-    """Where pools pair across interconnects the column generation prices no class, so its bound is the lean
-    relaxation's; the same options with every pool paired on its own system are a restriction of the program, and
-    the fleets the column generation finds there are fleets of it: the answer is never dearer than that
-    restriction's fleet (measured on `scripts/bench_fleet.py` mixed 10 x 24: 49,231 -> 48,770 USD/day, below the
-    disaggregated instance's 48,794)."""
+    """Where pools pair across interconnects the column generation prices each class's pairs across systems too
+    (its bound at most the answer); the same options with every pool paired on its own system are a restriction of
+    the program, and the fleets the column generation finds there are fleets of it: the answer is never dearer than
+    that restriction's fleet (measured on `scripts/bench_fleet.py` mixed 10 x 24: 49,231 -> 48,770 USD/day, below
+    the disaggregated instance's 48,794)."""
     from dataclasses import replace
 
     from dse.optimize.fleet import OWN_SHARE, _column_stage
@@ -680,7 +750,8 @@ def test_pools_joined_across_systems_answer_no_dearer_than_pools_paired_on_their
     assert check(d, r, r.result.objective) == []
     assert r.result.bound <= r.result.objective * (1 + 1e-9)
     dm = d.reduced().merged()[0]
-    assert _column_stage(dm, greedy(dm), "highs", 1.0, 1.0)[0].bound == -np.inf  # the program prices nothing
+    joined = _column_stage(dm, greedy(dm), "highs", 4.0, 1.0)[0]  # the program is priced, its pairs too
+    assert -np.inf < joined.bound <= r.result.objective * (1 + 1e-9) and joined.programs == 0
     own = replace(dm, systems=dm.systems.assign(interconnect_bytes_per_s=0.0))
     cb, _, f = _column_stage(own, greedy(dm), "highs", OWN_SHARE * limit, limit / 12)
     assert cb.bound > -np.inf and cb.iterations > 0 and f is not None  # the restriction is priced

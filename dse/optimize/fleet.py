@@ -226,15 +226,50 @@ def _start_plans(d: FleetData, g: Fleet) -> dict:
     return out
 
 
-def choose_solver(d: FleetData) -> str:
-    """The back end for ``solver: auto``, by size (measured with `scripts/bench_fleet.py`, 2 shared cores, 60 s).
+JOINED_PAIRS_MAX = 400
+"""Most (class, slice) pairs with demand for which `solve_fleet` runs the column generation on a program whose pools
+join across systems (its pairs across systems priced by `dse.optimize.fleet_bound.priced_pool`), after the one on
+its own-system restriction, where the full program does not run (below `FULL_PROGRAM_MAX` columns the full
+program's search gives the bound, and the time is left to it: on mixed 1 model x 6 slices, with this column
+generation run, the full program had 23 s and ended at a 3.09% gap). Measured with `scripts/bench_fleet.py` (2
+shared cores, load 4-6): on mixed 5 models x 12 slices (220 pairs) a round takes 5-25 s and the first gives a bound
+of 12,980 USD/day, above the lean relaxation's 12,826 (after 26 rounds its master is at 13,472 and still falling);
+on 10 x 24 (960 pairs) no round ends within its share of the time, which then goes to the lean relaxation."""
 
-    - SCIP below `PLAN_STAGE_MIN` columns: it proves these optimal fastest (aggregated 1 model x 24 h in ~5 s, where
-      HiGHS takes ~27 s and CP-SAT stops at a 35% gap: its bound comes from its LP late).
-    - SCIP above, too: on the restricted plan program and on the full program started from its fleet it finds the
-      better fleets and bounds; CP-SAT's bound stays far lower (its linear relaxation is weaker), and HiGHS takes no
-      hint, so it spends its time rediscovering a fleet the warm start already holds.
+
+def demand_pairs(d: FleetData) -> int:
+    """(Class, slice) pairs with demand: the blocks of the column generation and of the plan program."""
+    return int((d.demand.to_numpy() > 0).sum())
+
+
+PLAN_HIGHS_MAX = 400
+"""Most (class, slice) pairs with demand for which ``solver: auto`` solves the whole plan program with HiGHS rather
+than SCIP (`choose_solver`)."""
+
+
+def choose_solver(d: FleetData, stage: str = "program") -> str:
+    """The back end for ``solver: auto``, per stage and size.
+
+    ``plans`` for the whole plan program (`solve_plans`), ``program`` for every other solve. Measured with
+    `scripts/bench_fleet.py --sizes 1x6,5x12,10x24` (60 s, 2 shared cores under a load of 2-6; each solver for every
+    stage, the plan program's own status, answer and bound logged):
+
+    - The full program (below `PLAN_STAGE_MIN` columns; 1 model x 6 slices): SCIP. Aggregated: SCIP proves the optimum
+      (3,899 USD/day) in 5.4 s, HiGHS in 3.1 s, CP-SAT in 12.3 s; disaggregated and mixed, started from the best fleet
+      so far: SCIP ends at 3,899 with a bound of 3,824 / 3,748 (gap 1.9% / 3.9%), HiGHS (which takes no start) finds
+      no fleet and no bound in 38 / 32 s, CP-SAT ends with bounds of 2,799 / 3,066 (gap 44% / 29%).
+    - The whole plan program at up to `PLAN_HIGHS_MAX` (class, slice) pairs (5 models x 12 slices: 220-240): HiGHS.
+      It proves the plan program's optimum in 2.2 s (aggregated, 14,954), 13.3 s (disaggregated, 14,286) and 6.4 s
+      (mixed, 14,286), where SCIP, started from the best fleet, stops at its limit with a 0.30% gap (19.1 s, same
+      fleet) or proves it in 23.0 s and 16.5 s; CP-SAT stops at gaps of 23%, 7.0% and 5.9%. HiGHS takes no start, so
+      its answer is compared with the best fleet afterwards (never dearer).
+    - The whole plan program above (10 models x 24 slices: 960 pairs): SCIP. HiGHS finds no plan in 9-31 s on all
+      three (aggregated 10 x 24 then answers the greedy's 90,170, gap 20%); SCIP reaches 73,639 / 48,794 / 48,794
+      (gaps 1.8% / 0.30% / 0.26% of the plan program); CP-SAT 73,078 / 49,442 / 49,442 (1.1% / 1.8% / 1.9%): better
+      on the aggregated program, no better than its start on the other two.
     """
+    if stage == "plans" and demand_pairs(d) <= PLAN_HIGHS_MAX:
+        return "highs"
     return "scip"
 
 
@@ -268,20 +303,25 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     plans = (columns >= PLAN_STAGE_MIN if plan_stage is None else plan_stage) and g is not None
     bound, extra, bounded_by = -math.inf, None, ""
     if plans and bound_stage:
-        cb, extra, f = _column_stage(dm, g, name, COLUMN_SHARE * time_limit_s, time_limit_s / 6)
-        if cb.bound > -math.inf:
-            bound, bounded_by = cb.bound, f"bound by column generation ({cb.iterations} rounds)"
-            if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
-                best, best_cost, found_by = f, fleet_cost(dm, f), "plans at the master's nodes"
-        elif (dm.systems["interconnect_bytes_per_s"] > 0).any():
-            # pools joined across systems: the column generation prices no class here, but on the same options with
-            # every pool paired on its own system (a restriction: each of its fleets is one of this program's, its
-            # bound is not a bound here) it gives fleets and near plans, so the answer is never dearer than that
+        joined = bool((dm.systems["interconnect_bytes_per_s"] > 0).any())
+        if joined:
+            # pools joined across systems: the same options with every pool paired on its own system are a
+            # restriction (each of its fleets is one of this program's, its bound is not a bound here) whose column
+            # generation converges faster; it gives fleets and near plans, so the answer is never dearer than that
             # restriction's
             own = replace(dm, systems=dm.systems.assign(interconnect_bytes_per_s=0.0))
             _, extra, f = _column_stage(own, g, name, OWN_SHARE * time_limit_s, time_limit_s / 12)
             if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
                 best, best_cost, found_by = f, fleet_cost(dm, f), "plans of pools paired on their own systems"
+        if not joined or (not full and demand_pairs(dm) <= JOINED_PAIRS_MAX):
+            cb, more, f = _column_stage(dm, g, name, COLUMN_SHARE * time_limit_s, time_limit_s / 6, cut=joined)
+            if cb.bound > -math.inf:
+                bound, bounded_by = cb.bound, f"bound by column generation ({cb.iterations} rounds)"
+                if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+                    best, best_cost, found_by = f, fleet_cost(dm, f), "plans at the master's nodes"
+            for key, p in (more or {}).items():
+                extra = extra or {}
+                extra.setdefault(key, []).extend(p)
     if not full and bound_stage and bound == -math.inf:
         bound = relaxation_bound(build(dm, hull=hull, lean=True), "highs", time_limit_s / 2)
         bounded_by = "bound by the linear relaxation"
@@ -291,7 +331,8 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
             best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
     if plans:
         left = (time_limit_s - (time.perf_counter() - t0)) / (2 if full else 1)
-        f = solve_plans(dm, name, max(1.0, left), best, extra, mixes=extra is None)
+        f = solve_plans(dm, name, max(1.0, left), best, extra, mixes=extra is None,
+                        whole=choose_solver(dm, "plans") if solver == "auto" else name)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
     termination = f"full program not run ({bounded_by or 'no bound'})"
@@ -328,13 +369,14 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     return out
 
 
-def _column_stage(d: FleetData, g: Fleet, solver: str, bound_s: float, round_s: float,
+def _column_stage(d: FleetData, g: Fleet, solver: str, bound_s: float, round_s: float, cut: bool = False
                   ) -> tuple[ColumnBound, dict | None, Fleet | None]:
     """The column generation on ``d`` from the greedy ``g``'s plans (`column_bound`, within ``bound_s``): its result,
     its near plans with the greedy's per (class index, slice) (None where it priced nothing), and the fleet at its
-    master's rounded reserved nodes (`_round_master`, within ``round_s``; None where none).
+    master's rounded reserved nodes (`_round_master`, within ``round_s``; None where none). ``cut``: rounds stop at
+    the time limit (`column_bound`).
     """
-    cb = column_bound(d, bound_s, _start_plans(d, g))
+    cb = column_bound(d, bound_s, _start_plans(d, g), cut=cut)
     if cb.bound == -math.inf:
         return cb, None, None
     extra = {cb.blocks[b]: p for b, p in cb.near.items()}
@@ -475,11 +517,11 @@ def _plan_fleet(m, d: FleetData, plans: list, flows: list) -> Fleet:
 
 
 def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | None = None,
-                extra: dict | None = None, mixes: bool = True) -> Fleet | None:
+                extra: dict | None = None, mixes: bool = True, whole: str | None = None) -> Fleet | None:
     """The restricted program of one configuration per class and slice (`plans_of`): first slice by slice with the
     reserved nodes and the systems in use of its linear relaxation fixed (`solve_plans_by_slice`, a quarter of the
-    time), then whole, started from the better of that and ``start`` where the solver takes hints. The cheapest
-    fleet found; None when none is.
+    time), then whole (by ``whole``, ``solver`` where None), started from the better of that and ``start`` where the
+    solver takes hints. The cheapest fleet found; None when none is.
     """
     t0 = time.perf_counter()
     plans, flows, index = _plan_table(d, extra, mixes)
@@ -494,6 +536,7 @@ def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | N
         if f is not None and fleet_cost(d, f) < fleet_cost(d, best) * (1 - 1e-9):
             best = f
     m = build_plans(d, plans)
+    solver = whole or solver
     hinted = solver in HINTS and best is not None and bool(best.plans)
     if hinted:
         _start_nodes(m, best)

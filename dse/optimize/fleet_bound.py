@@ -2,11 +2,13 @@
 
 The master linear program (`formulations.fleet_columns.master_program`, HiGHS through scipy's ``linprog``) prices
 the nodes, the systems in use and the power; each class and slice's cheapest plan at those prices comes from a
-branch and bound over its components (`cheapest_plan`) or, where pools pair across an interconnect, its cover
-program (HiGHS through ``milp``). The bound reported is the Lagrangian value at the master's duals, computed from
-the plans' own minima (or the cover program's dual bound) and the node variables' bounds, so it is valid at every
-iteration whatever the master's tolerance: for any prices u >= 0 of the dualized rows (hold, inventory, link,
-power),
+branch and bound over its components (`cheapest_plan`; units whose pools pair across interconnects enter as their
+non-dominated pairs at those prices, `priced_pool`, and the fixed prices of the systems they use are decided by
+`cheapest_plan_fixed`), or, where that search passes its node limit, its cover program (HiGHS through ``milp``).
+The bound reported is the Lagrangian value at the master's duals, computed from the plans' own minima (or lower
+bounds: the cover program's dual bound, a search with fixed prices left out) and the node variables' bounds, so it
+is valid at every iteration whatever the master's tolerance: for any prices u >= 0 of the dualized rows (hold,
+inventory, link, power),
 
     L(u) = sum over classes and slices of min over the class cover set of (chips priced + systems priced)
            + sum over node and in-use variables of min over their bounds of (reduced cost x value) - u_power x cap,
@@ -16,6 +18,7 @@ at most the master's optimum, itself at most the program's (the master is a rela
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -25,14 +28,15 @@ import pandas as pd
 from scipy.optimize import LinearConstraint, linprog, milp
 
 from formulations.fleet import FleetData
-from formulations.fleet_columns import cover_components, cover_program, master_program, node_costs
-
-MAX_PROGRAMS = 10
-"""Most classes and slices priced by their cover program (HiGHS, ~50 ms each) rather than the branch and bound over
-components (~1 ms; a class whose pools pair across an interconnect has none): above, `column_bound` computes no
-bound (minus infinity) and the caller falls back on a linear relaxation. Pricing pooled pairs by a search over
-per-system halves was tried: exact against the cover program on the bench's mixed 5 models x 12 slices, but 47 of
-its 220 classes and slices passed 20,000 nodes, too slow for the time limit."""
+from formulations.fleet_columns import (
+    Component,
+    Pooled,
+    cover_components,
+    cover_program,
+    master_program,
+    node_costs,
+    pareto,
+)
 
 ARTIFICIAL_USD = 1e9
 """Cost of the artificial column each class and slice starts with (so the first master is feasible); never part of a
@@ -56,19 +60,23 @@ class ColumnBound:
     near: dict = field(default_factory=dict)  # block index -> the plans within ``near_usd`` of its dual, last round
 
 
-def _chips(d: FleetData, counts: dict, foot: np.ndarray, sys_pos: np.ndarray) -> tuple[np.ndarray, set]:
+def _price(d: FleetData, counts: dict, foot: np.ndarray, sys_pos: np.ndarray, price: np.ndarray, fixed: np.ndarray
+           ) -> float:
+    """A plan's price: its chips at ``price`` per chip of each system plus ``fixed`` per system it uses."""
     chips = np.zeros(len(d.systems))
     for k, n in counts.items():
         chips[sys_pos[k]] += foot[k] * n
-    return chips, {int(i) for i in np.flatnonzero(chips)}
+    return float(chips @ price + fixed[chips > 0].sum())
 
 
 def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, tol: float = 1e-3,
-                 near_usd: float = 1.0, branch: bool = True) -> ColumnBound:
+                 near_usd: float = 1.0, branch: bool = True, cut: bool = False) -> ColumnBound:
     """Column generation on ``d`` (reduced and merged as the caller solves it) within ``time_limit_s``; ``start``:
     block (class index, slice) -> plans to begin with (each a {option: replicas}). Stops when the bound is within
     ``tol`` of the master's optimum, when no plan prices below its block's dual, or at the time limit. With
-    ``branch``, then branches on the node counts (`_branch`) in the time left. Returns the best bound reached.
+    ``branch``, then branches on the node counts (`_branch`) in the time left. With ``cut``, a round is stopped at
+    the time limit (it bounds nothing then; without, every round, the first included, runs to its end). Returns the
+    best bound reached.
     """
     t0 = time.perf_counter()
     out = ColumnBound()
@@ -85,8 +93,7 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                 lams.append(lam)
                 parts.append(cover_components(d, j, t, up[t].to_numpy()))
     out.blocks = blocks
-    if sum(p is None for p in parts) > MAX_PROGRAMS:
-        return out
+    pooled = [any(isinstance(c, Pooled) for c in p) for p in parts]
     covers: dict = {}
     columns: list = []
     mine: list = [[] for _ in blocks]  # per block: (chips per system, systems used, replicas)
@@ -160,6 +167,8 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
             value += float((np.where(red_hr < 0, box[3], box[2]) * red_hr).sum())
             added = 0
             for b, (j, t) in enumerate(blocks):
+                if cut and time.perf_counter() >= stop:  # a round cut short bounds nothing: the rounds before stand
+                    return node["bound"], node
                 ti = tix[t]
                 fx = eta.get(b, np.zeros(nS))
                 seed = None
@@ -171,10 +180,18 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                     if v <= sigma[b] + near_usd:
                         near.append(counts)
                 node["near"][b] = near
-                found = None
+                found, price = None, None
                 if parts[b] is not None:
-                    found = cheapest_plan(parts[b], lams[b], dict(zip(S, pi[:, ti].tolist(), strict=True)),
-                                          dict(zip(S, fx.tolist(), strict=True)), seed)
+                    prices, fixed_b = dict(zip(S, pi[:, ti].tolist(), strict=True)), dict(zip(S, fx.tolist(),
+                                                                                                strict=True))
+                    found = cheapest_plan(parts[b], lams[b], prices, fixed_b, seed, spare=d.n_plus_one)
+                    if found is not None and pooled[b] and found[1]:  # its price with every system's fixed price
+                        price = _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
+                        if price > found[0] + 1e-9 * max(1.0, price) and found[0] < sigma[b] - 1e-7 * max(
+                                1.0, abs(sigma[b])):  # fixed prices the pooled units did not bear may decide
+                            found = cheapest_plan_fixed(parts[b], lams[b], prices, fixed_b, seed, d.n_plus_one,
+                                                        found[0])
+                            price = None if found is None else _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
                     out.searched += found is not None
                 if found is None:
                     if b not in covers:
@@ -196,7 +213,7 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                     value = -math.inf
                     break
                 value += low
-                if found[0] < sigma[b] - 1e-7 * max(1.0, abs(sigma[b])):
+                if (found[0] if price is None else price) < sigma[b] - 1e-7 * max(1.0, abs(sigma[b])):
                     added += add(b, found[1])
             node["bound"] = max(node["bound"], value)
             if not added or node["bound"] >= node["master"] * (1 - tol) or time.perf_counter() >= stop:
@@ -258,20 +275,148 @@ def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop:
     return least[0], least[2]
 
 
+def _staircase(cost: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(costs ascending, the most capacity reached at or below each): the 2-D front of (cost, capacity) rows."""
+    order = np.lexsort((-cap, cost))
+    return cost[order], np.maximum.accumulate(cap[order])
+
+
+def _pool_states(rate: np.ndarray, usd: np.ndarray, most: np.ndarray, lam: float) -> tuple[np.ndarray, ...]:
+    """The replica vectors of one pool worth holding at given prices (USD/day per replica ``usd``): (counts, rate
+    capped at lam + top rate, top rate, USD/day), at least one replica, without those another beats (as much capped
+    rate, no larger top rate, no more USD). Built option by option in ascending rate: the vectors that add the
+    option's replicas have its rate as their top, so one held before (no larger top) beats one of them when it has
+    as much capped rate for no more USD, and among themselves the same test decides; a completion adds replicas no
+    slower than those held, so it keeps a dominance (the new top is common to both, and a capped rate plus a
+    replica of the new top reaches lam + that top whenever the uncapped one does).
+    """
+    counts = np.zeros((1, len(rate)), dtype=np.int64)
+    cap, top, cost = np.zeros(1), np.zeros(1), np.zeros(1)
+    for k in np.argsort(rate, kind="stable"):
+        n = np.arange(1, int(most[k]) + 1)
+        if not len(n):
+            continue
+        c_new = np.minimum(np.repeat(cap, len(n)) + np.tile(n, len(cap)) * rate[k], lam + rate[k])
+        u_new = np.repeat(cost, len(n)) + np.tile(n, len(cost)) * usd[k]
+        at, most_cap = _staircase(cost, cap)  # the vectors held so far (tops no larger)
+        pos = np.searchsorted(at, u_new, side="right") - 1
+        fresh = np.flatnonzero(c_new > np.where(pos >= 0, most_cap[np.maximum(pos, 0)], -np.inf) + 1e-12)
+        order = fresh[np.lexsort((-c_new[fresh], u_new[fresh]))]
+        prior = np.maximum.accumulate(np.r_[-np.inf, c_new[order][:-1]])
+        order = order[c_new[order] > prior + 1e-12]
+        add = np.repeat(counts, len(n), axis=0)[order]
+        add[:, k] += np.tile(n, len(counts))[order]
+        counts = np.vstack([counts, add])
+        cap, top, cost = np.r_[cap, c_new[order]], np.r_[top, np.full(len(order), rate[k])], np.r_[cost, u_new[order]]
+    return counts[1:], cap[1:], top[1:], cost[1:]
+
+
+def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True) -> Component:
+    """A unit whose pools span systems as a component at given prices (USD/day per chip of each system): the pairs
+    of its pools' non-dominated vectors (`_pool_states`) that no other pair beats (serving as much, as much after
+    its worst failure, for no more USD), each serving min(cP, cD) and after the failure of a top prefill (decode)
+    replica min(cP - rP, cD) (min(cP, cD - rD)), both counted up to lam. Every pair is beaten by the pair of the
+    cheapest prefill and the cheapest decode vectors reaching its (served, left after a failure), so only those are
+    formed. USD/day per configuration in ``usd``; fixed prices of the systems it uses are not in it.
+    """
+    side = {}
+    for r in ("prefill", "decode"):
+        usd = np.array([price.get(s, 0.0) for s in u.system[r]]) * u.chips[r]
+        n, cap, top, cost = _pool_states(u.rate[r], usd, u.most[r], lam)
+        a = np.minimum(cap, lam)
+        b = np.minimum(cap - top, lam) if spare else a
+        keep = pareto(a, b, cost)
+        side[r] = (n[keep], a[keep], b[keep], cost[keep])
+    nP, aP, bP, cP = side["prefill"]
+    nD, aD, bD, cD = side["decode"]
+    if not len(cP) or not len(cD):
+        return Component(None, np.r_[u.ks["prefill"], u.ks["decode"]], np.zeros((0, len(u.ks["prefill"])
+                         + len(u.ks["decode"])), dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0))
+    targets = np.unique(np.stack([np.minimum.outer(aP, aD).ravel(), np.minimum.outer(bP, bD).ravel()], axis=1),
+                        axis=0)
+    big = np.inf
+
+    def cheapest(a, b, c):
+        ok = (a[None, :] >= targets[:, :1] - 1e-12) & (b[None, :] >= targets[:, 1:] - 1e-12)
+        return np.argmin(np.where(ok, c[None, :], big), axis=1)
+
+    i, j = cheapest(aP, bP, cP), cheapest(aD, bD, cD)
+    pair = np.unique(i * len(cD) + j)
+    i, j = pair // len(cD), pair % len(cD)
+    M, left, usd = np.minimum(aP[i], aD[j]), np.minimum(bP[i], bD[j]), cP[i] + cD[j]
+    keep = pareto(M, left, usd)
+    configs = np.concatenate([nP[i[keep]], nD[j[keep]]], axis=1)
+    return Component(None, np.r_[u.ks["prefill"], u.ks["decode"]], configs, M[keep], (M - left)[keep],
+                     np.zeros(int(keep.sum())), usd[keep])
+
+
+FIXED_SUBSETS = 4
+"""Most systems whose fixed price `cheapest_plan_fixed` decides exactly for units whose pools span systems (the
+largest prices; 2^4 searches at most): the others' are left out, so the minimum stays a lower bound."""
+
+
+def _restrict(u: Pooled, banned: set) -> Pooled | None:
+    """The unit without its options on ``banned`` systems; None where a pool is left with none."""
+    keep = {r: np.array([s not in banned for s in u.system[r]], dtype=bool) for r in u.ks}
+    if not all(k.any() for k in keep.values()):
+        return None
+    return Pooled(*({r: getattr(u, f)[r][keep[r]] for r in u.ks} for f in ("ks", "rate", "chips", "system", "most")))
+
+
+def cheapest_plan_fixed(comps: list, lam: float, price: dict, fixed: dict, start: tuple[float, dict] | None = None,
+                        spare: bool = True, low: float = -math.inf) -> tuple[float, dict] | None:
+    """`cheapest_plan` with the fixed prices of systems that units spanning systems (`Pooled`) may use decided
+    exactly: per set W of those systems (of the `FIXED_SUBSETS` largest prices), the units restricted to systems
+    outside the others and W's fixed prices paid up front (so no component pays them again); the least over the sets
+    is the minimum (a plan whose pooled units use exactly W is priced right in W's search, and every search prices
+    its plans at no less than their price). Systems beyond `FIXED_SUBSETS` keep their fixed price out of the units:
+    the minimum is then a lower bound. ``start``: a plan and its price, to beat; ``low``: `cheapest_plan`'s minimum
+    (fixed prices out of the units), so a set whose prices added to it reach the best so far is not searched. None
+    where a search passes its node limit.
+    """
+    tops = sorted({s for c in comps if isinstance(c, Pooled) for r in c.system for s in c.system[r]
+                   if fixed.get(s, 0.0) > 0}, key=lambda s: -fixed[s])[:FIXED_SUBSETS]
+    best = start
+    for size in range(len(tops) + 1):
+        for paid in itertools.combinations(tops, size):
+            banned = set(tops) - set(paid)
+            parts = [_restrict(c, banned) if isinstance(c, Pooled) else c for c in comps]
+            up_front = sum(fixed[s] for s in paid)
+            if best is not None and low + up_front >= best[0]:
+                continue
+            r = cheapest_plan([c for c in parts if c is not None], lam, price, fixed,
+                              None if best is None else (best[0] - up_front, best[1]), spare=spare,
+                              prepaid=frozenset(paid))
+            if r is None:
+                return None
+            if best is None or r[0] + up_front < best[0]:
+                best = (r[0] + up_front, r[1])
+    return best
+
+
 def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tuple[float, dict] | None = None,
-                  node_limit: int = 20000) -> tuple[float, dict] | None:
+                  node_limit: int = 20000, spare: bool = True, prepaid: frozenset = frozenset()
+                  ) -> tuple[float, dict] | None:
     """The exact minimum over a class cover set given as components (`formulations.fleet_columns.cover_components`)
     of chips priced per system (``price``) plus a fixed price per system used (``fixed``): depth-first branch and
     bound over the components (each unused or one of its configurations, the largest first), the components in
     order of their best price per request/s, a node's bound its cost plus what it still has to serve at the best
     price per request/s of the components left (fixed prices left out: a lower bound). ``start``: a plan's (cost,
-    replicas) to beat (any plan: the minimum returned is then at most the cover set's). Returns (minimum, replicas
-    per option), or None when the search passes ``node_limit`` nodes (the caller then solves the cover program).
+    replicas) to beat (any plan: the minimum returned is then at most the cover set's). Units whose pools span
+    systems (`Pooled`, priced by `priced_pool`; ``spare``: with N+1) bear no fixed price: where one is in the plan
+    returned and a system only it uses has a fixed price, the minimum is a lower bound, not a plan's price
+    (`cheapest_plan_fixed` decides those). ``prepaid``: systems whose fixed price is not counted. Returns
+    (minimum, replicas per option), or None when the search passes ``node_limit`` nodes (the caller then solves the
+    cover program).
     """
     tables = []
     for c in comps:
-        p = price.get(c.system, 0.0)
-        cost, M = (p * c.chips).tolist(), c.M.tolist()
+        if isinstance(c, Pooled):
+            c = priced_pool(c, lam, price, spare)
+        if not len(c.M):
+            continue
+        cost = (c.usd if c.usd is not None else price.get(c.system, 0.0) * c.chips).tolist()
+        M = c.M.tolist()
         tables.append((c, M, c.loss.tolist(), cost, min(x / m for x, m in zip(cost, M, strict=True))))
     tables.sort(key=lambda x: x[4])
     suffix = [math.inf] * (len(tables) + 1)
@@ -288,9 +433,9 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
         if i == len(tables):
             return True
         c, M, L, cost, _ = tables[i]
-        extra = 0.0 if c.system in used else fixed.get(c.system, 0.0)
+        extra = 0.0 if c.system is None or c.system in used else fixed.get(c.system, 0.0)
         nxt = suffix[i + 1]
-        inner = used | {c.system}
+        inner = used if c.system is None else used | {c.system}
         for n in range(len(M) - 1, -1, -1):  # the largest first: a plan complete early bounds the rest
             p = paid + cost[n] + extra
             if p >= best[0] - tol:
@@ -305,7 +450,7 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
             return search(i + 1, served, loss, paid, used, chosen)
         return True
 
-    if not search(0, 0.0, 0.0, 0.0, frozenset(), ()):
+    if not search(0, 0.0, 0.0, 0.0, prepaid, ()):
         return None
     if not isinstance(best[1], tuple):  # the start was not beaten (or no plan at all: infinity)
         return best[0], best[1] or {}
