@@ -8,6 +8,11 @@ The factors, their ranges and meaning are those of `dse.validate.factors`.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
+import warnings
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -405,30 +410,22 @@ def refit_tpot(tp: TpotPasses, keys: np.ndarray, meas: np.ndarray, max_iter: int
     choice re-made without it), and per row whether that left-out prediction split its pass. The left-out refits
     run ``max_iter`` Nelder-Mead iterations from the in-sample factors, restarted ``passes`` times.
     """
-    return refit_tpot_sets(tp, [keys], meas, max_iter, passes)[0]
+    return refit_tpot_sets([(tp, keys, max_iter, passes)], meas)[0]
 
 
-def refit_tpot_sets(tp: TpotPasses, key_sets: list[np.ndarray], meas: np.ndarray, max_iter: int = LOO_MAX_ITER,
-                    passes: int = 1) -> list[tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]]:
-    """`refit_tpot` of each set of keys. The fits per key run one at a time (they are few and long); the
-    leave-group-out fits of every set, which start from them, run together (`fit_factors_many`), those of one
-    key and one two-batch choice reading the key's rows once.
+def refit_tpot_sets(sets: list[tuple[TpotPasses, np.ndarray, int, int]], meas: np.ndarray,
+                    ) -> list[tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]]:
+    """`refit_tpot` of each set (the passes, their keys, and the left-out refits' ``max_iter`` and ``passes``),
+    the fits of every key of every set made together by `fit_keys`: the fit per key, and the leave-group-out fits
+    that start from it, those of one key and one two-batch choice reading the key's rows once.
     """
-    out, loo_fits, loo_at = [], [], []
-    for keys in key_sets:
+    out, jobs, places = [], [], []
+    for tp, keys, max_iter, passes in sets:
         tb = choose_two_batch(tp, keys)
         chosen = tp.terms_for(tb.per_row)
-        scales, fitted = {}, {}
-        in_sample = np.full(len(keys), np.nan)
-        for key in np.unique(keys):
-            rows = np.flatnonzero(keys == key)
-            d = chosen.take(rows)
-            fitted[key] = fit_factors(d, meas[rows], {k: float(np.median(tp.catalog[k][rows])) for k in FACTORS})
-            free = used_by(d)
-            scales[key] = {"fitted": {k: v for k, v in fitted[key].items() if k in free},
-                           "kept_from_catalog": {k: v for k, v in fitted[key].items() if k not in free}}
-            in_sample[rows] = tpot_at(d, fitted[key])
-        loo, loo_split = np.full(len(keys), np.nan), np.zeros(len(keys), dtype=bool)
+        scales, in_sample, loo = {}, np.full(len(keys), np.nan), np.full(len(keys), np.nan)
+        loo_split = np.zeros(len(keys), dtype=bool)
+        left: dict = {key: ([], []) for key in np.unique(keys)}  # per key: its left-out fits, where their TPOTs go
         shared: dict = {}  # a key's rows at one two-batch choice: the fits leaving out each of its sweeps read them
         for g, idx in pd.Series(np.arange(len(keys))).groupby(tp.groups).groups.items():
             idx = np.asarray(idx)
@@ -440,14 +437,98 @@ def refit_tpot_sets(tp: TpotPasses, key_sets: list[np.ndarray], meas: np.ndarray
             train = np.flatnonzero(tp.groups[rows] != g)
             if len(train):
                 d = shared.setdefault((keys[idx[0]], split[rows].tobytes()), view.take(rows))
-                loo_fits.append((d, meas[rows], fitted[keys[idx[0]]], train))
-                loo_at.append((loo, idx, view.take(idx)))
+                left[keys[idx[0]]][0].append((d, meas[rows], train))
+                left[keys[idx[0]]][1].append((idx, view.take(idx)))
             else:  # a key in no other sweep: the catalog's
                 loo[idx] = tpot_at(view.take(idx), {k: tp.catalog[k][idx] for k in FACTORS})
+        for key, (fits, at) in left.items():
+            rows = np.flatnonzero(keys == key)
+            jobs.append(KeyFits(chosen.take(rows), meas[rows], {k: float(np.median(tp.catalog[k][rows]))
+                                                                for k in FACTORS}, fits, max_iter, passes))
+            places.append((scales, key, rows, in_sample, loo, at))
         out.append((scales, tb, in_sample, loo, loo_split))
-    for (loo, idx, d), f in zip(loo_at, fit_factors_many(loo_fits, max_iter, passes), strict=True):
-        loo[idx] = tpot_at(d, f)
+    for job, (scales, key, rows, in_sample, loo, at), (fitted, left_out) in zip(jobs, places, fit_keys(jobs),
+                                                                                 strict=True):
+        free = used_by(job.terms)
+        scales[key] = {"fitted": {k: v for k, v in fitted.items() if k in free},
+                       "kept_from_catalog": {k: v for k, v in fitted.items() if k not in free}}
+        in_sample[rows] = tpot_at(job.terms, fitted)
+        for (idx, d), f in zip(at, left_out, strict=True):
+            loo[idx] = tpot_at(d, f)
     return out
+
+
+@dataclass
+class KeyFits:
+    """One key's decode-factor fit (`fit_factors` of its terms and measured TPOTs from ``start``) and the fits
+    that start from its factors (``left_out``: terms, measured TPOTs aligned with them, the rows each reads), with
+    ``max_iter`` Nelder-Mead iterations restarted ``passes`` times (`fit_factors_many`).
+    """
+
+    terms: DecodeTerms
+    measured: np.ndarray
+    start: dict
+    left_out: list[tuple[DecodeTerms, np.ndarray, np.ndarray]]
+    max_iter: int
+    passes: int
+
+
+MAX_WORKERS = 8
+"""Processes `fit_keys` fits in at most (one per processor this process may run on)."""
+PIECE = 50
+"""Left-out fits of one key a worker process makes in one piece, at most (`fit_keys`: few enough to share the
+work out evenly, many enough for each round's fixed costs to be shared)."""
+
+
+def workers() -> int:
+    """The worker processes `fit_keys` uses: one per processor this process may run on, at most MAX_WORKERS; 1
+    (no worker: the fits made in this process) on one processor or where processes cannot be forked.
+    """
+    if "fork" not in multiprocessing.get_all_start_methods() or not sys.platform.startswith("linux"):
+        return 1
+    return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+
+
+def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[dict, list[dict]]]:
+    """Per job, its key's factors and those of each of its left-out fits, the same to the last bit however they
+    are shared out: in ``processes`` worker processes (default: `workers`), each key's fit as soon as a process
+    is free (the keys with the most left-out work first) and its left-out fits, in pieces of `PIECE`, as soon as
+    it is made; in this process (one process), the fits per key one at a time and the left-out fits all together
+    (`fit_factors_many`, per iteration limit).
+    """
+    processes = workers() if processes is None else processes
+    fitted: list = [None] * len(jobs)
+    left: list[list] = [[None] * len(j.left_out) for j in jobs]
+    if processes < 2:
+        fitted = [fit_factors(j.terms, j.measured, j.start) for j in jobs]
+        together: dict = {}
+        for i, j in enumerate(jobs):
+            for n, (d, m, rows) in enumerate(j.left_out):
+                together.setdefault((j.max_iter, j.passes), []).append((i, n, (d, m, fitted[i], rows)))
+        for (max_iter, passes), fits in together.items():
+            for (i, n, _), f in zip(fits, fit_factors_many([f for *_, f in fits], max_iter, passes), strict=True):
+                left[i][n] = f
+        return list(zip(fitted, left, strict=True))
+    work = [sum(len(m) for _, m, _ in j.left_out) * j.max_iter * j.passes for j in jobs]
+    with warnings.catch_warnings():  # the fits run no threads (numpy's BLAS threads are idle): fork is safe
+        warnings.filterwarnings("ignore", message=".*fork", category=DeprecationWarning)
+        pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"))
+        with pool:
+            pending = {pool.submit(fit_factors, jobs[i].terms, jobs[i].measured, jobs[i].start): (i, -1)
+                       for i in sorted(range(len(jobs)), key=lambda i: -work[i])}
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i, at = pending.pop(future)
+                    if at >= 0:
+                        left[i][at:at + len(future.result())] = future.result()
+                        continue
+                    j, fitted[i] = jobs[i], future.result()
+                    fits = [(d, m, fitted[i], rows) for d, m, rows in j.left_out]
+                    step = -(-len(fits) // -(-len(fits) // PIECE)) if fits else 1
+                    for lo in range(0, len(fits), step):
+                        pending[pool.submit(fit_factors_many, fits[lo:lo + step], j.max_iter, j.passes)] = (i, lo)
+    return list(zip(fitted, left, strict=True))
 
 
 # ---- the serving stack's terms ---------------------------------------------------------------------------------------
