@@ -418,22 +418,16 @@ rows away from the in-sample start, and a refit stopped at `LOO_MAX_ITER` stays 
 TPOT error 19.5% so stopped, 52-56% converged: the error band of a family with no runs of its own comes from these)."""
 
 
-def refit_tpot(tp: TpotPasses, keys: np.ndarray, meas: np.ndarray, max_iter: int = LOO_MAX_ITER, passes: int = 1,
-               ) -> tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]:
-    """The decode factors fitted per key on its rows' decode passes, with two-batch overlap as the data choose
-    it for those keys: per key the factors the rows identify and those kept from the catalog (no row depends
-    on them), the two-batch choice, TPOT in sample and with each row's sweep left out (factors and two-batch
-    choice re-made without it), and per row whether that left-out prediction split its pass. The left-out refits
-    run ``max_iter`` Nelder-Mead iterations from the in-sample factors, restarted ``passes`` times.
-    """
-    return refit_tpot_sets([(tp, keys, max_iter, passes)], meas)[0]
-
-
 def refit_tpot_sets(sets: list[tuple[TpotPasses, np.ndarray, int, int]], meas: np.ndarray,
                     ) -> list[tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]]:
-    """`refit_tpot` of each set (the passes, their keys, and the left-out refits' ``max_iter`` and ``passes``),
-    the fits of every key of every set made together by `fit_keys`: the fit per key, and the leave-group-out fits
-    that start from it, those of one key and one two-batch choice reading the key's rows once.
+    """Per set (the passes, their keys, and the left-out refits' ``max_iter`` and ``passes``): the decode factors
+    fitted per key on its rows' decode passes, with two-batch overlap as the data choose it for those keys: per key
+    the factors the rows identify and those kept from the catalog (no row depends on them), the two-batch choice,
+    TPOT in sample and with each row's sweep (its group of the passes) left out (factors and two-batch choice
+    re-made without it), and per row whether that left-out prediction split its pass. The left-out refits run
+    ``max_iter`` Nelder-Mead iterations from the in-sample factors, restarted ``passes`` times. The fits of every
+    key of every set are made together by `fit_keys`, those leaving out the sweeps of one key at one two-batch
+    choice reading the key's rows once.
     """
     out, jobs, places = [], [], []
     for tp, keys, max_iter, passes in sets:
@@ -498,9 +492,11 @@ work out evenly, many enough for each round's fixed costs to be shared)."""
 
 def workers() -> int:
     """The worker processes `fit_keys` uses: one per processor this process may run on, at most MAX_WORKERS; 1
-    (no worker: the fits made in this process) on one processor or where processes cannot be forked.
+    (no worker: the fits made in this process) on one processor, where processes cannot be forked, or in a daemon
+    process (which may start none).
     """
-    if "fork" not in multiprocessing.get_all_start_methods() or not sys.platform.startswith("linux"):
+    if ("fork" not in multiprocessing.get_all_start_methods() or not sys.platform.startswith("linux")
+            or multiprocessing.current_process().daemon):
         return 1
     return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
 
@@ -508,7 +504,7 @@ def workers() -> int:
 def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[dict, list[dict]]]:
     """Per job, its key's factors and those of each of its left-out fits, the same to the last bit however they
     are shared out: in ``processes`` worker processes (default: `workers`), each free process given the largest
-    fit ready (`work`): a key's fit, or once it is made its left-out fits in pieces of `PIECE`; in this process
+    fit ready (`_work`): a key's fit, or once it is made its left-out fits in pieces of `PIECE`; in this process
     (one process), the fits per key one at a time and the left-out fits all together (`fit_factors_many`, per
     iteration limit).
     """
@@ -531,7 +527,7 @@ def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[di
         step = -(-n // -(-n // PIECE)) if n else 1
         pieces.append([(lo, min(lo + step, n)) for lo in range(0, n, step)])
     # a key's fit first where its own and its left-out fits are the most work
-    ready = [(work(len(j.measured), MAX_ITER, MAX_PASSES) + sum(work(len(j.left_out[n][2]), j.max_iter, j.passes)
+    ready = [(_work(len(j.measured), MAX_ITER, MAX_PASSES) + sum(_work(len(j.left_out[n][2]), j.max_iter, j.passes)
                                                               for n in range(len(j.left_out))), i, -1, -1)
              for i, j in enumerate(jobs)]
     with warnings.catch_warnings():  # the fits run no threads (numpy's BLAS threads are idle): fork is safe
@@ -554,12 +550,12 @@ def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[di
                         left[i][lo:hi] = future.result()
                         continue
                     fitted[i], j = future.result(), jobs[i]
-                    ready += [(sum(work(len(rows), j.max_iter, j.passes) for _, _, rows in j.left_out[a:b]), i, a, b)
+                    ready += [(sum(_work(len(rows), j.max_iter, j.passes) for _, _, rows in j.left_out[a:b]), i, a, b)
                               for a, b in pieces[i]]
     return list(zip(fitted, left, strict=True))
 
 
-def work(rows: int, max_iter: int, passes: int) -> int:
+def _work(rows: int, max_iter: int, passes: int) -> int:
     """What `fit_keys` expects a fit of ``rows`` rows to cost (it orders the fits by it): rows times the
     Nelder-Mead iterations it may take, a fit restarted counted at three runs (the decode fits per key take 4,000
     to 19,000 loss evaluations of the 48,000 they may; the leave-group-out refits, 600 iterations at most, some

@@ -95,7 +95,7 @@ def validate_runs(runs: Runs) -> RunsValidation:
     with the ideal roofline (``ideal_error``).
 
     For TPOT, the decode pass's efficiency factors are fitted per `factor_key` (family and framework) on the rows'
-    decode passes (`dse.validate.decode.decode_terms`, `dse.validate.fit.refit_tpot`; the request level's
+    decode passes (`dse.validate.decode.decode_terms`, `dse.validate.fit.refit_tpot_sets`; the request level's
     interference held at the catalog's), after two-batch overlap is chosen per (framework, mode) from the data
     (`dse.validate.fit.choose_two_batch`; ``scales["two_batch_overlap"]``, the row's choice in ``two_batch``, and in
     ``two_batch_loo`` the choice made without its sweep, with ``ideal_tpot_loo_s`` the roofline of that pass):
