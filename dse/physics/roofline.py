@@ -936,14 +936,13 @@ def kernel_work(compute: object, memory: object, attention_compute: object, kv_m
     with np.errstate(invalid="ignore"):  # a candidate with an infinite time (it cannot run) gets NaN, unwarned
         apart = np.maximum(_f(compute) - attention_compute, _f(memory) - kv_memory) + np.maximum(attention_compute,
                                                                                                   kv_memory)
-        if not (one > 0.0 if one is not None else (k > 0.0).any()):  # k = 0 (the catalog's): 0 max(C, M) + 1 apart
-            return apart  # is apart, to the bit (where a time is infinite, the groups' sum itself, not 0 x inf's NaN)
-        single = np.maximum(compute, memory)
-        blend = k * single + (1.0 - k) * apart
-    if one is not None:  # below 1, tested above
-        return blend
+    if not (one > 0.0 if one is not None else (k > 0.0).any()):  # k = 0 (the catalog's): 0 max(C, M) + 1 apart
+        return apart  # is apart, to the bit (and where a time is infinite, the groups' sum itself, not 0 x inf's NaN)
     below = k < 1.0
-    return blend if below.all() else np.where(below, blend, single)
+    single = np.maximum(compute, memory)
+    with np.errstate(invalid="ignore"):
+        blend = k * single + (1.0 - k) * apart
+        return blend if below.all() else np.where(below, blend, single)
 
 
 def _pass(g: _Gathered, batch: np.ndarray, prefill: np.ndarray | bool) -> dict[str, np.ndarray]:
