@@ -623,8 +623,10 @@ def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool
         typer.echo(json.dumps(_finite(doc), indent=2, default=float))
         return
     console = Console()
-    t = Table(title=f"{doc['rows_predicted']:,} of {doc['rows_given']:,} rows predicted (coverage "
-                    f"{doc['coverage']:.1%}); median absolute error", header_style="bold")
+    copies = doc.get("rows_duplicate", 0)
+    t = Table(title=f"{doc['rows_predicted']:,} of {doc['rows_given'] - copies:,} measurements predicted (coverage "
+                    f"{doc['coverage']:.1%}; {doc['rows_given']:,} rows, {copies:,} of them copies of another row's "
+                    "measurement, read once); median absolute error", header_style="bold")
     for col in ("category", "metric", "n", "shipped physics", "leave-group-out", "same, factors per family only",
                 "within sweep", "in-sample", "ideal roofline", "signed median"):
         t.add_column(col, justify="left" if col in ("category", "metric") else "right")
@@ -639,7 +641,9 @@ def _validate_runs(cases: list[Path], fit: bool, out: Path | None, as_json: bool
     if doc["rows_layout_unknown"]:
         console.print(f"{doc['rows_layout_unknown']:,} row(s) state no layout dse can read as given "
                       f"(layout_unknown): {doc.get('rows_layout_padded', 0):,} state an attention TP that does not "
-                      "divide the heads beside an attention DP (read with the heads padded); the others "
+                      "divide the heads beside an attention DP (read with the heads padded); "
+                      f"{doc.get('rows_layout_conflicting', 0):,} are measurements listed again with another layout "
+                      "(predicted on the one with the fewest chips); the others "
                       "state no worker counts and are predicted on the smallest deployment of their worker sizes. "
                       "Read by no fit, reported apart", highlight=False)
     f = Table(title="By hardware family: median absolute error, leave-group-out and leave-family-out (the family's "

@@ -140,7 +140,8 @@ def brute_force_pools(model, w, opts):
     evaluated by the request-level physics. Returns None when the space has no layout, else a dict with
     ``rows`` and ``dec`` (decode rows and `decode_pool` metrics), ``d_ok`` (fits and meets the TPOT target),
     ``pre_rows``, ``pre`` (`prefill_pool` metrics), ``rho`` (`rho_for_ttft`), ``p_ok`` (fits, TTFT met),
-    ``cp`` and the physics inputs ``mt``, ``st``, ``eff``, ``req``."""
+    ``cp``, ``pair`` and ``pre_pair`` (a decode row and a prefill row may pair where these are equal) and the
+    physics inputs ``mt``, ``st``, ``eff``, ``req``."""
     import numpy as np
 
     from dse.catalog.hardware import IDEAL
@@ -167,5 +168,9 @@ def brute_force_pools(model, w, opts):
     cp = np.repeat([False, True], len(pre_rows) // 2)
     pre = prefill_pool(candidates_of(pre_rows, w.prompt), mt, st, req, cp, eff)
     rho = rho_for_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], w)
+    def pair(r):  # pools pair on one checkpoint and one KV encoding: the weights and KV formats, and FP8's encoding
+        return r[6] * 100 + r[7] * 10 + int(DTYPES[r[7]] == "fp8" and systems[r[0]].kv_fp8 == "e4m3fnuz")
+
     return {"rows": rows, "dec": dec, "d_ok": d_ok, "pre_rows": pre_rows, "pre": pre, "rho": rho,
+            "pair": np.array([pair(r) for r in rows]), "pre_pair": np.array([pair(r) for r in pre_rows]),
             "p_ok": pre["fits"] & np.isfinite(rho), "cp": cp, "mt": mt, "st": st, "eff": eff, "req": req}

@@ -17,7 +17,7 @@ import pytest
 from helpers import brute_force_choices, brute_force_pools, candidates_of, dse, random_space, served
 
 from dse import run as run_study
-from dse.catalog.calibration import BAND_METRICS, bands_of, families, family_of, load_fitted
+from dse.catalog.calibration import BAND_METRICS, bands_of, calibrated, families, family_of, load_fitted
 from dse.catalog.hardware import IDEAL, hw_dir
 from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
@@ -195,6 +195,28 @@ def test_an_uncalibrated_family_wins_only_at_the_edge_of_its_band():
             assert rob["calibration"] == ("uncalibrated family" if robust_winner == "a100" else "hopper")
 
 
+def test_a_family_short_of_data_is_uncalibrated_and_judged_at_its_band_edge():
+    """A system is calibrated only where its family has MIN_POINTS units of its own on every metric of the stored
+    bands (the stored counts, read independently here); a space holding one that is not (MI355X: CDNA4 has no
+    measured run) is judged robustly by default, and there MI355X wins only where it wins at its band's edge."""
+    bands = load_fitted()["bands"]
+    for fam, systems in families().items():
+        own = all(bands[m].get(fam, {}).get("sweeps", bands[m].get(fam, {}).get("points", 0)) >= MIN_POINTS
+                  for m in BAND_METRICS)
+        assert all(calibrated(s) == own for s in systems), fam
+    assert calibrated("h100") and not calibrated("mi355x") and not calibrated("a100")
+    doc = _study(["h200", "mi355x"], prices={"mi355x": 3.0})  # MI355X has no sourced on-demand price
+    cost = _systems(doc)
+    doc["prices"] = {"mi355x": 3.0 * cost["h200"] / cost["mi355x"] / 1.2}  # 1.2x cheaper as predicted
+    cost = _systems(doc)
+    edge = {k: v * bands_of(k).cost[1] for k, v in cost.items()}
+    assert cost["mi355x"] < cost["h200"] and edge["h200"] < edge["mi355x"]
+    (exp,) = run_study({**doc, "decide": "expected"}).summary["best"]
+    assert exp["decide"] == "expected" and exp["system"] == "mi355x"
+    (rob,) = run_study(doc).summary["best"]
+    assert rob["decide"] == "robust" and rob["system"] == "h200"
+
+
 def test_robust_targets_hold_at_the_band_edge():
     """With TTFT and TPOT targets, the robust optimum meets them at the high end of its bands; the expected one
     meets them as predicted."""
@@ -315,13 +337,12 @@ def _brute_disaggregated(model, w: Request, opts, m: Margins) -> float | None:
     dsi = np.array([r[0] for r in rows])
     d_ok = t["d_ok"] & ((dec["tpot_s"] * m.tpot[dsi] <= w.tpot_max * (1 + 1e-9)) if w.tpot_max else True)
     d_cost = np.where(d_ok, dec["usd_per_request"] * m.cost[dsi], np.inf)
-    fmt = np.array([(r[6], r[7]) for r in rows])
     best = math.inf
     for j, pr in enumerate(pre_rows):
         rho = rho_for_ttft(pre["prefill_service_s"][j], pre["kv_transfer_s"][j], t["req"], m.ttft[pr[0]])
         if not (pre["fits"][j] and np.isfinite(rho) and rho > 0):
             continue
-        same = (fmt[:, 0] == pr[6]) & (fmt[:, 1] == pr[7])
+        same = t["pair"] == t["pre_pair"][j]
         if same.any():
             best = min(best, float(np.min(d_cost[same])) + pre["usd_per_prompt"][j] / rho * m.cost[pr[0]])
     return None if math.isinf(best) else best

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from helpers import brute_force_pools, random_space
 
+from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
 from dse.optimize.requests import SOLVER_NAME, solve_disaggregated
 from dse.optimize.space import build_space
@@ -40,7 +41,7 @@ def brute_force(model, w: Request, opts):
     rows, dec, d_ok, pre_rows, pre, rho = (t[k] for k in ("rows", "dec", "d_ok", "pre_rows", "pre", "rho"))
     best = None
     for j in np.flatnonzero(t["p_ok"]):  # every prefill option against every decode pair of the same formats
-        same = d_ok & (np.array([r[6] for r in rows]) == pre_rows[j][6]) & (np.array([r[7] for r in rows]) == pre_rows[j][7])
+        same = d_ok & (t["pair"] == t["pre_pair"][j])
         if not same.any():
             continue
         one = {k: (v[j] if np.ndim(v) else v) for k, v in pre.items()}
@@ -119,3 +120,33 @@ def test_disaggregated_metrics_recompute_from_their_parts():
     assert m["prefill_replicas"] * m["prefill_rho"] == pytest.approx(m["requests_per_s"] * m["prefill_service_s"]
                                                                 / (r.pools[0]["dp"] * r.pools[0]["pp"]))
     assert m["ttft_s"] <= 5.0 and m["tpot_s"] <= 0.05
+
+
+def test_an_fp8_kv_cache_crosses_only_between_systems_of_one_encoding():
+    """CDNA3 holds an FP8 KV cache as E4M3FNUZ, Hopper as OCP E4M3: their bit patterns differ, so an FP8 prefill
+    pool on MI300X never hands its KV to an H200 decode pool (nor the reverse); in BF16 the pools pair freely,
+    and a cross-system optimum in FP8 keeps both pools on one encoding."""
+    from dse.catalog.hardware import default_systems
+    from dse.catalog.models import get_model
+    from dse.optimize.requests import numerics_group
+    from dse.optimize.space import SpaceOptions
+
+    catalog = default_systems()
+    assert catalog["mi300x"].kv_fp8 == catalog["mi325x"].kv_fp8 == "e4m3fnuz"
+    assert catalog["h200"].kv_fp8 == catalog["mi355x"].kv_fp8 == "e4m3fn"
+    model = get_model("llama-3.1-8b")
+    opts = SpaceOptions(systems=("h200", "mi300x"), weights_dtypes=("fp8",), kv_dtypes=("bf16", "fp8"),
+                        kv_tiers=("hbm",), tp=(1,), pp=(1,), max_racks=1, max_chips_per_stage=8,
+                        max_batch_per_rank=64)
+    space = build_space(model, Request(name="chat", prompt=4000, output=200), opts)
+    b = space.blocks
+    sys_id = np.array([space.systems[int(i)].id for i in b["system_idx"]])
+    group = numerics_group(space, np.arange(len(b)))
+    for kv in ("bf16", "fp8"):
+        at = b["kd"].to_numpy() == DTYPES.index(kv)
+        same = set(group[at & (sys_id == "h200")]) == set(group[at & (sys_id == "mi300x")])
+        assert same == (kv == "bf16"), kv
+    fp8 = build_space(model, Request(name="chat", prompt=4000, output=200),
+                      SpaceOptions(**{**opts.__dict__, "kv_dtypes": ("fp8",)}))
+    r = solve_disaggregated(fp8)
+    assert len({catalog[p["system"]].kv_fp8 for p in r.pools}) == 1

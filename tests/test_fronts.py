@@ -34,10 +34,9 @@ def reference_points(model, w: Request, opts) -> dict[str, list[tuple[float, flo
             ok &= ag[key] <= cap * (1 + 1e-9)
     for i in np.flatnonzero(ok):
         pts.append((ag["tpot_s"][i], ag["usd_per_request"][i], chips[i] / (ag["requests_per_s"][i] * w.output)))
-    wd_kd = np.array([(r[6], r[7]) for r in rows])
     dis = []
     for j in np.flatnonzero(t["p_ok"]):
-        same = d_ok & (wd_kd[:, 0] == pre_rows[j][6]) & (wd_kd[:, 1] == pre_rows[j][7])
+        same = d_ok & (t["pair"] == t["pre_pair"][j])
         if not same.any():
             continue
         one = {k: (v[j] if np.ndim(v) else v) for k, v in pre.items()}

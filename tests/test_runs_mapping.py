@@ -33,3 +33,30 @@ def test_every_listed_id_maps_to_itself():
 ])
 def test_system_ids(name, expected):
     assert system_id(name, default_systems()) == expected
+
+
+def test_a_measurement_listed_again_is_read_once():
+    """Rows of one measurement (same model, system, framework, mode, lengths, concurrency, TTFT and TPOT) are one
+    observation: copies stating the same deployment leave the first; copies stating different deployments leave
+    one, on the fewest chips, marked ``conflicting`` (predicted apart, read by no fit); coverage counts
+    measurements. On the catalog's file: 512 copies; 96 measurements are listed with conflicting layouts."""
+    import pandas as pd
+
+    from dse.catalog.hardware import hw_dir
+    from dse.validate.runs import map_runs, read_runs
+
+    raw = read_runs(hw_dir() / "calibration" / "published" / "measured_serving.csv")
+    llama = raw[(raw["mode"] == "agg") & (raw["model_path"] == "meta-llama/Llama-3.1-8B-Instruct")]
+    agg = llama.drop_duplicates(["silicon_ttft_ms", "silicon_tpot_ms"]).head(3)
+    one, two, three = (agg.iloc[[i]].copy() for i in range(3))
+    copy = one.assign(id="copy-of-first")  # the same measurement under another id and the same deployment
+    other = two.assign(id="other-layout", tp_size=two["tp_size"] * 2)  # the same measurement on twice the chips
+    runs = map_runs(pd.concat([one, copy, two, other, three], ignore_index=True))
+    t = runs.table.set_index("id")
+    assert len(t) == 3 and runs.given == 5
+    assert {(d["id"], d["copy_of"]) for d in runs.duplicates} == {("copy-of-first", one["id"].iat[0]),
+                                                                   ("other-layout", two["id"].iat[0])}
+    assert t.loc[one["id"].iat[0], "layout"] == "stated" and t.loc[three["id"].iat[0], "layout"] == "stated"
+    assert t.loc[two["id"].iat[0], "layout"] == "conflicting"
+    catalog = map_runs(raw)
+    assert len(catalog.duplicates) == 512 and (catalog.table["layout"] == "conflicting").sum() == 96

@@ -27,26 +27,29 @@ def full():
 def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     """Coverage and the leave-group-out errors as they stand on the rows that state their layout (the issue's
     goals: coverage >= 97%, TPOT <= 12%, TTFT <= 25%): the assertions pin what is reached, so a regression shows.
-    The 637 disaggregated rows of unknown layout and the 57 whose attention TP does not divide the heads beside a
-    stated attention DP are reported apart (``layout_unknown``)."""
+    Each measurement counts once (512 of the 3,113 rows repeat another row's measurement). The 439 disaggregated
+    measurements of unknown layout, the 45 whose attention TP does not divide the heads beside a stated attention
+    DP and the 96 listed with conflicting layouts are reported apart (``layout_unknown``)."""
     doc = full.as_dict()
-    assert doc["rows_given"] == 3113 and doc["coverage"] >= 0.99  # 99.6%: 12 rows skipped, each with its reason
-    assert doc["rows_layout_unknown"] == 694 and doc["rows_layout_padded"] == 57
+    assert doc["rows_given"] == 3113 and doc["rows_duplicate"] == 512
+    assert doc["coverage"] >= 0.99  # 99.5% of the 2,601 measurements: 12 skipped, each with its reason
+    assert doc["rows_layout_unknown"] == 580 and doc["rows_layout_padded"] == 45
+    assert doc["rows_layout_conflicting"] == 96
     assert doc["rows_failing_the_memory_check"] <= 0.1 * doc["rows_predicted"]  # a finding, reported
     by = {(e["category"], e["metric"]): e for e in doc["summary"]}
     assert {"n", "median_abs_error", "mape", "p90_abs_error", "signed_median", "loo_median_abs_error",
             "within_sweep_median_abs_error"} <= set(by[("all", "tpot")])
-    assert by[("all", "tpot")]["n"] == 2407 and by[("layout_unknown", "tpot")]["n"] == 694
+    assert by[("all", "tpot")]["n"] == 2009 and by[("layout_unknown", "tpot")]["n"] == 580
     # each sweep's level removed, the shape across concurrency errs far less than the level: the gap to the goals
     # is the level of whole sweeps
-    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.085  # 8.2%
-    assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.15  # 14.4%
-    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.12  # 11.7%
-    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.12  # 11.8%
-    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.105  # 10.1%
+    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.08  # 7.5%
+    assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.14  # 13.3%
+    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.115  # 10.8%
+    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.115  # 10.8%
+    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.5%
     # a decode factor set per framework errs less out of sample than one per family shared by the frameworks on
-    # the aggregated rows (11.8% against 12.7%) and overall (11.7% against 12.2%); not on the 146 disaggregated
-    # rows (10.1% against 8.5%)
+    # the aggregated rows (10.8% against 12.3%) and overall (10.8% against 12.1%); not on the 105 disaggregated
+    # rows (10.5% against 8.8%)
     e = by[("agg", "tpot")]
     assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.004
     e = by[("all", "tpot")]
@@ -55,10 +58,10 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     # optimizer's steady state without the stack's latency and the closed loop's wave erred 84.6% (signed -83.6%)
     # (the stacks' terms per framework, mode and model; per framework and mode alone the leave-group-out TTFT errs
     # 30.6%)
-    assert by[("all", "ttft")]["median_abs_error"] <= 0.215 and abs(by[("all", "ttft")]["signed_median"]) < 0.02
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.253  # 25.2%
-    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.245  # 24.2%
-    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.41  # 40.8%
+    assert by[("all", "ttft")]["median_abs_error"] <= 0.205 and abs(by[("all", "ttft")]["signed_median"]) < 0.02
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.235  # 22.6%
+    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.23  # 22.0%
+    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.33  # 31.9%
     # the rows of unknown layout, predicted by fits that never read them on the smallest deployment of their
     # worker sizes, are over-predicted (their deployments were larger)
     assert by[("layout_unknown", "tpot")]["signed_median"] > 0.5
@@ -67,12 +70,12 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert set(doc["partitions"]) == {"system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band",
                                       "layout"}
     layouts = {r["layout"]: r["n"] for r in doc["partitions"]["layout"]}
-    assert layouts == {"stated": 2407, "unknown": 637, "padded": 57}
+    assert layouts == {"stated": 2009, "unknown": 439, "padded": 45, "conflicting": 96}
     t = full.table
     stated_disagg = t[(t["mode"] == "disagg") & (t["layout"] == "stated")]
     # a disaggregated closed loop's decode batch follows the predicted TTFT, so the prefill physics and the wave
     # move these rows' decode passes
-    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.105  # 10.1%
+    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.11  # 10.5%
     # the shipped physics (the catalog's factors, fitted jointly on these runs where the workers are stated, and
     # on offline throughput): 13.3% on the stated rows
     t = full.table
@@ -86,7 +89,8 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     for f in full.scales["tpot"].values():
         assert all(0 < v <= 1 for k, v in f["fitted"].items() if k in ("compute_decode", "memory", "link"))
         assert all(v >= 0 for v in f["fitted"].values())
-    assert doc["worst"]["tpot"] and doc["skipped"]["count"] == doc["rows_given"] - doc["rows_predicted"]
+    assert doc["worst"]["tpot"]
+    assert doc["skipped"]["count"] == doc["rows_given"] - doc["rows_duplicate"] - doc["rows_predicted"]
 
 
 def test_the_stored_serving_stacks_are_the_fit_on_these_runs():
@@ -114,12 +118,25 @@ def test_the_stored_serving_stacks_are_the_fit_on_these_runs():
 
 def test_a_calibrated_decode_step_is_never_faster_than_the_roofline(full):
     """The catalog's factors, and the decode factors refitted in sample and without each sweep (shares of a
-    peak at most 1, latencies at least 0), never predict a TPOT below the ideal roofline's."""
+    peak at most 1, latencies at least 0), never predict a TPOT below the ideal roofline's at the same operating
+    point (a run its framework admits in part runs, ideal or not, the batch admitted)."""
     t = full.table
     assert (t["predicted_tpot_s"] >= t["ideal_tpot_s"] * (1 - 1e-9)).all()
     assert (t["measured_tpot_s"] * (1 + t["tpot_in_sample_error"]) >= t["ideal_tpot_s"] * (1 - 1e-9)).all()
     # a left-out sweep is predicted on the pass its framework's two-batch choice without it takes
     assert (t["measured_tpot_s"] * (1 + t["tpot_loo_error"]) >= t["ideal_tpot_loo_s"] * (1 - 1e-9)).all()
+
+
+def test_the_ideal_ttft_is_the_engine_alone(full):
+    """The ideal roofline's TTFT carries no serving-stack term (as `--ideal` has it): the calibrated prediction is
+    above it by at least the row's stack fixed latency, and few runs (under 3%) measure faster than it."""
+    from dse.catalog.frameworks import stack_of
+
+    t = full.table
+    tau = np.array([stack_of(fw, md).terms("aggregated" if mode == "agg" else "disaggregated").fixed_latency_s
+                    for fw, md, mode in zip(t["backend"], t["model"], t["mode"], strict=True)])
+    assert (t["predicted_ttft_s"] - t["ideal_ttft_s"] >= tau * (1 - 1e-9) - 1e-12).all()
+    assert (t["measured_ttft_s"] < t["ideal_ttft_s"]).mean() < 0.03
 
 
 @pytest.mark.parametrize("metric", ["tpot", "ttft"])
@@ -169,7 +186,7 @@ def test_the_stack_fit_recovers_planted_terms_through_the_optimizers_physics():
     # a row whose concurrency its KV pool does not hold waits in the framework's admission queue, its wait taken at
     # the catalog's terms' rate (`dse.validate.predict.admitted`): not exact under other terms, so left out here
     wave_sets = (tv["wait_floor_s"] <= 0.2 * tv["wave_s"]) & (tv["admission_s"] == 0)
-    assert wave_sets.mean() > 0.98
+    assert wave_sets.mean() > 0.97  # 97.8% of the 551 measurements (98.3% counting the copies of some twice)
     assert tv.loc[wave_sets & fitted, "ttft_in_sample_error"].abs().max() < 1e-9
     assert tv.loc[wave_sets & fitted, "ttft_loo_error"].abs().max() < 1e-9
     alone = tv[~fitted]
@@ -375,7 +392,9 @@ def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
     v = validate_runs(runs)
     err = v.table["tpot_in_sample_error"]
     apart = (err[unknown] - 0.25).abs()
-    assert err[~unknown].abs().max() < 1e-9 and (apart < 1e-9).mean() > 0.98 and apart.max() < 0.027
+    stated = t["layout"] == "stated"  # a measurement listed again with another layout is apart too (`conflicting`)
+    assert err[stated].abs().max() < 1e-9 and (apart < 1e-9).mean() > 0.98 and apart.max() < 0.027
+    assert err[~unknown & ~stated].abs().max() < 0.027  # made exact, predicted apart by the same fits
     loo = (v.table.loc[unknown, "tpot_loo_error"] - 0.25).abs()
     assert (loo < 1e-9).mean() > 0.98 and loo.max() < 0.027
     assert np.allclose(v.table.loc[unknown, "ttft_loo_error"], 0.25, atol=1e-9)
@@ -383,7 +402,7 @@ def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
         catalog = efficiency_for(v.table.loc[factor_key(v.table) == key, "system"].iloc[0])
         assert f["fitted"]["memory"] == pytest.approx(catalog.memory, rel=1e-6)
     cats = {(e["category"], e["metric"]): e for e in summary(v)}
-    assert cats[("all", "tpot")]["n"] == (~unknown).sum() and cats[("layout_unknown", "tpot")]["n"] == unknown.sum()
+    assert cats[("all", "tpot")]["n"] == stated.sum() and cats[("layout_unknown", "tpot")]["n"] == (~stated).sum()
     assert cats[("all", "tpot")]["loo_median_abs_error"] < 1e-9
 
 

@@ -135,14 +135,13 @@ def brute_disaggregated(model, w: Request, opts, budget: Budget | None, demand: 
     rows, dec, pre, pre_rows, rho = t["rows"], t["dec"], t["pre"], t["pre_rows"], t["rho"]
     lam = None if demand is None else demand / w.output
     d_ok = np.flatnonzero(t["d_ok"])
-    formats = np.array([(r[6], r[7]) for r in rows]).reshape(-1, 2)
     host = np.array([systems[r[0]].chips_per_node or 1 for r in rows])
     best = None
     for j in np.flatnonzero(t["p_ok"]):
         a = float(pre["servers"][j] * rho[j] / pre["prefill_service_s"][j])
         u, c = float(pre["usd_per_s"][j]), int(pre["chips"][j])
         g = systems[pre_rows[j][0]].chips_per_node or 1
-        same = d_ok[(formats[d_ok, 0] == pre_rows[j][6]) & (formats[d_ok, 1] == pre_rows[j][7])]
+        same = d_ok[t["pair"][d_ok] == t["pre_pair"][j]]
         if not len(same):
             continue
         b, v = dec["requests_per_s"][same], dec["usd_per_s"][same]

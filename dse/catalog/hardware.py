@@ -116,6 +116,9 @@ class System:
     power_all_in_w: float = math.nan
     status: str = "shipping"
     kv_dtypes: tuple[str, ...] = ("bf16",)
+    kv_fp8: str = "e4m3fn"
+    """The encoding of its FP8 KV cache (`FP8_ENCODINGS`): a KV cache crosses between two pools without conversion
+    only where both hold it in the same one."""
     device_memory: float = math.nan
     """Memory the device reports (`SYSTEM_FIELDS`): what memory checks hold weights, KV and activations within (as
     frameworks reserve it); the nominal ``hbm_capacity`` (of the lecture's drain time) where the catalog has none."""
@@ -250,11 +253,24 @@ KV_FORMATS = tuple(d for d in DTYPES if d not in INTEGER_DTYPES)
 """Formats a KV cache can be held in: the floating-point ones (attention reads it at a floating-point rate)."""
 
 
+FP8_ENCODINGS = ("e4m3fn", "e4m3fnuz")
+"""FP8 encodings of a KV cache: the OCP E4M3 (NVIDIA Hopper and later, AMD CDNA4) and the FNUZ variant of AMD CDNA3,
+whose bit patterns differ (no negative zero, another exponent bias)."""
+
+
+def _kv_fp8(raw: object, where: str) -> str:
+    """The ``fp8`` key of a system's ``kv_dtypes`` (default the OCP encoding)."""
+    enc = raw.get("fp8", FP8_ENCODINGS[0]) if isinstance(raw, dict) else FP8_ENCODINGS[0]
+    if enc not in FP8_ENCODINGS:
+        raise InputError(f"{where}: field 'kv_dtypes.fp8': '{enc}' is not one of {', '.join(FP8_ENCODINGS)}")
+    return enc
+
+
 def _kv_dtypes(raw: object, sources: dict, where: str) -> tuple[str, ...]:
     at = f"{where}: field 'kv_dtypes'"
     if not isinstance(raw, dict) or not isinstance(raw.get("values"), list):
         raise InputError(f"{at}: expected {{values: [{', '.join(KV_FORMATS)}...], source, date}}")
-    check_keys(raw, ("values", "source", "date", "note", "estimate"), at)
+    check_keys(raw, ("values", "fp8", "source", "date", "note", "estimate"), at)
     if raw.get("source") not in sources or not raw.get("date"):
         raise InputError(f"{at}: needs a declared source and a date")
     bad = [v for v in raw["values"] if v not in KV_FORMATS]
@@ -301,6 +317,7 @@ def _system_from(entry: dict, sources: dict, where: str) -> System:
         power_all_in_w=_nan(q, "power_all_in"),
         status=status,
         kv_dtypes=_kv_dtypes(entry.get("kv_dtypes"), sources, where),
+        kv_fp8=_kv_fp8(entry.get("kv_dtypes"), where),
     )
 
 

@@ -19,6 +19,7 @@ from dse.optimize.requests import (
     evaluate_pairs,
     feasible_mask,
     first_min_per_block,
+    numerics_group,
 )
 from dse.optimize.space import Choice, Space, describe_choice, pair_chunks
 from dse.physics.serving import prefill_ttft
@@ -77,7 +78,7 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
     rows: list[dict] = []
     if b.empty:
         return pd.DataFrame(columns=list(COLUMNS))
-    group = (b["wd"].to_numpy() * 16 + b["kd"].to_numpy()).astype(int)
+    group = numerics_group(space, np.arange(len(b))).astype(int)
     if "aggregated" in modes:
         for pos, n in pair_chunks(b):
             m = evaluate_pairs(space, b, pos, n, req)

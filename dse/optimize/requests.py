@@ -36,7 +36,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from dse.catalog.hardware import IDEAL
+from dse.catalog.hardware import FP8_ENCODINGS, IDEAL
+from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
 from dse.optimize.margins import Margins
 from dse.optimize.serving import SOLVER_NAME, diagnose
@@ -438,11 +439,15 @@ def judged_prefill(space: Space, pre: PrefillOptions, margins: Margins) -> Prefi
 
 
 def numerics_group(space: Space, pos: np.ndarray) -> np.ndarray:
-    """The numerics group (weights format, KV format) of blocks: both pools of a deployment must share it (the
-    same checkpoint computes both phases, and the KV crosses without conversion).
+    """The numerics group (weights format, KV format and, for an FP8 KV cache, its encoding: `System.kv_fp8`) of
+    blocks: both pools of a deployment must share it (the same checkpoint computes both phases, and the KV crosses
+    without conversion).
     """
     b = space.blocks
-    return b["wd"].to_numpy()[pos] * 16 + b["kd"].to_numpy()[pos]
+    kd = b["kd"].to_numpy()[pos]
+    fnuz = np.array([s.kv_fp8 != FP8_ENCODINGS[0] for s in space.systems], dtype=np.int64)
+    encoding = np.where(kd == DTYPES.index("fp8"), fnuz[b["system_idx"].to_numpy()[pos].astype(np.int64)], 0)
+    return (b["wd"].to_numpy()[pos] * 16 + kd) * 2 + encoding
 
 
 def best_prefill(space: Space, pre: PrefillOptions, score: np.ndarray) -> dict[int, int]:

@@ -206,8 +206,9 @@ class StudySpec(Strict):
         default=None, description="how an optimum is chosen: `expected` on the predictions; `robust` on each "
         "system's predictions at the unfavourable end of its validated error band (cost x the band's high "
         "multiplier, the TTFT and TPOT targets met at the band's edge). Default: `robust` when any candidate "
-        "system of the space (one with a valid layout for the model and formats) is of an uncalibrated family (no "
-        "calibration data), else `expected`; with `space.ideal` (no band) always `expected`")
+        "system of the space (one with a valid layout for the model and formats) is uncalibrated (of no family, or "
+        "of a family with fewer than 10 measured sweeps or published points of its own on a metric, whose band "
+        "rests on other families' data), else `expected`; with `space.ideal` (no band) always `expected`")
     """How an optimum is chosen (`dse.optimize.margins`); None: the default rule of the field's description."""
 
     models_required: ClassVar[bool] = True

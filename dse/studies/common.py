@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from dse.catalog.calibration import Bands, band_keys, bands_of, family_of
+from dse.catalog.calibration import Bands, band_keys, bands_of, calibrated, family_of
 from dse.catalog.hardware import System
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError
@@ -285,12 +285,12 @@ def candidate_systems(space: Space) -> list[System]:
 
 def decide_of(spec: StudySpec, systems: list[System]) -> str:
     """How the optima of a search over ``systems`` are chosen: the study's ``decide``, else ``robust`` when any
-    of them is of no calibrated family (`family_of` None: its predictions rest on no data of its own), else
-    ``expected``.
+    of them is not `calibrated` (of no family, or of a family with fewer than MIN_POINTS sweeps or points of its
+    own on a metric: its predictions rest on other families' data there), else ``expected``.
     """
     if spec.decide is not None:
         return spec.decide
-    return "robust" if any(family_of(s.id) is None for s in systems) else "expected"
+    return "expected" if all(calibrated(s.id) for s in systems) else "robust"
 
 
 def mode_tables(space: Space, spec: StudySpec, whole: Whole | None = None) -> ModeTables:

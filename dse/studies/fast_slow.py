@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,11 @@ class FastSlowSpec(Strict):
 
 class Spec(StudySpec):
     fast_slow: FastSlowSpec = FastSlowSpec()
+
+    decide: Literal["expected"] = Field(
+        default="expected", description="`expected` only: the speed multipliers are ratios of points on one front of "
+        "predictions (`dse.optimize.fronts.front`), which carries no per-system band, so the base point is chosen "
+        "as predicted too; its band and whether it is decided are still reported")
 
 
 def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.catalog.calibration import BAND_METRICS, family_of
+from dse.catalog.calibration import BAND_METRICS, MIN_POINTS, family_of
 from dse.catalog.calibration import families as hardware_families
 from dse.catalog.hardware import Efficiency
 from dse.validate.fit import fit
@@ -54,9 +54,6 @@ from dse.validate.predict import predict
 from dse.validate.run import validate_runs
 from dse.validate.runs import group_key, map_runs, read_runs_files
 
-MIN_POINTS = 10
-"""A family with fewer independent units of a metric (points; sweeps of runs) takes the envelope of its own band,
-its leave-family-out band and 1."""
 PERCENTILES = (0.1, 0.9)
 """The band: these percentiles of measured / predicted (pandas' linear interpolation)."""
 DIGITS = 4

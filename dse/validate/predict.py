@@ -242,7 +242,9 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     (`dse.physics.roofline._split_pass`), or those of the rows where it holds (an array over the rows). A
     disaggregated row's decode replicas hold the requests past their prefill (`decode_share_closed_loop`;
     their batch per replica in ``decode_batch``), or
-    ``decode_batch`` where it is given (the ideal roofline at the calibrated physics' operating point).
+    ``decode_batch`` where it is given (the ideal roofline at the calibrated physics' operating point); an
+    aggregated row then runs the batch given (the one its framework admitted as the calibrated physics reserves
+    memory) instead of admitting its own.
     ``factors``: the efficiency factors per system where ``eff`` is None (default: the catalog's).
     """
     names = ["predicted_ttft_s", "predicted_tpot_s", "fits", *TTFT_PIECES, "decode_batch"]
@@ -269,7 +271,9 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
             held = (isl + osl / 2.0) / (isl + osl) if get_framework(str(fw)).admission == "prompt" else 1.0
             running = per_stage.astype(float)
             over = ~np.asarray(fits, dtype=bool)
-            if over.any():  # the check again on those rows alone, at each trial batch
+            if decode_batch is not None:  # the operating point given: the batch the calibrated physics admitted
+                running = np.minimum(decode_batch[g.index].to_numpy(dtype=float) / g["pp"].to_numpy(), per_stage)
+            elif over.any():  # the check again on those rows alone, at each trial batch
                 sub = _rows(cand, over)
                 running[over] = admitted(lambda b, sub=sub, req=req, st=st, held=held: aggregated(
                     replace(sub, batch=b * held), mt, st, req, eff)["fits"], per_stage[over])

@@ -141,10 +141,17 @@ class RunsValidation:
     scales: dict[str, dict[str, float]]
     skipped: list[dict]
     given: int
+    duplicates: list[dict] = field(default_factory=list)
+    """Rows that repeat another row's measurement, read once (`dse.validate.runs.Runs.duplicates`)."""
+
+    @property
+    def measurements(self) -> int:
+        """The distinct measurements given: the rows less the copies."""
+        return self.given - len(self.duplicates)
 
     @property
     def coverage(self) -> float:
-        return len(self.table) / self.given if self.given else 0.0
+        return len(self.table) / self.measurements if self.measurements else 0.0
 
     def as_dict(self, worst: int = 20) -> dict:
         """The summary, the errors by partition, the fitted scales, the ``worst`` rows by leave-group-out error
@@ -163,10 +170,11 @@ class RunsValidation:
                                f"measured_{m}_s", f"predicted_{m}_s", f"{m}_error", f"{m}_loo_error"]
                               ].to_dict("records")
         unknown = int((t["layout"] != "stated").sum()) if "layout" in t else 0
-        return {"rows_given": self.given, "rows_predicted": len(t), "coverage": self.coverage,
-                "rows_layout_unknown": unknown,
+        return {"rows_given": self.given, "rows_duplicate": len(self.duplicates), "rows_predicted": len(t),
+                "coverage": self.coverage, "rows_layout_unknown": unknown,
                 "rows_layout_padded": int((t["layout"] == "padded").sum()) if "layout" in t else 0,
-                "coverage_stated_layout": (len(t) - unknown) / self.given if self.given else 0.0,
+                "rows_layout_conflicting": int((t["layout"] == "conflicting").sum()) if "layout" in t else 0,
+                "coverage_stated_layout": (len(t) - unknown) / self.measurements if self.measurements else 0.0,
                 "summary": summary(self),
                 "rows_failing_the_memory_check": int((~t["fits"]).sum()) if "fits" in t else 0,
                 "rows_admission_queued": int((t["admission_s"] > 0).sum()) if "admission_s" in t else 0,
@@ -352,7 +360,9 @@ def write_runs_report(v: RunsValidation, folder: Path, doc: dict | None = None, 
              "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
              "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>",
              "<h1>Measured serving runs: predicted TTFT and TPOT</h1>",
-             f"<p>{len(v.table):,} of {v.given:,} rows predicted (coverage {v.coverage:.1%}). Errors are predicted / "
+             f"<p>{len(v.table):,} of {v.measurements:,} measurements predicted (coverage {v.coverage:.1%}; "
+             f"{v.given:,} rows, {len(v.duplicates):,} of them copies of another row's measurement, read once). "
+             "Errors are predicted / "
              "measured - 1 with the catalog's calibrated physics; leave-group-out errors (the headline figure) "
              "leave the row's whole concurrency sweep out: TPOT refits the decode pass's efficiency factors per "
              "hardware family and framework on the other sweeps (the summary's loo_family_factors_median_abs_error "

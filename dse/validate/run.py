@@ -116,7 +116,7 @@ def validate_runs(runs: Runs) -> RunsValidation:
     """
     t = runs.table.copy()
     if t.empty:
-        return RunsValidation(t, {}, runs.skipped, runs.given)
+        return RunsValidation(t, {}, runs.skipped, runs.given, runs.duplicates)
     apart = (t["layout"] != "stated").to_numpy()
     pred, tp = predicted_passes(t)  # every row's prediction is its own: the physics once for both parts
     parts, scales, family_fits = [], {}, ({}, {})
@@ -126,7 +126,7 @@ def validate_runs(runs: Runs) -> RunsValidation:
     if apart.any():
         parts.append(_predict_apart(t[apart], scales, family_fits, pred[apart], tp.take(np.flatnonzero(apart))))
     out = pd.concat(parts).loc[t.index] if len(parts) > 1 else parts[0]
-    return RunsValidation(out, scales, runs.skipped, runs.given)
+    return RunsValidation(out, scales, runs.skipped, runs.given, runs.duplicates)
 
 
 def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
@@ -186,12 +186,18 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
 
 def _copy_prediction(t: pd.DataFrame, pred: pd.DataFrame, ideal: pd.DataFrame) -> None:
     """The physics' prediction of TTFT, the pieces it is made of (what refitting the stacks' terms needs), and the
-    ideal roofline, into ``t``.
+    ideal roofline, into ``t``: ``ideal`` (`predict_runs` with every efficiency 1) at the prediction's operating
+    point, its TTFT without the serving stack's terms (no fixed latency, queue share 0: the engine alone, as
+    ``--ideal`` has it; the pieces do not depend on them, `closed_loop_ttft`).
     """
     for col in TTFT_PIECES:
         t[col] = pred[col].astype(float)
     for m in METRICS:
         t[f"ideal_{m}_s"] = ideal[f"predicted_{m}_s"].astype(float)
+    t["ideal_ttft_s"] = closed_loop_ttft(ideal["prefill_s"].to_numpy(dtype=float), outside_stack(ideal),
+                                         ideal["wave_s"].to_numpy(dtype=float), StackTerms(),
+                                         ideal["wait_floor_s"].to_numpy(dtype=float))
+    for m in METRICS:
         t[f"{m}_ideal_error"] = t[f"ideal_{m}_s"] / t[f"measured_{m}_s"] - 1.0
     t["predicted_ttft_s"] = pred["predicted_ttft_s"].astype(float)
     t["ttft_error"] = t["predicted_ttft_s"] / t["measured_ttft_s"] - 1.0

@@ -144,6 +144,8 @@ class Runs:
     table: pd.DataFrame
     skipped: list[dict] = field(default_factory=list)
     given: int = 0
+    duplicates: list[dict] = field(default_factory=list)
+    """Rows that repeat another row's measurement (`_one_per_measurement`): id and the id of the row kept."""
 
 
 MAX_CSV_BYTES = 256_000_000
@@ -408,7 +410,50 @@ def map_runs(raw: pd.DataFrame) -> Runs:
                        p_etp=pre[3], p_pp=pre[4], p_replicas=float(pw),
                        chips=dec[0] * dec[1] * dec[4] * dw + pre[0] * pre[1] * pre[4] * pw)
         rows.append(row)
-    return Runs(pd.DataFrame(rows), skipped, len(raw))
+    table, duplicates = _one_per_measurement(pd.DataFrame(rows))
+    return Runs(table, skipped, len(raw), duplicates)
+
+
+MEASUREMENT = ("model", "system", "backend", "mode", "isl", "osl", "concurrency", "measured_ttft_s", "measured_tpot_s")
+"""What identifies one measurement: a run of one model, system, framework, mode and lengths at one concurrency, its
+TTFT and TPOT equal to the last digit."""
+DEPLOYMENT = ("wd", "kd", "tp", "dp", "ep", "etp", "pp", "replicas", "p_tp", "p_dp", "p_ep", "p_etp", "p_pp",
+              "p_replicas")
+"""What a row states of its deployment (formats and the layout of each pool)."""
+
+
+def _one_per_measurement(t: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
+    """One row per measurement (`MEASUREMENT`), the other rows returned as duplicates (their id, the kept id).
+
+    A file may list one benchmark run several times (the measured runs list 377 twice or three times, 768 rows,
+    under other ids from other exports): a copy is not another observation, and counted again it weighs its
+    sweep twice in the fits and the medians. Where the copies state one deployment the first is kept. Where they
+    state different ones (one export's layout multiplies the attention TP or DP by the expert TP: "tp8_ep8" as TP8
+    EP8 in one, TP64 x expert TP8 in another) one measurement cannot confirm both, so it is kept once, on the
+    deployment with the fewest chips (as a row stating no layout is predicted on the smallest one), with ``layout``
+    ``conflicting``: predicted apart, read by no fit.
+    """
+    if t.empty:
+        return t, []
+    key = t.groupby(list(MEASUREMENT), sort=False, dropna=False).ngroup().to_numpy()
+    if len(np.unique(key)) == len(t):
+        return t, []
+    shown = t[[c for c in DEPLOYMENT if c in t]]
+    keep, duplicates = np.ones(len(t), dtype=bool), []
+    layout = t["layout"].to_numpy(dtype=object).copy()
+    for idx in pd.Series(np.arange(len(t))).groupby(key, sort=False).indices.values():
+        if len(idx) == 1:
+            continue
+        conflicting = len(shown.iloc[idx].drop_duplicates()) > 1
+        kept = idx[int(np.argmin(t["chips"].to_numpy()[idx]))] if conflicting else idx[0]
+        if conflicting:
+            layout[kept] = "conflicting"
+        for i in idx:
+            if i != kept:
+                keep[i] = False
+                duplicates.append({"id": t["id"].iat[i], "copy_of": t["id"].iat[kept]})
+    out = t.assign(layout=layout)[keep].reset_index(drop=True)
+    return out, duplicates
 
 
 
