@@ -3,6 +3,7 @@ physics, and its fit to measured TPOTs (`dse.validate.fit.fit_factors`)."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -180,3 +181,23 @@ def test_the_fits_on_arrays_are_the_fits_one_at_a_time(sample):
         want = _scipy_fit(d, m, s, 120, 2)
         assert got == want and list(got) == list(want)
         assert fit_factors(d, m, s, 120, 2) == want
+
+
+def test_the_fits_in_worker_processes_are_the_fits_in_this_one(sample, monkeypatch):
+    """`fit_keys` in two worker processes (each key's left-out fits in pieces of two) gives, to the last bit, the
+    factors it gives in this process alone."""
+    fit = importlib.import_module("dse.validate.fit")  # the module (the package re-exports a function `fit`)
+    t, _, _, p, terms, _ = sample
+    measured = tpot_at(terms, OTHER) * np.exp(np.sin(np.arange(len(p))) * 0.2)
+    start = dict(OTHER)
+    jobs = []
+    for mode in ("agg", "disagg"):
+        rows = np.flatnonzero((t["mode"] == mode).to_numpy())
+        d, m = terms.take(rows), measured[rows]
+        left = [(d, m, np.flatnonzero(np.arange(len(rows)) % 5 != j)) for j in range(5)]
+        jobs.append(fit.KeyFits(d, m, start, left, 60, 2 if mode == "agg" else 1))
+    monkeypatch.setattr(fit, "PIECE", 2)
+    alone = fit.fit_keys(jobs, processes=1)
+    assert fit.fit_keys(jobs, processes=2) == alone
+    d, m, rows = jobs[0].left_out[0]
+    assert alone[0][1][0] == fit.fit_factors(d.take(rows), m[rows], alone[0][0], 60, 2)

@@ -8,6 +8,12 @@ The factors, their ranges and meaning are those of `dse.validate.factors`.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
+import warnings
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -288,9 +294,24 @@ def fit_factors_many(fits: list[tuple], max_iter: int = MAX_ITER, passes: int = 
     """`fit_factors` of each fit (terms, measured TPOTs aligned with them, start, and optionally the rows of the
     terms it reads: all where left out), to the last bit the factors it gives each alone, the fits stepped
     together (`dse.validate.simplex.minimize_many`): each round evaluates the trial factors of every fit on
-    whole arrays (`dse.validate.losses.FitRows`; fits given the same terms object share their rows).
+    whole arrays (`dse.validate.losses.FitRows`; fits given the same terms object share their rows). A fit whose
+    terms no other fit shares is made alone (`fit_factors`: stepped with others, it would share none of its
+    arithmetic, and its rounds' bookkeeping costs more than one fit's: a leave-family-out refit 1.1-1.4 s of CPU
+    together, 0.4 s alone).
     """
     fits = [(d, m, s, r[0] if r else None) for d, m, s, *r in fits]
+    readers = Counter(id(d) for d, *_ in fits)
+    if any(readers[id(d)] == 1 for d, *_ in fits):
+        out = [None] * len(fits)
+        shared = [i for i, (d, *_) in enumerate(fits) if readers[id(d)] > 1]
+        for i, f in zip(shared, fit_factors_many([fits[i] for i in shared], max_iter, passes) if shared else [],
+                        strict=True):
+            out[i] = f
+        for i, (d, m, s, rows) in enumerate(fits):
+            if readers[id(d)] == 1:
+                out[i] = fit_factors(d, m, s, max_iter, passes) if rows is None else fit_factors(
+                    d.take(rows), m[rows], s, max_iter, passes)
+        return out
     free = [used_by(d if rows is None else d.take(rows)) for d, _, _, rows in fits]
     table = FitRows.build([(d, m, rows) for d, m, _, rows in fits])
     start = np.array([[s[k] for k in FACTORS] for _, _, s, _ in fits]).T.reshape(len(FACTORS), len(fits))
@@ -397,38 +418,24 @@ rows away from the in-sample start, and a refit stopped at `LOO_MAX_ITER` stays 
 TPOT error 19.5% so stopped, 52-56% converged: the error band of a family with no runs of its own comes from these)."""
 
 
-def refit_tpot(tp: TpotPasses, keys: np.ndarray, meas: np.ndarray, max_iter: int = LOO_MAX_ITER, passes: int = 1,
-               ) -> tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]:
-    """The decode factors fitted per key on its rows' decode passes, with two-batch overlap as the data choose
-    it for those keys: per key the factors the rows identify and those kept from the catalog (no row depends
-    on them), the two-batch choice, TPOT in sample and with each row's sweep left out (factors and two-batch
-    choice re-made without it), and per row whether that left-out prediction split its pass. The left-out refits
-    run ``max_iter`` Nelder-Mead iterations from the in-sample factors, restarted ``passes`` times.
+def refit_tpot_sets(sets: list[tuple[TpotPasses, np.ndarray, int, int]], meas: np.ndarray,
+                    ) -> list[tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per set (the passes, their keys, and the left-out refits' ``max_iter`` and ``passes``): the decode factors
+    fitted per key on its rows' decode passes, with two-batch overlap as the data choose it for those keys: per key
+    the factors the rows identify and those kept from the catalog (no row depends on them), the two-batch choice,
+    TPOT in sample and with each row's sweep (its group of the passes) left out (factors and two-batch choice
+    re-made without it), and per row whether that left-out prediction split its pass. The left-out refits run
+    ``max_iter`` Nelder-Mead iterations from the in-sample factors, restarted ``passes`` times. The fits of every
+    key of every set are made together by `fit_keys`, those leaving out the sweeps of one key at one two-batch
+    choice reading the key's rows once.
     """
-    return refit_tpot_sets(tp, [keys], meas, max_iter, passes)[0]
-
-
-def refit_tpot_sets(tp: TpotPasses, key_sets: list[np.ndarray], meas: np.ndarray, max_iter: int = LOO_MAX_ITER,
-                    passes: int = 1) -> list[tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]]:
-    """`refit_tpot` of each set of keys. The fits per key run one at a time (they are few and long); the
-    leave-group-out fits of every set, which start from them, run together (`fit_factors_many`), those of one
-    key and one two-batch choice reading the key's rows once.
-    """
-    out, loo_fits, loo_at = [], [], []
-    for keys in key_sets:
+    out, jobs, places = [], [], []
+    for tp, keys, max_iter, passes in sets:
         tb = choose_two_batch(tp, keys)
         chosen = tp.terms_for(tb.per_row)
-        scales, fitted = {}, {}
-        in_sample = np.full(len(keys), np.nan)
-        for key in np.unique(keys):
-            rows = np.flatnonzero(keys == key)
-            d = chosen.take(rows)
-            fitted[key] = fit_factors(d, meas[rows], {k: float(np.median(tp.catalog[k][rows])) for k in FACTORS})
-            free = used_by(d)
-            scales[key] = {"fitted": {k: v for k, v in fitted[key].items() if k in free},
-                           "kept_from_catalog": {k: v for k, v in fitted[key].items() if k not in free}}
-            in_sample[rows] = tpot_at(d, fitted[key])
-        loo, loo_split = np.full(len(keys), np.nan), np.zeros(len(keys), dtype=bool)
+        scales, in_sample, loo = {}, np.full(len(keys), np.nan), np.full(len(keys), np.nan)
+        loo_split = np.zeros(len(keys), dtype=bool)
+        left: dict = {key: ([], []) for key in np.unique(keys)}  # per key: its left-out fits, where their TPOTs go
         shared: dict = {}  # a key's rows at one two-batch choice: the fits leaving out each of its sweeps read them
         for g, idx in pd.Series(np.arange(len(keys))).groupby(tp.groups).groups.items():
             idx = np.asarray(idx)
@@ -440,14 +447,121 @@ def refit_tpot_sets(tp: TpotPasses, key_sets: list[np.ndarray], meas: np.ndarray
             train = np.flatnonzero(tp.groups[rows] != g)
             if len(train):
                 d = shared.setdefault((keys[idx[0]], split[rows].tobytes()), view.take(rows))
-                loo_fits.append((d, meas[rows], fitted[keys[idx[0]]], train))
-                loo_at.append((loo, idx, view.take(idx)))
+                left[keys[idx[0]]][0].append((d, meas[rows], train))
+                left[keys[idx[0]]][1].append((idx, view.take(idx)))
             else:  # a key in no other sweep: the catalog's
                 loo[idx] = tpot_at(view.take(idx), {k: tp.catalog[k][idx] for k in FACTORS})
+        for key, (fits, at) in left.items():
+            rows = np.flatnonzero(keys == key)
+            jobs.append(KeyFits(chosen.take(rows), meas[rows], {k: float(np.median(tp.catalog[k][rows]))
+                                                                for k in FACTORS}, fits, max_iter, passes))
+            places.append((scales, key, rows, in_sample, loo, at))
         out.append((scales, tb, in_sample, loo, loo_split))
-    for (loo, idx, d), f in zip(loo_at, fit_factors_many(loo_fits, max_iter, passes), strict=True):
-        loo[idx] = tpot_at(d, f)
+    for job, (scales, key, rows, in_sample, loo, at), (fitted, left_out) in zip(jobs, places, fit_keys(jobs),
+                                                                                 strict=True):
+        free = used_by(job.terms)
+        scales[key] = {"fitted": {k: v for k, v in fitted.items() if k in free},
+                       "kept_from_catalog": {k: v for k, v in fitted.items() if k not in free}}
+        in_sample[rows] = tpot_at(job.terms, fitted)
+        for (idx, d), f in zip(at, left_out, strict=True):
+            loo[idx] = tpot_at(d, f)
     return out
+
+
+@dataclass
+class KeyFits:
+    """One key's decode-factor fit (`fit_factors` of its terms and measured TPOTs from ``start``) and the fits
+    that start from its factors (``left_out``: terms, measured TPOTs aligned with them, the rows each reads), with
+    ``max_iter`` Nelder-Mead iterations restarted ``passes`` times (`fit_factors_many`).
+    """
+
+    terms: DecodeTerms
+    measured: np.ndarray
+    start: dict
+    left_out: list[tuple[DecodeTerms, np.ndarray, np.ndarray]]
+    max_iter: int
+    passes: int
+
+
+MAX_WORKERS = 8
+"""Processes `fit_keys` fits in at most (one per processor this process may run on)."""
+PIECE = 50
+"""Left-out fits of one key a worker process makes in one piece, at most (`fit_keys`: few enough to share the
+work out evenly, many enough for each round's fixed costs to be shared)."""
+
+
+def workers() -> int:
+    """The worker processes `fit_keys` uses: one per processor this process may run on, at most MAX_WORKERS; 1
+    (no worker: the fits made in this process) on one processor, where processes cannot be forked, or in a daemon
+    process (which may start none).
+    """
+    if ("fork" not in multiprocessing.get_all_start_methods() or not sys.platform.startswith("linux")
+            or multiprocessing.current_process().daemon):
+        return 1
+    return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+
+
+def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[dict, list[dict]]]:
+    """Per job, its key's factors and those of each of its left-out fits, the same to the last bit however they
+    are shared out: in ``processes`` worker processes (default: `workers`), each free process given the largest
+    fit ready (`_work`): a key's fit, or once it is made its left-out fits in pieces of `PIECE`; in this process
+    (one process), the fits per key one at a time and the left-out fits all together (`fit_factors_many`, per
+    iteration limit).
+    """
+    processes = workers() if processes is None else processes
+    fitted: list = [None] * len(jobs)
+    left: list[list] = [[None] * len(j.left_out) for j in jobs]
+    if processes < 2:
+        fitted = [fit_factors(j.terms, j.measured, j.start) for j in jobs]
+        together: dict = {}
+        for i, j in enumerate(jobs):
+            for n, (d, m, rows) in enumerate(j.left_out):
+                together.setdefault((j.max_iter, j.passes), []).append((i, n, (d, m, fitted[i], rows)))
+        for (max_iter, passes), fits in together.items():
+            for (i, n, _), f in zip(fits, fit_factors_many([f for *_, f in fits], max_iter, passes), strict=True):
+                left[i][n] = f
+        return list(zip(fitted, left, strict=True))
+    pieces = []  # per job, its left-out fits cut in pieces of PIECE at most, as even as can be
+    for j in jobs:
+        n = len(j.left_out)
+        step = -(-n // -(-n // PIECE)) if n else 1
+        pieces.append([(lo, min(lo + step, n)) for lo in range(0, n, step)])
+    # a key's fit first where its own and its left-out fits are the most work
+    ready = [(_work(len(j.measured), MAX_ITER, MAX_PASSES) + sum(_work(len(j.left_out[n][2]), j.max_iter, j.passes)
+                                                              for n in range(len(j.left_out))), i, -1, -1)
+             for i, j in enumerate(jobs)]
+    with warnings.catch_warnings():  # the fits run no threads (numpy's BLAS threads are idle): fork is safe
+        warnings.filterwarnings("ignore", message=".*fork", category=DeprecationWarning)
+        pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"))
+        with pool:
+            pending: dict = {}
+            while ready or pending:
+                ready.sort()
+                while ready and len(pending) < processes:
+                    _, i, lo, hi = ready.pop()
+                    j = jobs[i]
+                    pending[pool.submit(fit_factors, j.terms, j.measured, j.start) if lo < 0 else pool.submit(
+                        fit_factors_many, [(d, m, fitted[i], rows) for d, m, rows in j.left_out[lo:hi]], j.max_iter,
+                        j.passes)] = (i, lo, hi)
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i, lo, hi = pending.pop(future)
+                    if lo >= 0:
+                        left[i][lo:hi] = future.result()
+                        continue
+                    fitted[i], j = future.result(), jobs[i]
+                    ready += [(sum(_work(len(rows), j.max_iter, j.passes) for _, _, rows in j.left_out[a:b]), i, a, b)
+                              for a, b in pieces[i]]
+    return list(zip(fitted, left, strict=True))
+
+
+def _work(rows: int, max_iter: int, passes: int) -> int:
+    """What `fit_keys` expects a fit of ``rows`` rows to cost (it orders the fits by it): rows times the
+    Nelder-Mead iterations it may take, a fit restarted counted at three runs (the decode fits per key take 4,000
+    to 19,000 loss evaluations of the 48,000 they may; the leave-group-out refits, 600 iterations at most, some
+    850).
+    """
+    return rows * max_iter * min(passes, 3)
 
 
 # ---- the serving stack's terms ---------------------------------------------------------------------------------------

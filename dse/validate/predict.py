@@ -247,17 +247,19 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
     memory) instead of admitting its own.
     ``factors``: the efficiency factors per system where ``eff`` is None (default: the catalog's).
     """
-    out = pd.DataFrame(index=table.index, columns=["predicted_ttft_s", "predicted_tpot_s", "fits", *TTFT_PIECES,
-                                                   "decode_batch"], dtype=float)
+    names = ["predicted_ttft_s", "predicted_tpot_s", "fits", *TTFT_PIECES, "decode_batch"]
     if table.empty:
-        return out
-    out["admission_s"] = 0.0
+        return pd.DataFrame(index=table.index, columns=names, dtype=float)
+    out = {k: np.full(len(table), np.nan) for k in names}  # by position, each group's rows written at once
+    out["admission_s"][:] = 0.0
     models, systems, mt, _ = run_tables(table, factors)
     stack = run_stacks(table, stacks)
     # each run's HBM as its framework reserves it
     tables = {fw: run_tables(table, factors, fw)[3] for fw in set(table["backend"].astype(str))}
     micro = pd.Series(np.where(two_batch, 2, 1) * np.ones(len(table), dtype=np.int64), index=table.index)
-    for (fw, model, mode, isl, osl), g in table.groupby(["backend", "model", "mode", "isl", "osl"], sort=False):
+    grouped = table.groupby(["backend", "model", "mode", "isl", "osl"], sort=False)
+    for (fw, model, mode, isl, osl), g in grouped:
+        at = grouped.indices[(fw, model, mode, isl, osl)]
         req = Request(int(isl), int(osl), arrival="concurrency", stack=stack[f"{fw}|{model}"])
         st = tables[str(fw)]
         per_stage = g["in_flight"].to_numpy() / g["pp"].to_numpy()  # sequences per micro-batch of a replica
@@ -279,9 +281,9 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
                 r = aggregated(replace(cand, batch=running), mt, st, req, eff)
                 tpot = r["tpot_s"]
                 admission = (per_stage - running) * g["pp"].to_numpy() / r["requests_per_s"]
-                out.loc[g.index, "admission_s"] = admission
+                out["admission_s"][at] = admission
                 r = {**r, "ttft_s": r["ttft_s"] + admission}
-            out.loc[g.index, "decode_batch"] = running * g["pp"].to_numpy()
+            out["decode_batch"][at] = running * g["pp"].to_numpy()
         else:
             pre_t = g[["model", "system", "wd", "ed", "kd"]].assign(**{k: g[f"p_{k}"] for k in ("tp", "dp", "ep", "etp",
                                                                                           "pp")})
@@ -299,17 +301,17 @@ def predict_runs(table: pd.DataFrame, eff: Efficiency | None = None, two_batch: 
                 dec = decode_at(decode_batch[g.index].to_numpy())
                 r = disaggregated_closed_loop(dec, pre, req, g["concurrency"].to_numpy(), g["p_replicas"].to_numpy())
                 r["decode_batch"] = decode_batch[g.index].to_numpy()
-            out.loc[g.index, "decode_batch"] = r["decode_batch"]
+            out["decode_batch"][at] = r["decode_batch"]
             tpot, fits, transfer = r["tpot_s"], dec["fits"] & pre["fits"], pre["kv_transfer_s"]
             r["prefill_service_s"] = pre["prefill_service_s"]
-        out.loc[g.index, "prefill_s"] = r["prefill_service_s"]
-        out.loc[g.index, "wave_s"] = r["wave_s"]
-        out.loc[g.index, "wait_floor_s"] = r["wait_floor_s"]
-        out.loc[g.index, "transfer_s"] = transfer
-        out.loc[g.index, "predicted_ttft_s"] = r["ttft_s"]
-        out.loc[g.index, "predicted_tpot_s"] = tpot
-        out.loc[g.index, "fits"] = np.asarray(fits, dtype=float)
-    return out
+        out["prefill_s"][at] = r["prefill_service_s"]
+        out["wave_s"][at] = r["wave_s"]
+        out["wait_floor_s"][at] = r["wait_floor_s"]
+        out["transfer_s"][at] = transfer
+        out["predicted_ttft_s"][at] = r["ttft_s"]
+        out["predicted_tpot_s"][at] = tpot
+        out["fits"][at] = np.asarray(fits, dtype=float)
+    return pd.DataFrame(out, index=table.index)
 
 
 def predict_runs_split(table: pd.DataFrame, split: np.ndarray, factors: EfficiencyCatalog | None = None,

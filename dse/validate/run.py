@@ -51,7 +51,7 @@ from dse.physics.serving import closed_loop_ttft
 from dse.validate import cache as stored
 from dse.validate.decode import TpotPasses, predicted_passes, tpot_at
 from dse.validate.factors import FACTORS
-from dse.validate.fit import LFO_MAX_ITER, LFO_PASSES, fit_stack_sets, refit_tpot, refit_tpot_sets, stack_key_of
+from dse.validate.fit import LFO_MAX_ITER, LFO_PASSES, LOO_MAX_ITER, fit_stack_sets, refit_tpot_sets, stack_key_of
 from dse.validate.points import Cases
 from dse.validate.predict import TTFT_PIECES, outside_stack, predict, predict_runs, table
 from dse.validate.report import RunsValidation, Validation, family_bands, summarize
@@ -95,7 +95,7 @@ def validate_runs(runs: Runs) -> RunsValidation:
     with the ideal roofline (``ideal_error``).
 
     For TPOT, the decode pass's efficiency factors are fitted per `factor_key` (family and framework) on the rows'
-    decode passes (`dse.validate.decode.decode_terms`, `dse.validate.fit.refit_tpot`; the request level's
+    decode passes (`dse.validate.decode.decode_terms`, `dse.validate.fit.refit_tpot_sets`; the request level's
     interference held at the catalog's), after two-batch overlap is chosen per (framework, mode) from the data
     (`dse.validate.fit.choose_two_batch`; ``scales["two_batch_overlap"]``, the row's choice in ``two_batch``, and in
     ``two_batch_loo`` the choice made without its sweep, with ``ideal_tpot_loo_s`` the roofline of that pass):
@@ -137,7 +137,12 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
     t = t.copy()
     meas = t["measured_tpot_s"].to_numpy()
     scales = {}
-    by_factors, by_family = refit_tpot_sets(tp, [factor_key(t).to_numpy(), family_key(t).to_numpy()], meas)
+    family = family_key(t).to_numpy()
+    # the leave-family-out fits too: each family's rows predicted by decode factors per framework fitted on the
+    # other families' rows
+    by_factors, by_family, by_framework = refit_tpot_sets(
+        [(tp, factor_key(t).to_numpy(), LOO_MAX_ITER, 1), (tp, family, LOO_MAX_ITER, 1),
+         (replace(tp, groups=family), t["backend"].astype(str).to_numpy(), LFO_MAX_ITER, LFO_PASSES)], meas)
     scales["tpot"], tb, tpot_in_sample, tpot_loo, loo_split = by_factors
     tpot_loo_family = by_family[3]
     ideal = predict_runs(t, IDEAL, decode_batch=tp.decode_batch(tb.per_row))  # the roofline at the same point
@@ -152,7 +157,6 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
     # TTFT: the physics' closed loop through each framework's serving stack, its terms refitted per framework
     # and mode
     ttft = t["measured_ttft_s"]
-    family = family_key(t).to_numpy()
     (fits, in_sample, loo), (_, _, ttft_lfo), (_, _, ttft_lmo) = fit_stack_sets(
         t, [groups, pd.Series(family, index=t.index), t["model"]])
     scales["ttft"] = {k: {"queue_share": f["terms"].queue_share, "fixed_latency_s": f["terms"].fixed_latency_s,
@@ -172,9 +176,7 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
 
     # each family predicted by the fits on the other families' rows: decode factors per framework, the stacks'
     # terms per framework and mode
-    tpot_lfo = refit_tpot(replace(tp, groups=family), t["backend"].astype(str).to_numpy(), meas, LFO_MAX_ITER,
-                          LFO_PASSES)[3]
-    t["tpot_lfo_error"] = tpot_lfo / meas - 1.0
+    t["tpot_lfo_error"] = by_framework[3] / meas - 1.0
     t["ttft_lfo_error"] = ttft_lfo / ttft - 1.0
     t["ttft_lmo_error"] = ttft_lmo / ttft - 1.0  # each model's rows through stack terms fitted without them
     _within_sweep(t, groups)
