@@ -65,19 +65,20 @@ def test_the_catalog_factors_reproduce_the_predicted_tpot(sample):
 
 
 def test_the_fit_recovers_known_factors(sample):
-    """TPOTs made at known factors: the fit from the catalog's factors finds those the rows identify and
-    reproduces the TPOTs: the median exactly, every one within 1.5% (on this sample, whose few compute-bound
-    decode passes let the compute share and a GEMM's half-performance rows trade off: 14 of 300 rows stay up to
-    1.1% off at a local minimum, 0.85 and 147 rows against 0.41 and 70)."""
+    """TPOTs made at known factors: the fit from a start 20-30% off every factor finds them all and reproduces
+    every TPOT. (Not from the catalog's factors: the catalog holds attention's half-performance context at 0, the
+    bound of its range, and Nelder-Mead's first simplex moves a coordinate at 0 by 0.00025 of its own unit, so a
+    factor fitted to 0 is never moved again by a fit that starts there; from there the fit stops 0.7% off.)"""
     _, _, _, _, terms, catalog = sample
     measured = tpot_at(terms, OTHER)
-    start = {k: float(np.median(catalog[k])) for k in FACTORS}
+    off = (0.7, 1.3, 0.75, 1.25, 0.8, 1.2, 0.7, 1.3, 0.75, 1.0)
+    start = {k: OTHER[k] * m for k, m in zip(FACTORS, off, strict=True)}
     f = fit_factors(terms, measured, start)
     err = np.abs(tpot_at(terms, f) / measured - 1)
-    assert np.median(err) < 1e-6 and err.max() < 1.5e-2
+    assert np.median(err) < 1e-6 and err.max() < 1e-6
     assert set(used_by(terms)) == set(FACTORS) - {"kernel_overlap"}  # the kernels' overlap is the catalog's
-    assert f["memory"] == pytest.approx(OTHER["memory"], rel=1e-2)
-    assert f["layer_overhead"] == pytest.approx(OTHER["layer_overhead"], rel=5e-2)
+    for k in used_by(terms):
+        assert f[k] == pytest.approx(OTHER[k], rel=1e-4), k
 
 
 def test_fractions_stay_shares_of_a_peak_and_latencies_stay_positive(sample):
