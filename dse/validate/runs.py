@@ -436,8 +436,8 @@ DEPLOYMENT = ("wd", "kd", "tp", "dp", "ep", "etp", "pp", "replicas", "p_tp", "p_
 def _one_per_measurement(t: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
     """One row per measurement (`MEASUREMENT`), the other rows returned as duplicates (their id, the kept id).
 
-    A file may list one benchmark run several times (the measured runs list 377 twice or three times, 768 rows,
-    under other ids from other exports): a copy is not another observation, and counted again it weighs its
+    A file may list one benchmark run several times (512 of the catalog's 3,113 measured runs repeat another's
+    measurement under other ids, from other exports): a copy is not another observation, and counted again it weighs its
     sweep twice in the fits and the medians. Where the copies state one deployment the first is kept. Where they
     state different ones (one export's layout multiplies the attention TP or DP by the expert TP: "tp8_ep8" as TP8
     EP8 in one, TP64 x expert TP8 in another) one measurement cannot confirm both, so it is kept once, on the
