@@ -316,6 +316,7 @@ def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, max_iter: int
 def fit_key(d: DecodeTerms, measured: np.ndarray, start: dict) -> dict:
     """A key's decode factors: `fit_factors` from ``start`` and, where a fixed time or length of it sits at the
     bottom of its log range, from there lifted (`_lifted`) too; the fit of the lower loss (the first on a tie).
+    The two fits are made one after the other: stepped together (`fit_factors_many`) they took twice as long.
     """
     free = used_by(d)
     x = _pack(start, free)
