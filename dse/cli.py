@@ -473,8 +473,9 @@ def validate(
     out: Annotated[Path | None, typer.Option(help="Report folder (default: results/validate/).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Cross-validate measured runs anew, neither reading "
-                                           "nor keeping a result (nor a parsed file) in the cache ($DSE_CACHE_DIR, "
-                                           "else ~/.cache/dse; keyed by the runs, catalogs and dse's source).")] = False,
+                                           "nor keeping a result (nor a parsed file) in the cache "
+                                           "($DSE_CACHE_DIR, else ~/.cache/dse; keyed by the runs, catalogs and "
+                                           "dse's source).")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Measured runs: draw no scatter PNGs (scripted use: "
                                            "faster, no matplotlib).")] = False,
 ) -> None:
