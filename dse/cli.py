@@ -12,7 +12,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from enum import Enum
 from pathlib import Path
@@ -298,17 +298,6 @@ def run(
                                            "report.html says the figures were skipped.")] = False,
 ) -> None:
     """Run a study: solve it, then write summary.json, CSVs, PNG plots (unless --no-plots) and report.html."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    _starting()
     from dse import run_study
     from dse.studies.base import load_study
 
@@ -317,15 +306,7 @@ def run(
         spec = load_study(study)
         _started()
         target = out or Path("results") / spec.study
-        bar = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err, transient=True)
-        with _native_stdout_to_stderr(), bar:
-            task = bar.add_task(f"{spec.study}: building and solving", total=None)
-
-            def progress(what: str, done: int | None = None, total: int | None = None) -> None:
-                bar.update(task, description=f"{spec.study}: {what}", total=total,
-                           **({"completed": done} if done is not None else {}))
-
+        with _native_stdout_to_stderr(), _progress_bar(err, spec.study) as progress:
             result = run_study(spec, out=target, storage=storage, progress=progress, where=str(study), force=force,
                                plots=not no_plots)
     except (InputError, SolverLimitError) as exc:
@@ -339,6 +320,36 @@ def run(
         for item in summary["infeasible"]:
             err.print(f"[bold red]infeasible:[/] {escape(item['reason'])}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)
+
+
+@contextmanager
+def _progress_bar(err: Console, name: str) -> Iterator[Callable[..., None] | None]:
+    """The progress callback of a run, drawn as a transient bar on ``err`` where it is a terminal; None elsewhere
+    (a bar on a file or a pipe shows nothing: the bar, its library and its refresh thread are not made).
+    """
+    if not err.is_terminal:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err, transient=True)
+    with bar:
+        task = bar.add_task(f"{name}: building and solving", total=None)
+
+        def progress(what: str, done: int | None = None, total: int | None = None) -> None:
+            bar.update(task, description=f"{name}: {what}", total=total,
+                       **({"completed": done} if done is not None else {}))
+
+        yield progress
 
 
 @app.command()
@@ -929,9 +940,9 @@ _OWN_PROCESS = False
 
 
 def _starting() -> None:
-    """A command's start-up begins (its imports, the catalogs, the study): in a process of the command line's own,
-    the cyclic garbage collector pauses until `_started`. What start-up makes lives to the end of the process, so
-    the collections it would run find nothing to free (some 0.03 s of a short question's 0.5 s).
+    """A command's start-up begins (the parse of its options, its imports, the catalogs, the study): in a process of
+    the command line's own, the cyclic garbage collector pauses until `_started`. What start-up makes lives to the
+    end of the process, so the collections it would run find nothing to free.
     """
     if _OWN_PROCESS:
         gc.disable()
@@ -961,6 +972,8 @@ def main() -> None:
 
     keep_freed_memory()  # the evaluator's temporaries stay in the process instead of page-faulting back each call
     _OWN_PROCESS = True
+    if sys.argv[1:2] == ["run"]:
+        _starting()  # from here: the parse of its options imports pydantic (typer's coercion) too
     try:
         app()
     except (InputError, InfeasibleError, SolverLimitError) as exc:  # pragma: no cover - commands catch their own
