@@ -2,9 +2,10 @@
 
 Exit codes: 0 success, 2 bad input (one message naming the file or option, the field and what is
 allowed), 3 infeasible, 1 anything else.
-"""
 
-from __future__ import annotations
+This module alone goes without ``from __future__ import annotations``: typer reads every command's signature at
+each start, and string annotations cost it an ``eval`` (and a compile) each, some 0.01-0.02 s of a short question.
+"""
 
 import ctypes
 import gc
