@@ -150,16 +150,28 @@ def _parse_key(text: str, keys: tuple[str, ...] | None) -> str | None:
     """The cache key of ``read_yaml(path, keys)`` on a file holding ``text`` (None: no cache, or no YAML library)."""
     if cache.cache_dir() is None:
         return None
+    parser = _parser_files()
+    if parser is None:
+        return None
+    h = hashlib.sha256(parser)
+    h.update(b"\0keys\0" + repr(keys).encode() + b"\0text\0" + text.encode())
+    return h.hexdigest()
+
+
+@functools.cache
+def _parser_files() -> bytes | None:
+    """What a parse depends on besides the text, once per process: `PARSE_FORMAT`, this module's source and the YAML
+    library's modules and compiled parser (name, size and modification time of each); None without the library.
+    """
     spec = importlib.util.find_spec("yaml")
     if spec is None or spec.origin is None:
         return None
-    h = hashlib.sha256(PARSE_FORMAT + b"\0" + Path(__file__).read_bytes())
-    for f in sorted(Path(spec.origin).parent.iterdir()):  # the library's modules and its compiled parser
+    out = [PARSE_FORMAT, Path(__file__).read_bytes()]
+    for f in sorted(Path(spec.origin).parent.iterdir()):
         if f.suffix in (".py", ".so", ".pyd"):
             st = f.stat()
-            h.update(f"\0{f.name} {st.st_size} {st.st_mtime_ns}".encode())
-    h.update(b"\0keys\0" + repr(keys).encode() + b"\0text\0" + text.encode())
-    return h.hexdigest()
+            out.append(f"{f.name} {st.st_size} {st.st_mtime_ns}".encode())
+    return b"\0".join(out)
 
 
 def _parse(path: Path, text: str, keys: tuple[str, ...] | None) -> Any:
