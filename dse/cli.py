@@ -2,9 +2,10 @@
 
 Exit codes: 0 success, 2 bad input (one message naming the file or option, the field and what is
 allowed), 3 infeasible, 1 anything else.
-"""
 
-from __future__ import annotations
+This module alone goes without ``from __future__ import annotations``: typer reads every command's signature at
+each start, and string annotations cost it an ``eval`` (and a compile) each, some 0.01-0.02 s of a short question.
+"""
 
 import ctypes
 import gc
@@ -12,8 +13,8 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -298,16 +299,6 @@ def run(
                                            "report.html says the figures were skipped.")] = False,
 ) -> None:
     """Run a study: solve it, then write summary.json, CSVs, PNG plots (unless --no-plots) and report.html."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from dse import run_study
     from dse.studies.base import load_study
 
@@ -316,15 +307,7 @@ def run(
         spec = load_study(study)
         _started()
         target = out or Path("results") / spec.study
-        bar = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err, transient=True)
-        with _native_stdout_to_stderr(), bar:
-            task = bar.add_task(f"{spec.study}: building and solving", total=None)
-
-            def progress(what: str, done: int | None = None, total: int | None = None) -> None:
-                bar.update(task, description=f"{spec.study}: {what}", total=total,
-                           **({"completed": done} if done is not None else {}))
-
+        with _native_stdout_to_stderr(), _progress_bar(err, spec.study) as progress:
             result = run_study(spec, out=target, storage=storage, progress=progress, where=str(study), force=force,
                                plots=not no_plots)
     except (InputError, SolverLimitError) as exc:
@@ -338,6 +321,36 @@ def run(
         for item in summary["infeasible"]:
             err.print(f"[bold red]infeasible:[/] {escape(item['reason'])}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)
+
+
+@contextmanager
+def _progress_bar(err: Console, name: str) -> Iterator[Callable[..., None] | None]:
+    """The progress callback of a run, drawn as a transient bar on ``err`` where it is a terminal; None elsewhere
+    (a bar on a file or a pipe shows nothing: the bar, its library and its refresh thread are not made).
+    """
+    if not err.is_terminal:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=err, transient=True)
+    with bar:
+        task = bar.add_task(f"{name}: building and solving", total=None)
+
+        def progress(what: str, done: int | None = None, total: int | None = None) -> None:
+            bar.update(task, description=f"{name}: {what}", total=total,
+                       **({"completed": done} if done is not None else {}))
+
+        yield progress
 
 
 @app.command()
@@ -472,8 +485,9 @@ def validate(
     out: Annotated[Path | None, typer.Option(help="Report folder (default: results/validate/).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Cross-validate measured runs anew, neither reading "
-                                           "nor keeping a result in the cache ($DSE_CACHE_DIR, else "
-                                           "~/.cache/dse; keyed by the runs, catalogs and dse's source).")] = False,
+                                           "nor keeping a result (nor a parsed file) in the cache "
+                                           "($DSE_CACHE_DIR, else ~/.cache/dse; keyed by the runs, catalogs and "
+                                           "dse's source).")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Measured runs: draw no scatter PNGs (scripted use: "
                                            "faster, no matplotlib).")] = False,
 ) -> None:
@@ -494,7 +508,10 @@ def validate(
         if bands:
             _fail(InputError(f"{cases[0]}: --bands recomputes the bands from the catalog's cases and its measured "
                              "runs (hw_catalog/calibration/published/*.csv); drop --cases"))
-        _validate_runs(runs_files, fit, out, as_json, not no_cache, not no_plots)
+        from dse.catalog.cache import disabled
+
+        with disabled() if no_cache else nullcontext():  # nothing read from or kept in the cache, parsed files too
+            _validate_runs(runs_files, fit, out, as_json, not no_cache, not no_plots)
         return
     if cases and len(cases) > 1:
         _fail(InputError(f"{', '.join(str(c) for c in cases)}: --cases takes one YAML cases file"))
@@ -923,15 +940,25 @@ _OWN_PROCESS = False
 """Whether the command line runs in a process of its own (`main`), not inside a caller's (the tests' CliRunner)."""
 
 
+def _starting() -> None:
+    """A command's start-up begins (the parse of its options, its imports, the catalogs, the study): in a process of
+    the command line's own, the cyclic garbage collector pauses until `_started`. What start-up makes lives to the
+    end of the process, so the collections it would run find nothing to free.
+    """
+    if _OWN_PROCESS:
+        gc.disable()
+
+
 def _started() -> None:
     """A command's start-up is over: in a process of the command line's own, every object made so far (the modules,
-    the catalogs, the study) is put out of the cyclic garbage collector's reach (``gc.freeze``). They live to the
-    end of the process, and each full collection would otherwise walk them all again: some 0.15 s of a short
-    question's 0.8 s of CPU. What the command makes afterwards is collected as usual; a caller's process keeps its
-    own collector as it is.
+    the catalogs, the study) is put out of the cyclic garbage collector's reach (``gc.freeze``), and the collector
+    runs again. They live to the end of the process, and each full collection would otherwise walk them all again:
+    some 0.15 s of a short question's 0.8 s of CPU. What the command makes afterwards is collected as usual; a
+    caller's process keeps its own collector as it is.
     """
     if _OWN_PROCESS:
         gc.freeze()
+        gc.enable()
 
 
 def main() -> None:
@@ -946,6 +973,8 @@ def main() -> None:
 
     keep_freed_memory()  # the evaluator's temporaries stay in the process instead of page-faulting back each call
     _OWN_PROCESS = True
+    if sys.argv[1:2] == ["run"]:
+        _starting()  # from here: the parse of its options imports pydantic (typer's coercion) too
     try:
         app()
     except (InputError, InfeasibleError, SolverLimitError) as exc:  # pragma: no cover - commands catch their own

@@ -5,7 +5,8 @@
 Each table is `dse.physics.queueing.build_table` of one of `QUANTILES` (the grid z and x_q at each node), stored with
 the settings it depends on (`table_parameters`); the module reads a table from the file only when those settings are
 today's. Rerun after changing the grid, the bisection or the distribution; `--check` rebuilds the tables and exits 1
-when they differ from the file (``tests/test_queueing.py`` does the same).
+when they differ from the file (``tests/test_queueing.py`` does the same). The file is stored uncompressed (0.54 MB
+against 0.37 MB): a question reads it in about 1 ms instead of 5-15 ms of inflating it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main() -> None:
             same = set(shipped.files) == set(built) and all(np.array_equal(shipped[k], v) for k, v in built.items())
         print(f"{Q.TABLES_FILE}: {'the same' if same else 'DIFFERENT'}")
         sys.exit(0 if same else 1)
-    np.savez_compressed(Q.TABLES_FILE, **built)
+    np.savez(Q.TABLES_FILE, **built)
     print(f"wrote {Q.TABLES_FILE} ({', '.join(f'{k} {v.size}' for k, v in built.items())})")
 
 

@@ -244,3 +244,20 @@ def test_the_command_line_freezes_its_start_up_in_its_own_process_only(tmp_path)
     assert gc.get_freeze_count() == before
     for name in ("best.csv", "serving.csv", "systems.csv"):
         assert (tmp_path / "own" / name).read_bytes() == (tmp_path / "caller" / name).read_bytes()
+
+
+def test_the_progress_bar_is_drawn_on_a_terminal_alone():
+    """`dse run`'s progress: a callback drawing a transient bar where stderr is a terminal; none elsewhere (where a
+    bar shows nothing), so neither its library nor its refresh thread is made there."""
+    import io
+
+    from rich.console import Console
+
+    from dse.cli import _progress_bar
+
+    with _progress_bar(Console(file=io.StringIO()), "q") as progress:
+        assert progress is None
+    screen = io.StringIO()
+    with _progress_bar(Console(file=screen, force_terminal=True), "q") as progress:
+        progress("solving", 1, 4)
+    assert "q: solving" in screen.getvalue()

@@ -67,3 +67,23 @@ def test_crowded_labels_never_overlap():
     placed = place_labels(ax, x, y, [f"configuration number {i}" for i in range(12)], avoid=(x, y))
     assert 1 <= len(placed) < 12
     assert _clear(fig) == len(placed)
+
+
+def test_report_rows_are_the_frames_records():
+    """`records` gives what ``DataFrame.to_dict(orient="records")`` gives, value for value and type for type, on the
+    column types of the study tables (so report.html's cells are unchanged)."""
+    import pandas as pd
+
+    from dse.report.present import records, table_html
+
+    frame = pd.DataFrame({"chips": [8, 16, 24], "usd_per_request": [1e-3, float("nan"), 2.5],
+                          "fits": [True, False, True], "system": ["h200", None, "b200"],
+                          "layout": [[1, 2], None, ("a", 3.0)], "n": pd.array([1, None, 3], dtype="Int64")})
+    for table in (frame, frame.head(0), frame[[]], frame.iloc[[2, 0]]):
+        mine, theirs = records(table), table.to_dict(orient="records")
+        assert [list(r) for r in mine] == [list(r) for r in theirs]
+        for a, b in zip(mine, theirs, strict=True):
+            for key in a:
+                assert type(a[key]) is type(b[key]) and (a[key] == b[key] or a[key] is b[key]
+                                                         or (a[key] != a[key] and b[key] != b[key])), key
+    assert "<td>–</td>" in table_html(frame) and "<td>1 – 2</td>" in table_html(frame)

@@ -7,14 +7,17 @@ validation messages and the catalog tables are driven by that declaration.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
+import hashlib
+import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from dse.catalog import cache
 from dse.catalog.units import to_si
 from dse.errors import InputError, close_names
 
@@ -52,24 +55,30 @@ MAX_DEPTH = 32
 """Deepest nesting of mappings and lists accepted in a YAML file."""
 
 
-class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+@functools.cache
+def _loader() -> type:
     """PyYAML's safe loader (its libyaml parser where PyYAML has one: some four times faster on the catalogs),
-    except that a key given twice in one mapping is an error (not "last wins").
+    except that a key given twice in one mapping is an error (not "last wins"). Made on first use: a document read
+    back from the cache (`read_yaml`) imports no YAML library.
     """
+    import yaml
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                hash(key)
-            except TypeError:
-                raise yaml.constructor.ConstructorError(None, None, f"unhashable key {key!r}",
-                                                        key_node.start_mark) from None
-            if key in seen:
-                raise _DuplicateKey(key, key_node.start_mark.line + 1, seen[key])
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
+    class UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    hash(key)
+                except TypeError:
+                    raise yaml.constructor.ConstructorError(None, None, f"unhashable key {key!r}",
+                                                            key_node.start_mark) from None
+                if key in seen:
+                    raise _DuplicateKey(key, key_node.start_mark.line + 1, seen[key])
+                seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 class _DuplicateKey(Exception):
@@ -117,9 +126,59 @@ def read_yaml(path: Path, keys: tuple[str, ...] | None = None) -> Any:
     With ``keys``, a document that is a mapping keeps those top-level keys alone: the others are parsed (a syntax
     error anywhere is still reported) but never built into Python objects, which is most of the cost of a large
     section the caller does not read.
+
+    A document read before is read back from dse's cache (`dse.catalog.cache`), keyed by the file's text, ``keys``,
+    this module's source and the YAML library's files: parsing the catalogs is most of the work of a small question
+    after its imports. Only documents that parsed without a problem are kept, so every message above still comes.
     """
     text = read_text(path)
-    loader = _UniqueKeyLoader(text)
+    k = _parse_key(text, keys)
+    found = None if k is None else cache.lookup(f"yaml-{k}.pkl", k)
+    if isinstance(found, tuple) and len(found) == 1:
+        return found[0]
+    doc = _parse(path, text, keys)
+    if k is not None:
+        cache.store(f"yaml-{k}.pkl", k, (doc,))
+    return doc
+
+
+PARSE_FORMAT = b"dse parsed yaml 1"
+"""Changes whenever what `read_yaml` keeps changes shape."""
+
+
+def _parse_key(text: str, keys: tuple[str, ...] | None) -> str | None:
+    """The cache key of ``read_yaml(path, keys)`` on a file holding ``text`` (None: no cache, or no YAML library)."""
+    if cache.cache_dir() is None:
+        return None
+    parser = _parser_files()
+    if parser is None:
+        return None
+    h = hashlib.sha256(parser)
+    h.update(b"\0keys\0" + repr(keys).encode() + b"\0text\0" + text.encode())
+    return h.hexdigest()
+
+
+@functools.cache
+def _parser_files() -> bytes | None:
+    """What a parse depends on besides the text, once per process: `PARSE_FORMAT`, this module's source and the YAML
+    library's modules and compiled parser (name, size and modification time of each); None without the library.
+    """
+    spec = importlib.util.find_spec("yaml")
+    if spec is None or spec.origin is None:
+        return None
+    out = [PARSE_FORMAT, Path(__file__).read_bytes()]
+    for f in sorted(Path(spec.origin).parent.iterdir()):
+        if f.suffix in (".py", ".so", ".pyd"):
+            st = f.stat()
+            out.append(f"{f.name} {st.st_size} {st.st_mtime_ns}".encode())
+    return b"\0".join(out)
+
+
+def _parse(path: Path, text: str, keys: tuple[str, ...] | None) -> Any:
+    """`read_yaml`'s parse of ``text``, the contents of ``path``."""
+    import yaml
+
+    loader = _loader()(text)
     try:
         node = loader.get_single_node()
         if keys is not None and isinstance(node, yaml.MappingNode):

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pandas as pd
+from pandas.core.dtypes.cast import maybe_box_native  # what DataFrame.to_dict applies to each cell
 
 from dse.catalog.units import si
 from dse.studies.common import deployment_text
@@ -49,12 +50,22 @@ def cell(column: str, value) -> str:
     return f"{v:.4g}"
 
 
+def records(table: pd.DataFrame) -> list[dict]:
+    """``table.to_dict(orient="records")``, the same Python values (each cell as iterating its column gives it,
+    boxed as that method boxes it), read column by column in place of row by row: some five times faster on the
+    small mixed-type tables of a report.
+    """
+    columns = [[maybe_box_native(v) for v in table.iloc[:, i]] for i in range(table.shape[1])]
+    return ([dict(zip(table.columns, row, strict=True)) for row in zip(*columns, strict=True)] if columns
+            else [{} for _ in range(len(table))])
+
+
 def table_html(table: pd.DataFrame, max_rows: int = 200) -> str:
     """A DataFrame as an HTML table with units and rounding (at most ``max_rows`` rows, said so)."""
     shown = table.head(max_rows)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
     rows = []
-    for rec in shown.to_dict(orient="records"):
+    for rec in records(shown):
         cells = "".join(f"<td>{html.escape(cell(str(c), v))}</td>" for c, v in rec.items())
         rows.append(f"<tr>{cells}</tr>")
     more = f"<p>{len(table) - max_rows:,} more rows in the CSV.</p>" if len(table) > max_rows else ""

@@ -28,9 +28,12 @@ from dse.physics.serving import DEFAULT_CHUNK, Request
 
 
 class Strict(BaseModel):
-    """Strict fields: no unknown keys, no booleans or strings as numbers, no NaN or infinity."""
+    """Strict fields: no unknown keys, no booleans or strings as numbers, no NaN or infinity. A class's validator is
+    built when it first validates (``defer_build``): a nested class is validated inside its parent's validator, so
+    its own is never built on the way of a question (some 0.02 s of start-up).
+    """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False, defer_build=True)
 
 
 MAX_LIST = 64
