@@ -637,9 +637,9 @@ def solve_disaggregated(space: Space, req: Request | None = None,
     (a decode replica's USD/s over its request rate) + prefill USD per request (a prefill replica's USD/s
     x its service time / servers / rho). The decode term and the TPOT depend on the decode configuration
     alone; the prefill term and the TTFT (service + M/D/1 wait at rho + KV transfer) on the prefill
-    configuration alone; memory is checked per pool. The only coupling is the numerics: both pools use
-    the same weights and KV formats. So, per (weights, KV) format group, the optimum is the cheapest
-    feasible decode pair (every integer batch of every block) plus the cheapest feasible prefill option
+    configuration alone; memory is checked per pool. The only coupling is the pairing group: both pools use
+    the same weights and KV formats, on one vendor's hardware (`numerics_group`). So, per group, the optimum is
+    the cheapest feasible decode pair (every integer batch of every block) plus the cheapest feasible prefill option
     (every block, with and without context parallelism, at the highest utilisation the TTFT target
     allows: the prefill cost falls as 1/rho), and the answer is the best group. `tests/test_disaggregated.py`
     checks it against a brute force over every (prefill option, decode pair) combination.
@@ -804,7 +804,8 @@ def diagnose_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarra
                     f"{', context parallel' if pre.cp[k] else ''}) takes {tt[k]:.3g} s with no queue, "
                     f"{tt[k] - w.ttft_max:.3g} s over the {w.ttft_max:g} s target")
     return (f"{head}: HBM capacity runs out in the prefill pool (no layout holds one {w.prompt:,}-token prompt's KV "
-            "and activations) or no prefill layout shares a (weights, KV) format with a feasible decode layout")
+            "and activations) or no prefill layout shares a (weights, KV) format and a vendor (unless "
+            "space.mixed_vendors) with a feasible decode layout")
 
 
 def solve_cheapest(space: Space, modes: tuple[str, ...] = ("aggregated", "disaggregated"),
