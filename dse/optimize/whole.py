@@ -197,11 +197,12 @@ def _most(budget: Budget, left: np.ndarray, chips: np.ndarray, node: np.ndarray)
     return left // c
 
 
-def prune(o: PoolOptions, by_node: bool = False) -> PoolOptions:
+def prune(o: PoolOptions, by_node: bool = False, ties: bool = True) -> PoolOptions:
     """The options no other option of their group dominates (no more chips, no more USD/s, no less capacity, no
     larger ``keys``, so no deployment with it is cheaper, faster or smaller; of equal ones the first); with
     ``by_node`` (a node budget) only options on nodes of one size are compared, and those of a system with no node
-    size (0) are left out. Pairwise, in blocks of `PRUNE_ROWS` rows.
+    size (0) are left out; with ``ties`` false, the ``keys`` are not compared (what the cost alone needs).
+    Pairwise, in blocks of `PRUNE_ROWS` rows.
     """
     ok = np.flatnonzero(np.isfinite(o.rate) & (o.rate > 0) & np.isfinite(o.usd_s) & ((o.node > 0) | (not by_node)))
     if not len(ok):
@@ -211,16 +212,28 @@ def prune(o: PoolOptions, by_node: bool = False) -> PoolOptions:
     for g in np.unique(np.stack([o.group[ok], side[ok]]), axis=1).T:
         idx = ok[(o.group[ok] == g[0]) & (side[ok] == g[1])]
         # columns where less is better: chips, USD/s, -capacity, the tie keys
-        v = np.column_stack([o.chips[idx], o.usd_s[idx], -o.rate[idx], o.keys[idx]])
-        dominated = np.zeros(len(idx), dtype=bool)
-        for s in range(0, len(idx), PRUNE_ROWS):
-            rows = v[s:s + PRUNE_ROWS]
-            weak = (v[None, :, :] <= rows[:, None, :]).all(axis=2)
-            strict = (v[None, :, :] < rows[:, None, :]).any(axis=2)
-            earlier = np.arange(len(idx))[None, :] < np.arange(s, s + len(rows))[:, None]
-            dominated[s:s + len(rows)] = (weak & (strict | earlier)).any(axis=1)
-        out.append(idx[~dominated])
+        v = np.column_stack([o.chips[idx], o.usd_s[idx], -o.rate[idx], *([o.keys[idx]] if ties else [])])
+        # first within each (system, chips), then across them: dominance is transitive, so no survivor is lost
+        bucket = np.unique(np.stack([o.system[idx], o.chips[idx]]), axis=1, return_inverse=True)[1].ravel()
+        kept = np.concatenate([k[_undominated(v[k])] for k in (np.flatnonzero(bucket == b)
+                                                                for b in range(bucket.max() + 1))])
+        kept = np.sort(kept)
+        out.append(idx[kept[_undominated(v[kept])]])
     return o.take(np.sort(np.concatenate(out)))
+
+
+def _undominated(v: np.ndarray) -> np.ndarray:
+    """Rows of ``v`` (columns where less is better) no other row dominates (no larger anywhere, smaller somewhere;
+    of equal rows the first), compared in blocks of `PRUNE_ROWS` rows.
+    """
+    dominated = np.zeros(len(v), dtype=bool)
+    for s in range(0, len(v), PRUNE_ROWS):
+        rows = v[s:s + PRUNE_ROWS]
+        weak = (v[None, :, :] <= rows[:, None, :]).all(axis=2)
+        strict = (v[None, :, :] < rows[:, None, :]).any(axis=2)
+        earlier = np.arange(len(v))[None, :] < np.arange(s, s + len(rows))[:, None]
+        dominated[s:s + len(rows)] = (weak & (strict | earlier)).any(axis=1)
+    return ~dominated
 
 
 def _best_first(cost: np.ndarray, top: int, *keys: np.ndarray) -> np.ndarray:
@@ -255,11 +268,27 @@ def aggregated(o: PoolOptions, budget: Budget | None, demand: float | None, top:
 
 def disaggregated(pre: PoolOptions, dec: PoolOptions, budget: Budget | None, demand: float | None,
                   top: int = 1) -> list[Deployment]:
-    """The ``top`` best whole deployments of a prefill option and a decode option of one numerics group each (see
+    """The ``top`` best whole deployments of a prefill option and a decode option of one pairing group each (see
     the module's questions), best first.
+
+    In a budget, a first search over the options pruned on chips, USD/s and capacity alone (no tie keys: fewer
+    options) sets a bar: its ``top``-th best cost is at least the ``top``-th best over all options (it searches a
+    subset of them), so the search over the options the tie keys keep skips every pair whose fluid cost exceeds it.
     """
     by_node = budget is not None and budget.nodes is not None
-    pre, dec = prune(pre, by_node), prune(dec, by_node)
+    bar = math.inf
+    if demand is None and budget is not None:
+        quick = _pairs(prune(pre, by_node, ties=False), prune(dec, by_node, ties=False), budget, None, top, bar)
+        if len(quick) >= top:
+            bar = quick[-1][0]
+    return [f[2] for f in _pairs(prune(pre, by_node), prune(dec, by_node), budget, demand, top, bar)]
+
+
+def _pairs(pre: PoolOptions, dec: PoolOptions, budget: Budget | None, demand: float | None, top: int, bar: float
+           ) -> list[tuple[float, tuple, Deployment]]:
+    """The ``top`` best deployments of pruned options, group by group (in a budget, none whose pair's fluid cost
+    exceeds ``bar``).
+    """
     found: list[tuple[float, tuple, Deployment]] = []
     for g in np.intersect1d(pre.group, dec.group):
         p, d = pre.take(np.flatnonzero(pre.group == g)), dec.take(np.flatnonzero(dec.group == g))
@@ -268,9 +297,9 @@ def disaggregated(pre: PoolOptions, dec: PoolOptions, budget: Budget | None, dem
         else:
             if budget is None:
                 raise ValueError("a whole deployment needs a budget or a demand")
-            found += _in_budget(p, d, budget, top, bar=found[top - 1][0] if len(found) >= top else math.inf)
+            found += _in_budget(p, d, budget, top, bar=found[top - 1][0] if len(found) >= top else bar)
         found = _distinct_best(found, top)
-    return [f[2] for f in found]
+    return found
 
 
 def _distinct_best(found: list[tuple[float, tuple, Deployment]], top: int) -> list[tuple[float, tuple, Deployment]]:
