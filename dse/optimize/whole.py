@@ -198,8 +198,9 @@ def _most(budget: Budget, left: np.ndarray, chips: np.ndarray, node: np.ndarray)
 
 
 def prune(o: PoolOptions, by_node: bool = False, ties: bool = True) -> PoolOptions:
-    """The options no other option of their group dominates (no more chips, no more USD/s, no less capacity, no
-    larger ``keys``, so no deployment with it is cheaper, faster or smaller; of equal ones the first); with
+    """The options no other option of their group dominates (`_undominated`: no more chips, no more USD/s, no less
+    capacity, and less USD/s or no larger ``keys``, so no deployment with the other is costlier, slower or larger;
+    of equal ones the first); with
     ``by_node`` (a node budget) only options on nodes of one size are compared, and those of a system with no node
     size (0) are left out; with ``ties`` false, the ``keys`` are not compared (what the cost alone needs).
     Pairwise, in blocks of `PRUNE_ROWS` rows.
@@ -223,16 +224,20 @@ def prune(o: PoolOptions, by_node: bool = False, ties: bool = True) -> PoolOptio
 
 
 def _undominated(v: np.ndarray) -> np.ndarray:
-    """Rows of ``v`` (columns where less is better) no other row dominates (no larger anywhere, smaller somewhere;
-    of equal rows the first), compared in blocks of `PRUNE_ROWS` rows.
+    """Rows of ``v`` (chips, USD/s, -capacity, then the tie keys: less is better) no other row dominates, compared
+    in blocks of `PRUNE_ROWS` rows. A row is dominated by one with no more chips, no more USD/s and no less capacity
+    that either costs less per second (beyond `TIE`: swapping it in makes every deployment strictly cheaper, so
+    the row can neither win nor tie) or has no larger tie keys (smaller somewhere, or the same row earlier).
     """
     dominated = np.zeros(len(v), dtype=bool)
     for s in range(0, len(v), PRUNE_ROWS):
         rows = v[s:s + PRUNE_ROWS]
-        weak = (v[None, :, :] <= rows[:, None, :]).all(axis=2)
+        weak = (v[None, :, :3] <= rows[:, None, :3]).all(axis=2)
+        cheaper = v[None, :, 1] < rows[:, None, 1] * (1 - TIE)
+        keys = (v[None, :, 3:] <= rows[:, None, 3:]).all(axis=2)
         strict = (v[None, :, :] < rows[:, None, :]).any(axis=2)
         earlier = np.arange(len(v))[None, :] < np.arange(s, s + len(rows))[:, None]
-        dominated[s:s + len(rows)] = (weak & (strict | earlier)).any(axis=1)
+        dominated[s:s + len(rows)] = (weak & (cheaper | (keys & (strict | earlier)))).any(axis=1)
     return ~dominated
 
 
