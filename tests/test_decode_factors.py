@@ -81,6 +81,31 @@ def test_the_fit_recovers_known_factors(sample):
         assert f[k] == pytest.approx(OTHER[k], rel=1e-4), k
 
 
+def test_a_key_fit_lifts_a_length_or_fixed_time_stored_at_zero(sample):
+    """The catalog may hold a half-performance length or a fixed time at 0, the bound of the catalog's fit. From
+    there alone Nelder-Mead never moves it (the loss is flat over many units of its log, and its first simplex sees
+    no slope); `fit_key` fits from it lifted too and keeps the lower loss, so TPOTs made at known factors give the
+    factors back, and the lifted start never ends above the plain one."""
+    from dse.validate.fit import fit_key
+
+    _, _, _, _, terms, _ = sample
+    measured = tpot_at(terms, OTHER)
+    off = (0.7, 1.3, 0.75, 1.25, 0.8, 1.2, 0.7, 1.3, 0.75, 1.0)
+    start = {k: OTHER[k] * m for k, m in zip(FACTORS, off, strict=True)}
+    start.update(attention_half_context=0.0, layer_overhead=0.0)
+
+    def loss(f):
+        return float(np.abs(np.log(tpot_at(terms, f) / measured)).sum())
+
+    plain = fit_factors(terms, measured, start)
+    assert plain["attention_half_context"] < 1e-6  # stuck at its bound
+    f = fit_key(terms, measured, start)
+    assert loss(f) <= loss(plain)
+    for k in ("attention_half_context", "layer_overhead"):
+        assert OTHER[k] > 0 and f[k] == pytest.approx(OTHER[k], rel=1e-3), k
+    assert fit_key(terms, measured, dict(OTHER)) == fit_factors(terms, measured, dict(OTHER))  # nothing at 0
+
+
 def test_fractions_stay_shares_of_a_peak_and_latencies_stay_positive(sample):
     """TPOTs faster than any physics allows push the shares to their bound of 1, never beyond, and the
     latencies towards 0, never below."""

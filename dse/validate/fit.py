@@ -23,7 +23,7 @@ from dse.catalog.calibration import family_of
 from dse.catalog.frameworks import StackTerms
 from dse.catalog.hardware import Efficiency
 from dse.physics.serving import closed_loop_ttft
-from dse.validate.decode import DecodeTerms, ServingRows, TpotPasses, tpot_at
+from dse.validate.decode import DecodeTerms, ServingRows, TpotPasses, decode_step, tpot_at
 from dse.validate.factors import FACTOR, FACTORS, FITTED, RUN_FITTED
 from dse.validate.losses import FitRows, loss_of
 from dse.validate.points import Point
@@ -261,6 +261,29 @@ def _pack(f: dict, free: tuple[str, ...]) -> np.ndarray:
     return np.array([np.log(f[name]) if f[name] > 0 else FACTOR[name].log_range[0] for name in free])
 
 
+ZERO_START = 0.01
+"""A fixed time or length at the bottom of its log range is also fitted from where it lengthens the median decode
+pass of the fit's rows by this share (`_lifted`)."""
+
+
+def _lifted(x: np.ndarray, free: tuple[str, ...], d: DecodeTerms, f: dict) -> np.ndarray:
+    """``x`` (`_pack` of ``f``) with each fixed time or length at the bottom of its log range (a catalog value of
+    0, at the bound of the catalog's fit) moved to where it adds ZERO_START to the median row's pass at ``f`` (its
+    term times the factor, over the pass). At its bottom the loss is flat for many units of log (1e-9 tokens or
+    1e-3 read the same), so Nelder-Mead's first simplex, 5% of the coordinate, sees no slope there and the factor
+    never leaves its bound.
+    """
+    x, step = x.copy(), None
+    for i, name in enumerate(free):
+        if FACTOR[name].kind == "share" or x[i] > FACTOR[name].log_range[0]:
+            continue
+        step = decode_step(d, f) if step is None else step
+        term = getattr(d, FACTOR[name].term)
+        use = term > 0  # some row has it (`used_by`)
+        x[i] = min(float(np.log(ZERO_START / np.median(term[use] / step[use]))), FACTOR[name].log_range[1])
+    return x
+
+
 def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, max_iter: int = MAX_ITER,
                 passes: int = MAX_PASSES) -> dict:
     """The factors minimizing sum |log(tpot / measured)| over the rows' decode passes, from ``start`` (every
@@ -288,6 +311,25 @@ def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, max_iter: int
         if gain <= RESTART_GAIN * best:
             break
     return _unpack(x, free, fixed)
+
+
+def fit_key(d: DecodeTerms, measured: np.ndarray, start: dict) -> dict:
+    """A key's decode factors: `fit_factors` from ``start`` and, where a fixed time or length of it sits at the
+    bottom of its log range, from there lifted (`_lifted`) too; the fit of the lower loss (the first on a tie).
+    The two fits are made one after the other: stepped together (`fit_factors_many`) they took twice as long.
+    """
+    free = used_by(d)
+    x = _pack(start, free)
+    lifted = _lifted(x, free, d, start)
+    fitted = fit_factors(d, measured, start)
+    if np.array_equal(lifted, x):
+        return fitted
+    other = fit_factors(d, measured, _unpack(lifted, free, start))
+
+    def loss(f: dict) -> float:
+        return float(np.abs(np.log(tpot_at(d, f) / measured)).sum())
+
+    return other if loss(other) < loss(fitted) else fitted
 
 
 def fit_factors_many(fits: list[tuple], max_iter: int = MAX_ITER, passes: int = MAX_PASSES) -> list[dict]:
@@ -470,7 +512,7 @@ def refit_tpot_sets(sets: list[tuple[TpotPasses, np.ndarray, int, int]], meas: n
 
 @dataclass
 class KeyFits:
-    """One key's decode-factor fit (`fit_factors` of its terms and measured TPOTs from ``start``) and the fits
+    """One key's decode-factor fit (`fit_key` of its terms and measured TPOTs from ``start``) and the fits
     that start from its factors (``left_out``: terms, measured TPOTs aligned with them, the rows each reads), with
     ``max_iter`` Nelder-Mead iterations restarted ``passes`` times (`fit_factors_many`).
     """
@@ -512,7 +554,7 @@ def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[di
     fitted: list = [None] * len(jobs)
     left: list[list] = [[None] * len(j.left_out) for j in jobs]
     if processes < 2:
-        fitted = [fit_factors(j.terms, j.measured, j.start) for j in jobs]
+        fitted = [fit_key(j.terms, j.measured, j.start) for j in jobs]
         together: dict = {}
         for i, j in enumerate(jobs):
             for n, (d, m, rows) in enumerate(j.left_out):
@@ -540,7 +582,7 @@ def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[di
                 while ready and len(pending) < processes:
                     _, i, lo, hi = ready.pop()
                     j = jobs[i]
-                    pending[pool.submit(fit_factors, j.terms, j.measured, j.start) if lo < 0 else pool.submit(
+                    pending[pool.submit(fit_key, j.terms, j.measured, j.start) if lo < 0 else pool.submit(
                         fit_factors_many, [(d, m, fitted[i], rows) for d, m, rows in j.left_out[lo:hi]], j.max_iter,
                         j.passes)] = (i, lo, hi)
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
