@@ -168,8 +168,11 @@ def brute_force_pools(model, w, opts):
     cp = np.repeat([False, True], len(pre_rows) // 2)
     pre = prefill_pool(candidates_of(pre_rows, w.prompt), mt, st, req, cp, eff)
     rho = rho_for_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], w)
-    def pair(r):  # pools pair on one checkpoint and one KV encoding: the weights and KV formats, and FP8's encoding
-        return r[6] * 100 + r[7] * 10 + int(DTYPES[r[7]] == "fp8" and systems[r[0]].kv_fp8 == "e4m3fnuz")
+    def pair(r):  # pools pair on one checkpoint and one KV encoding: the weights and KV formats, and FP8's encoding;
+        # and on one vendor's hardware (the KV cache crosses within one vendor's serving stack) unless mixed allowed
+        fnuz = int(DTYPES[r[7]] == "fp8" and systems[r[0]].kv_fp8 == "e4m3fnuz")
+        vendor = "" if opts.mixed_vendors else systems[r[0]].vendor
+        return f"{r[6]}/{r[7]}/{fnuz}/{vendor}"
 
     return {"rows": rows, "dec": dec, "d_ok": d_ok, "pre_rows": pre_rows, "pre": pre, "rho": rho,
             "pair": np.array([pair(r) for r in rows]), "pre_pair": np.array([pair(r) for r in pre_rows]),

@@ -123,9 +123,10 @@ def test_disaggregated_metrics_recompute_from_their_parts():
 
 
 def test_an_fp8_kv_cache_crosses_only_between_systems_of_one_encoding():
-    """CDNA3 holds an FP8 KV cache as E4M3FNUZ, Hopper as OCP E4M3: their bit patterns differ, so an FP8 prefill
-    pool on MI300X never hands its KV to an H200 decode pool (nor the reverse); in BF16 the pools pair freely,
-    and a cross-system optimum in FP8 keeps both pools on one encoding."""
+    """CDNA3 holds an FP8 KV cache as E4M3FNUZ, Hopper as OCP E4M3: their bit patterns differ, so even where mixed
+    vendors are allowed (`space.mixed_vendors`) an FP8 prefill pool on MI300X never hands its KV to an H200 decode
+    pool (nor the reverse); in BF16 the pools then pair freely, and a cross-system optimum in FP8 keeps both pools
+    on one encoding."""
     from dse.catalog.hardware import default_systems
     from dse.catalog.models import get_model
     from dse.optimize.requests import numerics_group
@@ -137,7 +138,7 @@ def test_an_fp8_kv_cache_crosses_only_between_systems_of_one_encoding():
     model = get_model("llama-3.1-8b")
     opts = SpaceOptions(systems=("h200", "mi300x"), weights_dtypes=("fp8",), kv_dtypes=("bf16", "fp8"),
                         kv_tiers=("hbm",), tp=(1,), pp=(1,), max_racks=1, max_chips_per_stage=8,
-                        max_batch_per_rank=64)
+                        max_batch_per_rank=64, mixed_vendors=True)
     space = build_space(model, Request(name="chat", prompt=4000, output=200), opts)
     b = space.blocks
     sys_id = np.array([space.systems[int(i)].id for i in b["system_idx"]])
@@ -150,3 +151,55 @@ def test_an_fp8_kv_cache_crosses_only_between_systems_of_one_encoding():
                       SpaceOptions(**{**opts.__dict__, "kv_dtypes": ("fp8",)}))
     r = solve_disaggregated(fp8)
     assert len({catalog[p["system"]].kv_fp8 for p in r.pools}) == 1
+
+
+def test_pools_stay_on_one_vendor_unless_the_study_mixes_them(tmp_path):
+    """On MI325X and GB200, Llama 3.1 8B at 1,000/1,000 tokens is cheapest as MI325X prefill handing its KV cache to
+    GB200 decode, which no production serving framework does: by default every search that pairs pools (the
+    request-level search, whole deployments, the operating points of the deployment and fleet programs, built per
+    system as the fleet builds them) keeps both pools on one vendor; with `space.mixed_vendors` the cross-vendor
+    pair wins. Both answers equal the brute force, which reads the vendors off the catalog itself. A value that is
+    not a boolean exits 2 naming the file and field."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from dse.catalog.hardware import default_systems
+    from dse.catalog.models import get_model
+    from dse.cli import app
+    from dse.optimize.operating_points import operating_points
+    from dse.optimize.requests import disaggregated_tables
+    from dse.optimize.space import SpaceOptions
+    from dse.optimize.whole import Budget, whole_disaggregated
+
+    vendor = {s: v.vendor for s, v in default_systems().items()}
+    model = get_model("llama-3.1-8b")
+    w = Request(name="chat", prompt=1000, output=1000, tpot_max=0.05, ttft_max=5.0)
+    base = SpaceOptions(systems=("mi325x", "gb200-nvl72"), weights_dtypes=("bf16", "fp8"), kv_dtypes=("bf16",),
+                        kv_tiers=("hbm",), tp=(1,), pp=(1,), max_racks=1, max_chips_per_stage=8, max_batch_per_rank=128)
+    cost = {}
+    for mixed in (False, True):
+        opts = SpaceOptions(**{**base.__dict__, "mixed_vendors": mixed})
+        space = build_space(model, w, opts)
+        r = solve_disaggregated(space)
+        systems = [p["system"] for p in r.pools]
+        assert systems == (["mi325x", "gb200-nvl72"] if mixed else ["mi325x", "mi325x"]), (mixed, systems)
+        cost[mixed] = r.metrics["usd_per_request"]
+        assert cost[mixed] == pytest.approx(brute_force(model, w, opts)[0], rel=1e-9)
+        (whole,) = whole_disaggregated(space, disaggregated_tables(space), Budget(gpus=16), None)
+        assert len({vendor[p["system"]] for p in whole.pools}) == (2 if mixed else 1)
+        # the programs' operating points, one space per system as the fleet builds them
+        pts = [operating_points(build_space(model, w, SpaceOptions(**{**opts.__dict__, "systems": (s,)})),
+                                ("disaggregated",)) for s in opts.systems]
+        amd_prefill = set(pts[0].loc[pts[0]["role"] == "prefill", "group"])
+        nvidia_decode = set(pts[1].loc[pts[1]["role"] == "decode", "group"])
+        assert bool(amd_prefill & nvidia_decode) == mixed
+    assert cost[True] < cost[False] * (1 - 1e-3)
+
+    study = {"study": "vendors", "kind": "cheapest", "description": "d", "expect": "e", "models": ["llama-3.1-8b"],
+             "workloads": [{"name": "chat", "prompt": 1000, "output": 1000, "tpot_max_s": 0.05, "ttft_max_s": 5.0}],
+             "space": {"systems": ["mi325x", "gb200-nvl72"], "mixed_vendors": "yes"}}
+    path = tmp_path / "vendors.yaml"
+    path.write_text(yaml.safe_dump(study))
+    r = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2 and f"{path}: field 'space.mixed_vendors'" in " ".join(r.stderr.split())
+    assert not (tmp_path / "out").exists()

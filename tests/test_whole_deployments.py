@@ -6,8 +6,12 @@ evaluates every aggregated replica and every decode replica at every batch per D
 with and without context parallelism through the request-level physics, packs replicas onto nodes one by one, and
 tries every (prefill replicas, decode replicas) count the budget holds. A deployment serves min(x a, y b)
 requests/s (a: a prefill replica's requests/s at the utilisation its TTFT target allows, b: a decode replica's at
-its batch) and costs every chip's USD/s; in a budget the least USD per request as deployed wins (then the most
-requests/s), for a demand the least USD/s serving it (then the fewest GPUs or nodes).
+its batch) and costs every chip's USD/s; in a budget the least USD per request as deployed wins, for a demand the
+least USD/s serving it. Equal costs (within a relative 1e-9 here) go to the lower TPOT, then the lower TTFT (a
+prefill pool's at its utilisation as deployed), then in a budget the most requests/s and the fewest GPUs, for a
+demand the fewest GPUs and then nodes, among each layout at its batch serving the most requests/s (its cheapest per
+request; a lower batch of a pool that does not bind could serve at the same cost and a lower TPOT, and the search
+does not offer it).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dse.optimize.requests import block_optima, disaggregated_tables
 from dse.optimize.space import build_space
 from dse.optimize.whole import SOLVER, Budget, whole_aggregated, whole_disaggregated
 from dse.physics.roofline import ModelTable, SystemTable
-from dse.physics.serving import Request, aggregated
+from dse.physics.serving import Request, aggregated, prefill_ttft
 
 TOL = 1e-9
 MOST_PER_UNIT = 128
@@ -83,12 +87,23 @@ def _units(budget: Budget | None, replicas: int, chips: int, node: int) -> int:
 
 
 def _better(cand: tuple, best: tuple | None) -> bool:
-    """(cost, tie) beats best: a lower cost, or a cost within TOL and a lower tie key."""
+    """(cost, tie keys) beats best: a lower cost, or a cost within TOL and lower tie keys (compared in turn)."""
     return best is None or cand[0] < best[0] * (1 - TOL) or (cand[0] <= best[0] * (1 + TOL) and cand[1] < best[1])
 
 
+def _most_per_layout(rate: np.ndarray, ok: np.ndarray, batches: int) -> np.ndarray:
+    """Of each layout's rows (``batches`` consecutive rows, batch 1 up), the feasible one serving the most requests/s
+    (the first of equal ones): a replica's USD/s is one figure per layout, so it is also its cheapest per request
+    and no whole deployment needs another; the candidates whose ties the search decides."""
+    score = np.where(ok, rate, -np.inf).reshape(-1, batches)
+    best = np.argmax(score, axis=1)
+    keep = np.zeros(score.shape, dtype=bool)
+    keep[np.arange(len(best)), best] = np.isfinite(score[np.arange(len(best)), best])
+    return keep.ravel()
+
+
 def brute_aggregated(model, w: Request, opts, budget: Budget | None, demand: float | None):
-    """(objective, tie key) of the best whole aggregated deployment, or None."""
+    """(objective, tie keys) of the best whole aggregated deployment, or None."""
     systems, choices = brute_force_choices(model, opts)
     rows = [(si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd), DTYPES.index(kd), int(tier == "host"), n)
             for si, lay, wd, kd, tier in choices for n in range(1, opts.max_batch_per_rank + 1)]
@@ -101,14 +116,16 @@ def brute_aggregated(model, w: Request, opts, budget: Budget | None, demand: flo
         ok &= r["tpot_s"] <= w.tpot_max * (1 + TOL)
     if w.ttft_max is not None:
         ok &= r["ttft_s"] <= w.ttft_max * (1 + TOL)
+    ok = _most_per_layout(r["requests_per_s"], ok, opts.max_batch_per_rank)
     best = None
     lam = None if demand is None else demand / w.output
     for k in np.flatnonzero(ok):
         chips, node = int(r["chips"][k]), systems[rows[k][0]].chips_per_node or 1
         rate, usd = float(r["requests_per_s"][k]), float(r["usd_per_s"][k])
+        tpot, ttft = float(r["tpot_s"][k]), float(r["ttft_s"][k])
         if budget is None:  # a demand alone: the fewest replicas serving it (more cost more and serve no more)
             x = math.ceil(lam / rate * (1 - 1e-12))
-            cand = (x * usd, x * chips)
+            cand = (x * usd, (tpot, ttft, x * chips, x * chips))
             best = cand if _better(cand, best) else best
             continue
         for x in range(1, budget.limit * MOST_PER_UNIT + 1):
@@ -118,38 +135,45 @@ def brute_aggregated(model, w: Request, opts, budget: Budget | None, demand: flo
             if lam is not None:
                 if x * rate < lam * (1 - 1e-12):
                     continue
-                cand = (x * usd, units)
+                cand = (x * usd, (tpot, ttft, x * chips, units))
             else:
-                cand = (x * usd / (x * rate), -x * rate)
+                cand = (x * usd / (x * rate), (tpot, ttft, -x * rate, x * chips))
             if _better(cand, best):
                 best = cand
     return best
 
 
 def brute_disaggregated(model, w: Request, opts, budget: Budget | None, demand: float | None):
-    """(objective, tie key) of the best whole disaggregated deployment, or None."""
+    """(objective, tie keys) of the best whole disaggregated deployment, or None."""
     t = brute_force_pools(model, w, opts)
     if t is None:
         return None
     systems, _ = brute_force_choices(model, opts)
     rows, dec, pre, pre_rows, rho = t["rows"], t["dec"], t["pre"], t["pre_rows"], t["rho"]
     lam = None if demand is None else demand / w.output
-    d_ok = np.flatnonzero(t["d_ok"])
+    d_ok = np.flatnonzero(_most_per_layout(dec["requests_per_s"], t["d_ok"], opts.max_batch_per_rank))
     host = np.array([systems[r[0]].chips_per_node or 1 for r in rows])
     best = None
     for j in np.flatnonzero(t["p_ok"]):
         a = float(pre["servers"][j] * rho[j] / pre["prefill_service_s"][j])
+        service, transfer = float(pre["prefill_service_s"][j]), float(pre["kv_transfer_s"][j])
+
+        def ttft(rate, x, service=service, transfer=transfer, servers=float(pre["servers"][j])):
+            """TTFT with the prefill pool at its utilisation as deployed: rate x service over its servers."""
+            return prefill_ttft(service, transfer, rate * service / (x * servers), t["req"])
+
         u, c = float(pre["usd_per_s"][j]), int(pre["chips"][j])
         g = systems[pre_rows[j][0]].chips_per_node or 1
         same = d_ok[t["pair"][d_ok] == t["pre_pair"][j]]
         if not len(same):
             continue
-        b, v = dec["requests_per_s"][same], dec["usd_per_s"][same]
+        b, v, tpot = dec["requests_per_s"][same], dec["usd_per_s"][same], dec["tpot_s"][same]
         dc, dg = dec["chips"][same].astype(np.int64), host[same]
         if budget is None:  # a demand alone: each pool's fewest replicas serving it, every pair of rows
             x, y = math.ceil(lam / a * (1 - 1e-12)), np.ceil(lam / b * (1 - 1e-12))
-            cost, tie = x * u + y * v, (x * c + y * dc).astype(float)
-            best = _least(cost, tie, np.ones(len(same), dtype=bool), best)
+            cost, gpus = x * u + y * v, (x * c + y * dc).astype(float)
+            keys = (tpot, ttft(np.full(len(same), lam), x) * np.ones(len(same)), gpus, gpus)
+            best = _least(cost, keys, np.ones(len(same), dtype=bool), best)
             continue
         # every (x, y) the budget holds, every decode row of the same formats at once
         ys = np.arange(1, budget.limit * MOST_PER_UNIT + 1)
@@ -163,29 +187,34 @@ def brute_disaggregated(model, w: Request, opts, budget: Budget | None, demand: 
                 break
             fits = xu + yu <= budget.limit
             rate = np.minimum(x * a, ys[:, None] * b[None, :])
+            gpus = (x * c + ys[:, None] * dc[None, :]).astype(float)
+            tp = np.broadcast_to(tpot[None, :], rate.shape)
             if lam is not None:
                 fits &= rate >= lam * (1 - 1e-12)
-                cost, tie = x * u + ys[:, None] * v[None, :], (xu + yu).astype(float)
+                cost = x * u + ys[:, None] * v[None, :]
+                keys = (tp, ttft(np.full(rate.shape, lam), x), gpus, (xu + yu).astype(float))
             else:
-                cost, tie = (x * u + ys[:, None] * v[None, :]) / rate, -rate
-            best = _least(cost, tie, fits, best)
+                cost = (x * u + ys[:, None] * v[None, :]) / rate
+                keys = (tp, ttft(rate, x), -rate, gpus)
+            best = _least(cost, keys, fits, best)
     return best
 
 
-def _least(cost: np.ndarray, tie: np.ndarray, ok: np.ndarray, best: tuple | None) -> tuple | None:
-    """The better of ``best`` and the least (cost, tie) where ``ok`` holds (ties: costs within TOL of the least)."""
+def _least(cost: np.ndarray, keys: tuple, ok: np.ndarray, best: tuple | None) -> tuple | None:
+    """The better of ``best`` and the least (cost, tie keys) where ``ok`` holds (ties: costs within TOL of the
+    least, then the keys in turn)."""
     if not ok.any():
         return best
     low = np.min(cost[ok])
-    near = ok & (cost <= low * (1 + TOL))
-    k = np.unravel_index(np.argmin(np.where(near, tie, np.inf)), cost.shape)
-    cand = (float(cost[k]), float(tie[k]))
+    near = np.flatnonzero((ok & (cost <= low * (1 + TOL))).ravel())
+    k = near[np.lexsort(tuple(np.asarray(key, dtype=float).ravel()[near] for key in reversed(keys)))[0]]
+    cand = (float(cost.ravel()[k]), tuple(float(np.asarray(key).ravel()[k]) for key in keys))
     return cand if _better(cand, best) else best
 
 
 def _check(space, w: Request, r, budget: Budget | None, demand: float | None) -> tuple[float, float]:
     """The deployment recomputed from its pools as reported: it fits the budget, serves the demand, meets the
-    targets at its planned figures; returns (objective, tie key) as the brute force states them."""
+    targets at its planned figures; returns (objective, tie keys) as the brute force states them."""
     pools = r.pools if hasattr(r, "pools") else [{"role": "both", "replicas": r.replicas, **r.config}]
     by_id = {s.id: s for s in space.systems}
     units = sum(_units(budget, p["replicas"], p["chips"], by_id[p["system"]].chips_per_node or 1) for p in pools)
@@ -202,14 +231,14 @@ def _check(space, w: Request, r, budget: Budget | None, demand: float | None) ->
     assert r.result.solver == SOLVER and r.result.gap == 0 and r.whole
     if demand is not None:
         assert dep["requests_per_s"] == pytest.approx(demand / w.output, rel=1e-12)
-        return usd, units
-    return usd / dep["requests_per_s"], -dep["requests_per_s"]
+        return usd, (dep["tpot_s"], dep["ttft_s"], dep["chips"], units)
+    return usd / dep["requests_per_s"], (dep["tpot_s"], dep["ttft_s"], -dep["requests_per_s"], dep["chips"])
 
 
 @pytest.mark.parametrize("chunk", range(3))
 def test_whole_deployments_equal_a_brute_force(chunk):
     """60 random small spaces, each with a budget of GPUs or nodes, a demand, or both: the best whole aggregated
-    and disaggregated deployments equal the brute force's (cost and tie key), and recompute from their pools."""
+    and disaggregated deployments equal the brute force's (cost and tie keys), and recompute from their pools."""
     rng = np.random.default_rng(7300 + chunk)
     agree = checked = 0
     for _ in range(20):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse.catalog.units import DTYPES
 from dse.optimize.requests import (
     disaggregated_tables,
     evaluate_pairs,
@@ -120,5 +119,5 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
     if "placement" in by:
         pts["placement"] = placement(space, pts)
     pts = non_dominated(pts, by)
-    pts["numerics"] = [f"{DTYPES[g // 16]}/{DTYPES[g % 16]}" for g in pts["group"]]
+    pts["numerics"] = pts["weights_dtype"].astype(str) + "/" + pts["kv_dtype"].astype(str)
     return pts

@@ -36,15 +36,24 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from dse.catalog.hardware import FP8_ENCODINGS, IDEAL
+from dse.catalog.hardware import FP8_ENCODINGS, IDEAL, default_systems
 from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
 from dse.optimize.margins import Margins
 from dse.optimize.serving import SOLVER_NAME, diagnose
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Choice, Space, block_candidates, chunk_size, describe_choice, pair_chunks, subset
+from dse.optimize.ties import tie_order
 from dse.physics.queueing import QUANTILES, quantile_name
-from dse.physics.serving import Request, aggregated, decode_pool, disaggregated, prefill_pool, rho_for_ttft
+from dse.physics.serving import (
+    Request,
+    aggregated,
+    decode_pool,
+    disaggregated,
+    prefill_pool,
+    prefill_ttft,
+    rho_for_ttft,
+)
 
 TOL = 1e-9
 KEYS = ("usd_per_request", "ttft_s", "tpot_s", "requests_per_s", "usd_per_s", "prefill_share")
@@ -283,7 +292,8 @@ def pick(space: Space, opt: BlockOptima, mask: np.ndarray | None = None, t0: flo
 def ranked(space: Space, opt: BlockOptima, top: int, mask: np.ndarray | None = None, t0: float | None = None,
            req: Request | None = None) -> list[RequestResult]:
     """The ``top`` cheapest blocks where ``mask`` holds, each at its cheapest batch (judged as `pick` judges),
-    cheapest first; InfeasibleError names the binding limit where there is none.
+    cheapest first (equal costs by lower TPOT, lower TTFT, fewer chips deployed: `tie_order`); InfeasibleError
+    names the binding limit where there is none.
     """
     t0 = time.perf_counter() if t0 is None else t0
     cost_m = opt.margins.cost[opt.blocks["system_idx"].to_numpy()] if opt.margins is not None else 1.0
@@ -293,13 +303,24 @@ def ranked(space: Space, opt: BlockOptima, top: int, mask: np.ndarray | None = N
     if not np.isfinite(cost).any():
         sub = space if mask is None else subset(space, mask)
         raise InfeasibleError(diagnose_requests(sub, req or space.workload, opt.margins))
-    order = np.argsort(cost, kind="stable")[:top]
+    chips = opt.blocks["chips"].to_numpy() * replicas_held(space, opt)
+    order = tie_order(cost, opt.metrics["tpot_s"], opt.metrics["ttft_s"], chips)[:top]
     out = []
-    for j in order[np.isfinite(cost[order])]:
+    for j in order:
         res = SolveResult("optimal", "argmin", float(cost[j]), float(cost[j]), 0.0, time.perf_counter() - t0,
                           SOLVER_NAME)
         out.append(aggregated_result(space, opt, int(j), res))
     return out
+
+
+def replicas_held(space: Space, opt: BlockOptima) -> np.ndarray:
+    """Replicas of each block (at its cheapest batch) a fluid answer deploys: one, or under a closed loop of a stated
+    concurrency the replicas it fills (`aggregated_result`).
+    """
+    w = space.workload
+    if not (w.closed_loop and w.concurrency is not None):
+        return np.ones(len(opt.n), dtype=np.int64)
+    return w.concurrency // np.maximum(in_flight_per_replica(opt.blocks, np.arange(len(opt.n)), opt.n), 1)
 
 
 def aggregated_result(space: Space, opt: BlockOptima, j: int, res: SolveResult, replicas: int = 1,
@@ -439,15 +460,24 @@ def judged_prefill(space: Space, pre: PrefillOptions, margins: Margins) -> Prefi
 
 
 def numerics_group(space: Space, pos: np.ndarray) -> np.ndarray:
-    """The numerics group (weights format, KV format and, for an FP8 KV cache, its encoding: `System.kv_fp8`) of
-    blocks: both pools of a deployment must share it (the same checkpoint computes both phases, and the KV crosses
-    without conversion).
+    """The pairing group of blocks: both pools of a deployment must share it. Its numerics (weights format, KV
+    format and, for an FP8 KV cache, its encoding: `System.kv_fp8`; the same checkpoint computes both phases, and
+    the KV crosses without conversion) and, unless the space allows mixed vendors (``space.mixed_vendors``), the
+    system's vendor: serving frameworks hand the KV cache between GPUs of one vendor's stack (NVIDIA generations mix,
+    NVIDIA and AMD do not). A vendor's code is its rank among the catalog's vendors, so groups of spaces over
+    different systems (a fleet's, one per system) compare.
     """
     b = space.blocks
+    si = b["system_idx"].to_numpy()[pos].astype(np.int64)
     kd = b["kd"].to_numpy()[pos]
     fnuz = np.array([s.kv_fp8 != FP8_ENCODINGS[0] for s in space.systems], dtype=np.int64)
-    encoding = np.where(kd == DTYPES.index("fp8"), fnuz[b["system_idx"].to_numpy()[pos].astype(np.int64)], 0)
-    return (b["wd"].to_numpy()[pos] * 16 + kd) * 2 + encoding
+    encoding = np.where(kd == DTYPES.index("fp8"), fnuz[si], 0)
+    group = (b["wd"].to_numpy()[pos] * 16 + kd) * 2 + encoding
+    if space.mixed_vendors:
+        return group
+    vendors = sorted({s.vendor for s in default_systems().values()} | {s.vendor for s in space.systems})
+    code = np.array([vendors.index(s.vendor) for s in space.systems], dtype=np.int64)
+    return group * len(vendors) + code[si]
 
 
 def best_prefill(space: Space, pre: PrefillOptions, score: np.ndarray) -> dict[int, int]:
@@ -607,9 +637,9 @@ def solve_disaggregated(space: Space, req: Request | None = None,
     (a decode replica's USD/s over its request rate) + prefill USD per request (a prefill replica's USD/s
     x its service time / servers / rho). The decode term and the TPOT depend on the decode configuration
     alone; the prefill term and the TTFT (service + M/D/1 wait at rho + KV transfer) on the prefill
-    configuration alone; memory is checked per pool. The only coupling is the numerics: both pools use
-    the same weights and KV formats. So, per (weights, KV) format group, the optimum is the cheapest
-    feasible decode pair (every integer batch of every block) plus the cheapest feasible prefill option
+    configuration alone; memory is checked per pool. The only coupling is the pairing group: both pools use
+    the same weights and KV formats, on one vendor's hardware (`numerics_group`). So, per group, the optimum is
+    the cheapest feasible decode pair (every integer batch of every block) plus the cheapest feasible prefill option
     (every block, with and without context parallelism, at the highest utilisation the TTFT target
     allows: the prefill cost falls as 1/rho), and the answer is the best group. `tests/test_disaggregated.py`
     checks it against a brute force over every (prefill option, decode pair) combination.
@@ -629,8 +659,10 @@ def pick_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarray | 
 def ranked_disaggregated(space: Space, t: DisaggregatedTables, top: int, mask: np.ndarray | None = None,
                          t0: float | None = None) -> list[DisaggregatedResult]:
     """The ``top`` cheapest (decode pair, prefill option) combinations of one numerics group each, whose blocks
-    lie where ``mask`` holds, cheapest first (the decode term plus the prefill term, each judged at its margin).
-    Per group the ``top`` cheapest of a sum lie among the ``top`` cheapest of each term, so only those are paired.
+    lie where ``mask`` holds, cheapest first (the decode term plus the prefill term, each judged at its margin;
+    equal sums by lower TPOT, lower TTFT at the planned utilisation, fewer chips in the smallest whole deployment:
+    `tie_order`). Per group the ``top`` best of a sum lie among the ``top`` best of each term (the decode term by
+    its cost, TPOT and chips, the prefill term by its cost, TTFT and chips), so only those are paired.
     """
     t0 = time.perf_counter() if t0 is None else t0
     pre = t.searched_pre
@@ -641,19 +673,31 @@ def ranked_disaggregated(space: Space, t: DisaggregatedTables, top: int, mask: n
     dec_usd = np.where(dok, t.dm["usd_per_request"] * per_pair(t.margins, space, t.dpos)[0], np.inf)
     pre_usd = np.where(pok, pre.usd_per_request * per_pair(t.margins, space, pre.pos)[0], np.inf)
     dg, pg = numerics_group(space, t.dpos), numerics_group(space, pre.pos)
-    combos = []
+    tpot = t.dm["tpot_s"]
+    ttft = prefill_ttft(pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"], pre.rho, space.served(t.req))
+    dchips, pchips = t.dm["chips"], pre.metrics["chips"]
+    di_all, pj_all = [], []
     for g in np.intersect1d(dg[np.isfinite(dec_usd)], pg[np.isfinite(pre_usd)]):
-        di, pj = (np.flatnonzero((grp == g) & np.isfinite(c)) for grp, c in ((dg, dec_usd), (pg, pre_usd)))
-        di = di[np.argsort(dec_usd[di], kind="stable")[:top]]
-        pj = pj[np.argsort(pre_usd[pj], kind="stable")[:top]]
-        combos += [(float(dec_usd[i] + pre_usd[j]), int(i), int(j)) for i in di for j in pj]
-    if not combos:
+        # per term, its ``top`` best by (cost, its own tie keys): the ``top`` best sums lie among them
+        di = np.flatnonzero(dg == g)
+        pj = np.flatnonzero(pg == g)
+        di = di[tie_order(dec_usd[di], tpot[di], np.zeros(len(di)), dchips[di])[:top]]
+        pj = pj[tie_order(pre_usd[pj], np.zeros(len(pj)), ttft[pj], pchips[pj])[:top]]
+        di_all.append(np.repeat(di, len(pj)))
+        pj_all.append(np.tile(pj, len(di)))
+    if not di_all:
         raise InfeasibleError(diagnose_disaggregated(space, t, mask))
-    combos.sort(key=lambda c: c[0])
+    i, j = np.concatenate(di_all), np.concatenate(pj_all)
+    total = dec_usd[i] + pre_usd[j]
+    # the whole deployment each is reported as (`unit_replicas`): its chips
+    ratio = t.dm["requests_per_s"][i] / prefill_capacity(pre, j)
+    p, d = unit_replicas_many(ratio)
+    order = tie_order(total, tpot[i], ttft[j], p * pchips[j] + d * dchips[i])[:top]
     out = []
-    for total, i, j in combos[:top]:
-        res = SolveResult("optimal", "argmin", total, total, 0.0, time.perf_counter() - t0, SOLVER_NAME)
-        out.append(disaggregated_result(space, t, i, j, res))
+    for k in order:
+        res = SolveResult("optimal", "argmin", float(total[k]), float(total[k]), 0.0, time.perf_counter() - t0,
+                          SOLVER_NAME)
+        out.append(disaggregated_result(space, t, int(i[k]), int(j[k]), res))
     return out
 
 
@@ -760,7 +804,8 @@ def diagnose_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarra
                     f"{', context parallel' if pre.cp[k] else ''}) takes {tt[k]:.3g} s with no queue, "
                     f"{tt[k] - w.ttft_max:.3g} s over the {w.ttft_max:g} s target")
     return (f"{head}: HBM capacity runs out in the prefill pool (no layout holds one {w.prompt:,}-token prompt's KV "
-            "and activations) or no prefill layout shares a (weights, KV) format with a feasible decode layout")
+            "and activations) or no prefill layout shares a (weights, KV) format and a vendor (unless "
+            "space.mixed_vendors) with a feasible decode layout")
 
 
 def solve_cheapest(space: Space, modes: tuple[str, ...] = ("aggregated", "disaggregated"),
@@ -775,8 +820,25 @@ def solve_cheapest(space: Space, modes: tuple[str, ...] = ("aggregated", "disagg
         except InfeasibleError as exc:
             reasons.append(f"{mode}: {exc}")
         else:
-            found.append((r.metrics["usd_per_request"], mode, r))
+            found.append((mode, r))
     if not found:
         raise InfeasibleError("; ".join(reasons))
-    _, mode, r = min(found, key=lambda t: t[0])
-    return mode, r
+    return found[int(best_result([r for _, r in found])[0])]
+
+
+def result_ties(results: list) -> tuple[np.ndarray, ...]:
+    """The objective and the tie keys (`dse.optimize.ties`) of results as each reports itself: USD per request,
+    TPOT, TTFT and GPUs, as deployed for a whole deployment, else at the fluid ratio (the GPUs of the smallest
+    whole deployment).
+    """
+    fig = [r.deployed if r.whole else r.metrics for r in results]
+    return (np.array([f["usd_per_request"] for f in fig]), np.array([f["tpot_s"] for f in fig]),
+            np.array([f["ttft_s"] for f in fig]), np.array([r.deployed["chips"] for r in results], dtype=float))
+
+
+def best_result(results: list, cost: np.ndarray | None = None) -> np.ndarray:
+    """Indices of ``results`` (of any mode) best first: by ``cost`` (default their USD per request, `result_ties`),
+    equal costs by lower TPOT, lower TTFT and fewer GPUs (`tie_order`).
+    """
+    own, tpot, ttft, chips = result_ties(results)
+    return tie_order(own if cost is None else cost, tpot, ttft, chips)

@@ -60,6 +60,7 @@ class SpaceOptions:
     weight_only: bool = False  # offer weight formats the chip has no tensor units for (dequantized)
     framework: str | None = None  # the serving framework (None: each system's vendor default)
     mem_fraction: float | None = None  # the framework's memory fraction (None: its default)
+    mixed_vendors: bool = False  # whether a deployment's prefill and decode pools may be of different vendors
 
 
 @dataclass
@@ -76,6 +77,8 @@ class Space:
     """Why no (system, layout, format, KV tier) combination is valid, when there is none."""
     framework: str | None = None  # the serving framework the deployments run (None: each system's default)
     mem_fraction: float | None = None  # its memory fraction (None: its default)
+    mixed_vendors: bool = False
+    """Whether a deployment's prefill and decode pools may run on different vendors' hardware (`numerics_group`)."""
 
     def served(self, req: Request) -> Request:
         """``req`` through the space's serving stack (a request derived from another, or built by a caller, is
@@ -229,7 +232,7 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
                                        "a", "system"])
         space = Space(model, workload, systems, blocks, opts.ideal,
                       empty_reason=why_empty(model, systems, opts, no_price), framework=opts.framework,
-                      mem_fraction=opts.mem_fraction)
+                      mem_fraction=opts.mem_fraction, mixed_vendors=opts.mixed_vendors)
         space.stats = {"blocks": 0, "configurations": 0, "no_price": no_price}
         return space
 
@@ -285,7 +288,7 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     blocks["system"] = [systems[i].id for i in blocks["system_idx"]]
 
     space = Space(model, workload, systems, blocks, opts.ideal, framework=opts.framework,
-                  mem_fraction=opts.mem_fraction)
+                  mem_fraction=opts.mem_fraction, mixed_vendors=opts.mixed_vendors)
     space.stats = {"blocks": len(blocks), "configurations": space.size, "max_batch_per_rank": opts.max_batch_per_rank,
                    "no_price": no_price}
     return space
@@ -388,7 +391,7 @@ def subset(space: Space, mask: np.ndarray) -> Space:
     """The space restricted to the blocks where ``mask`` holds (block labels are kept)."""
     blocks = space.blocks[mask]
     sub = Space(space.model, space.workload, space.systems, blocks, space.ideal, framework=space.framework,
-                mem_fraction=space.mem_fraction)
+                mem_fraction=space.mem_fraction, mixed_vendors=space.mixed_vendors)
     sub.stats = {"blocks": len(blocks), "configurations": sub.size}
     return sub
 

@@ -5,24 +5,25 @@ A pool option is one replica configuration with its chips, its USD/s and its cap
 serves while meeting the workload's targets: an aggregated replica at its batch, a prefill replica at the highest
 utilisation its TTFT target allows (servers x rho / service time), a decode replica at its batch. A deployment is
 x replicas of one aggregated option, or x replicas of a prefill option and y of a decode option of the same
-numerics group (weights and KV formats). It serves R = min(x a, y b) requests/s (x a aggregated), or the demand
-Lambda when one is stated (R >= Lambda must then hold), and costs x U + y V USD/s: every chip counts, busy or idle,
-so its USD per request as deployed is (x U + y V) / R.
+pairing group (weights and KV formats, and the hardware vendor: `numerics_group`). It serves R = min(x a, y b)
+requests/s (x a aggregated), or the demand Lambda when one is stated (R >= Lambda must then hold), and costs
+x U + y V USD/s: every chip counts, busy or idle, so its USD per request as deployed is (x U + y V) / R.
 
 The questions, each answered exactly over every option and every replica count:
 
 - a budget (N GPUs or nodes) and no demand: the least USD per request as deployed among deployments within the
-  budget; among equal costs (copies of one deployment cost the same per request), the one serving the most
-  requests/s, so copies fill the budget;
-- a demand, within a budget if one is stated: the least USD/s serving the demand; among equal costs the fewest
-  GPUs (nodes).
+  budget; among equal costs (`dse.optimize.ties`: within a relative 1e-12) the lower TPOT, then the lower TTFT,
+  then the one serving the most requests/s (copies of one deployment cost the same per request at the same TPOT
+  and TTFT: the most copies fill the budget), then the fewer GPUs;
+- a demand, within a budget if one is stated: the least USD/s serving the demand; among equal costs the lower
+  TPOT, the lower TTFT, then the fewest GPUs (nodes).
 
 Method: enumeration of replica counts, with two reductions that lose no optimum.
 
-1. Dominated options. Within a numerics group (and, for a node budget, among systems of one node size), an option
-   with no fewer chips, no less USD/s and no more capacity than another is never needed: swapping it for the other
-   in any deployment keeps the deployment within the budget and serving as much for no more. Per (system, chips)
-   all options cost the same USD/s, so only the most capable is kept, then the rest are compared pairwise.
+1. Dominated options. Within a pairing group (and, for a node budget, among systems of one node size), an option
+   with no fewer chips, no less USD/s, no more capacity and no lower TPOT or TTFT figures (``PoolOptions.keys``)
+   than another is never needed: swapping it for the other in any deployment keeps the deployment within the
+   budget, serving as much for no more, no slower. Options are compared pairwise.
 2. Replica counts. Aggregated: every x costs U / a per request, so within a budget the answer is each option's
    largest x; for a demand its x is ceil(Lambda / a). Disaggregated with a demand: x = ceil(Lambda / a) and
    y = ceil(Lambda / b), the fewest that serve it, and every (prefill, decode) pair of a group is enumerated.
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +60,7 @@ from dse.optimize.requests import (
     RequestResult,
     aggregated_result,
     disaggregated_result,
+    first_min_per_block,
     numerics_group,
     per_pair,
     prefill_capacity,
@@ -67,9 +70,11 @@ from dse.optimize.requests import (
 from dse.optimize.serving import SOLVER_NAME
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Space
+from dse.optimize.ties import TIE, tie_order
+from dse.physics.serving import prefill_ttft
 
-TIE = 1e-12
-"""Relative difference below which two costs are equal (copies of a deployment differ by rounding only)."""
+PRUNE_ROWS = 512
+"""Options compared at once with all others of their group by `prune` (a block of rows x options x figures)."""
 EXPANDED = 1 << 21
 """(pair, y) evaluations held at once by the disaggregated budget search."""
 SOLVER = f"{SOLVER_NAME} per block, then enumeration of whole replica counts (pruned by the fluid bound)"
@@ -103,7 +108,11 @@ class Budget:
 class PoolOptions:
     """The replica configurations one pool may use, one per row: ``chips`` per replica, ``node`` (chips per node
     of its system), ``system`` (an index), ``usd_s`` per replica, ``rate`` (requests/s one replica serves at the
-    targets, as the search judges it), ``group`` (numerics group) and ``ref`` (the caller's index of the option).
+    targets, as the search judges it), ``group`` (pairing group: `numerics_group`) and ``ref`` (the caller's index
+    of the option). For equal costs (`dse.optimize.ties`): ``tpot`` and ``ttft`` of a replica (0 where the pool
+    sets neither), ``ttft_at`` (a prefill pool's TTFT at options ``ref`` run at a share of their planned
+    utilisation) and ``keys`` (per option, figures that never worsen a deployment's TPOT or TTFT when lower, with
+    the chips, USD/s and capacity: what `prune` must also compare; default ``tpot`` and ``ttft``).
     """
 
     chips: np.ndarray
@@ -113,6 +122,10 @@ class PoolOptions:
     rate: np.ndarray
     group: np.ndarray
     ref: np.ndarray
+    tpot: np.ndarray | None = None
+    ttft: np.ndarray | None = None
+    keys: np.ndarray | None = None
+    ttft_at: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         self.chips = np.asarray(self.chips, dtype=np.int64)
@@ -122,13 +135,26 @@ class PoolOptions:
         self.rate = np.asarray(self.rate, dtype=np.float64)
         self.group = np.asarray(self.group, dtype=np.int64)
         self.ref = np.asarray(self.ref, dtype=np.int64)
+        zero = np.zeros(len(self.chips))
+        self.tpot = zero if self.tpot is None else np.asarray(self.tpot, dtype=np.float64)
+        self.ttft = zero if self.ttft is None else np.asarray(self.ttft, dtype=np.float64)
+        keys = np.stack([self.tpot, self.ttft], axis=1) if self.keys is None else self.keys
+        self.keys = np.asarray(keys, dtype=np.float64)
 
     def __len__(self) -> int:
         return len(self.chips)
 
     def take(self, idx: np.ndarray) -> PoolOptions:
         return PoolOptions(*(getattr(self, k)[idx] for k in ("chips", "node", "system", "usd_s", "rate", "group",
-                                                             "ref")))
+                                                             "ref", "tpot", "ttft", "keys")), ttft_at=self.ttft_at)
+
+    def ttft_of(self, k: np.ndarray, share: np.ndarray) -> np.ndarray:
+        """TTFT of options ``k`` (positions) run at ``share`` of their planned utilisation (their ``ttft`` where the
+        pool has no ``ttft_at``).
+        """
+        if self.ttft_at is None:
+            return self.ttft[k]
+        return self.ttft_at(self.ref[k], share)
 
 
 @dataclass(frozen=True)
@@ -171,43 +197,53 @@ def _most(budget: Budget, left: np.ndarray, chips: np.ndarray, node: np.ndarray)
     return left // c
 
 
-def prune(o: PoolOptions, by_node: bool = False) -> PoolOptions:
-    """The options no other option of their group dominates (no more chips, no more USD/s, no less capacity; of
-    equal ones the first); with ``by_node`` (a node budget) only options on nodes of one size are compared, and
-    those of a system with no node size (0) are left out.
+def prune(o: PoolOptions, by_node: bool = False, ties: bool = True) -> PoolOptions:
+    """The options no other option of their group dominates (`_undominated`: no more chips, no more USD/s, no less
+    capacity, and less USD/s or no larger ``keys``, so no deployment with the other is costlier, slower or larger;
+    of equal ones the first); with
+    ``by_node`` (a node budget) only options on nodes of one size are compared, and those of a system with no node
+    size (0) are left out; with ``ties`` false, the ``keys`` are not compared (what the cost alone needs).
+    Pairwise, in blocks of `PRUNE_ROWS` rows.
     """
     ok = np.flatnonzero(np.isfinite(o.rate) & (o.rate > 0) & np.isfinite(o.usd_s) & ((o.node > 0) | (not by_node)))
     if not len(ok):
         return o.take(ok)
-    # per (group, system, chips) the USD/s is one figure: keep the most capable option (the first of equal ones)
-    order = ok[np.lexsort((ok, -o.rate[ok], o.chips[ok], o.system[ok], o.group[ok]))]
-    key = np.stack([o.group[order], o.system[order], o.chips[order]])
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = (key[:, 1:] != key[:, :-1]).any(axis=0)
-    kept = order[first]
     out = []
     side = o.node if by_node else np.zeros(len(o), dtype=np.int64)
-    for g in np.unique(np.stack([o.group[kept], side[kept]]), axis=1).T:
-        idx = kept[(o.group[kept] == g[0]) & (side[kept] == g[1])]
-        c, u, r = o.chips[idx], o.usd_s[idx], o.rate[idx]
-        weak = (c[None, :] <= c[:, None]) & (u[None, :] <= u[:, None]) & (r[None, :] >= r[:, None])
-        strict = (c[None, :] < c[:, None]) | (u[None, :] < u[:, None]) | (r[None, :] > r[:, None])
-        earlier = np.arange(len(idx))[None, :] < np.arange(len(idx))[:, None]
-        dominated = (weak & (strict | earlier)).any(axis=1)
-        out.append(idx[~dominated])
+    for g in np.unique(np.stack([o.group[ok], side[ok]]), axis=1).T:
+        idx = ok[(o.group[ok] == g[0]) & (side[ok] == g[1])]
+        # columns where less is better: chips, USD/s, -capacity, the tie keys
+        v = np.column_stack([o.chips[idx], o.usd_s[idx], -o.rate[idx], *([o.keys[idx]] if ties else [])])
+        # first within each (system, chips), then across them: dominance is transitive, so no survivor is lost
+        bucket = np.unique(np.stack([o.system[idx], o.chips[idx]]), axis=1, return_inverse=True)[1].ravel()
+        kept = np.concatenate([k[_undominated(v[k])] for k in (np.flatnonzero(bucket == b)
+                                                                for b in range(bucket.max() + 1))])
+        kept = np.sort(kept)
+        out.append(idx[kept[_undominated(v[kept])]])
     return o.take(np.sort(np.concatenate(out)))
 
 
-def _best_first(cost: np.ndarray, tie: np.ndarray, top: int) -> np.ndarray:
-    """Indices of the ``top`` least ``cost`` (costs within TIE of each other ordered by ``tie``, least first)."""
-    finite = np.flatnonzero(np.isfinite(cost))
-    if not len(finite):
-        return finite
-    c = cost[finite]
-    scale = np.maximum(np.abs(c).max(), np.finfo(float).tiny)
-    bucket = np.round(c / scale / TIE)  # equal within TIE of the largest cost: one bucket
-    order = finite[np.lexsort((finite, tie[finite], bucket))]
-    return order[:top]
+def _undominated(v: np.ndarray) -> np.ndarray:
+    """Rows of ``v`` (chips, USD/s, -capacity, then the tie keys: less is better) no other row dominates, compared
+    in blocks of `PRUNE_ROWS` rows. A row is dominated by one with no more chips, no more USD/s and no less capacity
+    that either costs less per second (beyond `TIE`: swapping it in makes every deployment strictly cheaper, so
+    the row can neither win nor tie) or has no larger tie keys (smaller somewhere, or the same row earlier).
+    """
+    dominated = np.zeros(len(v), dtype=bool)
+    for s in range(0, len(v), PRUNE_ROWS):
+        rows = v[s:s + PRUNE_ROWS]
+        weak = (v[None, :, :3] <= rows[:, None, :3]).all(axis=2)
+        cheaper = v[None, :, 1] < rows[:, None, 1] * (1 - TIE)
+        keys = (v[None, :, 3:] <= rows[:, None, 3:]).all(axis=2)
+        strict = (v[None, :, :] < rows[:, None, :]).any(axis=2)
+        earlier = np.arange(len(v))[None, :] < np.arange(s, s + len(rows))[:, None]
+        dominated[s:s + len(rows)] = (weak & (cheaper | (keys & (strict | earlier)))).any(axis=1)
+    return ~dominated
+
+
+def _best_first(cost: np.ndarray, top: int, *keys: np.ndarray) -> np.ndarray:
+    """Indices of the ``top`` best of ``cost`` (`tie_order`: equal costs by ``keys`` in turn, least first)."""
+    return tie_order(cost, *keys)[:top]
 
 
 def aggregated(o: PoolOptions, budget: Budget | None, demand: float | None, top: int = 1) -> list[Deployment]:
@@ -221,14 +257,14 @@ def aggregated(o: PoolOptions, budget: Budget | None, demand: float | None, top:
         fits = np.ones(len(o), dtype=bool) if budget is None else units <= budget.limit
         usd = np.where(fits, x * o.usd_s, np.inf)
         rate = np.full(len(o), float(demand))
-        picks = _best_first(usd, units, top)
+        picks = _best_first(usd, top, o.tpot, o.ttft, x * o.chips, units)
     else:
         if budget is None:
             raise ValueError("a whole deployment needs a budget or a demand")
         x = _most(budget, np.full(len(o), budget.limit), o.chips, o.node)
         rate = x * o.rate
         per_request = np.where(x >= 1, o.usd_s / o.rate, np.inf)
-        picks = _best_first(per_request, -rate, top)
+        picks = _best_first(per_request, top, o.tpot, o.ttft, -rate, x * o.chips)
     gpus = x * o.chips
     nodes = nodes_for(x, o.chips, o.node)
     return [Deployment(((int(o.ref[k]), int(x[k])),), float(x[k] * o.usd_s[k]), float(rate[k]), int(gpus[k]),
@@ -237,12 +273,28 @@ def aggregated(o: PoolOptions, budget: Budget | None, demand: float | None, top:
 
 def disaggregated(pre: PoolOptions, dec: PoolOptions, budget: Budget | None, demand: float | None,
                   top: int = 1) -> list[Deployment]:
-    """The ``top`` best whole deployments of a prefill option and a decode option of one numerics group each (see
+    """The ``top`` best whole deployments of a prefill option and a decode option of one pairing group each (see
     the module's questions), best first.
+
+    In a budget, a first search over the options pruned on chips, USD/s and capacity alone (no tie keys: fewer
+    options) sets a bar: its ``top``-th best cost is at least the ``top``-th best over all options (it searches a
+    subset of them), so the search over the options the tie keys keep skips every pair whose fluid cost exceeds it.
     """
     by_node = budget is not None and budget.nodes is not None
-    pre, dec = prune(pre, by_node), prune(dec, by_node)
-    found: list[tuple[float, float, Deployment]] = []
+    bar = math.inf
+    if demand is None and budget is not None:
+        quick = _pairs(prune(pre, by_node, ties=False), prune(dec, by_node, ties=False), budget, None, top, bar)
+        if len(quick) >= top:
+            bar = quick[-1][0]
+    return [f[2] for f in _pairs(prune(pre, by_node), prune(dec, by_node), budget, demand, top, bar)]
+
+
+def _pairs(pre: PoolOptions, dec: PoolOptions, budget: Budget | None, demand: float | None, top: int, bar: float
+           ) -> list[tuple[float, tuple, Deployment]]:
+    """The ``top`` best deployments of pruned options, group by group (in a budget, none whose pair's fluid cost
+    exceeds ``bar``).
+    """
+    found: list[tuple[float, tuple, Deployment]] = []
     for g in np.intersect1d(pre.group, dec.group):
         p, d = pre.take(np.flatnonzero(pre.group == g)), dec.take(np.flatnonzero(dec.group == g))
         if demand is not None:
@@ -250,19 +302,30 @@ def disaggregated(pre: PoolOptions, dec: PoolOptions, budget: Budget | None, dem
         else:
             if budget is None:
                 raise ValueError("a whole deployment needs a budget or a demand")
-            found += _in_budget(p, d, budget, top, bar=found[top - 1][0] if len(found) >= top else math.inf)
-        found.sort(key=lambda f: (f[0], f[1]))
+            found += _in_budget(p, d, budget, top, bar=found[top - 1][0] if len(found) >= top else bar)
         found = _distinct_best(found, top)
-    return [f[2] for f in found]
+    return found
 
 
-def _distinct_best(found: list[tuple[float, float, Deployment]], top: int) -> list[tuple[float, float, Deployment]]:
-    """The first ``top`` of ``found`` (sorted), costs within TIE ordered by their tie key."""
+def _distinct_best(found: list[tuple[float, tuple, Deployment]], top: int) -> list[tuple[float, tuple, Deployment]]:
+    """The ``top`` best of ``found`` (cost, tie keys, deployment): `tie_order`."""
     if not found:
         return found
     cost = np.array([f[0] for f in found])
-    tie = np.array([f[1] for f in found])
-    return [found[i] for i in _best_first(cost, tie, top)]
+    keys = np.array([f[1] for f in found], dtype=np.float64).T
+    return [found[i] for i in _best_first(cost, top, *keys)]
+
+
+def _ties(p: PoolOptions, d: PoolOptions, j: np.ndarray, i: np.ndarray, x: np.ndarray, y: np.ndarray,
+          rate: np.ndarray, budget: bool = False, units: np.ndarray | None = None) -> np.ndarray:
+    """The tie keys (rows) of deployments of ``x`` prefill replicas of options ``j`` and ``y`` decode replicas of
+    options ``i`` serving ``rate``: TPOT, TTFT at the prefill pool's utilisation, then for a demand the GPUs and
+    ``units`` (GPUs or nodes), in a budget the most requests/s and then the GPUs (`disaggregated`).
+    """
+    ttft = p.ttft_of(j, rate / (x * p.rate[j]))
+    gpus = x * p.chips[j] + y * d.chips[i]
+    last = (-rate, gpus) if budget else (gpus, units)
+    return np.column_stack([d.tpot[i], ttft, *last])
 
 
 def _deployment(p: PoolOptions, d: PoolOptions, j: int, i: int, x: int, y: int, rate: float) -> Deployment:
@@ -282,12 +345,12 @@ def _for_demand(p: PoolOptions, d: PoolOptions, budget: Budget | None, demand: f
     units = xu[:, None] + yu[None, :]
     if budget is not None:
         usd = np.where(units <= budget.limit, usd, np.inf)
-    flat = _best_first(usd.ravel(), units.ravel().astype(float), top)
+    jj, ii = np.divmod(np.arange(usd.size), len(d))
+    keys = _ties(p, d, jj, ii, x[jj], y[ii], np.full(usd.size, demand), units=units.ravel())
     out = []
-    for k in flat:
-        j, i = divmod(int(k), len(d))
-        out.append((float(usd.ravel()[k]), float(units.ravel()[k]),
-                    _deployment(p, d, j, i, int(x[j]), int(y[i]), demand)))
+    for k in _best_first(usd.ravel(), top, *keys.T):
+        j, i = int(jj[k]), int(ii[k])
+        out.append((float(usd.ravel()[k]), tuple(keys[k]), _deployment(p, d, j, i, int(x[j]), int(y[i]), demand)))
     return out
 
 
@@ -320,35 +383,28 @@ def _in_budget(p: PoolOptions, d: PoolOptions, budget: Budget, top: int, bar: fl
         a, b = p.rate[pj], d.rate[di]
         xmax = _most(budget, n - _units(budget, y, d.chips[di], d.node[di]), p.chips[pj], p.node[pj])
         lo = np.floor(y * b / a).astype(np.int64)
-        costs, rates, xs = [], [], []
-        for x in (np.clip(lo, 1, xmax), np.clip(lo + 1, 1, xmax)):
-            r = np.minimum(x * a, y * b)
-            costs.append((x * p.usd_s[pj] + y * d.usd_s[di]) / r)
-            rates.append(r)
-            xs.append(x)
-        take = _better(costs[1], rates[1], costs[0], rates[0])
-        cost, rate, x = (np.where(take, v[1], v[0]) for v in (costs, rates, xs))
-        # per pair: its least cost, then the most requests/s among costs within TIE of it
-        low = np.minimum.reduceat(cost, np.r_[0, np.cumsum(cy)[:-1]])
+        # for a fixed y the cost falls with x while the prefill pool binds and rises once the decode pool does: the
+        # best x is lo or lo + 1, both kept (equal costs are decided by the tie keys)
+        x = np.concatenate([np.clip(lo, 1, xmax), np.clip(lo + 1, 1, xmax)])
+        pair, y, pj, di = (np.concatenate([v, v]) for v in (pair, y, pj, di))
+        rate = np.minimum(x * p.rate[pj], y * d.rate[di])
+        cost = (x * p.usd_s[pj] + y * d.usd_s[di]) / rate
+        keys = _ties(p, d, pj, di, x, y, rate, budget=True)
+        # per pair: its least cost, then among costs within TIE of it the tie keys in turn
+        low = np.full(len(cj), np.inf)
+        np.minimum.at(low, pair, cost)
         near = cost <= low[pair] * (1 + TIE)
-        score = np.where(near, rate, -np.inf)
-        k = np.lexsort((-score, pair))
+        k = np.lexsort((*keys.T[::-1], ~near, pair))
         head = np.ones(len(k), dtype=bool)
         head[1:] = pair[k[1:]] != pair[k[:-1]]
-        for e in k[head]:
-            q = int(pair[e])
-            best.append((float(cost[e]), -float(rate[e]),
-                         _deployment(p, d, int(cj[q]), int(ci[q]), int(x[e]), int(y[e]), float(rate[e]))))
-        best.sort(key=lambda f: (f[0], f[1]))
+        heads = k[head]
+        for e in heads[tie_order(cost[heads], *keys[heads].T)[:top]]:  # the chunk's ``top`` best pairs
+            best.append((float(cost[e]), tuple(keys[e]), _deployment(p, d, int(pj[e]), int(di[e]), int(x[e]),
+                                                                     int(y[e]), float(rate[e]))))
         best = _distinct_best(best, top)
         if len(best) >= top:
             bar = min(bar, best[top - 1][0])
     return best
-
-
-def _better(c1: np.ndarray, r1: np.ndarray, c0: np.ndarray, r0: np.ndarray) -> np.ndarray:
-    """Where (c1, r1) beats (c0, r0): a lower cost, or a cost within TIE and more requests/s."""
-    return (c1 < c0 * (1 - TIE)) | ((c1 <= c0 * (1 + TIE)) & (r1 > r0))
 
 
 # ---- the options of a searched space, and the results of its whole deployments -------------------------------
@@ -365,19 +421,23 @@ def aggregated_options(space: Space, opt: BlockOptima, mask: np.ndarray | None =
     j = np.flatnonzero(ok)
     si = opt.blocks["system_idx"].to_numpy()[j]
     rate = opt.metrics["requests_per_s"][j] / np.broadcast_to(per_pair(opt.margins, space, j)[0], j.shape)
-    return PoolOptions(opt.blocks["chips"].to_numpy()[j], _node(space, si), si, opt.metrics["usd_per_s"][j], rate,
-                       np.zeros(len(j)), j)
+    chips = opt.blocks["chips"].to_numpy()[j]
+    return PoolOptions(chips, _node(space, si), si, opt.metrics["usd_per_s"][j], rate, np.zeros(len(j)), j,
+                       opt.metrics["tpot_s"][j], opt.metrics["ttft_s"][j])
 
 
 def decode_options(space: Space, t: DisaggregatedTables, mask: np.ndarray | None = None) -> PoolOptions:
-    """Every decode pair the tables kept that fits and meets the TPOT target (``ref``: its index there)."""
+    """Per block, the decode pair the tables kept that fits, meets the TPOT target and serves the most requests/s
+    (its cheapest per request; ``ref``: its index there). A lower batch of the block could serve a deployment whose
+    prefill pool binds at the same cost and a lower TPOT: it is not offered (no whole deployment needs it).
+    """
     ok = t.dok if mask is None else t.dok & mask[t.dpos]
-    i = np.flatnonzero(ok)
+    i = first_min_per_block(t.dpos, np.where(ok, -t.dm["requests_per_s"], np.inf))
     pos = t.dpos[i]
     si = space.blocks["system_idx"].to_numpy()[pos]
     rate = t.dm["requests_per_s"][i] / np.broadcast_to(per_pair(t.margins, space, pos)[0], i.shape)
     return PoolOptions(space.blocks["chips"].to_numpy()[pos], _node(space, si), si, t.dm["usd_per_s"][i], rate,
-                       numerics_group(space, pos), i)
+                       numerics_group(space, pos), i, tpot=t.dm["tpot_s"][i])
 
 
 def prefill_options_of(space: Space, t: DisaggregatedTables, mask: np.ndarray | None = None) -> PoolOptions:
@@ -387,8 +447,16 @@ def prefill_options_of(space: Space, t: DisaggregatedTables, mask: np.ndarray | 
     j = np.flatnonzero(ok)
     si = space.blocks["system_idx"].to_numpy()[pre.pos[j]]
     rate = prefill_capacity(pre, j) / np.broadcast_to(per_pair(t.margins, space, pre.pos[j])[0], j.shape)
+    service, transfer, req = pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"], space.served(t.req)
+
+    def ttft_at(ref: np.ndarray, share: np.ndarray) -> np.ndarray:  # at a utilisation rho x share
+        return prefill_ttft(service[ref], transfer[ref], pre.rho[ref] * share, req)
+
+    # TTFT at a deployment's rate R on x replicas: rho = rho_planned R / (x rate) grows with rho_planned / rate
+    keys = np.column_stack([service[j], transfer[j], pre.rho[j] / rate])
     return PoolOptions(pre.metrics["chips"][j], _node(space, si), si, pre.metrics["usd_per_s"][j], rate,
-                       numerics_group(space, pre.pos[j]), j)
+                       numerics_group(space, pre.pos[j]), j, ttft=ttft_at(j, np.ones(len(j))), keys=keys,
+                       ttft_at=ttft_at)
 
 
 def _result(d: Deployment, objective: float, t0: float) -> SolveResult:

@@ -141,6 +141,10 @@ class SpaceSpec(Strict):
     """Deployments searched: aggregated replicas, and a prefill pool with a decode pool."""
     context_parallel: bool = True
     """Whether a prefill pool may split a prompt over its DP ranks (ring attention)."""
+    mixed_vendors: bool = _OPTS.mixed_vendors
+    """Whether a disaggregated deployment's prefill and decode pools may run on different vendors' hardware (AMD
+    prefill handing the KV cache to NVIDIA decode). Off by default: serving frameworks hand the KV cache between
+    GPUs of one vendor's stack only (mixed NVIDIA generations are supported)."""
 
     @field_validator("weights_dtypes", "kv_dtypes", "kv_tiers", "tp", "pp")
     @classmethod
@@ -170,7 +174,7 @@ class SpaceSpec(Strict):
             kv_tiers=tuple(self.kv_tiers), tp=tuple(self.tp), pp=tuple(self.pp), max_racks=self.max_racks,
             max_chips_per_stage=self.max_chips_per_stage, min_chips_per_stage=self.min_chips_per_stage,
             max_batch_per_rank=self.max_batch_per_rank,
-            ideal=self.ideal,
+            ideal=self.ideal, mixed_vendors=self.mixed_vendors,
         )
 
 

@@ -22,6 +22,7 @@ from dse.optimize.requests import (
     DisaggregatedResult,
     DisaggregatedTables,
     RequestResult,
+    best_result,
     block_optima,
     disaggregated_tables,
     ranked,
@@ -352,7 +353,8 @@ def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray |
         e = describe(space, r, ideal, sized) if entries else {"serving": mode, "usd_per_request": _cost(r)}
         found.append((e, r))
         others[mode] = results
-    found.sort(key=lambda fr: fr[1].result.objective)
+    if found:  # the least objective, equal ones by lower TPOT, lower TTFT, fewer GPUs (`best_result`)
+        found = [found[k] for k in best_result([r for _, r in found], np.array([r.result.objective for _, r in found]))]
     if found and entries and mask is None:
         e, r = found[0]
         e["decide"] = tables.decide
