@@ -305,7 +305,7 @@ def _front(cap: np.ndarray, chips: np.ndarray) -> np.ndarray:
     """
     order = np.lexsort((-cap, chips))
     c = cap[order]
-    best = np.maximum.accumulate(np.r_[-np.inf, c[:-1]])
+    best = np.maximum.accumulate(np.concatenate(([-np.inf], c[:-1])))
     return order[c > best + 1e-12]
 
 
