@@ -125,9 +125,9 @@ class FleetData:
         """
         o = self.options
         need = self.demand.loc[list(zip(o["model"], o["cls"], strict=True))].to_numpy(dtype=float)
-        top = np.array([(self.spare_levels(m, c) or [0.0])[-1] if self.n_plus_one else 0.0
-                        for m, c in zip(o["model"], o["cls"], strict=True)])
-        r = o["requests_per_s"].to_numpy(dtype=float)[:, None]
+        rate = o["requests_per_s"].astype(float)
+        top = rate.groupby([o["model"], o["cls"]]).transform("max").to_numpy() * float(self.n_plus_one)
+        r = rate.to_numpy()[:, None]
         by_demand = np.ceil((need + top[:, None]) / r * (1 - 1e-12))
         node = self.systems.loc[o["system"], "node_chips"].to_numpy(dtype=float)[:, None]
         inv = self.inventory.loc[o["system"]].to_numpy(dtype=float) * node
@@ -555,17 +555,26 @@ def add_nodes(m: pyo.ConcreteModel, d: FleetData, ix: dict) -> None:
     m.in_use = pyo.Constraint(pairs, rule=lambda _, k, t: m.x[k, t] <= int(up[k, ti[t]]) * m.used[sys_of[k]])
 
 
+def handoff_bytes(d: FleetData) -> dict:
+    """KV bytes one request hands from a prefill to a decode pool, per (class index, numerics group): the most of
+    the class's prefill and decode options of that numerics (on any system).
+    """
+    o = d.options
+    cls = {c: j for j, c in enumerate(d.classes)}
+    kv: dict = {}
+    for mod, c, role, g, b in zip(o["model"], o["cls"], o["role"], o["group"], o["kv_bytes"], strict=True):
+        if role != "both" and (mod, c) in cls:
+            key = (cls[(mod, c)], int(g))
+            kv[key] = max(kv.get(key, 0.0), float(b))
+    return kv
+
+
 def add_interconnect(m: pyo.ConcreteModel, d: FleetData, ix: dict) -> None:
     """KV hand-offs between systems: per system with an interconnect and slice, the KV bytes/s its prefill pools
     send to other systems' decode pools (the excess of what it prefills over what it decodes, per class and
     numerics) stays within its interconnect, and so do the bytes/s its decode pools take from other systems.
     """
-    o = d.options
-    kv: dict = {}
-    for k in m.K:
-        if o["role"].iat[k] != "both" and ix["j_of"][k] >= 0:
-            key = (int(ix["j_of"][k]), int(o["group"].iat[k]))
-            kv[key] = max(kv.get(key, 0.0), float(o["kv_bytes"].iat[k]))
+    kv = handoff_bytes(d)
     sides = sorted({(j, g, s) for j, g, s in ix["P"] + ix["Q"] if d.interconnect(s) > 0})
     if not sides:
         return
@@ -676,11 +685,15 @@ def add_objective(m: pyo.ConcreteModel, d: FleetData) -> None:
     m.cost = pyo.Objective(expr=m.cost_per_day + penalty, sense=pyo.minimize)
 
 
-def build_plans(d: FleetData, plans: list[tuple[int, object, dict[int, int]]]) -> pyo.ConcreteModel:
+def build_plans(d: FleetData, plans: list[tuple[int, object, dict[int, int]]], flows: list | None = None
+                ) -> pyo.ConcreteModel:
     """The fleet program restricted to given plans: each class with demand in a slice takes exactly one of its
     plans there (``plans``: (class index, slice, replicas per option), each meeting the class's demand with N+1 on
-    its own, its prefill and decode pools on one system); nodes, inventory, power, budget and cost as in `build`.
-    Its optimum is a fleet of the full program, no cheaper than the full program's optimum.
+    its own); nodes, inventory, power, budget and cost as in `build`. ``flows``: per plan its hand-offs, (numerics
+    group, system, requests/s its prefill pool hands off, requests/s its decode pool takes); where they differ on a
+    system, the difference crosses its interconnect, and per system and slice the KV bytes/s the chosen plans send
+    out (and take in) stay within it (`add_interconnect`'s rows). Its optimum is a fleet of the full program, no
+    cheaper than the full program's optimum.
     """
     m = pyo.ConcreteModel("fleet_plans")
     add_nodes_variables(m, d)
@@ -701,6 +714,15 @@ def build_plans(d: FleetData, plans: list[tuple[int, object, dict[int, int]]]) -
         up[k, ti[t]] = max(n for n, _ in lst)
     by_sys = {s: [k for k in range(len(d.options)) if d.options["system"].iat[k] == s] for s in d.systems.index}
     add_nodes(m, d, {"up": up, "by_sys": by_sys})
+    kv = handoff_bytes(d)
+    lines: dict = {}  # (system, slice, out or in) -> [(share of the interconnect, plan)]
+    for i, ((j, t, _), flow) in enumerate(zip(plans, flows or [[] for _ in plans], strict=True)):
+        for g, s, p, q in flow:
+            if abs(p - q) > 1e-12 * max(1.0, p, q):
+                share = kv[(j, int(g))] * abs(p - q) / d.interconnect(s)
+                lines.setdefault((s, t, "out" if p > q else "in"), []).append((share, i))
+    m.L = pyo.Set(initialize=sorted(lines, key=str), dimen=3)
+    m.kv_line = pyo.Constraint(m.L, rule=lambda _, s, t, way: sum(v * m.plan[i] for v, i in lines[(s, t, way)]) <= 1)
     add_power(m, d)
     add_objective(m, d)
     return m

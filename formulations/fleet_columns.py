@@ -64,13 +64,14 @@ class CoverProgram:
         return c
 
 
-def unit_of(d: FleetData, k: int):
-    """The unit a prefill or decode option belongs to: (numerics group, its system), or (group, None) where its
-    system has an interconnect (those systems' pools of one group pair freely).
+def units_of(d: FleetData, ks: np.ndarray) -> list[tuple[int, str | None]]:
+    """The unit each prefill or decode option of ``ks`` belongs to: (numerics group, its system), or (group, None)
+    where its system has an interconnect (those systems' pools of one group pair freely).
     """
     o = d.options
-    s = o["system"].iat[k]
-    return (int(o["group"].iat[k]), None if d.interconnect(s) > 0 else s)
+    joined = {s: d.interconnect(s) > 0 for s in d.systems.index}
+    systems, groups = o["system"].to_numpy()[ks], o["group"].to_numpy()[ks]
+    return [(int(g), None if joined[s] else s) for g, s in zip(groups, systems, strict=True)]
 
 
 def cover_program(d: FleetData, j: int, t, up: np.ndarray) -> CoverProgram | None:
@@ -86,9 +87,10 @@ def cover_program(d: FleetData, j: int, t, up: np.ndarray) -> CoverProgram | Non
     rate = o["requests_per_s"].to_numpy(dtype=float)[ks]
     role = o["role"].to_numpy()[ks]
     systems = sorted(set(o["system"].iat[k] for k in ks))
-    units = sorted({unit_of(d, k) for k, r in zip(ks, role, strict=True) if r != "both"}, key=str)
+    of = units_of(d, ks)
+    units = sorted({u for u, r in zip(of, role, strict=True) if r != "both"}, key=str)
     uid = {u: i for i, u in enumerate(units)}
-    unit = np.array([uid[unit_of(d, k)] if r != "both" else -1 for k, r in zip(ks, role, strict=True)])
+    unit = np.array([uid[u] if r != "both" else -1 for u, r in zip(of, role, strict=True)])
     n, ns, nu = len(ks), len(systems), len(units)
     spare = d.n_plus_one
     pool = np.flatnonzero(role != "both")
@@ -270,7 +272,7 @@ class Component:
 
 @dataclass
 class Pooled:
-    """A unit whose prefill and decode pools span systems joined by interconnects (`unit_of` (group, None)): its
+    """A unit whose prefill and decode pools span systems joined by interconnects (`units_of` (group, None)): its
     options, their rates, footprint chips, systems and the most replicas worth holding of each (`_most`), per role.
     Its non-dominated configurations depend on the chips' prices (replicas on different systems), so the pricing
     enumerates them at given prices (`dse.optimize.fleet_bound.priced_pool`).
@@ -303,7 +305,7 @@ def _front(cap: np.ndarray, chips: np.ndarray) -> np.ndarray:
     """
     order = np.lexsort((-cap, chips))
     c = cap[order]
-    best = np.maximum.accumulate(np.r_[-np.inf, c[:-1]])
+    best = np.maximum.accumulate(np.concatenate(([-np.inf], c[:-1])))
     return order[c > best + 1e-12]
 
 
@@ -359,18 +361,18 @@ def cover_components(d: FleetData, j: int, t, up: np.ndarray) -> list[Component 
         keep = pareto(M, left, chips)
         out.append(Component(system, np.asarray(kk), configs[keep], M[keep], (M - left)[keep], chips[keep]))
 
-    for k in ks:
+    sys_of = o["system"].to_numpy()
+    for k, unit in zip(ks, units_of(d, ks), strict=True):
         if role[k] == "both":
             n = np.arange(1, min(int(up[k]), math.ceil(lam / rate[k] * (1 - 1e-12)) + 1) + 1)
-            add(o["system"].iat[k], [k], n[:, None], rate[k] * n, rate[k] * (n - 1), foot[k] * n)
+            add(sys_of[k], [k], n[:, None], rate[k] * n, rate[k] * (n - 1), foot[k] * n)
         else:
-            units.setdefault(unit_of(d, k), {"prefill": [], "decode": []})[role[k]].append(k)
+            units.setdefault(unit, {"prefill": [], "decode": []})[role[k]].append(k)
     for (_, s), pools in units.items():
         if not pools["prefill"] or not pools["decode"]:
             continue  # a pool with no mate serves nothing
         kp, kd = np.array(pools["prefill"]), np.array(pools["decode"])
         if s is None:
-            sys_of = o["system"].to_numpy()
             out.append(Pooled({"prefill": kp, "decode": kd}, {"prefill": rate[kp], "decode": rate[kd]},
                               {"prefill": foot[kp], "decode": foot[kd]}, {"prefill": sys_of[kp], "decode": sys_of[kd]},
                               {"prefill": _most(rate[kp], up[kp], lam), "decode": _most(rate[kd], up[kd], lam)}))

@@ -756,3 +756,121 @@ def test_pools_joined_across_systems_answer_no_dearer_than_pools_paired_on_their
     cb, _, f = _column_stage(own, greedy(dm), "highs", OWN_SHARE * limit, limit / 12)
     assert cb.bound > -np.inf and cb.iterations > 0 and f is not None  # the restriction is priced
     assert r.result.objective <= fleet_cost(dm, f) * (1 + 1e-9)
+
+
+def _hand_off_exists(d: FleetData, need: float, counts: dict) -> bool | None:
+    """Whether some hand-offs serve ``need`` with N+1 as the program counts them (hand-offs kept as planned when a
+    replica fails), by a linear program of its own over (per group and system) what each prefill pool hands off and
+    each decode pool takes, and the headroom; None where the answer lies within 1e-6 of the edge (not compared)."""
+    from scipy.optimize import linprog
+
+    o = d.options
+    r, role = o["requests_per_s"].to_numpy(), o["role"].to_numpy()
+    agg = sum(r[k] * n for k, n in counts.items() if role[k] == "both")
+    top = max([r[k] for k, n in counts.items() if role[k] == "both" and n > 0], default=0.0)
+    keys = sorted({(int(o["group"].iat[k]), o["system"].iat[k]) for k in counts if role[k] != "both"})
+
+    def pool(g, s, side):
+        at = [k for k, n in counts.items() if n > 0 and role[k] == side and (o["group"].iat[k], o["system"].iat[k])
+              == (g, s)]
+        return sum(r[k] * counts[k] for k in at), max([r[k] for k in at], default=0.0)
+
+    def feasible(margin):
+        n = len(keys)  # variables: handed off (n), taken (n), headroom
+        c = np.zeros(2 * n + 1)
+        a_ub, b_ub, a_eq, b_eq, bounds = [], [], [], [], []
+        for i, (g, s) in enumerate(keys):
+            for side, at in (("prefill", i), ("decode", n + i)):
+                cap, t = pool(g, s, side)
+                bounds.append((0, cap))
+                if d.n_plus_one and cap > 0:  # its fastest replica down: what it moves beyond the rest is lost
+                    row = np.zeros(2 * n + 1)
+                    row[at], row[-1] = 1.0, -1.0
+                    a_ub.append(row)
+                    b_ub.append(cap - t - margin)
+        bounds = [bounds[2 * i] for i in range(n)] + [bounds[2 * i + 1] for i in range(n)] + [(0, None)]
+        for g in {g for g, _ in keys}:  # per group prefilled = decoded; no interconnect: on its own system
+            row = np.zeros(2 * n + 1)
+            for i, (gg, s) in enumerate(keys):
+                if gg == g and d.interconnect(s) > 0:
+                    row[i], row[n + i] = 1.0, -1.0
+                elif gg == g:
+                    own = np.zeros(2 * n + 1)
+                    own[i], own[n + i] = 1.0, -1.0
+                    a_eq.append(own)
+                    b_eq.append(0.0)
+            a_eq.append(row)
+            b_eq.append(0.0)
+        row = np.zeros(2 * n + 1)  # headroom = aggregated + handed off - need
+        row[:n], row[-1] = 1.0, -1.0
+        a_eq.append(row)
+        b_eq.append(need - agg)
+        lo = np.zeros(2 * n + 1)
+        lo[-1] = -1.0
+        a_ub.append(lo)
+        b_ub.append(-(top if d.n_plus_one else 0.0) - margin)
+        res = linprog(c, A_ub=np.array(a_ub), b_ub=b_ub, A_eq=np.array(a_eq), b_eq=b_eq, bounds=bounds,
+                      method="highs")
+        return res.status == 0
+
+    tight, loose = feasible(1e-6), feasible(-1e-6)
+    return tight if tight == loose else None
+
+
+def test_hand_offs_across_interconnects_are_found_wherever_a_linear_program_finds_them():
+    """`joined_flows` (the plan program's hand-offs for plans whose pools pair across systems) finds hand-offs with
+    N+1 exactly where an independent linear program does, and those it finds pass the fleet's re-check (`check`:
+    N+1 with hand-offs as planned, pools within their rates, prefilled = decoded); 150 random plans on 2-3 systems,
+    one without an interconnect, two numerics groups. About 2 s."""
+    from dse.optimize.fleet import joined_flows
+
+    rng = np.random.default_rng(61)
+    compared = found = 0
+    while compared < 150:
+        systems = ["a", "b", "c"][:int(rng.integers(2, 4))]
+        link = [1e30, 1e30, 0.0][:len(systems)]
+        sy = pd.DataFrame({"node_chips": 8, "reserved_usd_per_node_h": 1.0, "hourly_usd_per_node_h": 2.0,
+                           "power_per_node_w": 1e4, "fixed_usd_per_day": 0.0, "interconnect_bytes_per_s": link},
+                          index=systems)
+        rows = [{"model": "m", "cls": "c", "system": s, "role": role, "group": g, "chips": 1,
+                 "requests_per_s": float(rng.uniform(0.5, 3.0)), "kv_bytes": 1e9}
+                for s in systems for role in ("prefill", "decode") for g in (0, 1) if rng.uniform() < 0.7]
+        rows.append({"model": "m", "cls": "c", "system": "a", "role": "both", "group": 0, "chips": 1,
+                     "requests_per_s": float(rng.uniform(0.5, 3.0)), "kv_bytes": 0.0})
+        need = float(rng.uniform(1, 8))
+        demand = pd.DataFrame([[need]], index=pd.MultiIndex.from_tuples([("m", "c")]), columns=[0])
+        d = FleetData(sy, pd.DataFrame(1000, index=systems, columns=[0]), pd.DataFrame(rows), demand,
+                      n_plus_one=bool(rng.uniform() < 0.8))
+        counts = {k: int(rng.integers(0, 5)) for k in range(len(rows))}
+        ref = _hand_off_exists(d, need, counts)
+        if ref is None:
+            continue
+        got = joined_flows(d, 0, need, counts)
+        assert (got is not None) == ref
+        compared += 1
+        if got is None:
+            continue
+        found += 1
+        reps = pd.DataFrame({0: [float(counts[k]) for k in range(len(rows))]})
+        idx = pd.MultiIndex.from_tuples([(0, g, s) for g, s, _, _ in got]) if got else None
+        f = Fleet(pd.Series(100.0, index=systems), pd.DataFrame(0.0, index=systems, columns=[0]), reps,
+                  pd.DataFrame({0: [p for *_, p, _ in got]}, index=idx, dtype=float),
+                  pd.DataFrame({0: [q for *_, q in got]}, index=idx, dtype=float))
+        assert check(d, f) == []
+    assert found >= 25 and compared - found >= 25  # both answers compared
+
+
+def test_plan_program_keeps_hand_offs_across_systems_within_the_interconnect():
+    """The plan program with plans whose pools pair across two systems: at 100 GB/s it takes the plan handing all
+    20 requests/s across (4 nodes), at 20 GB/s (10 requests/s of 2 GB) the one handing 10 across and pairing the
+    other 10 on one system (13 nodes), the optima `test_pools_on_two_systems_hand_off_within_the_interconnect`
+    states; both pass the re-check."""
+    from dse.optimize.fleet import solve_plans
+
+    day = 24 * 20.0
+    across, half = {0: 2, 3: 2}, {0: 2, 1: 10, 3: 1}
+    for link, nodes in ((100, 4), (20, 13)):
+        d = _split_day(link)
+        f = solve_plans(d, "highs", 10.0, extra={(0, 0): [across, half]}, mixes=False)
+        assert fleet_cost(d, f) == pytest.approx(day * nodes)
+        assert check(d, f, fleet_cost(d, f)) == []

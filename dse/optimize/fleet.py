@@ -185,12 +185,13 @@ COLUMN_SHARE = 1 / 3
 5 CPU s on aggregated; stopped early, it still returns a valid bound (its best Lagrangian value)."""
 
 
-def _round_master(d: FleetData, solver: str, cb, plans: dict, time_limit_s: float) -> Fleet | None:
+def _round_master(d: FleetData, solver: str, cb, plans: dict, time_limit_s: float, deadline: float | None = None
+                  ) -> Fleet | None:
     """Fleets of the plans near the column generation's duals (``plans``), slice by slice with the systems in use
     and the reserved nodes of its master fixed (`solve_plans_by_slice`): the root master's rounded to the nearest
     and down, and the least-bound box's after branching rounded to the nearest; the cheapest. On
     `scripts/bench_fleet.py`'s aggregated 10 models x 24 h the root's reach 75,475 USD/day in 3 CPU s, where the plan
-    program reached 75,855 in 60 s.
+    program reached 75,855 in 60 s. ``deadline``: none is started, and none finished, after it.
     """
     if cb.x is None:
         return None
@@ -203,8 +204,10 @@ def _round_master(d: FleetData, solver: str, cb, plans: dict, time_limit_s: floa
     if cb.leaf is not None:
         tries.add(tuple(np.round(cb.leaf[:len(S)])))
     for rounded in sorted(tries):
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
         f = solve_plans_by_slice(d, solver, time_limit_s / len(tries), pd.Series(rounded, index=S), used, plans,
-                                 False)
+                                 False, deadline)
         if f is not None and fleet_cost(d, f) < fleet_cost(d, best):
             best = f
     return best
@@ -226,15 +229,18 @@ def _start_plans(d: FleetData, g: Fleet) -> dict:
     return out
 
 
-JOINED_PAIRS_MAX = 400
-"""Most (class, slice) pairs with demand for which `solve_fleet` runs the column generation on a program whose pools
-join across systems (its pairs across systems priced by `dse.optimize.fleet_bound.priced_pool`), after the one on
-its own-system restriction, where the full program does not run (below `FULL_PROGRAM_MAX` columns the full
-program's search gives the bound, and the time is left to it: on mixed 1 model x 6 slices, with this column
-generation run, the full program had 23 s and ended at a 3.09% gap). Measured with `scripts/bench_fleet.py` (2
-shared cores, load 4-6): on mixed 5 models x 12 slices (220 pairs) a round takes 5-25 s and the first gives a bound
-of 12,980 USD/day, above the lean relaxation's 12,826 (after 26 rounds its master is at 13,472 and still falling);
-on 10 x 24 (960 pairs) no round ends within its share of the time, which then goes to the lean relaxation."""
+JOINED_SHARE = 1 / 2
+"""Most share of the time limit for the column generation on a program whose pools join across systems (its pairs
+across systems priced by `dse.optimize.fleet_bound.priced_pool`, rounds cut at the limit), after the one on its
+own-system restriction, where the full program does not run (below `FULL_PROGRAM_MAX` columns the full program's
+search gives the bound, and the time is left to it: on mixed 1 model x 6 slices, with this column generation run,
+the full program had 23 s and ended at a 3.09% gap); at most the time left less `PLAN_SHARE`. Measured with
+`scripts/bench_fleet.py` (60 s, 2 shared cores, load 4-4.5): on mixed 10 models x 24 slices (560 class-slice pairs
+once equal slices merge) a round takes 7-10 s; with a third of the time 3 rounds end (bound 46,120 USD/day, the lean
+relaxation's 42,498), with half of it 4 (46,621); mixed 5 x 12: 13,737 -> 13,835-13,942."""
+PLAN_SHARE = 1 / 4
+"""Share of the time limit kept for the fleets of the column generation's plans (`_round_master`, `solve_plans`)
+where pools join across systems."""
 
 
 def demand_pairs(d: FleetData) -> int:
@@ -281,15 +287,18 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     Exact reductions first (`FleetData.reduced`: options another matches; `FleetData.merged`: equal slices as one);
     then a greedy fleet. From `PLAN_STAGE_MIN` columns, the column generation bound
     (`dse.optimize.fleet_bound.column_bound`, `COLUMN_SHARE` of the time) and fleets of its near plans at its
-    master's reserved nodes (`_round_master`); where it computes none (classes pooled across interconnects) and
-    above `FULL_PROGRAM_MAX` columns, the lean relaxation's bound (`formulations.fleet.build` with ``lean``; at most
-    half the time). Below `FULL_PROGRAM_MAX` columns: where classes have pools, the program restricted to aggregated
-    options (`solve_aggregated`, a third of the time); from `PLAN_STAGE_MIN` columns the restricted program of one
-    plan per class and slice (`solve_plans`: the column generation's near plans and the greedy's where it ran, else
-    every single configuration and simple mixes; half of the time left, all of it above `FULL_PROGRAM_MAX`); then
-    the full program started from the best fleet so far, its bound the answer's where higher. The answer is the
-    cheapest fleet found (never dearer than the greedy), its gap against the best bound. ``aggregated_stage`` and
-    ``bound_stage`` switch those stages off (a stage's own call needs no bound).
+    master's reserved nodes (`_round_master`); where pools join across interconnects, first the same on the
+    restriction to pools paired on their own system (`OWN_SHARE`), then, above `FULL_PROGRAM_MAX` columns, on the
+    program itself (`JOINED_SHARE`, its plans whose pools pair across systems handing off as `joined_flows` finds);
+    where that bounds nothing above `FULL_PROGRAM_MAX` columns, the lean relaxation's bound
+    (`formulations.fleet.build` with ``lean``; at most half the time). Below `FULL_PROGRAM_MAX` columns: where
+    classes have pools, the program restricted to aggregated options (`solve_aggregated`, a third of the time);
+    from `PLAN_STAGE_MIN` columns the restricted program of one plan per class and slice (`solve_plans`: the column
+    generation's near plans and the greedy's where it ran, else every single configuration and simple mixes; half
+    of the time left, all of it above `FULL_PROGRAM_MAX`; a stage starts only with time left); then the full program
+    started from the best fleet so far, its bound the answer's where higher. The answer is the cheapest fleet found
+    (never dearer than the greedy), its gap against the best bound. ``aggregated_stage`` and ``bound_stage`` switch
+    those stages off (a stage's own call needs no bound).
     """
     _no_option(d)
     t0 = time.perf_counter()
@@ -302,6 +311,11 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     full = columns < FULL_PROGRAM_MAX or g is None
     plans = (columns >= PLAN_STAGE_MIN if plan_stage is None else plan_stage) and g is not None
     bound, extra, bounded_by = -math.inf, None, ""
+    end = t0 + time_limit_s
+
+    def remaining() -> float:
+        return end - time.perf_counter()
+
     if plans and bound_stage:
         joined = bool((dm.systems["interconnect_bytes_per_s"] > 0).any())
         if joined:
@@ -310,11 +324,13 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
             # generation converges faster; it gives fleets and near plans, so the answer is never dearer than that
             # restriction's
             own = replace(dm, systems=dm.systems.assign(interconnect_bytes_per_s=0.0))
-            _, extra, f = _column_stage(own, g, name, OWN_SHARE * time_limit_s, time_limit_s / 12)
+            _, extra, f = _column_stage(own, g, name, OWN_SHARE * time_limit_s, time_limit_s / 12, deadline=end)
             if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
                 best, best_cost, found_by = f, fleet_cost(dm, f), "plans of pools paired on their own systems"
-        if not joined or (not full and demand_pairs(dm) <= JOINED_PAIRS_MAX):
-            cb, more, f = _column_stage(dm, g, name, COLUMN_SHARE * time_limit_s, time_limit_s / 6, cut=joined)
+        if not joined or not full:
+            share = min(JOINED_SHARE * time_limit_s, remaining() - PLAN_SHARE * time_limit_s) if joined else (
+                COLUMN_SHARE * time_limit_s)
+            cb, more, f = _column_stage(dm, g, name, max(share, 0.0), time_limit_s / 6, cut=joined, deadline=end)
             if cb.bound > -math.inf:
                 bound, bounded_by = cb.bound, f"bound by column generation ({cb.iterations} rounds)"
                 if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
@@ -323,15 +339,14 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
                 extra = extra or {}
                 extra.setdefault(key, []).extend(p)
     if not full and bound_stage and bound == -math.inf:
-        bound = relaxation_bound(build(dm, hull=hull, lean=True), "highs", time_limit_s / 2)
+        bound = relaxation_bound(build(dm, hull=hull, lean=True), "highs", max(1.0, min(time_limit_s / 2, remaining())))
         bounded_by = "bound by the linear relaxation"
     if full and g is not None and (dm.options["role"] != "both").any() and aggregated_stage:
         f = solve_aggregated(dm, name, time_limit_s / 3)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
-    if plans:
-        left = (time_limit_s - (time.perf_counter() - t0)) / (2 if full else 1)
-        f = solve_plans(dm, name, max(1.0, left), best, extra, mixes=extra is None,
+    if plans and (full or remaining() > 1.0):
+        f = solve_plans(dm, name, max(1.0, remaining() / (2 if full else 1)), best, extra, mixes=extra is None,
                         whole=choose_solver(dm, "plans") if solver == "auto" else name)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
@@ -369,8 +384,8 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     return out
 
 
-def _column_stage(d: FleetData, g: Fleet, solver: str, bound_s: float, round_s: float, cut: bool = False
-                  ) -> tuple[ColumnBound, dict | None, Fleet | None]:
+def _column_stage(d: FleetData, g: Fleet, solver: str, bound_s: float, round_s: float, cut: bool = False,
+                  deadline: float | None = None) -> tuple[ColumnBound, dict | None, Fleet | None]:
     """The column generation on ``d`` from the greedy ``g``'s plans (`column_bound`, within ``bound_s``): its result,
     its near plans with the greedy's per (class index, slice) (None where it priced nothing), and the fleet at its
     master's rounded reserved nodes (`_round_master`, within ``round_s``; None where none). ``cut``: rounds stop at
@@ -382,7 +397,7 @@ def _column_stage(d: FleetData, g: Fleet, solver: str, bound_s: float, round_s: 
     extra = {cb.blocks[b]: p for b, p in cb.near.items()}
     for key, counts in g.plans.items():
         extra.setdefault(key, []).append(counts)
-    return cb, extra, _round_master(d, solver, cb, extra, round_s)
+    return cb, extra, _round_master(d, solver, cb, extra, round_s, deadline)
 
 
 def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | None:
@@ -430,12 +445,14 @@ def _expand(d: FleetData, dr: FleetData, rep: dict, f: Fleet) -> Fleet:
 
 def _plan_table(d: FleetData, extra: dict | None = None, mixes: bool = True) -> tuple[list, list, dict]:
     """Every class's plans in every slice with demand: (class, slice, replicas per option), their hand-offs (a list
-    of (group, system, requests/s) per plan), and each plan's position by (class, slice, replicas). ``extra``: more
-    plans per (class, slice) ({option: replicas} each, as column generation found them), kept where their pools
-    pair on one system (`pooled_flows`).
+    of (group, system, requests/s its prefill pool hands off, requests/s its decode pool takes) per plan), and each
+    plan's position by (class, slice, replicas). ``extra``: more plans per (class, slice) ({option: replicas} each,
+    as column generation found them), kept where their pools pair on one system (`pooled_flows`) or, across
+    interconnects, hand off with N+1 as the program does (`joined_flows`).
     """
     plans, flows, index = [], [], {}
     table = plan_options(d)
+    joined = bool((d.systems["interconnect_bytes_per_s"] > 0).any())
 
     def add(j, t, counts, flow):
         key = (j, t, frozenset(counts.items()))
@@ -450,12 +467,116 @@ def _plan_table(d: FleetData, extra: dict | None = None, mixes: bool = True) -> 
             if need <= 0:
                 continue
             for counts, flow, _ in plans_of(d, j, need, mixes=True, table=table) if mixes else ():
-                add(j, t, counts, [] if flow is None else [flow])
+                add(j, t, counts, [] if flow is None else [(flow[0], flow[1], flow[2], flow[2])])
             for counts in (extra or {}).get((j, t), []):
                 flow = pooled_flows(d, j, need, counts)
                 if flow is not None:
-                    add(j, t, counts, flow)
+                    add(j, t, counts, [(g, sy, v, v) for g, sy, v in flow])
+                elif joined:
+                    flow = joined_flows(d, j, need, counts)
+                    if flow is not None:
+                        add(j, t, counts, flow)
     return plans, flows, index
+
+
+def joined_flows(d: FleetData, j: int, need: float, counts: dict) -> list | None:
+    """Hand-offs of a class's plan whose prefill and decode pools pair across interconnects: per (numerics group,
+    system) what its prefill pool hands off and what its decode pool takes, as (group, system, handed off, taken);
+    None where the plan cannot serve ``need`` that way with N+1 as the program counts it (`check`: hand-offs stay
+    as planned when a replica fails, so a pool that loses its fastest replica loses what it handed off beyond the
+    rest of its rate, and the class's headroom, served less demand, must cover that and its fastest aggregated
+    replica). Pools on a system without an interconnect hand off to their own system only.
+
+    The headroom h sets every pool's most: its rate, and with N+1 its rate less its fastest replica's plus h. The
+    requests/s the pools can hand off at h, R(h) (per group, the pairs on their own system plus the least of what
+    the joined systems' prefill and decode pools give), is concave in h, and the plan needs R(h) >= h + need - A
+    (A: the aggregated rate): the least h doing so (bisection between the least admissible headroom and one meeting
+    it) fixes the hand-offs, own-system pairs first, then the joined systems' prefill matched to decode on one system,
+    the rest across. Bytes per second are left to the program (`formulations.fleet.build_plans`).
+    """
+    o = d.options
+    rate = o["requests_per_s"].to_numpy(dtype=float)
+    role, grp, sysv = o["role"].to_numpy(), o["group"].to_numpy(), o["system"].to_numpy()
+    spare = d.n_plus_one
+    agg, top_agg = 0.0, 0.0
+    pools: dict = {}  # group -> system -> [prefill rate, its top, decode rate, its top]
+    for k, n in counts.items():
+        if n <= 0:
+            continue
+        if role[k] == "both":
+            agg += rate[k] * n
+            top_agg = max(top_agg, rate[k])
+            continue
+        v = pools.setdefault(int(grp[k]), {}).setdefault(sysv[k], [0.0, 0.0, 0.0, 0.0])
+        at = 0 if role[k] == "prefill" else 2
+        v[at] += rate[k] * n
+        v[at + 1] = max(v[at + 1], rate[k])
+    joined = {s: d.interconnect(s) > 0 for g in pools for s in pools[g]}
+
+    def most(cap, top, h):
+        return min(cap, cap - top + h) if spare and cap > 0 else cap
+
+    def room(h):
+        """Per group: (own pairs, joined prefill, joined decode) at headroom h."""
+        out = {}
+        for g, by in pools.items():
+            own = sum(min(most(v[0], v[1], h), most(v[2], v[3], h)) for s, v in by.items() if not joined[s])
+            jp = sum(most(v[0], v[1], h) for s, v in by.items() if joined[s])
+            jd = sum(most(v[2], v[3], h) for s, v in by.items() if joined[s])
+            out[g] = (own, jp, jd)
+        return out
+
+    def short(h):  # requests/s the pools fall short of handing off at headroom h (<= 0: enough)
+        return h + need - agg - sum(own + min(jp, jd) for own, jp, jd in room(h).values())
+
+    tol = 1e-9 * max(1.0, need)
+    lo = max(top_agg if spare else 0.0, agg - need)
+    tops = [v[i] for by in pools.values() for v in by.values() for i in (1, 3)]
+    h = lo
+    if short(lo) > tol:
+        hi = next((x for x in sorted(tops) if x > lo and short(x) <= tol), None)
+        if hi is None:  # the least shortfall lies between two tops (R is concave): search it
+            a, b = lo, max([lo, *tops])
+            for _ in range(60):
+                m1, m2 = a + (b - a) / 3, b - (b - a) / 3
+                a, b = (m1, b) if short(m1) > short(m2) else (a, m2)
+            if short(a) > tol:
+                return None
+            hi = a
+        a = lo
+        for _ in range(60):  # the shortfall falls from lo to hi: the least headroom with none
+            mid = (a + hi) / 2
+            a, hi = (a, mid) if short(mid) <= tol else (mid, hi)
+        h = hi
+    left = max(0.0, h + need - agg)
+    out = []
+    for g, (own, jp, jd) in room(h).items():
+        take = min(left, own + min(jp, jd))
+        left -= take
+        by = pools[g]
+        for s, v in by.items():  # own-system pairs first
+            if not joined[s] and take > 0:
+                f = min(take, most(v[0], v[1], h), most(v[2], v[3], h))
+                take -= f
+                if f > 0:
+                    out.append((g, s, f, f))
+        ps = {s: 0.0 for s in by if joined[s]}
+        qs = dict(ps)
+        for s in ps:  # each joined system's prefill matched to its own decode
+            f = min(take, most(by[s][0], by[s][1], h), most(by[s][2], by[s][3], h))
+            ps[s] += f
+            qs[s] += f
+            take -= f
+        sent = taken = take
+        for s in ps:  # the rest across the interconnects
+            f = min(sent, most(by[s][0], by[s][1], h) - ps[s])
+            ps[s] += f
+            sent -= f
+            f = min(taken, most(by[s][2], by[s][3], h) - qs[s])
+            qs[s] += f
+            taken -= f
+        out += [(g, s, ps[s], qs[s]) for s in ps if ps[s] > 0 or qs[s] > 0]
+    return out
 
 
 def pooled_flows(d: FleetData, j: int, need: float, counts: dict) -> list | None:
@@ -502,7 +623,8 @@ def _plan_fleet(m, d: FleetData, plans: list, flows: list) -> Fleet:
     T = d.slices
     reserved, hourly = _read_nodes(m)
     reps = pd.DataFrame(0.0, index=d.options.index, columns=T)
-    keyed: dict = {}
+    handed: dict = {}
+    taken: dict = {}
     chosen: dict = {}
     for i in m.P:
         if (m.plan[i].value or 0) > 0.5:
@@ -510,32 +632,45 @@ def _plan_fleet(m, d: FleetData, plans: list, flows: list) -> Fleet:
             chosen[(j, t)] = counts
             for k, n in counts.items():
                 reps.at[k, t] += n
-            for g, sy, v in flows[i]:
-                keyed[(j, g, sy, t)] = keyed.get((j, g, sy, t), 0.0) + v
-    pre = _flows(keyed, T)
-    return Fleet(reserved, hourly, reps, pre, pre.copy(), chosen)
+            for g, sy, p, q in flows[i]:
+                handed[(j, g, sy, t)] = handed.get((j, g, sy, t), 0.0) + p
+                taken[(j, g, sy, t)] = taken.get((j, g, sy, t), 0.0) + q
+    return Fleet(reserved, hourly, reps, _flows(handed, T), _flows(taken, T), chosen)
 
 
 def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | None = None,
                 extra: dict | None = None, mixes: bool = True, whole: str | None = None) -> Fleet | None:
-    """The restricted program of one configuration per class and slice (`plans_of`): first slice by slice with the
-    reserved nodes and the systems in use of its linear relaxation fixed (`solve_plans_by_slice`, a quarter of the
-    time), then whole (by ``whole``, ``solver`` where None), started from the better of that and ``start`` where the
-    solver takes hints. The cheapest fleet found; None when none is.
+    """The restricted program of one configuration per class and slice (`plans_of`): first slice by slice
+    (`solve_plans_by_slice`) with the reserved nodes and the systems in use of ``start`` fixed and its plans offered
+    too (an eighth of the time: a polish, each slice re-planned at no more than it costs in ``start``), then with
+    those of its linear relaxation (a quarter of the time), then whole (by ``whole``, ``solver`` where None),
+    started from the best so far where the solver takes hints. Each step starts only with time left (building the
+    models takes time too). The cheapest fleet found (``start`` where none is cheaper); None when none is.
     """
     t0 = time.perf_counter()
+    end = t0 + time_limit_s
     plans, flows, index = _plan_table(d, extra, mixes)
     best = start
-    m = build_plans(d, plans)
-    pyo.TransformationFactory("core.relax_integer_vars").apply_to(m)
-    lp = solve_pyomo(m, "highs", time_limit_s / 8)
-    if lp.ok:
-        reserved = pd.Series({s: float(math.floor((m.reserved[s].value or 0) + 1e-6)) for s in m.S})
-        used = {s for s in m.SU if (m.used[s].value or 0) > 1e-6}
-        f = solve_plans_by_slice(d, solver, time_limit_s / 4, reserved, used, extra, mixes)
+    if start is not None and start.plans:  # polish: each slice re-planned at the start's nodes, its plan offered
+        offered = {key: list(p) for key, p in (extra or {}).items()}
+        for key, counts in start.plans.items():
+            offered.setdefault(key, []).append(counts)
+        used = {s for s in d.systems.index if float(start.reserved[s] + start.hourly.loc[s].max()) > 0}
+        f = solve_plans_by_slice(d, solver, time_limit_s / 8, start.reserved, used, offered, mixes, end)
         if f is not None and fleet_cost(d, f) < fleet_cost(d, best) * (1 - 1e-9):
             best = f
-    m = build_plans(d, plans)
+    m = build_plans(d, plans, flows)
+    pyo.TransformationFactory("core.relax_integer_vars").apply_to(m)
+    lp = solve_pyomo(m, "highs", time_limit_s / 8)
+    if lp.ok and end - time.perf_counter() > time_limit_s / 2:
+        reserved = pd.Series({s: float(math.floor((m.reserved[s].value or 0) + 1e-6)) for s in m.S})
+        used = {s for s in m.SU if (m.used[s].value or 0) > 1e-6}
+        f = solve_plans_by_slice(d, solver, time_limit_s / 4, reserved, used, extra, mixes, end)
+        if f is not None and fleet_cost(d, f) < fleet_cost(d, best) * (1 - 1e-9):
+            best = f
+    if end - time.perf_counter() < time_limit_s / 8:
+        return best
+    m = build_plans(d, plans, flows)
     solver = whole or solver
     hinted = solver in HINTS and best is not None and bool(best.plans)
     if hinted:
@@ -550,18 +685,21 @@ def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | N
 
 
 def solve_plans_by_slice(d: FleetData, solver: str, time_limit_s: float, reserved: pd.Series, used: set,
-                         extra: dict | None = None, mixes: bool = True) -> Fleet | None:
+                         extra: dict | None = None, mixes: bool = True, deadline: float | None = None
+                         ) -> Fleet | None:
     """The plan program one slice at a time with the reserved nodes and the systems in use fixed (given them, slices
     are independent: each pays only its hourly nodes), then each system's reserved nodes lowered to the count that
     costs least for the nodes the slices hold. A fleet of the full program; None when a slice finds none in time or
-    the fleet is over the budget.
+    the fleet is over the budget, or when ``deadline`` (a `time.perf_counter` value) passes before the last slice.
     """
     T = d.slices
     parts = []
     for t in T:
+        if deadline is not None and time.perf_counter() >= deadline:
+            return None
         dt = _one_slice(d, t)
         plans, flows, _ = _plan_table(dt, extra, mixes)
-        m = build_plans(dt, plans)
+        m = build_plans(dt, plans, flows)
         for s in m.S:
             m.reserved[s].fix(min(float(reserved[s]), float(dt.inventory.loc[s, t])))
         for s in m.SU:

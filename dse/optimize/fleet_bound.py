@@ -296,18 +296,19 @@ def _pool_states(rate: np.ndarray, usd: np.ndarray, most: np.ndarray, lam: float
         n = np.arange(1, int(most[k]) + 1)
         if not len(n):
             continue
-        c_new = np.minimum(np.repeat(cap, len(n)) + np.tile(n, len(cap)) * rate[k], lam + rate[k])
-        u_new = np.repeat(cost, len(n)) + np.tile(n, len(cost)) * usd[k]
+        c_new = np.minimum((cap[:, None] + n[None, :] * rate[k]).ravel(), lam + rate[k])  # held vector, then n
+        u_new = (cost[:, None] + n[None, :] * usd[k]).ravel()
         at, most_cap = _staircase(cost, cap)  # the vectors held so far (tops no larger)
         pos = np.searchsorted(at, u_new, side="right") - 1
         fresh = np.flatnonzero(c_new > np.where(pos >= 0, most_cap[np.maximum(pos, 0)], -np.inf) + 1e-12)
         order = fresh[np.lexsort((-c_new[fresh], u_new[fresh]))]
-        prior = np.maximum.accumulate(np.r_[-np.inf, c_new[order][:-1]])
+        prior = np.maximum.accumulate(np.concatenate(([-np.inf], c_new[order][:-1])))
         order = order[c_new[order] > prior + 1e-12]
-        add = np.repeat(counts, len(n), axis=0)[order]
-        add[:, k] += np.tile(n, len(counts))[order]
+        add = counts[order // len(n)]
+        add[:, k] += n[order % len(n)]
         counts = np.vstack([counts, add])
-        cap, top, cost = np.r_[cap, c_new[order]], np.r_[top, np.full(len(order), rate[k])], np.r_[cost, u_new[order]]
+        cap, top = np.concatenate((cap, c_new[order])), np.concatenate((top, np.full(len(order), rate[k])))
+        cost = np.concatenate((cost, u_new[order]))
     return counts[1:], cap[1:], top[1:], cost[1:]
 
 
@@ -330,7 +331,7 @@ def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True) -> Compo
     nP, aP, bP, cP = side["prefill"]
     nD, aD, bD, cD = side["decode"]
     if not len(cP) or not len(cD):
-        return Component(None, np.r_[u.ks["prefill"], u.ks["decode"]], np.zeros((0, len(u.ks["prefill"])
+        return Component(None, np.concatenate((u.ks["prefill"], u.ks["decode"])), np.zeros((0, len(u.ks["prefill"])
                          + len(u.ks["decode"])), dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0))
     targets = np.unique(np.stack([np.minimum.outer(aP, aD).ravel(), np.minimum.outer(bP, bD).ravel()], axis=1),
                         axis=0)
@@ -346,7 +347,7 @@ def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True) -> Compo
     M, left, usd = np.minimum(aP[i], aD[j]), np.minimum(bP[i], bD[j]), cP[i] + cD[j]
     keep = pareto(M, left, usd)
     configs = np.concatenate([nP[i[keep]], nD[j[keep]]], axis=1)
-    return Component(None, np.r_[u.ks["prefill"], u.ks["decode"]], configs, M[keep], (M - left)[keep],
+    return Component(None, np.concatenate((u.ks["prefill"], u.ks["decode"])), configs, M[keep], (M - left)[keep],
                      np.zeros(int(keep.sum())), usd[keep])
 
 
