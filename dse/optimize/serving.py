@@ -34,6 +34,7 @@ from dse.catalog.hardware import IDEAL
 from dse.errors import InfeasibleError
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Choice, Space, block_candidates, describe_choice
+from dse.optimize.ties import tie_order
 from dse.physics.roofline import evaluate
 
 SOLVER_NAME = "argmin (vectorized enumeration)"
@@ -144,7 +145,8 @@ def solve_serving(
 
     ``objective`` "cost" minimizes USD per output token (each block at its largest feasible batch);
     "latency" minimizes the step time (each block at its smallest batch, or under ``cost_max`` the
-    smallest batch whose cost meets the cap). ``solver``, ``time_limit_s`` and ``start``
+    smallest batch whose cost meets the cap); equal scores go to the lower step time (for "cost") or cost (for
+    "latency"), then fewer chips. ``solver``, ``time_limit_s`` and ``start``
     are accepted for compatibility and unused: the argmin needs none of them.
     """
     t0 = time.perf_counter()
@@ -163,8 +165,8 @@ def solve_serving(
             if blocks.empty:
                 raise InfeasibleError(diagnose(space, tpot_max))
     step, cost, _ = block_physics(space, blocks, n)
-    score = cost if objective == "cost" else step
-    i = int(np.argmin(score))
+    score, tie = (cost, step) if objective == "cost" else (step, cost)
+    i = _best(score, tie, blocks["chips"].to_numpy())
     choice = Choice(int(blocks.index[i]), int(n[i]), float(step[i]), float(cost[i]))
     res = _result(float(score[i]), time.perf_counter() - t0)
     return ServingResult(res, choice, describe_choice(space, choice), int(len(blocks)))
@@ -185,7 +187,7 @@ def solve_demand(space: Space, demand: float, tpot_max: float | None, solver: st
 
     Throughput per replica, n DP PP / t(n), never falls as n grows (the cost argument above), so a
     block's fewest replicas are at its largest feasible batch; the optimum is the argmin over blocks
-    of ceil(demand / throughput) x USD/s per replica.
+    of ceil(demand / throughput) x USD/s per replica (equal costs to the lower step time, then fewer chips).
     """
     t0 = time.perf_counter()
     blocks, n = _at_largest_batch(space, tpot_max)
@@ -195,10 +197,18 @@ def solve_demand(space: Space, demand: float, tpot_max: float | None, solver: st
     usd = blocks["chips"].to_numpy() * price
     replicas = np.ceil(demand / tps * (1 - 1e-12))
     total = replicas * usd
-    j = int(np.argmin(total))
+    j = _best(total, step, replicas * blocks["chips"].to_numpy())
     choice = Choice(int(blocks.index[j]), int(n[j]), float(step[j]), float(cost[j]))
     res = _result(float(total[j]), time.perf_counter() - t0)
     return DemandResult(res, choice, int(replicas[j]), float(total[j]))
+
+
+def _best(score: np.ndarray, *keys: np.ndarray) -> int:
+    """The position of the least ``score``, scores within a relative 1e-12 of each other ordered by ``keys`` in turn
+    (`dse.optimize.ties.tie_order`); the first position where no score is finite.
+    """
+    order = tie_order(score, *keys)
+    return int(order[0]) if len(order) else int(np.argmin(score))
 
 
 def _gb(x: float) -> str:

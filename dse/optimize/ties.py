@@ -2,8 +2,8 @@
 search's own order (its tie key where it has one, else enumeration order).
 
 Every search that picks a `best` entry ranks through `tie_order` (`dse.optimize.requests`, `dse.optimize.whole`,
-the choice between modes in `dse.studies.common`), so a deployment that serves as cheaply and faster is never passed
-over for one that happens to be enumerated first.
+`dse.optimize.serving`, the choice between modes in `dse.studies.common`), so a deployment that serves as cheaply
+and faster is never passed over for one that happens to be enumerated first.
 """
 
 from __future__ import annotations
