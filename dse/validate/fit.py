@@ -325,9 +325,10 @@ def fit_key(d: DecodeTerms, measured: np.ndarray, start: dict) -> dict:
     if np.array_equal(lifted, x):
         return fitted
     other = fit_factors(d, measured, _unpack(lifted, free, start))
+    at = loss_of(d, measured)  # the loss both fits minimized
 
     def loss(f: dict) -> float:
-        return float(np.abs(np.log(tpot_at(d, f) / measured)).sum())
+        return at(np.array([[f[k]] for k in FACTORS]))
 
     return other if loss(other) < loss(fitted) else fitted
 
