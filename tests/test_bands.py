@@ -78,21 +78,46 @@ def test_an_unseen_family_is_never_narrower_than_a_calibrated_one():
 
 
 def test_the_band_rules():
-    """A family with MIN_POINTS points takes its own band; with fewer, the envelope of its own and its left-out
-    band; with none, the unseen band, the envelope of every band and left-out band."""
+    """A family with MIN_POINTS independent units takes its own band; with fewer, the envelope of its own and its
+    left-out band, however many points its few units hold (twins: 40 points of 3 configurations); with none, the
+    unseen band, the envelope of every band and left-out band."""
     fams = list(families())
     rng = np.random.default_rng(7)
-    many, few, none = fams[0], fams[1], fams[2]
-    own = {many: rng.uniform(0.9, 1.1, 50), few: np.array([1.0, 1.02, 1.05])}
-    left_out = {many: rng.uniform(0.5, 1.6, 50), few: rng.uniform(0.7, 0.9, 3)}
-    out = compose(Ratios(own, left_out, "leave-one-out"))
+    many, few, twins, none = fams[:4]
+    own = {many: rng.uniform(0.9, 1.1, 50), few: np.array([1.0, 1.02, 1.05]), twins: rng.uniform(0.97, 1.03, 40)}
+    left_out = {many: rng.uniform(0.5, 1.6, 50), few: rng.uniform(0.7, 0.9, 3), twins: rng.uniform(0.6, 0.8, 40)}
+    out = compose(Ratios(own, left_out, "leave-one-out", {many: 50, few: 3, twins: 3}, "configurations"))
     assert out[many]["basis"] == "leave-one-out" and out[many]["band"] == out[many]["leave_one_out"]
-    assert len(own[few]) < MIN_POINTS
-    assert out[few]["band"] == [min(out[few]["leave_one_out"][0], out[few]["leave_family_out"][0]),
-                                max(out[few]["leave_one_out"][1], out[few]["leave_family_out"][1])]
+    assert out[twins]["points"] == 40 >= MIN_POINTS > out[twins]["configurations"] == 3
+    for f in (few, twins):
+        assert out[f]["band"] == [min(out[f]["leave_one_out"][0], out[f]["leave_family_out"][0], 1.0),
+                                  max(out[f]["leave_one_out"][1], out[f]["leave_family_out"][1], 1.0)]
+        assert "fewer than 10 configurations" in out[f]["basis"]
     assert out[none]["points"] == 0 and out[none]["band"] == out["default"]["band"]
-    every = [out[f]["band"] for f in (many, few)] + [out[f]["leave_family_out"] for f in (many, few)]
+    every = [out[f]["band"] for f in (many, few, twins)] + [out[f]["leave_family_out"] for f in (many, few, twins)]
     assert out["default"]["band"] == [min(b[0] for b in every), max(b[1] for b in every)]
+
+
+def test_published_points_count_once_per_configuration():
+    """The stored throughput bands count a family's units as the configurations of its scored points (model,
+    system, layout, formats, lengths and kind), counted here from the cases and the stored table, and a family is
+    calibrated on throughput only with MIN_POINTS of them, however many points they hold."""
+    from dse.validate import load_cases
+
+    stored = load_fitted()
+    scored = {r["case"] for r in stored["table"]
+              if r["category"] == "serving_throughput" and r.get("loo_error") is not None}
+    seen: dict[str, set] = {}
+    for p in load_cases().points:
+        if p.category == "serving_throughput" and p.case in scored:
+            seen.setdefault(family_of(p.system), set()).add(
+                (p.model, p.system, p.tp, p.dp, p.ep, p.pp, p.weights_dtype, p.kv_dtype, p.isl, p.osl, p.kind))
+    for fam in families():
+        entry = stored["bands"]["throughput"][fam]
+        assert entry["configurations"] == len(seen.get(fam, ())) <= entry["points"], fam
+        if entry["configurations"] < MIN_POINTS:
+            assert "fewer than 10 configurations" in entry["basis"] and not any(
+                calibrated(s) for s in families()[fam]), fam
 
 
 # ---- bands on every prediction ---------------------------------------------------------------------------------------

@@ -74,8 +74,8 @@ BAND_METRICS = ("throughput", "tpot", "ttft")
 """The metrics a band is stored for: throughput (and every cost, its inverse), time per output token and time to
 first token."""
 MIN_POINTS = 10
-"""A family with fewer independent units of a metric (published points; concurrency sweeps of runs) has no band of
-its own for it: it takes the envelope of its few units' band, its leave-family-out band and 1
+"""A family with fewer independent units of a metric (configurations of published points; concurrency sweeps of
+runs) has no band of its own for it: it takes the envelope of its few units' band, its leave-family-out band and 1
 (`dse.validate.bands`), and is not calibrated (`calibrated`)."""
 
 
@@ -118,9 +118,9 @@ def bands_of(system_id: str) -> Bands | None:
 def calibrated(system_id: str) -> bool:
     """Whether a system's predictions rest on data of its own family: it has a family, and for every metric of
     BAND_METRICS the stored bands count at least MIN_POINTS independent units of it (concurrency sweeps for TPOT
-    and TTFT, published points for throughput) predicted out of sample. A family short of that on any metric (its
-    band there is its leave-family-out band, widened) is judged at the edge of its band by default
-    (`dse.studies.common.decide_of`). False where no band is stored.
+    and TTFT, configurations of published points for throughput) predicted out of sample. A family short of that
+    on any metric (its band there is its leave-family-out band, widened) is judged at the edge of its band by
+    default (`dse.studies.common.decide_of`). False where no band is stored.
     """
     fitted = _fitted_cached()
     fam = family_of(system_id)
@@ -128,7 +128,7 @@ def calibrated(system_id: str) -> bool:
         return False
     for metric in BAND_METRICS:
         entry = fitted["bands"][metric].get(fam, {})
-        if entry.get("sweeps", entry.get("points", 0)) < MIN_POINTS:
+        if entry.get("sweeps", entry.get("configurations", 0)) < MIN_POINTS:
             return False
     return True
 

@@ -25,7 +25,8 @@ Leave-family-out errors (each family predicted with none of its own data):
 
 A family's band for a metric:
 
-- with at least MIN_POINTS independent units of the metric (published points; for TPOT and TTFT concurrency
+- with at least MIN_POINTS independent units of the metric (for throughput the configurations of its published
+  points, `configuration`: one harness run by several submitters is one unit; for TPOT and TTFT concurrency
   sweeps, whose rows are correlated): the percentiles of its own out-of-sample ratios;
 - with fewer: the envelope (lowest low, highest high) of those, its leave-family-out band and 1 (the prediction
   itself): a few units' percentiles understate the spread, its leave-family-out errors are those of the factors
@@ -49,7 +50,7 @@ from dse.catalog.calibration import BAND_METRICS, MIN_POINTS, family_of
 from dse.catalog.calibration import families as hardware_families
 from dse.catalog.hardware import Efficiency
 from dse.validate.fit import fit
-from dse.validate.points import Cases
+from dse.validate.points import Cases, Point
 from dse.validate.predict import predict
 from dse.validate.run import validate_runs
 from dse.validate.runs import group_key, map_runs, read_runs_files
@@ -68,8 +69,11 @@ class Ratios:
     left_out: dict[str, np.ndarray]
     source: str
     """How ``own`` was predicted (the basis a band of it states)."""
-    units: dict[str, int] | None = None
-    """Independent units of ``own`` per family (the concurrency sweeps of runs); None: each ratio is one."""
+    units: dict[str, int]
+    """Independent units of ``own`` per family: the concurrency sweeps of runs, the configurations of published
+    points (`configuration`)."""
+    unit_name: str = "sweeps"
+    """What a unit is, as the stored band names its count."""
 
 
 def percentiles(ratio: np.ndarray) -> tuple[float, float]:
@@ -83,13 +87,28 @@ def envelope(*bands: tuple[float, float]) -> tuple[float, float]:
     return min(b[0] for b in bands), max(b[1] for b in bands)
 
 
+def configuration(p: Point) -> tuple:
+    """What makes two published points one unit of evidence: the same model on the same system, layout, formats,
+    lengths and kind of figure. Points of one configuration (one harness run by several submitters, or at several
+    loads) share the errors of their configuration, as the rows of one concurrency sweep do, and leaving one out
+    leaves its twins in: they count as one unit.
+    """
+    return (p.model, p.system, p.tp, p.dp, p.ep, p.pp, p.weights_dtype, p.kv_dtype, p.isl, p.osl, p.kind)
+
+
 def published_ratios(cases: Cases, fitted: dict, start: Efficiency) -> Ratios:
-    """Serving throughput: the stored leave-one-out ratios per family, and each family's points predicted by the
-    global factors refitted without the family (from ``start``, the stored global factors).
+    """Serving throughput: the stored leave-one-out ratios per family, counted in configurations (`configuration`),
+    and each family's points predicted by the global factors refitted without the family (from ``start``, the
+    stored global factors).
     """
     thr = [r for r in fitted["table"] if r["category"] == "serving_throughput" and r.get("loo_error") is not None]
     own = {fam: np.array([1.0 / (1.0 + r["loo_error"]) for r in thr if r["family"] == fam])
            for fam in hardware_families()}
+    scored = {r["case"] for r in thr}
+    configurations: dict[str, set] = {}
+    for p in cases.points:
+        if p.category == "serving_throughput" and p.case in scored:
+            configurations.setdefault(family_of(p.system), set()).add(configuration(p))
     left_out = {}
     for fam in hardware_families():
         mine = [p for p in cases.points if family_of(p.system) == fam and p.category == "serving_throughput"]
@@ -97,7 +116,8 @@ def published_ratios(cases: Cases, fitted: dict, start: Efficiency) -> Ratios:
             continue
         others, _ = fit([p for p in cases.points if family_of(p.system) != fam], start)
         left_out[fam] = np.array([p.measured for p in mine]) / predict(mine, others)
-    return Ratios({k: v for k, v in own.items() if len(v)}, left_out, "leave-one-out")
+    return Ratios({k: v for k, v in own.items() if len(v)}, left_out, "leave-one-out",
+                  {fam: len(c) for fam, c in configurations.items() if fam}, "configurations")
 
 
 def runs_ratios(paths: list[Path]) -> tuple[Ratios, Ratios]:
@@ -129,10 +149,8 @@ def compose(r: Ratios) -> dict:
     out: dict[str, dict] = {}
     for fam in hardware_families():
         own = r.own.get(fam, np.zeros(0))
-        entry: dict = {"points": len(own)}
-        units = len(own) if r.units is None else r.units.get(fam, 0)
-        if r.units is not None:
-            entry["sweeps"] = units
+        units = r.units.get(fam, 0)
+        entry: dict = {"points": len(own), r.unit_name: units}
         name = r.source.replace("-", "_")
         if len(own):
             entry[name] = list(percentiles(own))
@@ -145,8 +163,7 @@ def compose(r: Ratios) -> dict:
         elif len(own):
             band = envelope(percentiles(own), (1.0, 1.0), *([tuple(entry["leave_family_out"])]
                                                           if "leave_family_out" in entry else []))
-            what = "points" if r.units is None else "sweeps"
-            basis = f"{r.source}, leave-family-out and the prediction (fewer than {MIN_POINTS} {what})"
+            basis = f"{r.source}, leave-family-out and the prediction (fewer than {MIN_POINTS} {r.unit_name})"
         else:
             band, basis = None, "unseen family (no point of this metric)"
         out[fam] = {"band": band, "basis": basis, **entry}
@@ -166,11 +183,11 @@ MEANING = ("per metric and hardware family, the 10th and 90th percentile of meas
            "throughput T reads [T x low, T x high], a cost C [C / high, C / low], a TPOT or TTFT t [t x low, t x "
            "high]; throughput from the published serving-throughput points (leave-one-out), TPOT and TTFT from the "
            "measured serving runs with stated layouts (leave-group-out: each concurrency sweep predicted by the fits "
-           f"without it), pooled over frameworks and modes; a family with fewer than {MIN_POINTS} points (sweeps for "
-           "TPOT and TTFT) takes the envelope of that band, 1 and its leave-family-out band (its points predicted by "
-           "the fits without the "
-           "family), a family with none and a system of no family (`default`) the envelope of every band and "
-           "leave-family-out band. Written by `dse validate --bands` (dse.validate.bands)")
+           f"without it), pooled over frameworks and modes; a family with fewer than {MIN_POINTS} configurations of "
+           "points (sweeps for TPOT and TTFT; the points of one model, system, layout, formats and lengths are one "
+           "configuration) takes the envelope of that band, 1 and its leave-family-out band (its points predicted by "
+           "the fits without the family), a family with none and a system of no family (`default`) the envelope of "
+           "every band and leave-family-out band. Written by `dse validate --bands` (dse.validate.bands)")
 
 
 def compute_bands(cases: Cases, fitted: dict, start: Efficiency, runs_files: list[Path], runs_name: str) -> dict:
