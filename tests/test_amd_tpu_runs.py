@@ -36,14 +36,19 @@ def rows():
 
 def test_every_amd_and_tpu_run_is_mapped_with_its_stated_layout(rows):
     runs = map_runs(read_runs(RUNS))
-    assert not runs.skipped and len(runs.table) == len(rows) == 17
+    assert not runs.skipped and len(runs.table) == len(rows) == 21
     t = runs.table.set_index("id")
     assert {family_of(s) for s in t["system"]} == {"cdna3", "tpu"}
-    assert set(t["model"]) == {"deepseek-v3", "qwen3-coder-480b-a35b", "llama-4-maverick", "llama-3.3-70b"}
+    assert set(t["model"]) == {"deepseek-v3", "qwen3-coder-480b-a35b", "llama-4-maverick", "llama-3.3-70b",
+                               "minimax-m2.5"}
     assert (t["layout"] == "stated").all() and (t["kd"] == "bf16").all()  # the file's kv_dtype, not fp8 from the weights
     coder = t.loc["mi300x_sglang_qwen3coder480b_tp8_1000x1000_c64"]
     assert (coder["tp"], coder["dp"], coder["ep"], coder["etp"], coder["wd"]) == (8, 1, 2, 4, "fp8")  # --tp 8 --ep 2
-    assert group_key(runs.table).nunique() == 6  # five SGLang sweeps and the TPU v6e one
+    minimax = t.loc["mi300x_sglang_minimaxm2_tp4_1000x1000_c16"]  # --tp-size 4 on 4 GPUs, experts TP4
+    assert (minimax["chips"], minimax["tp"], minimax["dp"], minimax["ep"], minimax["etp"]) == (4, 4, 1, 1, 4)
+    dsv3 = t.loc["mi300x_sglang_dsv3_dp8ep8_sharegpt_c100"]  # --tp 8 --dp 8 --enable-dp-attention --ep 8
+    assert (dsv3["chips"], dsv3["tp"], dsv3["dp"], dsv3["ep"], dsv3["etp"]) == (8, 1, 8, 8, 1)
+    assert group_key(runs.table).nunique() == 8  # seven SGLang sweeps (six on 8 MI300X, one on 4) and the TPU v6e one
     for r in rows:
         assert r["source"] and r["note"] and r["assumed"] and r["kv_dtype"], r["id"]
         m = re.search(r"successful requests (\d+), total input tokens (\d+), total generated tokens (\d+)", r["note"])
@@ -55,7 +60,7 @@ def test_every_amd_and_tpu_run_is_mapped_with_its_stated_layout(rows):
 def test_the_catalog_reads_its_runs_files_as_one():
     assert [p.name for p in catalog_runs_files()] == list(CATALOG_RUNS)
     both = read_runs_files(catalog_runs_files())
-    assert len(both) == 3113 + 17 and both["id"].is_unique
+    assert len(both) == 3113 + 21 and both["id"].is_unique
 
 
 def test_an_id_given_in_two_files_and_an_unknown_kv_format_are_named(tmp_path):

@@ -232,7 +232,10 @@ def test_a_family_short_of_data_is_uncalibrated_and_judged_at_its_band_edge():
     assert calibrated("h100") and not calibrated("mi355x") and not calibrated("a100")
     doc = _study(["h200", "mi355x"], prices={"mi355x": 3.0})  # MI355X has no sourced on-demand price
     cost = _systems(doc)
-    doc["prices"] = {"mi355x": 3.0 * cost["h200"] / cost["mi355x"] / 1.2}  # 1.2x cheaper as predicted
+    high = {k: bands_of(k).cost[1] for k in cost}  # the unfavourable edge of each cost band, as a multiplier
+    assert high["mi355x"] > high["h200"]  # CDNA4's band (no run of its own) is wider than Hopper's
+    ratio = (1 + high["mi355x"] / high["h200"]) / 2  # cheaper by this as predicted, dearer at the band edges
+    doc["prices"] = {"mi355x": 3.0 * cost["h200"] / cost["mi355x"] / ratio}
     cost = _systems(doc)
     edge = {k: v * bands_of(k).cost[1] for k, v in cost.items()}
     assert cost["mi355x"] < cost["h200"] and edge["h200"] < edge["mi355x"]

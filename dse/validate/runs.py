@@ -82,6 +82,7 @@ MODEL_IDS = {
     "deepseek-ai/DeepSeek-V3.1": "deepseek-v3",  # V3.1 keeps the V3 architecture
     "Qwen/Qwen3-Coder-480B-A35B-Instruct": "qwen3-coder-480b-a35b",
     "meta-llama/Llama-4-Maverick-17B-128E-Instruct": "llama-4-maverick",
+    "MiniMaxAI/MiniMax-M2": "minimax-m2.5",  # M2, M2.1 and M2.5 share every size field of the config
 }
 """Hugging Face ids of the measured models -> catalog ids (quantized re-releases keep their architecture)."""
 SYSTEM_IDS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300", "gb200": "gb200-nvl72",
