@@ -294,12 +294,14 @@ def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, max_iter: int
     free = used_by(d)
     fixed = {k: start[k] for k in FACTORS if k not in free}
     at = loss_of(d, measured)
-    f = np.array([[start[k]] for k in FACTORS])
-    cols = np.array([FACTORS.index(k) for k in free], dtype=np.int64)
+    f = [float(start[k]) for k in FACTORS]
+    cols = [FACTORS.index(k) for k in free]
     lo, hi = np.array([FACTOR[k].log_range for k in free]).T
 
     def loss(x: np.ndarray) -> float:
-        f[cols, 0] = np.exp(np.minimum(np.maximum(x, lo), hi))  # `_unpack` (np.clip, without its checks)
+        # `_unpack` (np.clip, without its checks)
+        for c, v in zip(cols, np.exp(np.minimum(np.maximum(x, lo), hi)).tolist(), strict=True):
+            f[c] = v
         return at(f)
 
     x = _pack(start, free)

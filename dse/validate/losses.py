@@ -73,15 +73,68 @@ def term_rows(d: DecodeTerms) -> np.ndarray:
 
 
 def loss_of(d: DecodeTerms, measured: np.ndarray) -> Callable[[np.ndarray], float]:
-    """The loss of one fit on all of its rows, as a function of the factors ``f`` (`FACTORS` x 1): sum
-    |log(TPOT / measured)|, `log_tpot` at one factor set, summed as numpy sums it.
-    """
-    t, log_measured = term_rows(d)[:, None, :], np.log(measured)
+    """The loss of one fit on all of its rows, as a function of the factors ``f`` (the `FACTORS`: an array of any
+    shape, or a list of floats):
+    sum |log(TPOT / measured)|, to the last bit `log_tpot` at one factor set summed as numpy sums it.
 
-    def loss(f: np.ndarray) -> float:
-        err = log_tpot(t, f)[0]
-        np.subtract(err, log_measured, out=err)
-        return float(np.abs(err, out=err).sum())
+    The same operations on the same numbers, on one-dimensional arrays the function keeps (a fit's few hundred rows
+    cost less than numpy's fixed cost per operation, which a two-dimensional or broadcast operation pays several
+    times over): the factors as floats, each product and sum in its own array; where no row overlaps its
+    communication, max(W, K) + 1 min(K, W) is W + K (the same two numbers added).
+    """
+    rows = [np.array(getattr(d, k), dtype=np.float64) for k in ("comm", "compute", "memory", "attention_compute",
+                                                                 "kv_memory", *PRODUCTS, "rest")]
+    comm_t, compute, memory, attention, kv, *products, rest = rows
+    one_minus_overlap = 1.0 - d.overlap
+    overlapped = bool(np.any(d.overlap))
+    log_measured = np.log(measured)
+    (layer, scaleup, gemm, tokens, moe, scaleout, comm, c, m, a_c, a_m, d_c, d_m, apart, single, other,
+     step) = np.empty((17, len(rest)))
+    at = _PRODUCT_FACTORS.tolist()
+
+    def loss(f: np.ndarray | list[float]) -> float:
+        v = f if isinstance(f, list) else np.ravel(f).tolist()
+        for out, t, i in zip((layer, scaleup, gemm, tokens, moe, scaleout), products, at, strict=True):
+            np.multiply(t, v[i], out=out)
+        np.divide(comm_t, v[_LINK], out=comm)
+        np.add(comm, scaleup, out=comm)
+        np.add(comm, scaleout, out=comm)  # comm / link + n_u lat_u + n_o lat_o
+        np.add(kv, tokens, out=a_m)  # M_a + A n_a
+        np.add(compute, gemm, out=c)
+        np.add(memory, tokens, out=m)  # C + G n_g, M + A n_a
+        f_c, f_m = v[_SHARES[0]], v[_SHARES[1]]
+        np.divide(c, f_c, out=c)
+        np.divide(m, f_m, out=m)
+        np.divide(attention, f_c, out=a_c)
+        np.divide(a_m, f_m, out=a_m)
+        np.add(layer, moe, out=layer)  # L o_l + E o_e
+        k = v[_KERNEL]  # `kernel_work`, operation for operation
+        if not k < 1.0:
+            work = np.maximum(c, m, out=single)
+        else:
+            np.subtract(c, a_c, out=d_c)
+            np.subtract(m, a_m, out=d_m)
+            np.maximum(d_c, d_m, out=apart)
+            np.add(apart, np.maximum(a_c, a_m, out=d_c), out=apart)
+            if not k > 0.0:
+                work = apart
+            else:
+                np.maximum(c, m, out=single)
+                np.multiply(single, k, out=single)
+                np.multiply(apart, 1.0 - k, out=apart)
+                work = np.add(single, apart, out=step)
+        if overlapped:  # `combine`: max(W, K) + (1 - overlap) min(K, W)
+            np.minimum(comm, work, out=other)
+            np.maximum(work, comm, out=step)
+            np.multiply(one_minus_overlap, other, out=other)
+            np.add(step, other, out=step)
+        else:
+            np.add(work, comm, out=step)
+        np.add(step, layer, out=step)
+        np.multiply(step, rest, out=step)  # TPOT: the pass times what the request level adds
+        np.log(step, out=step)
+        np.subtract(step, log_measured, out=step)
+        return float(np.add.reduce(np.abs(step, out=step)))
 
     return loss
 
