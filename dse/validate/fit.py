@@ -470,9 +470,11 @@ rows away from the in-sample start, and a refit stopped at `LOO_MAX_ITER` stays 
 TPOT error 19.5% so stopped, 52-56% converged: the error band of a family with no runs of its own comes from these)."""
 
 
-def refit_tpot_sets(sets: list[tuple[TpotPasses, np.ndarray, int, int]], meas: np.ndarray,
+def refit_tpot_sets(sets: list[tuple], meas: np.ndarray,
                     ) -> list[tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]]:
-    """Per set (the passes, their keys, and the left-out refits' ``max_iter`` and ``passes``): the decode factors
+    """Per set (the passes, their keys, the left-out refits' ``max_iter`` and ``passes``, and optionally whether the
+    caller reads the in-sample fits, default True: where not, a key no left-out fit starts from is not fitted,
+    absent from the factors per key and NaN in sample): the decode factors
     fitted per key on its rows' decode passes, with two-batch overlap as the data choose it for those keys: per key
     the factors the rows identify and those kept from the catalog (no row depends on them), the two-batch choice,
     TPOT in sample and with each row's sweep (its group of the passes) left out (factors and two-batch choice
@@ -482,7 +484,7 @@ def refit_tpot_sets(sets: list[tuple[TpotPasses, np.ndarray, int, int]], meas: n
     choice reading the key's rows once.
     """
     out, jobs, places = [], [], []
-    for tp, keys, max_iter, passes in sets:
+    for tp, keys, max_iter, passes, *read in sets:
         tb = choose_two_batch(tp, keys)
         chosen = tp.terms_for(tb.per_row)
         scales, in_sample, loo = {}, np.full(len(keys), np.nan), np.full(len(keys), np.nan)
@@ -504,6 +506,8 @@ def refit_tpot_sets(sets: list[tuple[TpotPasses, np.ndarray, int, int]], meas: n
             else:  # a key in no other sweep: the catalog's
                 loo[idx] = tpot_at(view.take(idx), {k: tp.catalog[k][idx] for k in FACTORS})
         for key, (fits, at) in left.items():
+            if not fits and read == [False]:  # nobody reads its fit
+                continue
             rows = np.flatnonzero(keys == key)
             jobs.append(KeyFits(chosen.take(rows), meas[rows], {k: float(np.median(tp.catalog[k][rows]))
                                                                 for k in FACTORS}, fits, max_iter, passes))
