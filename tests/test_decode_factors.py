@@ -188,6 +188,31 @@ def test_the_losses_on_arrays_are_numpys_sum_of_tpot_at(sample):
         assert got[j] == want
 
 
+def test_one_fits_loss_is_numpys_sum_of_tpot_at(sample):
+    """`loss_of` (one fit, one factor set) and `FitRows` (many at once) give numpy's sum of |log(TPOT / measured)|
+    over `tpot_at` to the last bit: rows that overlap their communication or none, and a kernel overlap of 0,
+    between 0 and 1, and 1 (each branch of `kernel_work`)."""
+    from dataclasses import replace
+
+    from dse.validate.losses import FitRows, loss_of
+
+    t, _, _, p, terms, catalog = sample
+    rng = np.random.default_rng(5)
+    measured = p * rng.uniform(0.7, 1.4, len(p))
+    for overlap in (np.zeros(len(p)), np.where(np.arange(len(p)) % 3 == 0, 0.6, 0.0)):
+        d = replace(terms, overlap=overlap)
+        table = FitRows.build([(d, measured, None), (d, measured, np.arange(0, len(p), 2))])
+        for k in (0.0, 0.35, 1.0):
+            f = {key: OTHER[key] * rng.uniform(0.5, 2.0) for key in FACTORS} | {"kernel_overlap": k}
+            want = np.abs(np.log(tpot_at(d, f)) - np.log(measured)).sum()
+            assert loss_of(d, measured)(np.array([[f[key]] for key in FACTORS])) == want
+            assert loss_of(d, measured)([f[key] for key in FACTORS]) == want
+            got = table.losses(np.array([0, 1]), np.array([[f[key]] * 2 for key in FACTORS]))
+            rows = np.arange(0, len(p), 2)
+            assert got[0] == want
+            assert got[1] == np.abs(np.log(tpot_at(d.take(rows), f)) - np.log(measured[rows])).sum()
+
+
 def test_the_fits_on_arrays_are_the_fits_one_at_a_time(sample):
     """`fit_factors` and `fit_factors_many` (fits sharing rows, and fits of their own) give the factors of the
     fit as first written (scipy's Nelder-Mead on `tpot_at`), bit for bit, with restarts and without."""

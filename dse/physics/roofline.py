@@ -925,12 +925,12 @@ def kernel_work(compute: object, memory: object, attention_compute: object, kv_m
     FLOPs, weight bytes), and k = ``kernel_overlap``. The kernels of a pass run one after the other, so the
     attention over the KV cache (memory-bound in decode) does not hide the GEMMs (compute-bound at large batch)
     nor the reverse: k = 0 is the sum of the two groups' rooflines, k = 1 the lecture's single roofline of the
-    whole pass (what ``--ideal`` keeps, to the bit). The decode fit's loss (`dse.validate.losses.log_tpot`) calls it
-    on arrays of factor sets x rows.
+    whole pass (what ``--ideal`` keeps, to the bit). The decode fit's losses (`dse.validate.losses`) compute it
+    operation for operation into arrays they keep.
     """
     k = _f(kernel_overlap)
     one = k.item() if k.size == 1 else None  # one share for every row: tested as a float (an array's any() costs
-    # more than the pass itself on a few hundred rows, and the decode fit's loss calls this ~10^5 times)
+    # more than the pass itself on a few hundred rows)
     if not (one < 1.0 if one is not None else (k < 1.0).any()):
         return np.maximum(compute, memory)
     with np.errstate(invalid="ignore"):  # a candidate with an infinite time (it cannot run) gets NaN, unwarned

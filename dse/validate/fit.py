@@ -296,13 +296,16 @@ def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, max_iter: int
     free = used_by(d)
     fixed = {k: start[k] for k in FACTORS if k not in free}
     at = loss_of(d, measured)
-    f = np.array([[start[k]] for k in FACTORS])
+    f = np.array([start[k] for k in FACTORS], dtype=np.float64)
     cols = np.array([FACTORS.index(k) for k in free], dtype=np.int64)
     lo, hi = np.array([FACTOR[k].log_range for k in free]).T
+    v = np.empty(len(free))
 
     def loss(x: np.ndarray) -> float:
-        f[cols, 0] = np.exp(np.minimum(np.maximum(x, lo), hi))  # `_unpack` (np.clip, without its checks)
-        return at(f)
+        np.maximum(x, lo, out=v)  # `_unpack` (np.clip, without its checks)
+        np.minimum(v, hi, out=v)
+        f[cols] = np.exp(v, out=v)
+        return at(f.tolist())
 
     x = _pack(start, free)
     best = loss(x)
@@ -316,23 +319,29 @@ def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, max_iter: int
 
 
 def fit_key(d: DecodeTerms, measured: np.ndarray, start: dict) -> dict:
-    """A key's decode factors: `fit_factors` from ``start`` and, where a fixed time or length of it sits at the
-    bottom of its log range, from there lifted (`_lifted`) too; the fit of the lower loss (the first on a tie).
-    The two fits are made one after the other: stepped together (`fit_factors_many`) they took twice as long.
+    """A key's decode factors: `fit_factors` from each of `key_starts` (``start``, and where a fixed time or length
+    of it sits at the bottom of its log range, ``start`` lifted), the fit of the lower loss (`best_of`). The fits
+    are made one after the other: stepped together (`fit_factors_many`) they took twice as long (`fit_keys` makes
+    them in separate processes).
+    """
+    return best_of(d, measured, [fit_factors(d, measured, s) for s in key_starts(d, start)])
+
+
+def key_starts(d: DecodeTerms, start: dict) -> list[dict]:
+    """The starts of a key's fit (`fit_key`): ``start``, and ``start`` with each fixed time or length at the bottom
+    of its log range lifted (`_lifted`) where there is one.
     """
     free = used_by(d)
     x = _pack(start, free)
     lifted = _lifted(x, free, d, start)
-    fitted = fit_factors(d, measured, start)
-    if np.array_equal(lifted, x):
-        return fitted
-    other = fit_factors(d, measured, _unpack(lifted, free, start))
-    at = loss_of(d, measured)  # the loss both fits minimized
+    return [start] if np.array_equal(lifted, x) else [start, _unpack(lifted, free, start)]
 
-    def loss(f: dict) -> float:
-        return at(np.array([[f[k]] for k in FACTORS]))
 
-    return other if loss(other) < loss(fitted) else fitted
+def best_of(d: DecodeTerms, measured: np.ndarray, fits: list[dict]) -> dict:
+    """The fit of the lowest loss (`loss_of`, the loss the fits minimized; the first on a tie)."""
+    at = loss_of(d, measured)
+    losses = [at([f[k] for k in FACTORS]) for f in fits]
+    return fits[losses.index(min(losses))]
 
 
 def fit_factors_many(fits: list[tuple], max_iter: int = MAX_ITER, passes: int = MAX_PASSES) -> list[dict]:
@@ -463,9 +472,11 @@ rows away from the in-sample start, and a refit stopped at `LOO_MAX_ITER` stays 
 TPOT error 19.5% so stopped, 52-56% converged: the error band of a family with no runs of its own comes from these)."""
 
 
-def refit_tpot_sets(sets: list[tuple[TpotPasses, np.ndarray, int, int]], meas: np.ndarray,
+def refit_tpot_sets(sets: list[tuple], meas: np.ndarray,
                     ) -> list[tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]]:
-    """Per set (the passes, their keys, and the left-out refits' ``max_iter`` and ``passes``): the decode factors
+    """Per set (the passes, their keys, the left-out refits' ``max_iter`` and ``passes``, and optionally whether the
+    caller reads the in-sample fits, default True: where not, a key no left-out fit starts from is not fitted,
+    absent from the factors per key and NaN in sample): the decode factors
     fitted per key on its rows' decode passes, with two-batch overlap as the data choose it for those keys: per key
     the factors the rows identify and those kept from the catalog (no row depends on them), the two-batch choice,
     TPOT in sample and with each row's sweep (its group of the passes) left out (factors and two-batch choice
@@ -475,7 +486,7 @@ def refit_tpot_sets(sets: list[tuple[TpotPasses, np.ndarray, int, int]], meas: n
     choice reading the key's rows once.
     """
     out, jobs, places = [], [], []
-    for tp, keys, max_iter, passes in sets:
+    for tp, keys, max_iter, passes, *read in sets:
         tb = choose_two_batch(tp, keys)
         chosen = tp.terms_for(tb.per_row)
         scales, in_sample, loo = {}, np.full(len(keys), np.nan), np.full(len(keys), np.nan)
@@ -497,6 +508,8 @@ def refit_tpot_sets(sets: list[tuple[TpotPasses, np.ndarray, int, int]], meas: n
             else:  # a key in no other sweep: the catalog's
                 loo[idx] = tpot_at(view.take(idx), {k: tp.catalog[k][idx] for k in FACTORS})
         for key, (fits, at) in left.items():
+            if not fits and read == [False]:  # nobody reads its fit
+                continue
             rows = np.flatnonzero(keys == key)
             jobs.append(KeyFits(chosen.take(rows), meas[rows], {k: float(np.median(tp.catalog[k][rows]))
                                                                 for k in FACTORS}, fits, max_iter, passes))
@@ -549,7 +562,8 @@ def workers() -> int:
 def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[dict, list[dict]]]:
     """Per job, its key's factors and those of each of its left-out fits, the same to the last bit however they
     are shared out: in ``processes`` worker processes (default: `workers`), each free process given the largest
-    fit ready (`_work`): a key's fit, or once it is made its left-out fits in pieces of `PIECE`; in this process
+    fit ready (`_work`): a key's fit from one of its starts (`key_starts`), or once those are made (and the best
+    taken, `best_of`) its left-out fits in pieces of `PIECE`; in this process
     (one process), the fits per key one at a time and the left-out fits all together (`fit_factors_many`, per
     iteration limit).
     """
@@ -571,10 +585,12 @@ def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[di
         n = len(j.left_out)
         step = -(-n // -(-n // PIECE)) if n else 1
         pieces.append([(lo, min(lo + step, n)) for lo in range(0, n, step)])
-    # a key's fit first where its own and its left-out fits are the most work
+    starts = [key_starts(j.terms, j.start) for j in jobs]
+    made: list[list] = [[None] * len(s) for s in starts]  # per job, the fit from each of its starts
+    # a key's fits first where its own and its left-out fits are the most work
     ready = [(_work(len(j.measured), MAX_ITER, MAX_PASSES) + sum(_work(len(j.left_out[n][2]), j.max_iter, j.passes)
-                                                              for n in range(len(j.left_out))), i, -1, -1)
-             for i, j in enumerate(jobs)]
+                                                              for n in range(len(j.left_out))), i, -1, s)
+             for i, j in enumerate(jobs) for s in range(len(starts[i]))]
     with warnings.catch_warnings():  # the fits run no threads (numpy's BLAS threads are idle): fork is safe
         warnings.filterwarnings("ignore", message=".*fork", category=DeprecationWarning)
         pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"))
@@ -585,7 +601,7 @@ def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[di
                 while ready and len(pending) < processes:
                     _, i, lo, hi = ready.pop()
                     j = jobs[i]
-                    pending[pool.submit(fit_key, j.terms, j.measured, j.start) if lo < 0 else pool.submit(
+                    pending[pool.submit(fit_factors, j.terms, j.measured, starts[i][hi]) if lo < 0 else pool.submit(
                         fit_factors_many, [(d, m, fitted[i], rows) for d, m, rows in j.left_out[lo:hi]], j.max_iter,
                         j.passes)] = (i, lo, hi)
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -594,7 +610,10 @@ def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[di
                     if lo >= 0:
                         left[i][lo:hi] = future.result()
                         continue
-                    fitted[i], j = future.result(), jobs[i]
+                    made[i][hi], j = future.result(), jobs[i]
+                    if any(f is None for f in made[i]):
+                        continue
+                    fitted[i] = best_of(j.terms, j.measured, made[i])
                     ready += [(sum(_work(len(rows), j.max_iter, j.passes) for _, _, rows in j.left_out[a:b]), i, a, b)
                               for a, b in pieces[i]]
     return list(zip(fitted, left, strict=True))

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.physics.roofline import kernel_work
 from dse.validate.decode import DecodeTerms
 from dse.validate.factors import FACTOR, FACTORS
 
@@ -35,10 +34,11 @@ CHUNK = 1 << 14
 """Entries an operation of `Plan.losses` covers at most (its arrays stay in the processor's cache)."""
 
 
-def log_tpot(t: np.ndarray, f: np.ndarray) -> np.ndarray:
+def log_tpot(t: np.ndarray, f: np.ndarray, overlapped: bool = True) -> np.ndarray:
     """The log TPOT of every row of ``t`` (`TERMS` x 1 x rows) at each factor set of ``f`` (`FACTORS` x sets): an
     array sets x rows, each entry as `dse.validate.decode.tpot_at` computes it (the same operations in the same
-    order).
+    order). ``overlapped``: whether some row overlaps its communication (1 - overlap below 1); where none does,
+    max(W, K) + 1 min(K, W) is computed as W + K (the same two numbers added).
     """
     m, w = f.shape[1], t.shape[2]
     work = np.empty((len(PRODUCTS), m, w))
@@ -49,19 +49,44 @@ def log_tpot(t: np.ndarray, f: np.ndarray) -> np.ndarray:
     np.add(comm, scaleup, out=comm)
     np.add(comm, scaleout, out=comm)  # comm / link + n_u lat_u + n_o lat_o
     attn = np.empty((2, m, w))
-    attn[0] = t[3]
-    np.add(t[4], curves[1], out=attn[1])  # C_a, M_a + A n_a
+    f_c, f_m = f[_SHARES][:, :, None]
+    np.add(t[4], curves[1], out=attn[1])  # M_a + A n_a
     np.add(t[1:3], curves, out=curves)  # C + G n_g, M + A n_a
-    shares = f[_SHARES][:, :, None]
-    np.divide(curves, shares, out=curves)  # compute, memory
-    np.divide(attn, shares, out=attn)  # the attention kernels' compute and memory
+    c, mem = curves
+    np.divide(c, f_c, out=c)  # compute, memory
+    np.divide(mem, f_m, out=mem)
+    a_c, a_m = attn
+    np.divide(t[3], f_c, out=a_c)  # the attention kernels' compute and memory
+    np.divide(a_m, f_m, out=a_m)
     np.add(layer, moe, out=layer)  # L o_l + E o_e
-    step = kernel_work(curves[0], curves[1], attn[0], attn[1], f[_KERNEL][:, None])
-    other = curves[1]
-    np.minimum(comm, step, out=other)
-    np.maximum(step, comm, out=step)
-    np.multiply(t[11], other, out=other)
-    np.add(step, other, out=step)
+    k = f[_KERNEL][:, None]  # `kernel_work`, operation for operation
+    step = scaleup  # free: its products are added
+    if not (k < 1.0).any():
+        np.maximum(c, mem, out=step)
+    else:
+        with np.errstate(invalid="ignore"):
+            np.subtract(c, a_c, out=scaleout)
+            np.subtract(mem, a_m, out=step)
+            np.maximum(scaleout, step, out=step)
+            np.add(step, np.maximum(a_c, a_m, out=a_c), out=step)  # apart
+            if (k > 0.0).any():
+                single = np.maximum(c, mem, out=a_m)
+                below = k < 1.0
+                np.multiply(k, single, out=c)
+                np.multiply(1.0 - k, step, out=moe)
+                np.add(c, moe, out=moe)
+                if below.all():
+                    step = moe
+                else:
+                    np.copyto(step, np.where(below, moe, single))
+    if overlapped:  # `combine`: max(W, K) + (1 - overlap) min(K, W)
+        other = curves[1]
+        np.minimum(comm, step, out=other)
+        np.maximum(step, comm, out=step)
+        np.multiply(t[11], other, out=other)
+        np.add(step, other, out=step)
+    else:
+        np.add(step, comm, out=step)
     np.add(step, layer, out=step)
     np.multiply(step, t[12], out=step)  # TPOT: the pass times what the request level adds
     return np.log(step, out=step)
@@ -73,15 +98,68 @@ def term_rows(d: DecodeTerms) -> np.ndarray:
 
 
 def loss_of(d: DecodeTerms, measured: np.ndarray) -> Callable[[np.ndarray], float]:
-    """The loss of one fit on all of its rows, as a function of the factors ``f`` (`FACTORS` x 1): sum
-    |log(TPOT / measured)|, `log_tpot` at one factor set, summed as numpy sums it.
-    """
-    t, log_measured = term_rows(d)[:, None, :], np.log(measured)
+    """The loss of one fit on all of its rows, as a function of the factors ``f`` (the `FACTORS`: an array of any
+    shape, or a list of floats):
+    sum |log(TPOT / measured)|, to the last bit `log_tpot` at one factor set summed as numpy sums it.
 
-    def loss(f: np.ndarray) -> float:
-        err = log_tpot(t, f)[0]
-        np.subtract(err, log_measured, out=err)
-        return float(np.abs(err, out=err).sum())
+    The same operations on the same numbers, on one-dimensional arrays the function keeps (a fit's few hundred rows
+    cost less than numpy's fixed cost per operation, which a two-dimensional or broadcast operation pays several
+    times over): the factors as floats, each product and sum in its own array; where no row overlaps its
+    communication, max(W, K) + 1 min(K, W) is W + K (the same two numbers added).
+    """
+    rows = [np.array(getattr(d, k), dtype=np.float64) for k in ("comm", "compute", "memory", "attention_compute",
+                                                                 "kv_memory", *PRODUCTS, "rest")]
+    comm_t, compute, memory, attention, kv, *products, rest = rows
+    one_minus_overlap = 1.0 - d.overlap
+    overlapped = bool(np.any(d.overlap))
+    log_measured = np.log(measured)
+    (layer, scaleup, gemm, tokens, moe, scaleout, comm, c, m, a_c, a_m, d_c, d_m, apart, single, other,
+     step) = np.empty((17, len(rest)))
+    at = _PRODUCT_FACTORS.tolist()
+
+    def loss(f: np.ndarray | list[float]) -> float:
+        v = f if isinstance(f, list) else np.ravel(f).tolist()
+        for out, t, i in zip((layer, scaleup, gemm, tokens, moe, scaleout), products, at, strict=True):
+            np.multiply(t, v[i], out=out)
+        np.divide(comm_t, v[_LINK], out=comm)
+        np.add(comm, scaleup, out=comm)
+        np.add(comm, scaleout, out=comm)  # comm / link + n_u lat_u + n_o lat_o
+        np.add(kv, tokens, out=a_m)  # M_a + A n_a
+        np.add(compute, gemm, out=c)
+        np.add(memory, tokens, out=m)  # C + G n_g, M + A n_a
+        f_c, f_m = v[_SHARES[0]], v[_SHARES[1]]
+        np.divide(c, f_c, out=c)
+        np.divide(m, f_m, out=m)
+        np.divide(attention, f_c, out=a_c)
+        np.divide(a_m, f_m, out=a_m)
+        np.add(layer, moe, out=layer)  # L o_l + E o_e
+        k = v[_KERNEL]  # `kernel_work`, operation for operation
+        if not k < 1.0:
+            work = np.maximum(c, m, out=single)
+        else:
+            np.subtract(c, a_c, out=d_c)
+            np.subtract(m, a_m, out=d_m)
+            np.maximum(d_c, d_m, out=apart)
+            np.add(apart, np.maximum(a_c, a_m, out=d_c), out=apart)
+            if not k > 0.0:
+                work = apart
+            else:
+                np.maximum(c, m, out=single)
+                np.multiply(single, k, out=single)
+                np.multiply(apart, 1.0 - k, out=apart)
+                work = np.add(single, apart, out=step)
+        if overlapped:  # `combine`: max(W, K) + (1 - overlap) min(K, W)
+            np.minimum(comm, work, out=other)
+            np.maximum(work, comm, out=step)
+            np.multiply(one_minus_overlap, other, out=other)
+            np.add(step, other, out=step)
+        else:
+            np.add(work, comm, out=step)
+        np.add(step, layer, out=step)
+        np.multiply(step, rest, out=step)  # TPOT: the pass times what the request level adds
+        np.log(step, out=step)
+        np.subtract(step, log_measured, out=step)
+        return float(np.add.reduce(np.abs(step, out=step)))
 
     return loss
 
@@ -96,6 +174,7 @@ class _Shared:
     index: np.ndarray | None  # None: one fit, reading the terms' rows in place
     log_measured: np.ndarray
     length: np.ndarray
+    overlapped: bool  # some row overlaps its communication (`log_tpot`)
 
 
 @dataclass
@@ -107,13 +186,13 @@ class Plan:
     """
 
     size: int
-    chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int, int]]]]
+    chunks: list[tuple[np.ndarray, bool, np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int, int]]]]
 
     def losses(self, f: np.ndarray) -> np.ndarray:
         """Per fit of the request, its loss at the factors of its column of ``f`` (`FACTORS` x request)."""
         out = np.empty(self.size)
-        for terms, asked, index, log_measured, runs in self.chunks:
-            err = log_tpot(terms, f[:, asked])
+        for terms, overlapped, asked, index, log_measured, runs in self.chunks:
+            err = log_tpot(terms, f[:, asked], overlapped)
             if index is not None:  # each fit's rows, read off the distinct ones
                 err = np.take(err.ravel(), index)
             np.subtract(err, log_measured, out=err)
@@ -159,8 +238,8 @@ class FitRows:
                 log_measured[j, :len(p)] = np.log(fits[members[k]][1][p])
                 of[members[k]], place[members[k]] = s, j
             index = index if inverse is not None else None
-            shared.append(_Shared(np.ascontiguousarray(rows[first].T)[:, None, :], index, log_measured,
-                                  lengths[order]))
+            terms = np.ascontiguousarray(rows[first].T)[:, None, :]
+            shared.append(_Shared(terms, index, log_measured, lengths[order], bool((terms[11] != 1.0).any())))
         return cls(shared, of, place)
 
     def plan(self, fits: np.ndarray) -> Plan:
@@ -188,7 +267,7 @@ class FitRows:
                     runs = [(int(x), int(y), int(n[x])) for x, y in zip([0, *ends[:-1]], ends, strict=True)]
                 index = None if s.index is None else (  # into the chunk's TPOTs, fits x distinct rows, flat
                     s.index[p, :width] + s.terms.shape[2] * np.arange(b - a)[:, None])
-                chunks.append((s.terms, order[a:b], index, s.log_measured[p, :width], runs))
+                chunks.append((s.terms, s.overlapped, order[a:b], index, s.log_measured[p, :width], runs))
         return Plan(len(fits), chunks)
 
     def losses(self, fits: np.ndarray, f: np.ndarray) -> np.ndarray:

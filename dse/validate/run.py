@@ -139,10 +139,10 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
     scales = {}
     family = family_key(t).to_numpy()
     # the leave-family-out fits too: each family's rows predicted by decode factors per framework fitted on the
-    # other families' rows
+    # other families' rows (only these are read: a framework's fit on all families is only where they start)
     by_factors, by_family, by_framework = refit_tpot_sets(
         [(tp, factor_key(t).to_numpy(), LOO_MAX_ITER, 1), (tp, family, LOO_MAX_ITER, 1),
-         (replace(tp, groups=family), t["backend"].astype(str).to_numpy(), LFO_MAX_ITER, LFO_PASSES)], meas)
+         (replace(tp, groups=family), t["backend"].astype(str).to_numpy(), LFO_MAX_ITER, LFO_PASSES, False)], meas)
     scales["tpot"], tb, tpot_in_sample, tpot_loo, loo_split = by_factors
     tpot_loo_family = by_family[3]
     ideal = predict_runs(t, IDEAL, decode_batch=tp.decode_batch(tb.per_row))  # the roofline at the same point

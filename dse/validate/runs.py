@@ -450,14 +450,17 @@ def _one_per_measurement(t: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
     key = t.groupby(list(MEASUREMENT), sort=False, dropna=False).ngroup().to_numpy()
     if len(np.unique(key)) == len(t):
         return t, []
-    shown = t[[c for c in DEPLOYMENT if c in t]]
+    shown = [c for c in DEPLOYMENT if c in t]  # each row's deployment, numbered (equal NaNs equal, as
+    deployment = t.groupby(shown, sort=False, dropna=False).ngroup().to_numpy() if shown else np.zeros(len(t), int)
+    # drop_duplicates has them)
+    chips = t["chips"].to_numpy()
     keep, duplicates = np.ones(len(t), dtype=bool), []
     layout = t["layout"].to_numpy(dtype=object).copy()
     for idx in pd.Series(np.arange(len(t))).groupby(key, sort=False).indices.values():
         if len(idx) == 1:
             continue
-        conflicting = len(shown.iloc[idx].drop_duplicates()) > 1
-        kept = idx[int(np.argmin(t["chips"].to_numpy()[idx]))] if conflicting else idx[0]
+        conflicting = len(np.unique(deployment[idx])) > 1
+        kept = idx[int(np.argmin(chips[idx]))] if conflicting else idx[0]
         if conflicting:
             layout[kept] = "conflicting"
         for i in idx:

@@ -169,7 +169,7 @@ def nelder_mead(func: Callable[[np.ndarray], float], x0: np.ndarray, max_iter: i
         # scipy's test (x first, then the values: no matter, neither acts); the values are sorted, so the one
         # farthest from the best is the last
         if (abs(f_best - fsim[-1]) <= fatol
-                and max(abs(v - b) for vertex in sim[1:] for v, b in zip(vertex, best, strict=True)) <= xatol):
+                and all(abs(v - b) <= xatol for vertex in sim[1:] for v, b in zip(vertex, best, strict=True))):
             break
         total = sim[0]
         for vertex in sim[1:-1]:  # the vertices added in order, coordinate by coordinate
