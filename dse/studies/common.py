@@ -277,6 +277,9 @@ class ModeTables:
     decide: str = "expected"
     margins: Margins | None = None
     whole: Whole | None = None
+    searched: dict = field(default_factory=dict, init=False, repr=False)
+    """`_search`'s answers by (mode, mask, top): a question asked again (the best of a system among the rivals, then
+    in the systems table) is answered once."""
 
 
 def candidate_systems(space: Space) -> list[System]:
@@ -313,8 +316,16 @@ Result = RequestResult | DisaggregatedResult
 
 def _search(space: Space, tables: ModeTables, mode: str, mask: np.ndarray | None, top: int) -> list[Result]:
     """The ``top`` best deployments of one mode where ``mask`` holds, best first: whole deployments where the
-    tables ask for them (`dse.optimize.whole`), else the fluid optima (`ranked`, `ranked_disaggregated`).
+    tables ask for them (`dse.optimize.whole`), else the fluid optima (`ranked`, `ranked_disaggregated`). Each
+    question is searched once per tables (`ModeTables.searched`); the answers are shared, never changed.
     """
+    key = (mode, top, None if mask is None else (mask.dtype.str, mask.tobytes()))
+    if key not in tables.searched:
+        tables.searched[key] = _searched(space, tables, mode, mask, top)
+    return tables.searched[key]
+
+
+def _searched(space: Space, tables: ModeTables, mode: str, mask: np.ndarray | None, top: int) -> list[Result]:
     w = tables.whole
     if mode == "aggregated":
         if w is not None:
