@@ -400,12 +400,13 @@ SUMMARY_COLUMNS = ("model / workload", "mode", "GPUs", "USD/request", "USD/Mtok 
 def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) -> None:
     """The answer first: the kind's headline lines, then each deployment as an operator reads it
     (`dse.report.present.answer_lines`), whether it is decided and its alternatives; fits the terminal width (a
-    table of the answers and of the alternatives from 120 columns, lines below).
+    table of the answers and of the alternatives from 120 columns, lines below). Text is printed as it is: no
+    ``:name:`` in it is read as an emoji code (nor is rich's table of them loaded).
     """
     from dse.report.present import ALTERNATIVE_COLUMNS, alternative_rows, answer_lines, decision_text
     from dse.studies.registry import study_module
 
-    console = Console()
+    console = Console(emoji=False)
     console.print(_solver_line(summary), highlight=False)
     headline = getattr(study_module(summary["kind"]), "headline", None)
     for line in headline(summary, tables) if headline else []:

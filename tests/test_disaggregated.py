@@ -122,6 +122,31 @@ def test_disaggregated_metrics_recompute_from_their_parts():
     assert m["ttft_s"] <= 5.0 and m["tpot_s"] <= 0.05
 
 
+def test_results_evaluated_together_equal_each_evaluated_alone():
+    """The reported deployments of a search are evaluated together (`disaggregated_results`: their pools at once,
+    then combined at the fluid and at the deployed utilisation); each one's figures equal those of its pair
+    evaluated alone, exactly."""
+    from dse.catalog.models import get_model
+    from dse.optimize.requests import disaggregated_results, disaggregated_tables, ranked_disaggregated
+    from dse.optimize.space import SpaceOptions
+
+    w = Request(name="chat", prompt=4000, output=500, tpot_max=0.05, ttft_max=1.0)
+    space = build_space(get_model("llama-3.1-70b"), w, SpaceOptions(systems=("h200",), pp=(1,),
+                                                                    max_batch_per_rank=128))
+    t = disaggregated_tables(space)
+    together = ranked_disaggregated(space, t, 4)
+    assert len(together) == 4
+    pre = t.searched_pre
+    for r in together:
+        i = next(k for k in range(len(t.dpos)) if int(space.blocks.index[t.dpos[k]]) == r.decode.block
+                 and int(t.dn[k]) == r.decode.n)
+        j = next(k for k in range(len(pre.pos)) if int(space.blocks.index[pre.pos[k]]) == r.prefill_block
+                 and bool(pre.cp[k]) == r.context_parallel)
+        (alone,) = disaggregated_results(space, t, [i], [j], [r.result])
+        assert alone.metrics == r.metrics and alone.deployed == r.deployed and alone.pools == r.pools
+        assert alone.binding == r.binding
+
+
 def test_an_fp8_kv_cache_crosses_only_between_systems_of_one_encoding():
     """CDNA3 holds an FP8 KV cache as E4M3FNUZ, Hopper as OCP E4M3: their bit patterns differ, so even where mixed
     vendors are allowed (`space.mixed_vendors`) an FP8 prefill pool on MI300X never hands its KV to an H200 decode

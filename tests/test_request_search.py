@@ -164,6 +164,12 @@ def test_one_gathering_at_several_inputs_equals_separate_evaluations():
         want = evaluate(replace(cand, **kw), mt, st, None, ttft=False)
         for key in BRIEF_KEYS:
             np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    # ``brief: False``: all of evaluate's figures, its TTFT with ``ttft: True``
+    (got,) = evaluate_at(cand, mt, st, None, [{"context": 2000, "phase": 0, "brief": False, "ttft": True}])
+    want = evaluate(replace(cand, context=2000, phase=0), mt, st, None)
+    assert set(got) == set(want) and "ttft_s" in got
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
 def test_dp_ranks_in_lock_step_share_each_others_prefill_chunks():

@@ -106,3 +106,30 @@ def test_solve_study_times_the_solve_and_keeps_what_was_solved():
 def test_solved_refuses_a_table_that_is_not_a_dataframe():
     with pytest.raises(TypeError, match="rows"):
         Solved(status="optimal", tables={"rows": [{"a": 1}]})
+
+
+def test_a_configuration_chosen_again_is_evaluated_once(monkeypatch):
+    """`config_entry` with a memo (a study's tables keep one): the same configuration asked for again gets an entry
+    equal to the first, a copy of its own (changing one leaves the other as it was), from one evaluation."""
+    import dse.studies.common as common
+    from dse.catalog.hardware import default_systems
+    from dse.physics.serving import Request
+
+    real, calls = common.evaluate_levels, []
+    monkeypatch.setattr(common, "evaluate_levels", lambda *a, **k: calls.append(a) or real(*a, **k))
+    cfg = {"system": "h200", "chips": 8, "racks": 1, "tp": 8, "ep": 1, "pp": 1, "dp": 1, "etp": 8, "batch": 64,
+           "context": 4500, "weights_dtype": "fp8", "kv_dtype": "fp8", "kv_tier": "hbm"}
+    system, req, memo = default_systems()["h200"], Request(4000, 500, name="chat"), {}
+
+    def ask() -> dict:
+        return common.config_entry("llama-3.1-70b", "chat", 4000, cfg, False, output=500, request_level=True,
+                                   system=system, req=req, memo=memo)
+
+    first = ask()
+    second = ask()
+    assert len(calls) == 1 and second == first
+    second["pools"][0]["replicas"] = 7
+    assert ask() == first and first["pools"][0]["replicas"] == 1
+    assert common.config_entry("llama-3.1-70b", "chat", 4000, cfg, False, output=500, request_level=True,
+                               system=system, req=req) == first  # without a memo: the same entry, evaluated
+    assert len(calls) == 2

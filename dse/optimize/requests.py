@@ -547,22 +547,32 @@ def unit_replicas_many(ratio: np.ndarray, within: float = 0.05, largest: int = 1
     return best_p, best_d
 
 
-def disaggregated_metrics(space: Space, req: Request, dec_i: int, dpos: np.ndarray, dn: np.ndarray,
-                          pre: PrefillOptions, pre_i: int, rho: float | None = None) -> dict:
-    """Request-level metrics of one (decode pair, prefill option) through `dse.physics.serving.disaggregated`, the
-    prefill pool at utilisation ``rho`` (default: the option's planned one).
+def pair_pools(space: Space, req: Request, i: np.ndarray, dpos: np.ndarray, dn: np.ndarray, pre: PrefillOptions,
+               j: np.ndarray) -> tuple[dict, dict, Request]:
+    """The decode pools of pairs ``i`` and the prefill pools of options ``j`` (`dse.physics.serving.decode_pool`,
+    `prefill_pool`), evaluated together, and the request they serve (reporting every quantile): what
+    `pair_metrics` combines at any prefill utilisation.
     """
     mt, st = space.tables()
     eff = IDEAL if space.ideal else None
     b = space.blocks
     req = replace(space.served(req), report_quantiles=QUANTILES)  # the answer reports every quantile
-    dec = decode_pool(block_candidates(b.iloc[[dpos[dec_i]]], np.array([dn[dec_i]]), space.workload.context), mt, st,
-                      req, eff)
-    pr = prefill_pool(block_candidates(b.iloc[[pre.pos[pre_i]]], np.ones(1), req.prompt), mt, st, req,
-                      np.array([pre.cp[pre_i]]), eff)
-    m = disaggregated(dec, pr, req, np.array([pre.rho[pre_i] if rho is None else rho]))
-    return {k: (float(np.asarray(v).ravel()[0]) if np.ndim(v) or isinstance(v, (float, int, np.number)) else v)
-            for k, v in m.items() if k != "serving"}
+    dec = decode_pool(block_candidates(b, dn[i], space.workload.context, pos=dpos[i]), mt, st, req, eff)
+    pr = prefill_pool(block_candidates(b, np.ones(len(j)), req.prompt, pos=pre.pos[j]), mt, st, req, pre.cp[j], eff)
+    return dec, pr, req
+
+
+def pair_metrics(dec: dict, pr: dict, req: Request, rho: np.ndarray) -> list[dict]:
+    """Request-level metrics of each (decode pool, prefill pool) of `pair_pools` through
+    `dse.physics.serving.disaggregated`, the prefill pool at utilisation ``rho`` (one per pair): a dict of floats
+    per pair.
+    """
+    m = disaggregated(dec, pr, req, rho)
+    flat = {k: np.asarray(v).ravel() for k, v in m.items()
+            if k != "serving" and (np.ndim(v) or isinstance(v, (float, int, np.number)))}
+    other = {k: v for k, v in m.items() if k != "serving" and k not in flat}
+    return [{k: (float(v[r if v.size > 1 else 0]) if k in flat else v) for k, v in {**flat, **other}.items()}
+            for r in range(len(rho))]
 
 
 @dataclass
@@ -693,38 +703,48 @@ def ranked_disaggregated(space: Space, t: DisaggregatedTables, top: int, mask: n
     ratio = t.dm["requests_per_s"][i] / prefill_capacity(pre, j)
     p, d = unit_replicas_many(ratio)
     order = tie_order(total, tpot[i], ttft[j], p * pchips[j] + d * dchips[i])[:top]
-    out = []
-    for k in order:
-        res = SolveResult("optimal", "argmin", float(total[k]), float(total[k]), 0.0, time.perf_counter() - t0,
-                          SOLVER_NAME)
-        out.append(disaggregated_result(space, t, int(i[k]), int(j[k]), res))
-    return out
+    res = [SolveResult("optimal", "argmin", float(total[k]), float(total[k]), 0.0, time.perf_counter() - t0,
+                       SOLVER_NAME) for k in order]
+    return disaggregated_results(space, t, i[order], j[order], res)
 
 
-def disaggregated_result(space: Space, t: DisaggregatedTables, i: int, j: int, res: SolveResult,
-                         replicas: tuple[int, int] | None = None, demand: float | None = None,
-                         whole: bool = False) -> DisaggregatedResult:
-    """The result of decode pair ``i`` (of the tables) with prefill option ``j`` (of ``t.searched_pre``): its
-    figures at the fluid pool ratio, and ``replicas`` (prefill, decode; default: the smallest whole deployment
-    within 5% of the fluid ratio) as deployed, serving ``demand`` output tokens/s when given, else their capacity.
+def disaggregated_results(space: Space, t: DisaggregatedTables, i: np.ndarray, j: np.ndarray,
+                          res: list[SolveResult], replicas: list[tuple[int, int]] | None = None,
+                          demand: float | None = None, whole: bool = False) -> list[DisaggregatedResult]:
+    """The results of decode pairs ``i`` (of the tables) with prefill options ``j`` (of ``t.searched_pre``), their
+    pools evaluated together (`pair_pools`): each one's figures at the fluid pool ratio, and its ``replicas``
+    (prefill, decode; default: the smallest whole deployment within 5% of the fluid ratio) as deployed, serving
+    ``demand`` output tokens/s when given, else their capacity.
     """
-    w, pre = space.workload, t.searched_pre
-    metrics = disaggregated_metrics(space, t.req, i, t.dpos, t.dn, pre, j)
-    block = int(space.blocks.index[t.dpos[i]])
-    choice = Choice(block, int(t.dn[i]), metrics["tpot_s"], metrics["usd_per_request"])
-    p, d = replicas or unit_replicas(metrics["prefill_replicas"])
-    deployed = disaggregated_deployed(space, t, i, j, metrics, p, d, demand)
-    pools = deployment_pools(space, choice, int(space.blocks.index[pre.pos[j]]), bool(pre.cp[j]), deployed, p, d)
-    n_hi = int(space.blocks["n_hi"].iloc[t.dpos[i]])
-    nxt = None
-    if t.dn[i] < n_hi:
-        tpot_m = per_pair(t.margins, space, t.dpos[i:i + 1])[1]
-        tpot_next = t.dm["tpot_next_s"][i] * float(np.ravel(tpot_m)[0])
-        nxt = {key: tpot_next for key, _, _ in targets(w) if key.startswith("tpot")}  # a decode pass: one TPOT
-    binding = _binding(int(t.dn[i]), n_hi, int(space.stats.get("max_batch_per_rank", 0)) or None, nxt, w)
-    return DisaggregatedResult(res, choice, int(space.blocks.index[pre.pos[j]]), bool(pre.cp[j]), metrics, pools,
-                               binding, {"decode_pairs_evaluated": t.evaluated, "prefill_options": len(pre.pos)},
-                               deployed, whole)
+    w, pre, b = space.workload, t.searched_pre, space.blocks
+    i, j = np.asarray(i, dtype=np.int64), np.asarray(j, dtype=np.int64)
+    dec, pr, req = pair_pools(space, t.req, i, t.dpos, t.dn, pre, j)
+    fluid = pair_metrics(dec, pr, req, pre.rho[j])
+    units = replicas or [unit_replicas(m["prefill_replicas"]) for m in fluid]
+    rates = [deployed_rate(space, t, int(jk), m, p, d, demand) for jk, m, (p, d) in zip(j, fluid, units, strict=True)]
+    service, servers = pre.metrics["prefill_service_s"][j], pre.metrics["servers"][j]
+    rho = np.array([rate * service[k] / (units[k][0] * servers[k]) for k, rate in enumerate(rates)])
+    at_rho = pair_metrics(dec, pr, req, rho)
+    index, n_hi = b.index.to_numpy(), b["n_hi"].to_numpy()
+    cap = int(space.stats.get("max_batch_per_rank", 0)) or None
+    out = []
+    for k, (ik, jk) in enumerate(zip(i.tolist(), j.tolist(), strict=True)):
+        metrics, (p, d) = fluid[k], units[k]
+        block, n = int(index[t.dpos[ik]]), int(t.dn[ik])
+        choice = Choice(block, n, metrics["tpot_s"], metrics["usd_per_request"])
+        deployed = disaggregated_deployed(space, t, ik, jk, metrics, at_rho[k], rates[k], p, d)
+        pools = deployment_pools(space, choice, int(index[pre.pos[jk]]), bool(pre.cp[jk]), deployed, p, d)
+        hi = int(n_hi[t.dpos[ik]])
+        nxt = None
+        if n < hi:
+            tpot_m = per_pair(t.margins, space, t.dpos[ik:ik + 1])[1]
+            tpot_next = t.dm["tpot_next_s"][ik] * float(np.ravel(tpot_m)[0])
+            nxt = {key: tpot_next for key, _, _ in targets(w) if key.startswith("tpot")}  # a decode pass: one TPOT
+        out.append(DisaggregatedResult(res[k], choice, int(index[pre.pos[jk]]), bool(pre.cp[jk]), metrics, pools,
+                                       _binding(n, hi, cap, nxt, w),
+                                       {"decode_pairs_evaluated": t.evaluated, "prefill_options": len(pre.pos)},
+                                       deployed, whole))
+    return out
 
 
 def prefill_capacity(pre: PrefillOptions, j: int | np.ndarray) -> np.ndarray | float:
@@ -732,20 +752,27 @@ def prefill_capacity(pre: PrefillOptions, j: int | np.ndarray) -> np.ndarray | f
     return pre.metrics["servers"][j] * pre.rho[j] / pre.metrics["prefill_service_s"][j]
 
 
-def disaggregated_deployed(space: Space, t: DisaggregatedTables, i: int, j: int, fluid: dict, p: int, d: int,
-                           demand: float | None = None) -> dict:
+def deployed_rate(space: Space, t: DisaggregatedTables, j: int, fluid: dict, p: int, d: int,
+                  demand: float | None = None) -> float:
+    """Requests/s ``p`` prefill replicas of option ``j`` and ``d`` decode replicas (``fluid``: their metrics at the
+    fluid ratio) serve: ``demand`` (output tokens/s) when given, else their capacity R = min(p a, d lambda).
+    """
+    if demand is not None:
+        return demand / space.workload.output
+    return min(p * prefill_capacity(t.searched_pre, j), d * fluid["requests_per_s"])
+
+
+def disaggregated_deployed(space: Space, t: DisaggregatedTables, i: int, j: int, fluid: dict, m: dict, rate: float,
+                           p: int, d: int) -> dict:
     """``p`` prefill replicas of option ``j`` and ``d`` decode replicas of pair ``i`` (``fluid``: their metrics at
-    the fluid ratio) serving ``demand`` output tokens/s, else their capacity R = min(p a, d lambda), costed as
-    deployed: every chip's USD/s over the requests served (each pool's idle share included), input the prefill
-    pool's cost, output the decode pool's. The prefill pool runs at utilisation R S / (p servers), at most its
-    planned one, and TTFT is the physics' at that utilisation; TPOT is the decode pool's at its planned batch
-    (below its capacity, no higher).
+    the fluid ratio) serving ``rate`` requests/s (`deployed_rate`), costed as deployed: every chip's USD/s over the
+    requests served (each pool's idle share included), input the prefill pool's cost, output the decode pool's.
+    The prefill pool runs at utilisation R S / (p servers), at most its planned one, and ``m`` are the pair's
+    metrics there (`pair_metrics`: TTFT is the physics' at that utilisation); TPOT is the decode pool's at its
+    planned batch (below its capacity, no higher).
     """
     req, pre = space.workload, t.searched_pre
-    lam = fluid["requests_per_s"]
-    servers, service = pre.metrics["servers"][j], pre.metrics["prefill_service_s"][j]
-    rate = min(p * prefill_capacity(pre, j), d * lam) if demand is None else demand / req.output
-    m = disaggregated_metrics(space, t.req, i, t.dpos, t.dn, pre, j, rho=rate * service / (p * servers))
+    m = dict(m)
     b = space.blocks
     pre_sys, dec_sys = (space.systems[int(b["system_idx"].iloc[k])] for k in (pre.pos[j], t.dpos[i]))
     pre_chips, dec_chips = int(pre.metrics["chips"][j]), int(b["chips"].iloc[t.dpos[i]])

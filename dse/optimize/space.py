@@ -27,7 +27,7 @@ from dse.catalog.units import DTYPES
 from dse.errors import InputError
 from dse.physics.codes import KV_TIERS
 from dse.physics.layout import Layout, layouts_for
-from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate, memory_budget
+from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate, evaluate_at, memory_budget
 from dse.physics.serving import Request
 
 SATURATION = 1e-12  # an expert left untouched this rarely counts as always read
@@ -246,10 +246,12 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     blocks["n_sat"] = n_sat.astype(np.int64)
 
     # the framework's memory check is affine in n (weights fixed, KV and activations per sequence): read it off
-    # two evaluations (`dse.physics.roofline.memory_budget`)
-    c1 = block_candidates(blocks, n_sat, workload.context)
-    r1 = evaluate(c1, mt, st, eff, ttft=False)
-    r2 = evaluate(block_candidates(blocks, n_sat + 1, workload.context), mt, st, eff, ttft=False)
+    # two evaluations (`dse.physics.roofline.memory_budget`); and the TTFT: a prefill of one prompt on the block's
+    # layout. One gathering of the catalog columns for the three (`evaluate_at`).
+    dp_rank = blocks["dp"].to_numpy()
+    r1, r2, pre = evaluate_at(block_candidates(blocks, n_sat, workload.context), mt, st, eff,
+                              [{}, {"batch": dp_rank * (n_sat + 1)},
+                               {"batch": dp_rank * (np.ones_like(dp) / dp), "context": workload.prompt, "phase": 1}])
     block_eff = eff or st.efficiency_of(blocks["system_idx"].to_numpy())
     on_host = blocks["tier"].to_numpy() == 1
     a_act, a_kv, budget = memory_budget(st.device_memory[blocks["system_idx"]], block_eff, float(workload.chunk),
@@ -277,8 +279,6 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     blocks["overlap"] = block_eff.overlap
     blocks["hbm_budget"] = budget
 
-    # TTFT: prefill of one prompt on the block's layout
-    pre = evaluate(block_candidates(blocks, np.ones_like(dp) / dp, workload.prompt, phase=1), mt, st, eff, ttft=False)
     blocks["ttft"] = pre["step_s"]
     blocks["chips"] = (blocks["tp"] * blocks["dp"] * blocks["pp"]).astype(np.int64)
     domain = st.domain[blocks["system_idx"]]

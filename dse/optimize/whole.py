@@ -59,7 +59,7 @@ from dse.optimize.requests import (
     DisaggregatedTables,
     RequestResult,
     aggregated_result,
-    disaggregated_result,
+    disaggregated_results,
     first_min_per_block,
     numerics_group,
     per_pair,
@@ -497,12 +497,10 @@ def whole_disaggregated(space: Space, t: DisaggregatedTables, budget: Budget | N
     found = disaggregated(pre, dec, budget, lam, top)
     if not found:
         raise InfeasibleError(_shortfall(space, "disaggregated", budget, demand, pre, dec))
-    out = []
-    for d in found:
-        (j, x), (i, y) = d.pools
-        out.append(disaggregated_result(space, t, i, j, _result(d, d.usd_s / d.rate, t0), (x, y), demand,
-                                        whole=True))
-    return out
+    pools = [d.pools for d in found]  # ((j, x), (i, y)): prefill option j, x replicas; decode pair i, y replicas
+    return disaggregated_results(space, t, np.array([i for _, (i, _) in pools]), np.array([j for (j, _), _ in pools]),
+                                 [_result(d, d.usd_s / d.rate, t0) for d in found],
+                                 [(x, y) for (_, x), (_, y) in pools], demand, whole=True)
 
 
 def _shortfall(space: Space, mode: str, budget: Budget | None, demand: float | None, first: PoolOptions,

@@ -28,7 +28,15 @@ from dse.errors import InputError
 from dse.physics.codes import BOUNDS, KV_SHARDS, KV_TIERS, PHASES
 from dse.physics.layout import Layout, resolve_layout
 from dse.physics.queueing import QUANTILES, quantile_name
-from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate, memory_budget, with_memory
+from dse.physics.roofline import (
+    Candidates,
+    ModelTable,
+    SystemTable,
+    evaluate,
+    evaluate_at,
+    memory_budget,
+    with_memory,
+)
 from dse.physics.serving import DEFAULT_CHUNK, Request, aggregated
 
 
@@ -302,10 +310,13 @@ def evaluate_levels(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
         micro_batches=cfg.micro_batches, chunk=cfg.chunk,
     )
     tables = ModelTable.build([model]), SystemTable.build([system], memory=[memory])
-    raw = evaluate(cand, *tables, eff)
-    if cfg.prompt is not None and phase == 0:
-        first = replace(cand, batch=1, context=cfg.prompt, phase=1)
-        raw["ttft_s"] = evaluate(first, *tables, eff, ttft=False)["step_s"]
+    # one gathering of the catalog columns: the step (its TTFT at a prefill of --context), the inputs of
+    # `_kv_capacity`, and a prefill of the prompt where there is one
+    first = cfg.prompt is not None and phase == 0
+    raw, *kv_inputs = evaluate_at(cand, *tables, eff, [{"brief": False, "ttft": True}, *_kv_capacity_inputs(cfg),
+                                                        *([{"batch": 1, "context": cfg.prompt, "phase": 1}] * first)])
+    if first:
+        raw["ttft_s"] = kv_inputs.pop()["step_s"]
     out: dict = {
         "model": model.id,
         "system": system.id,
@@ -348,7 +359,7 @@ def evaluate_levels(cfg: Config, ideal: bool = False, efficiency: Efficiency | N
                                                             model.is_moe))
     w, act = out["weights_bytes_per_chip"], out["activation_bytes_per_chip"]
     out["hbm_usable_per_chip"] = min(w + act + (budget - w - a_act * act) / a_kv, system.device_memory)
-    out["kv_capacity_tokens"] = _kv_capacity(cand, tables, eff, cfg, w, (a_act, a_kv, budget))
+    out["kv_capacity_tokens"] = _kv_capacity(kv_inputs, w, (a_act, a_kv, budget))
     out["framework"] = "" if ideal else fw.id
     out["mem_fraction"] = None if ideal else (memory.fraction if not math.isnan(memory.fraction)
                                               else budget / system.device_memory)
@@ -383,16 +394,23 @@ KV_PROBE = (1024, 2048)
 """Contexts whose KV difference gives a sequence's KV bytes per token per chip (`_kv_capacity`)."""
 
 
-def _kv_capacity(cand: Candidates, tables: tuple[ModelTable, SystemTable], eff: Efficiency, cfg: Config,
-                 weights: float, check: tuple[float, float, float]) -> int:
+def _kv_capacity_inputs(cfg: Config) -> list[dict]:
+    """The inputs (`dse.physics.roofline.evaluate_at`) `_kv_capacity` reads: the profile run (a prefill of one
+    chunk) and one sequence decoding at each of `KV_PROBE`'s contexts, its KV in HBM.
+    """
+    return [{"batch": 1, "context": cfg.chunk, "phase": 1, "kv_tier": 0},
+            *({"batch": 1, "context": c, "phase": 0, "kv_tier": 0} for c in KV_PROBE)]
+
+
+def _kv_capacity(evaluated: list[dict], weights: float, check: tuple[float, float, float]) -> int:
     """Tokens of KV one attention-DP rank's chips hold as the framework reserves HBM (what a framework logs as its
     KV cache size): the room its memory check (``check``: `memory_budget`'s a_act, a_kv and budget for the
     configuration) leaves beside the weights and the activations of its profile run (a prefill of one chunk), over a
-    sequence's KV bytes per token per chip (read off two contexts).
+    sequence's KV bytes per token per chip (read off two contexts). ``evaluated``: the configuration at
+    `_kv_capacity_inputs`.
     """
-    prof = evaluate(replace(cand, batch=1, context=cfg.chunk, phase=1, kv_tier=0), *tables, eff, ttft=False)
-    kv = [evaluate(replace(cand, batch=1, context=c, phase=0, kv_tier=0), *tables, eff, ttft=False)[
-        "kv_bytes_per_chip"].item() for c in KV_PROBE]
+    prof, *probes = evaluated
+    kv = [p["kv_bytes_per_chip"].item() for p in probes]
     per_token = (kv[1] - kv[0]) / (KV_PROBE[1] - KV_PROBE[0])
     a_act, a_kv, budget = check
     room = (budget - weights - a_act * prof["activation_bytes_per_chip"].item()) / a_kv

@@ -1121,7 +1121,8 @@ def evaluate_at(cand: Candidates, models: ModelTable, systems: SystemTable, eff:
     """`evaluate` (without TTFT) of the same candidates at several inputs, each a dict of ``batch``,
     ``context``, ``phase`` or ``kv_tier`` overrides; the catalog columns are gathered once. An input with
     ``times: False`` gets only the memory check (``MEMORY_KEYS``), not the pass times; one with ``memory: False``
-    only the pass times (``BRIEF_KEYS`` less ``CHECK_KEYS``).
+    only the pass times (``BRIEF_KEYS`` less ``CHECK_KEYS``); one with ``brief: False`` all of `evaluate`'s
+    figures (with ``ttft: True``, its TTFT too).
     """
     c = cand.broadcast()
     if eff is None:
@@ -1131,8 +1132,12 @@ def evaluate_at(cand: Candidates, models: ModelTable, systems: SystemTable, eff:
     for kw in inputs:
         kw = dict(kw)
         times, memory = kw.pop("times", True), kw.pop("memory", True)
-        out.append(_evaluate(g.with_inputs(**kw), ttft=False, brief=True, memory=memory) if times
-                   else _memory(g.with_inputs(**kw)))
+        brief, ttft = kw.pop("brief", True), kw.pop("ttft", False)
+        at = g.with_inputs(**kw)
+        if not brief:
+            out.append(_evaluate(at, ttft))
+        else:
+            out.append(_evaluate(at, ttft=False, brief=True, memory=memory) if times else _memory(at))
     return out
 
 

@@ -6,6 +6,7 @@ solves and rows into a `Solved`.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -72,7 +73,7 @@ LAYOUT_KEYS = ("system", "batch", "context", "tp", "ep", "pp", "dp", "etp", "wei
 def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: bool,
                  output: int | None = None, request_level: bool = False, system: System | None = None,
                  weight_only: bool = True, req: Request | None = None, framework: str | None = None,
-                 mem_fraction: float | None = None) -> dict:
+                 mem_fraction: float | None = None, memo: dict | None = None) -> dict:
     """A configuration with its metrics computed by `dse evaluate` on the catalog hardware, at the price
     of ``system`` (the priced system of the study's space) when given. The space already decided which
     formats and contexts are allowed, so they are not checked again.
@@ -93,7 +94,26 @@ def config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: 
     ``req`` (the workload as the space serves it) gives the request's chunk budget, prefix-cache share,
     speculation, arrivals and serving framework; ``framework`` and ``mem_fraction`` the deployment's framework (where
     ``req`` names none) and its memory fraction.
+
+    ``memo`` (a dict the caller keeps, e.g. `ModeTables.entries`): a configuration asked for again with the same
+    arguments (``system`` and ``req`` the same objects) gets a copy of its first entry instead of a second
+    evaluation.
     """
+    if memo is None:
+        return _config_entry(model, workload_name, prompt, cfg, ideal, output, request_level, system, weight_only, req,
+                             framework, mem_fraction)
+    key = (model, workload_name, prompt, tuple(sorted(cfg.items())), ideal, output, request_level, id(system),
+           weight_only, id(req), framework, mem_fraction)
+    if key not in memo:  # the objects keyed by identity are kept with the entry: their ids stay theirs
+        memo[key] = (_config_entry(model, workload_name, prompt, cfg, ideal, output, request_level, system,
+                                   weight_only, req, framework, mem_fraction), system, req)
+    return copy.deepcopy(memo[key][0])
+
+
+def _config_entry(model: str, workload_name: str, prompt: int, cfg: dict, ideal: bool, output: int | None,
+                  request_level: bool, system: System | None, weight_only: bool, req: Request | None,
+                  framework: str | None, mem_fraction: float | None) -> dict:
+    """`config_entry` evaluated."""
     price = {} if system is None else {"price_kind": system.price_kind, "usd_per_chip_hour": system.price_per_s * 3600}
     served = {} if req is None else {"chunk": req.chunk, "cached": req.cached, "draft": req.draft,
                                      "accept": req.accept, "arrival": req.arrival}
@@ -167,7 +187,8 @@ def pooled_bands(cost: list[tuple[str, float]], ttft: list[tuple[str, float]], t
     return Bands((1.0 / scaled(1), 1.0 / scaled(0)), worst(tpot, "tpot"), worst(ttft, "ttft"))
 
 
-def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_low: bool = False) -> dict:
+def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_low: bool = False,
+          memo: dict | None = None) -> dict:
     """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`).
 
     A `RequestResult` (the request-level search) gives the request-level keys under the contract's
@@ -177,7 +198,7 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_l
     system = next(s for s in space.systems if s.id == res.config["system"])
     out = config_entry(space.model.id, space.workload.name, space.workload.prompt, res.config, ideal,
                        output=space.workload.output, request_level=request_level, system=system,
-                       req=space.workload, mem_fraction=space.mem_fraction)
+                       req=space.workload, mem_fraction=space.mem_fraction, memo=memo)
     if request_level:
         out["binding"] = res.binding
         out["pools"][0]["replicas"] = res.replicas
@@ -212,7 +233,8 @@ def as_deployed(out: dict, deployed: dict, fluid_usd_per_request: float, output:
     out["tokens_per_s"] = out["requests_per_s"] * output
 
 
-def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool, sized_low: bool = False) -> dict:
+def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool, sized_low: bool = False,
+                        memo: dict | None = None) -> dict:
     """A disaggregated optimum as the contract names it: the decode pool's configuration and step figures at the
     top level (as an aggregated entry has its replica's), the request-level keys of the whole deployment as
     deployed (`as_deployed`: its GPUs, both pools' costs over the requests served, TTFT with the KV transfer at the
@@ -224,7 +246,7 @@ def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool, siz
     cfg = describe_choice(space, res.decode)
     out = config_entry(space.model.id, space.workload.name, space.workload.prompt, cfg, ideal,
                        output=space.workload.output, request_level=True, system=system,
-                       req=space.workload, mem_fraction=space.mem_fraction)
+                       req=space.workload, mem_fraction=space.mem_fraction, memo=memo)
     m, dep = res.metrics, res.deployed
     out["serving"] = "disaggregated"
     as_deployed(out, dep, m["usd_per_request"], space.workload.output)
@@ -277,6 +299,12 @@ class ModeTables:
     decide: str = "expected"
     margins: Margins | None = None
     whole: Whole | None = None
+    searched: dict = field(default_factory=dict, init=False, repr=False)
+    """`_search`'s answers by (mode, mask, top): a question asked again (the best of a system among the rivals, then
+    in the systems table) is answered once."""
+    entries: dict = field(default_factory=dict, init=False, repr=False)
+    """`config_entry`'s memo for the entries `pick_modes` describes: a configuration chosen again (over the whole
+    space, then as its system's best) is evaluated once."""
 
 
 def candidate_systems(space: Space) -> list[System]:
@@ -313,8 +341,16 @@ Result = RequestResult | DisaggregatedResult
 
 def _search(space: Space, tables: ModeTables, mode: str, mask: np.ndarray | None, top: int) -> list[Result]:
     """The ``top`` best deployments of one mode where ``mask`` holds, best first: whole deployments where the
-    tables ask for them (`dse.optimize.whole`), else the fluid optima (`ranked`, `ranked_disaggregated`).
+    tables ask for them (`dse.optimize.whole`), else the fluid optima (`ranked`, `ranked_disaggregated`). Each
+    question is searched once per tables (`ModeTables.searched`); the answers are shared, never changed.
     """
+    key = (mode, top, None if mask is None else (mask.dtype.str, mask.tobytes()))
+    if key not in tables.searched:
+        tables.searched[key] = _searched(space, tables, mode, mask, top)
+    return tables.searched[key]
+
+
+def _searched(space: Space, tables: ModeTables, mode: str, mask: np.ndarray | None, top: int) -> list[Result]:
     w = tables.whole
     if mode == "aggregated":
         if w is not None:
@@ -350,7 +386,8 @@ def pick_modes(space: Space, tables: ModeTables, ideal: bool, mask: np.ndarray |
             reasons.append(f"{mode}: {exc}")
             continue
         r = results[0]
-        e = describe(space, r, ideal, sized) if entries else {"serving": mode, "usd_per_request": _cost(r)}
+        e = (describe(space, r, ideal, sized, memo=tables.entries) if entries
+             else {"serving": mode, "usd_per_request": _cost(r)})
         found.append((e, r))
         others[mode] = results
     if found:  # the least objective, equal ones by lower TPOT, lower TTFT, fewer GPUs (`best_result`)
