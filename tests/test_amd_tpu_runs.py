@@ -82,7 +82,8 @@ def test_leave_family_out_keeps_a_family_offset_that_leave_group_out_learns():
     fitted on Hopper alone predict Blackwell fast (at most 1 / 1.3 - 1 = -23%) and those fitted on Blackwell
     alone predict Hopper slow. A pass costed by its kernel groups is a sum of two maxima, so the decode fit's
     Nelder-Mead can stop at a kink short of the planted factors: out of sweep 41% of the rows are recovered to the
-    last digits, the median within 0.15%, the 90th percentile within 1.5%, the worst (B200 at 32-64 in flight)
+    last digits, the median within 0.15%, the 90th percentile within 1.7% (1.39% from the factors stored
+    before the CDNA3 refit, 1.63% from those after it: the planted and starting factors are the catalog's), the worst (B200 at 32-64 in flight)
     within 8.3%."""
     from dse.catalog.hardware import efficiency_for
     from dse.validate.decode import predicted_passes, tpot_at
@@ -97,7 +98,7 @@ def test_leave_family_out_keeps_a_family_offset_that_leave_group_out_learns():
     t["measured_tpot_s"] = tpot_at(predicted_passes(t)[1].unsplit, one) * np.where(blackwell, 1.3, 1.0)
     v = validate_runs(runs).table
     loo = v["tpot_loo_error"].abs()
-    assert loo.median() < 0.002 and loo.quantile(0.9) < 0.016 and loo.max() < 0.083
+    assert loo.median() < 0.002 and loo.quantile(0.9) < 0.017 and loo.max() < 0.083
     # most of the offset stays out of family (not all: factors fitted on one family's passes are not unique, and
     # their other directions move the other family's passes): -22.8% and +40.5% median on the measured passes
     assert -0.25 < v.loc[blackwell, "tpot_lfo_error"].median() < -0.15
