@@ -226,7 +226,7 @@ def test_a_family_short_of_data_is_uncalibrated_and_judged_at_its_band_edge():
     measured run) is judged robustly by default, and there MI355X wins only where it wins at its band's edge."""
     bands = load_fitted()["bands"]
     for fam, systems in families().items():
-        own = all(bands[m].get(fam, {}).get("sweeps", bands[m].get(fam, {}).get("points", 0)) >= MIN_POINTS
+        own = all(bands[m].get(fam, {}).get("sweeps", bands[m].get(fam, {}).get("configurations", 0)) >= MIN_POINTS
                   for m in BAND_METRICS)
         assert all(calibrated(s) == own for s in systems), fam
     assert calibrated("h100") and not calibrated("mi355x") and not calibrated("a100")
