@@ -1002,10 +1002,6 @@ def main() -> None:
         _starting()  # from here: the parse of its options imports pydantic (typer's coercion) too
     try:
         app()
-    except SystemExit as exc:
-        if sys.argv[1:2] == ["run"] and (exc.code is None or isinstance(exc.code, int)):
-            _leave(exc.code or 0)
-        raise
     except (InputError, InfeasibleError, SolverLimitError) as exc:  # pragma: no cover - commands catch their own
         Console(stderr=True).print(f"error: {exc}")
         sys.exit(exc.exit_code)
@@ -1015,5 +1011,18 @@ def main() -> None:
         sys.exit(1)
 
 
+def command() -> None:
+    """The ``dse`` executable (its console script, and ``python -m dse.cli``): `main`; then, `dse run` having
+    written and printed everything, the process ends without the interpreter's teardown (`_leave`). A caller of
+    `main` in its own process (a test, a script) gets `main` alone, which returns or raises SystemExit as it did.
+    """
+    try:
+        main()
+    except SystemExit as exc:
+        if sys.argv[1:2] == ["run"] and (exc.code is None or isinstance(exc.code, int)):
+            _leave(exc.code or 0)
+        raise
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    command()
