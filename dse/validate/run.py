@@ -66,6 +66,7 @@ from dse.validate.runs import (
     read_runs,
     read_runs_files,
 )
+from dse.validate.stack import stack_rows
 from dse.validate.training import TrainRun, load_training_runs, validation_rows
 
 
@@ -158,7 +159,7 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
     # and mode
     ttft = t["measured_ttft_s"]
     (fits, in_sample, loo), (_, _, ttft_lfo), (_, _, ttft_lmo) = fit_stack_sets(
-        t, [groups, pd.Series(family, index=t.index), t["model"]])
+        t, [groups, pd.Series(family, index=t.index), t["model"]], stack_rows(t))
     scales["ttft"] = {k: {"queue_share": f["terms"].queue_share, "fixed_latency_s": f["terms"].fixed_latency_s,
                           "rows": f["rows"], "sweeps": f["sweeps"]} for k, f in fits.items()}
     t["ttft_in_sample_s"], t["ttft_loo_s"] = in_sample, loo
