@@ -23,7 +23,9 @@ groups out and predicts the group left out from fits on the others:
   plus the KV hand-off (disaggregated), plus the stack's fixed latency tau. The shipped terms (xi, tau) per
   framework and mode are the catalog's (hw_catalog/calibration/serving_stack.yaml, fitted by `dse validate --fit`
   on the rows with stated layouts); the leave-group-out prediction refits them without the row's sweep
-  (`dse.validate.fit.fit_stack`; TTFT is affine in (xi, tau), `dse.physics.serving.closed_loop_ttft`). Measured
+  (`dse.validate.fit.fit_stack`; TTFT is affine in (xi, tau), `dse.physics.serving.closed_loop_ttft`), on the rows
+  `dse.validate.stack.stack_rows` reads (a measurement over twice its deployment's TTFT at a higher concurrency,
+  which no closed loop has, is predicted and judged but fits nothing). Measured
   TTFT grows nearly linearly with the concurrency in most sweeps (R^2 > 0.9 in most of the 286 aggregated sweeps
   with 4 or more concurrencies), at a slope of a fraction of one prompt's prefill per request in flight: the wave.
 - Leave-family-out: each hardware family's rows predicted by the fits on the other families' rows (the error
