@@ -260,16 +260,21 @@ def choose_solver(d: FleetData, stage: str = "program") -> str:
     `scripts/bench_fleet.py --sizes 1x6,5x12,10x24` (60 s, 2 shared cores under a load of 2-6; each solver for every
     stage, the plan program's own status, answer and bound logged):
 
-    - The full program (below `PLAN_STAGE_MIN` columns; 1 model x 6 slices): SCIP. Aggregated: SCIP proves the optimum
-      (3,899 USD/day) in 5.4 s, HiGHS in 3.1 s, CP-SAT in 12.3 s; disaggregated and mixed, started from the best fleet
-      so far: SCIP ends at 3,899 with a bound of 3,824 / 3,748 (gap 1.9% / 3.9%), HiGHS (which takes no start) finds
-      no fleet and no bound in 38 / 32 s, CP-SAT ends with bounds of 2,799 / 3,066 (gap 44% / 29%).
-    - The whole plan program at up to `PLAN_HIGHS_MAX` (class, slice) pairs (5 models x 12 slices: 220-240): HiGHS.
+    - The full program (below `FULL_PROGRAM_MAX` columns; 1 model x 6 slices): SCIP. Aggregated (140 columns),
+      re-measured under a load of 6.3-6.6: SCIP proves the optimum (3,947 USD/day) in 7.7 CPU s (46 s wall), HiGHS in
+      5.5 CPU s (25 s), CP-SAT stops at its 60 s limit with a 2.53% gap (21 CPU s); HiGHS is the faster prover there
+      but takes no start, which the programs with pools need: disaggregated and mixed (700 columns), started from the
+      best fleet so far, SCIP ended at a 1.9% / 3.9% gap, HiGHS found no fleet and no bound in 38 / 32 s, CP-SAT ended
+      at gaps of 44% / 29% (an earlier data set, whose aggregated optimum was 3,899). Disaggregated 1 x 6 given 600 s:
+      SCIP proves 3,947 (the aggregated optimum) in 330 s wall under a load of 6.
+    - The whole plan program at up to `PLAN_HIGHS_MAX` (class, slice) pairs with demand, counted once equal slices
+      merge, as `solve_fleet` compares them (5 models x 12 slices: 220; 5 x 24: 280; 10 x 6: 200): HiGHS.
       It proves the plan program's optimum in 2.2 s (aggregated, 14,954), 13.3 s (disaggregated, 14,286) and 6.4 s
       (mixed, 14,286), where SCIP, started from the best fleet, stops at its limit with a 0.30% gap (19.1 s, same
       fleet) or proves it in 23.0 s and 16.5 s; CP-SAT stops at gaps of 23%, 7.0% and 5.9%. HiGHS takes no start, so
       its answer is compared with the best fleet afterwards (never dearer).
-    - The whole plan program above (10 models x 24 slices: 960 pairs): SCIP. HiGHS finds no plan in 9-31 s on all
+    - The whole plan program above (10 models x 24 slices: 560 pairs once equal slices merge, 960 before; 10 x 12,
+      440, falls above too and was not measured apart): SCIP. HiGHS finds no plan in 9-31 s on all
       three (aggregated 10 x 24 then answers the greedy's 90,170, gap 20%); SCIP reaches 73,639 / 48,794 / 48,794
       (gaps 1.8% / 0.30% / 0.26% of the plan program); CP-SAT 73,078 / 49,442 / 49,442 (1.1% / 1.8% / 1.9%): better
       on the aggregated program, no better than its start on the other two.

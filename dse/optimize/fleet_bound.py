@@ -333,8 +333,13 @@ def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True) -> Compo
     if not len(cP) or not len(cD):
         return Component(None, np.concatenate((u.ks["prefill"], u.ks["decode"])), np.zeros((0, len(u.ks["prefill"])
                          + len(u.ks["decode"])), dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0))
-    targets = np.unique(np.stack([np.minimum.outer(aP, aD).ravel(), np.minimum.outer(bP, bD).ravel()], axis=1),
-                        axis=0)
+    # the distinct (served, left) targets of every pair, sorted: each value is one of the sides' own, so the pairs
+    # are coded by their ranks and deduplicated as integers (what np.unique over rows gives, several times faster)
+    va, ra = np.unique(np.concatenate((aP, aD)), return_inverse=True)
+    vb, rb = np.unique(np.concatenate((bP, bD)), return_inverse=True)
+    code = np.unique(np.minimum.outer(ra[:len(aP)], ra[len(aP):]) * len(vb)
+                     + np.minimum.outer(rb[:len(bP)], rb[len(bP):]))
+    targets = np.stack([va[code // len(vb)], vb[code % len(vb)]], axis=1)
     big = np.inf
 
     def cheapest(a, b, c):
