@@ -772,23 +772,30 @@ def _reserved_starts(d: FleetData, best: Fleet, master: ColumnBound | None) -> l
 
 
 def solve_by_slice(d: FleetData, solver: str, time_limit_s: float, reserved: pd.Series, used: set,
-                   deadline: float | None = None, loose: frozenset = frozenset()) -> Fleet | None:
+                   deadline: float | None = None, loose: frozenset = frozenset(), models: dict | None = None
+                   ) -> Fleet | None:
     """The full program one slice at a time with the reserved nodes and the systems in use fixed (given them, slices
     are independent), joined as `_join_slices` does. On the ``loose`` systems the reserved nodes are left to each
     slice (a slice alone pays a reserved node its day's price, so it holds the nodes it would at the committed
     price) and the join keeps at most the fewest any slice holds (so no slice holds more nodes than it chose: its
     inventory and power still hold). A fleet of the full program; None when a slice has none within its share of
-    the time (or is infeasible there), the fleet is over the budget, or ``deadline`` passes first.
+    the time (or is infeasible there), the fleet is over the budget, or ``deadline`` passes first. ``models``: the
+    slices' programs built so far, by slice (filled and reused across calls).
     """
     parts = []
     most = reserved.astype(float).copy()
+    models = {} if models is None else models
     for t in d.slices:
         if deadline is not None and time.perf_counter() >= deadline:
             return None
         dt = _one_slice(d, t)
-        m = build(dt)
+        if t not in models:
+            models[t] = build(dt)
+        m = models[t]
         for s in m.S:
-            if s not in loose:
+            if s in loose:
+                m.reserved[s].unfix()
+            else:
                 m.reserved[s].fix(min(float(reserved[s]), float(dt.inventory.loc[s, t])))
         for s in m.SU:
             m.used[s].fix(float(s in used))
@@ -808,8 +815,8 @@ def search_reserved(d: FleetData, solver: str, time_limit_s: float, starts: list
     (`solve_by_slice`, which then lowers each system's reserved nodes to the count that costs least for the nodes
     its slices hold): from each start (reserved nodes per system, systems in use), first improvement over the
     neighbours in order, the search going on from the improving fleet's own reserved nodes and systems. The
-    neighbours: one reserved node more or fewer, or half as many, on a system in use; a system in use swapped for
-    one not in use, its reserved nodes moved there; a system added, or one dropped, the reserved nodes of the
+    neighbours: a system in use swapped for one not in use, its reserved nodes moved there; one reserved node more
+    or fewer, or half as many, on a system in use; a system added, or one dropped, the reserved nodes of the
     systems then in use left to the slices (`solve_by_slice`'s ``loose``) and the slices solved again at those the
     join kept.
     A heuristic: its fleets are the full program's, its cost proves nothing. The cheapest fleet found; None where
@@ -826,6 +833,7 @@ def search_reserved(d: FleetData, solver: str, time_limit_s: float, starts: list
     free = {s for s in S if float(d.systems.loc[s, "fixed_usd_per_day"]) <= 0}
     cap = d.inventory.reindex(S).min(axis=1).astype(float)
     seen: set = set()
+    models: dict = {}
     best, best_cost = None, math.inf
 
     def visit(reserved: pd.Series, used: set, loose: frozenset = frozenset()) -> Fleet | None:
@@ -835,7 +843,7 @@ def search_reserved(d: FleetData, solver: str, time_limit_s: float, starts: list
         if key in seen:
             return None
         seen.add(key)
-        f = solve_by_slice(d, solver, max(1.0, end - time.perf_counter()), reserved, used, end, loose)
+        f = solve_by_slice(d, solver, max(1.0, end - time.perf_counter()), reserved, used, end, loose, models)
         if fleet_cost(d, f) < best_cost * (1 - 1e-9):
             best, best_cost = f, fleet_cost(d, f)
         if loose and f is not None:  # the slices again, at the reserved nodes the join kept
@@ -850,17 +858,17 @@ def search_reserved(d: FleetData, solver: str, time_limit_s: float, starts: list
         out = []
         out = []
         for s in sorted(used):
-            for v in sorted({here[s] - 1, here[s] + 1, math.floor(here[s] / 2)}):
-                if 0 <= v <= cap[s] and v != here[s]:
-                    r = here.copy()
-                    r[s] = float(v)
-                    out.append((r, used, frozenset()))
-        for s in sorted(used):
             for s2 in S:
                 if s2 not in used and here[s] > 0:
                     r = here.copy()
                     r[s2], r[s] = r[s], 0.0
                     out.append((r, used - {s} | {s2}, frozenset()))
+        for s in sorted(used):
+            for v in sorted({here[s] - 1, here[s] + 1, math.floor(here[s] / 2)}):
+                if 0 <= v <= cap[s] and v != here[s]:
+                    r = here.copy()
+                    r[s] = float(v)
+                    out.append((r, used, frozenset()))
         out += [(here, used | {s}, frozenset(used | {s})) for s in S if s not in used]
         out += [(here, used - {s}, frozenset(used - {s})) for s in sorted(used)]
         return out
