@@ -513,6 +513,35 @@ def test_larger_fleets_pass_the_recheck_and_never_cost_more_than_the_greedy(solv
     assert r.result.objective <= fleet_cost(d, greedy(d)) * (1 + 1e-9)
 
 
+def test_an_answer_with_pools_is_never_dearer_than_the_restriction_to_aggregated_options():
+    """Every aggregated option is an option of the program with pools, so its optimum is at most the restriction's;
+    `solve_fleet` solves the restriction first (`solve_aggregated`, `AGGREGATED_SHARE` of the time) and every later
+    stage keeps the best fleet: where the restriction reaches its optimum within its share, the answer is at most
+    that optimum, and it passes the re-check. Small instances: at most the brute force's optimum of the restriction.
+    """
+    from dse.optimize.fleet import AGGREGATED_SHARE
+
+    d, limit = larger_instance(np.random.default_rng(3)), 12.0
+    agg = solve_fleet(d.aggregated(), "scip", AGGREGATED_SHARE * limit, duals=False)
+    assert agg.result.status == "optimal"  # in about 2 s
+    r = solve_fleet(d, "scip", limit, duals=False)
+    assert check(d, r, r.result.objective) == []
+    assert r.result.objective <= agg.result.objective * (1 + 1e-9)
+    rng = np.random.default_rng(43)
+    checked = 0
+    while checked < 4:
+        d = random_instance(rng)
+        if not (d.options["role"] != "both").any() or not (d.options["role"] == "both").any():
+            continue
+        restricted = brute_force(d.aggregated())
+        if restricted is None:
+            continue
+        r = solve_fleet(d, "scip", 10, duals=False)
+        assert check(d, r, r.result.objective) == []
+        assert r.result.objective <= restricted * (1 + 1e-9) + 1e-9
+        checked += 1
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -85,10 +85,10 @@ def _read(m, d: FleetData) -> Fleet:
     T = list(m.T)
     reserved, hourly = _read_nodes(m)
     reps = pd.DataFrame([[round(m.x[k, t].value or 0) for t in T] for k in m.K], columns=T, dtype=float)
-    pre = pd.DataFrame([[m.p[i + (t,)].value or 0.0 for t in T] for i in m.FP], index=pd.MultiIndex.from_tuples(
-        list(m.FP)) if len(m.FP) else None, columns=T, dtype=float)
-    dec = pd.DataFrame([[m.q[i + (t,)].value or 0.0 for t in T] for i in m.FQ], index=pd.MultiIndex.from_tuples(
-        list(m.FQ)) if len(m.FQ) else None, columns=T, dtype=float)
+    pre = pd.DataFrame([[max(0.0, m.p[i + (t,)].value or 0.0) for t in T] for i in m.FP],
+                       index=pd.MultiIndex.from_tuples(list(m.FP)) if len(m.FP) else None, columns=T, dtype=float)
+    dec = pd.DataFrame([[max(0.0, m.q[i + (t,)].value or 0.0) for t in T] for i in m.FQ],
+                       index=pd.MultiIndex.from_tuples(list(m.FQ)) if len(m.FQ) else None, columns=T, dtype=float)
     return Fleet(reserved, hourly, reps, pre, dec)
 
 
@@ -119,10 +119,10 @@ def start_from(m, d: FleetData, f: Fleet) -> None:
             m.x[k, t].set_value(float(f.replicas.at[k, t]))
     for i in m.FP:
         for t in m.T:
-            m.p[i + (t,)].set_value(float(f.prefill.loc[i, t]) if i in f.prefill.index else 0.0)
+            m.p[i + (t,)].set_value(max(0.0, float(f.prefill.loc[i, t])) if i in f.prefill.index else 0.0)
     for i in m.FQ:
         for t in m.T:
-            m.q[i + (t,)].set_value(float(f.decode.loc[i, t]) if i in f.decode.index else 0.0)
+            m.q[i + (t,)].set_value(max(0.0, float(f.decode.loc[i, t])) if i in f.decode.index else 0.0)
     if hasattr(m, "level"):  # a level is reached when the largest rate in use in its group is at or above it
         o = d.options
         rate = o["requests_per_s"].to_numpy(dtype=float)
@@ -176,6 +176,10 @@ covers, without the big-M rows a relaxation satisfies with slivers; up to half t
 time goes to the plan program."""
 
 
+AGGREGATED_SHARE = 1 / 3
+"""Share of the time limit for the program restricted to aggregated options (`solve_aggregated`), solved first where
+a program with pools has one below `FULL_PROGRAM_MAX` columns: the answer is then never dearer than that
+restriction's fleet within this share."""
 OWN_SHARE = 1 / 6
 """Share of the time limit for the column generation on the restriction of a program whose pools join across systems
 to pools paired on their own system (its fleets only; `solve_fleet`)."""
@@ -290,15 +294,18 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     """Solve the fleet program; InfeasibleError names the binding resource and its shortfall.
 
     Exact reductions first (`FleetData.reduced`: options another matches; `FleetData.merged`: equal slices as one);
-    then a greedy fleet. From `PLAN_STAGE_MIN` columns, the column generation bound
+    then a greedy fleet. Where classes have pools and the program restricted to aggregated options has fewer than
+    `FULL_PROGRAM_MAX` columns, that restriction first (`solve_aggregated`, `AGGREGATED_SHARE` of the time): its
+    fleets are the program's, so the answer is never dearer than the restriction's answer within that share, and
+    every later stage starts from the best fleet so far and keeps it. From `PLAN_STAGE_MIN` columns, the column
+    generation bound
     (`dse.optimize.fleet_bound.column_bound`, `COLUMN_SHARE` of the time) and fleets of its near plans at its
     master's reserved nodes (`_round_master`); where pools join across interconnects, first the same on the
     restriction to pools paired on their own system (`OWN_SHARE`), then, above `FULL_PROGRAM_MAX` columns, on the
     program itself (`JOINED_SHARE`, its plans whose pools pair across systems handing off as `joined_flows` finds);
     where that bounds nothing above `FULL_PROGRAM_MAX` columns, the lean relaxation's bound
-    (`formulations.fleet.build` with ``lean``; at most half the time). Below `FULL_PROGRAM_MAX` columns: where
-    classes have pools, the program restricted to aggregated options (`solve_aggregated`, a third of the time);
-    from `PLAN_STAGE_MIN` columns, the search over the reserved nodes and systems in use with every slice solved
+    (`formulations.fleet.build` with ``lean``; at most half the time). Below `FULL_PROGRAM_MAX` columns, from
+    `PLAN_STAGE_MIN` columns, the search over the reserved nodes and systems in use with every slice solved
     exactly (`search_reserved`, from the best fleet and the column generation master's nodes; half of the time
     left); above `FULL_PROGRAM_MAX`, the restricted program of one plan per class and slice instead (`solve_plans`:
     the column generation's near plans and the greedy's where it ran, else every single configuration and simple
@@ -323,6 +330,14 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     def remaining() -> float:
         return end - time.perf_counter()
 
+    pooled = bool((dm.options["role"] != "both").any())
+    if g is not None and pooled and aggregated_stage and (dm.options["role"] == "both").sum() * len(dm.slices) \
+            < FULL_PROGRAM_MAX:
+        # the restriction to aggregated options first: its fleets are this program's, so the answer is never dearer
+        # than the restriction's within its share, and every later stage starts from the best fleet so far
+        f = solve_aggregated(dm, name, AGGREGATED_SHARE * time_limit_s)
+        if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+            best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
     if plans and bound_stage:
         joined = bool((dm.systems["interconnect_bytes_per_s"] > 0).any())
         if joined:
@@ -349,10 +364,6 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     if not full and bound_stage and bound == -math.inf:
         bound = relaxation_bound(build(dm, hull=hull, lean=True), "highs", max(1.0, min(time_limit_s / 2, remaining())))
         bounded_by = "bound by the linear relaxation"
-    if full and g is not None and (dm.options["role"] != "both").any() and aggregated_stage:
-        f = solve_aggregated(dm, name, time_limit_s / 3)
-        if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
-            best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
     if plans and full and reserved_stage:
         f = search_reserved(dm, name, max(1.0, remaining() / 2), _reserved_starts(dm, best, master))
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
@@ -414,23 +425,34 @@ def _column_stage(d: FleetData, g: Fleet, solver: str, bound_s: float, round_s: 
 
 def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | None:
     """The program restricted to aggregated options (a restriction: its fleets are fleets of the full program, its
-    bound is not the full program's), solved by `solve_fleet` within the time limit; None where a class has no
-    aggregated option or no fleet is found. Its N+1 modes have their convex hull (`formulations.fleet.add_hull`), a
-    relaxation far tighter than that of pools sized apart, so within a share of the time it reaches fleets the
-    full program started from the greedy does not (`scripts/bench_fleet.py`, disaggregated 1 model x 6 slices: the
-    aggregated optimum, 3,899 USD/day, where the full program stops at the greedy's 4,052 in 60 s).
+    bound is not the full program's), solved by `solve_fleet` within the time limit (its search over the reserved
+    nodes run at every size: `scripts/bench_fleet.py` mixed 1 x 24, 60 s under a load of 4-5: the answer 4,360
+    USD/day with the program alone from the greedy in this stage, 4,110-4,115 with the search; the aggregated
+    instance's optimum is 4,076); the fleet with its plan per class and slice (each class's aggregated replicas
+    serve it with N+1 on their own); None where a class has no aggregated option or no fleet is found. Its N+1
+    modes have their convex hull (`formulations.fleet.add_hull`), a relaxation far tighter than that of pools sized
+    apart, so within a share of the time it reaches fleets the full program started from the greedy does not
+    (`scripts/bench_fleet.py`, disaggregated 1 model x 6 slices: the aggregated optimum, 3,899 USD/day, where the
+    full program stops at the greedy's 4,052 in 60 s).
     """
     sub = d.aggregated()
     if not len(sub.options):
         return None
     try:
-        r = solve_fleet(sub, solver, time_limit_s, duals=False, bound_stage=False, reserved_stage=False)
+        r = solve_fleet(sub, solver, time_limit_s, duals=False, bound_stage=False, plan_stage=True)
     except (InfeasibleError, SolverLimitError):
         return None
     reps = pd.DataFrame(0.0, index=d.options.index, columns=d.slices)
     reps.iloc[sub.meta["kept_options"], :] = r.replicas.to_numpy()
     empty = pd.DataFrame(columns=d.slices, dtype=float)
-    return Fleet(r.reserved, r.hourly, reps, empty, empty.copy())
+    cls = {c: j for j, c in enumerate(d.classes)}
+    j_of = [cls.get(c, -1) for c in zip(d.options["model"], d.options["cls"], strict=True)]
+    plans: dict = {}  # each class's aggregated replicas serve it with N+1 on their own: a plan per class and slice
+    for t in d.slices:
+        for k in np.flatnonzero(reps[t].to_numpy() > 0):
+            if j_of[k] >= 0:
+                plans.setdefault((j_of[k], t), {})[int(k)] = int(reps.at[k, t])
+    return Fleet(r.reserved, r.hourly, reps, empty, empty.copy(), plans)
 
 
 def _expand(d: FleetData, dr: FleetData, rep: dict, f: Fleet) -> Fleet:
@@ -661,6 +683,10 @@ def solve_plans(d: FleetData, solver: str, time_limit_s: float, start: Fleet | N
     """
     t0 = time.perf_counter()
     end = t0 + time_limit_s
+    if start is not None and start.plans:  # the start's plans are offered too (so it is a hint the program holds)
+        extra = {key: list(p) for key, p in (extra or {}).items()}
+        for key, counts in start.plans.items():
+            extra.setdefault(key, []).append(counts)
     plans, flows, index = _plan_table(d, extra, mixes)
     best = start
     if start is not None and start.plans:  # polish: each slice re-planned at the start's nodes, its plan offered
