@@ -179,7 +179,11 @@ time goes to the plan program."""
 AGGREGATED_SHARE = 1 / 3
 """Share of the time limit for the program restricted to aggregated options (`solve_aggregated`), solved first where
 a program with pools has one below `FULL_PROGRAM_MAX` columns: the answer is then never dearer than that
-restriction's fleet within this share."""
+restriction's fleet within this share. Where the program itself is above `FULL_PROGRAM_MAX` columns, its bound comes
+from the column generation, which needs its time, and the share is `AGGREGATED_SHARE_COLUMNS`: measured with
+`scripts/bench_fleet.py` mixed 2 x 12 (3,080 columns; 60 s, load 3-4), a third left the column generation a bound
+of 6,079 USD/day (gap 5.37%), a sixth 6,193 (gap 3.60%), both answering the aggregated restriction's 6,424."""
+AGGREGATED_SHARE_COLUMNS = 1 / 6
 OWN_SHARE = 1 / 6
 """Share of the time limit for the column generation on the restriction of a program whose pools join across systems
 to pools paired on their own system (its fleets only; `solve_fleet`)."""
@@ -295,7 +299,8 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
 
     Exact reductions first (`FleetData.reduced`: options another matches; `FleetData.merged`: equal slices as one);
     then a greedy fleet. Where classes have pools and the program restricted to aggregated options has fewer than
-    `FULL_PROGRAM_MAX` columns, that restriction first (`solve_aggregated`, `AGGREGATED_SHARE` of the time): its
+    `FULL_PROGRAM_MAX` columns, that restriction first (`solve_aggregated`, `AGGREGATED_SHARE` of the time,
+    `AGGREGATED_SHARE_COLUMNS` where the program is above `FULL_PROGRAM_MAX` columns): its
     fleets are the program's, so the answer is never dearer than the restriction's answer within that share, and
     every later stage starts from the best fleet so far and keeps it. From `PLAN_STAGE_MIN` columns, the column
     generation bound
@@ -335,7 +340,7 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
             < FULL_PROGRAM_MAX:
         # the restriction to aggregated options first: its fleets are this program's, so the answer is never dearer
         # than the restriction's within its share, and every later stage starts from the best fleet so far
-        f = solve_aggregated(dm, name, AGGREGATED_SHARE * time_limit_s)
+        f = solve_aggregated(dm, name, (AGGREGATED_SHARE if full else AGGREGATED_SHARE_COLUMNS) * time_limit_s)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
     if plans and bound_stage:
