@@ -430,13 +430,14 @@ def _column_stage(d: FleetData, g: Fleet, solver: str, bound_s: float, round_s: 
 
 def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | None:
     """The program restricted to aggregated options (a restriction: its fleets are fleets of the full program, its
-    bound is not the full program's), solved by `solve_fleet` within the time limit (its search over the reserved
-    nodes run at every size: `scripts/bench_fleet.py` mixed 1 x 24, 60 s under a load of 4-5: the answer 4,360
-    USD/day with the program alone from the greedy in this stage, 4,110-4,115 with the search; the aggregated
-    instance's optimum is 4,076); the fleet with its plan per class and slice (each class's aggregated replicas
-    serve it with N+1 on their own); None where a class has no aggregated option or no fleet is found. Its N+1
-    modes have their convex hull (`formulations.fleet.add_hull`), a relaxation far tighter than that of pools sized
-    apart, so within a share of the time it reaches fleets the full program started from the greedy does not
+    bound is not the full program's), solved by `solve_fleet` within the time limit (from `PLAN_STAGE_MIN` columns
+    by its search over the reserved nodes, which reaches 6,424 USD/day on `scripts/bench_fleet.py`'s aggregated
+    2 x 12 where the restricted plan program reached 6,472; below, by the program alone, which on aggregated
+    1 x 24 reaches its optimum, 4,076, in 20 s with the machine idle, where a forced search reached 4,110); the fleet
+    with its plan per class and slice (each class's aggregated replicas serve it with N+1 on their own); None where
+    a class has no aggregated option or no fleet is found. Its N+1 modes have their convex hull
+    (`formulations.fleet.add_hull`), a relaxation far tighter than that of pools sized apart, so within a share of
+    the time it reaches fleets the full program started from the greedy does not
     (`scripts/bench_fleet.py`, disaggregated 1 model x 6 slices: the aggregated optimum, 3,899 USD/day, where the
     full program stops at the greedy's 4,052 in 60 s).
     """
@@ -444,7 +445,7 @@ def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | 
     if not len(sub.options):
         return None
     try:
-        r = solve_fleet(sub, solver, time_limit_s, duals=False, bound_stage=False, plan_stage=True)
+        r = solve_fleet(sub, solver, time_limit_s, duals=False, bound_stage=False)
     except (InfeasibleError, SolverLimitError):
         return None
     reps = pd.DataFrame(0.0, index=d.options.index, columns=d.slices)
