@@ -17,7 +17,7 @@ limit without a solution raises ``SolverLimitError`` where `dse` exits 1.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +70,8 @@ class Result:
     """What a study run gives: the summary (the contents of summary.json) and its tables."""
 
     summary: dict
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)
+    """Each table as a pandas DataFrame (made when first read: pandas is imported then)."""
     files: list[str] = field(default_factory=list)
     """The files written into ``out`` (empty when nothing was written)."""
     out: Path | None = None
@@ -124,4 +125,4 @@ def run_study(study: str | Path | dict | StudySpec, out: str | Path | None = Non
             from dse.report.output import write_outputs
 
             files = write_outputs(output, spec, target, force, plots=plots)
-    return Result(summary=output.summary, tables=output.tables, files=files, out=target)
+    return Result(summary=output.summary, tables=output.frames, files=files, out=target)

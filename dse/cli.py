@@ -404,12 +404,13 @@ def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) ->
     ``:name:`` in it is read as an emoji code (nor is rich's table of them loaded).
     """
     from dse.report.present import ALTERNATIVE_COLUMNS, alternative_rows, answer_lines, decision_text
+    from dse.studies.contract import Frames
     from dse.studies.registry import study_module
 
     console = Console(emoji=False)
     console.print(_solver_line(summary), highlight=False)
     headline = getattr(study_module(summary["kind"]), "headline", None)
-    for line in headline(summary, tables) if headline else []:
+    for line in headline(summary, Frames(tables)) if headline else []:
         console.print(escape(line), highlight=False)
     wide = console.width >= 120
     best = summary["best"]

@@ -18,7 +18,7 @@ from dse.studies.registry import KINDS, study_module
 
 ROOT = Path(__file__).resolve().parent.parent
 # Data flows from the top of this list to the bottom: a module may import its own layer or a layer above.
-LAYERS = ("dse.errors", "dse.catalog", "dse.physics", ("dse.optimize", "formulations"), "dse.validate",
+LAYERS = (("dse.errors", "dse.table"), "dse.catalog", "dse.physics", ("dse.optimize", "formulations"), "dse.validate",
           "dse.studies", "dse.report", ("dse.cli", "dse"))
 
 

@@ -111,9 +111,9 @@ def test_block_monotone_in_batch():
         if space.blocks.empty:
             continue
         mt, st = ModelTable.build([model]), SystemTable.build(space.systems)
-        b = space.blocks.iloc[rng.integers(len(space.blocks), size=min(5, len(space.blocks)))]
+        b = space.blocks.take(rng.integers(len(space.blocks), size=min(5, len(space.blocks))))
         n = np.arange(1, 600, dtype=float)
-        for _, row in b.iterrows():
+        for row in b.records():
             r = evaluate(Candidates(model=0, system=int(row["system_idx"]), tp=row["tp"], dp=row["dp"], ep=row["ep"],
                                     etp=row["etp"], pp=row["pp"], batch=row["dp"] * n, context=w.context,
                                     weights_dtype=int(row["wd"]), kv_dtype=int(row["kd"]), kv_tier=int(row["tier"])),

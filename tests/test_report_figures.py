@@ -39,7 +39,7 @@ def test_pareto_labels_are_inside_and_apart(shipped, monkeypatch, front):
     r = shipped("pareto_latency_cost")
     tables = {name: r.table(name) for name in ("pareto", "pareto_throughput")}
     fig = _drawn(monkeypatch, pareto, pareto._cost if front == "cost" else pareto._throughput,
-                 SimpleNamespace(tables=tables, summary=r.summary))
+                 SimpleNamespace(frames=tables, summary=r.summary))
     assert len(fig.axes) == tables["pareto"][["model", "workload"]].drop_duplicates().shape[0]  # a panel each
     assert _clear(fig) >= 4
     assert all(ax.get_legend() is not None and ax.get_xticks().size and ax.get_yticks().size for ax in fig.axes)
@@ -50,7 +50,7 @@ def test_sweep_labels_are_inside_and_apart(shipped, monkeypatch):
 
     r = shipped("hbm_bandwidth_sensitivity")
     tables = {"sweep": r.table("sweep"), "sweep_systems": r.table("sweep_systems")}
-    fig = _drawn(monkeypatch, sweep, sweep._sweep, SimpleNamespace(tables=tables, summary=r.summary))
+    fig = _drawn(monkeypatch, sweep, sweep._sweep, SimpleNamespace(frames=tables, summary=r.summary))
     assert _clear(fig) >= 4
 
 
@@ -70,17 +70,18 @@ def test_crowded_labels_never_overlap():
 
 
 def test_report_rows_are_the_frames_records():
-    """`records` gives what ``DataFrame.to_dict(orient="records")`` gives, value for value and type for type, on the
+    """`Table.records` of a DataFrame gives what ``DataFrame.to_dict(orient="records")`` gives, value for value and type for type, on the
     column types of the study tables (so report.html's cells are unchanged)."""
     import pandas as pd
 
-    from dse.report.present import records, table_html
+    from dse.report.present import table_html
+    from dse.table import as_table
 
     frame = pd.DataFrame({"chips": [8, 16, 24], "usd_per_request": [1e-3, float("nan"), 2.5],
                           "fits": [True, False, True], "system": ["h200", None, "b200"],
                           "layout": [[1, 2], None, ("a", 3.0)], "n": pd.array([1, None, 3], dtype="Int64")})
     for table in (frame, frame.head(0), frame[[]], frame.iloc[[2, 0]]):
-        mine, theirs = records(table), table.to_dict(orient="records")
+        mine, theirs = as_table(table).records(), table.to_dict(orient="records")
         assert [list(r) for r in mine] == [list(r) for r in theirs]
         for a, b in zip(mine, theirs, strict=True):
             for key in a:

@@ -111,7 +111,7 @@ def test_request_cost_is_not_monotone_in_the_batch_but_latencies_are():
         pos, n = pairs(space.blocks)
         m = evaluate_pairs(space, space.blocks, pos, n, space.workload)
         same = (pos[1:] == pos[:-1]) & m["stable"][1:] & m["stable"][:-1]
-        one_rank = space.blocks["dp"].to_numpy()[pos[1:]] == 1
+        one_rank = space.blocks["dp"][pos[1:]] == 1
         for key, where in (("tpot_s", same & one_rank), ("ttft_s", same & one_rank)):
             v = m[key]
             assert not (where & (np.diff(v) < -1e-9 * v[1:])).any(), key

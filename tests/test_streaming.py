@@ -40,7 +40,7 @@ def test_chunks_cover_every_pair_once_in_order_without_splitting_a_block(space):
         assert np.array_equal(np.concatenate([c[1] for c in chunks]), n)
         edges = [c[0][-1] for c in chunks[:-1]]
         assert all(e != c[0][0] for e, c in zip(edges, chunks[1:], strict=True))  # no block split
-        counts = (space.blocks["n_hi"] - space.blocks["n_lo"] + 1).to_numpy()
+        counts = space.blocks["n_hi"] - space.blocks["n_lo"] + 1
         assert all(len(c[0]) <= max(size, counts[c[0][0]]) for c in chunks)
     with_pairs = np.flatnonzero(counts > 0)
     only = with_pairs[[1, 5, 6]]
@@ -53,7 +53,7 @@ def _answers(space, max_pairs: int) -> dict:
     req = space.workload
     opt = block_optima(space, req, max_pairs=max_pairs)
     t = disaggregated_tables(space, req, max_pairs=max_pairs)
-    sys_idx = space.blocks["system_idx"].to_numpy()
+    sys_idx = space.blocks["system_idx"]
     out = {"n": opt.n.tolist(), "metrics": {k: v.tolist() for k, v in opt.metrics.items()}, "binding": opt.binding,
            "evaluated": (opt.evaluated, t.evaluated)}
     for budget, demand in ((None, 2e4), (Budget(gpus=64), None), (Budget(nodes=16), 2e4)):

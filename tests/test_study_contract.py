@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 import json
 
-import pandas as pd
 import pytest
 
 from dse.optimize.solver import SolveResult
@@ -14,6 +13,7 @@ from dse.studies.base import StudySpec, load_study
 from dse.studies.contract import Chart, Optimum, Plot, Solved, StudyOutput, solve_study, summary_of
 from dse.studies.optuna_sweep import default_storage
 from dse.studies.registry import KINDS, study_module
+from dse.table import Table
 
 SPACE = {"systems": ["h100"], "weights_dtypes": ["fp8"], "kv_dtypes": ["fp8"], "kv_tiers": ["hbm"], "tp": [8],
          "pp": [1], "max_racks": 1, "max_chips_per_stage": 8, "max_batch_per_rank": 64}
@@ -78,7 +78,7 @@ def test_solve_returns_a_solved_the_summary_is_made_from(kind, tmp_path):
     solved = study_module(kind).solve(spec, None, storage)
     assert isinstance(solved, Solved)
     assert solved.status in ("optimal", "feasible", "infeasible")
-    assert solved.tables and all(isinstance(t, pd.DataFrame) for t in solved.tables.values())
+    assert solved.tables and all(isinstance(t, Table) for t in solved.tables.values())
     assert all(isinstance(r, SolveResult) for r in solved.results)
     assert solved.results or solved.stats is not None  # the solver block comes from one or the other
     for o in solved.best:

@@ -58,7 +58,7 @@ def test_the_aggregated_search_breaks_equal_costs_by_tpot_ttft_and_chips():
     ok = opt.n > 0
     opt.metrics["usd_per_request"] = np.where(ok, 1e-4, np.nan)
     got = ranked(space, opt, int(ok.sum()))
-    chips = space.blocks["chips"].to_numpy()
+    chips = space.blocks["chips"]
     ref = sorted(np.flatnonzero(ok), key=lambda j: (opt.metrics["tpot_s"][j], opt.metrics["ttft_s"][j], chips[j], j))
     assert [r.choice.block for r in got] == [int(space.blocks.index[j]) for j in ref]
     assert got[0].metrics["tpot_s"] == min(opt.metrics["tpot_s"][ok])

@@ -72,7 +72,7 @@ def codesign_point(n_eff: float, sparsity: int, gamma: float, workload: Request,
     except InfeasibleError as exc:
         return {**row, "status": "infeasible", "reason": str(exc), "usd_per_mtok": math.inf}
     choice = r.choice if mode == "aggregated" else r.decode
-    b = space.blocks.loc[choice.block]
+    b = space.blocks.loc(choice.block)
     return {**row, "status": r.result.status, "reason": "", "serving": mode,
             "usd_per_mtok": r.metrics["usd_per_request"] / workload.output * 1e6, "tpot_s": r.metrics["tpot_s"],
             "ttft_s": r.metrics["ttft_s"], "prefill_share": r.metrics["prefill_share"],

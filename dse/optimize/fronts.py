@@ -80,7 +80,7 @@ def candidate_chunks(space: Space, req: Request, aggregated: bool, dis: Disaggre
         for pos, n in pair_chunks(b, max_pairs, only):
             m = evaluate_pairs(space, b, pos, n, req)
             ok = feasible_mask(m, w)
-            chips = b["chips"].to_numpy()[pos]
+            chips = b["chips"][pos]
             chip_s = chips / (m["requests_per_s"] * req.output)
             yield _rows(pd.DataFrame({
                 "serving": "aggregated", "pos": pos[ok], "n": n[ok], "prefill": -1, "tpot_s": m["tpot_s"][ok],
@@ -151,23 +151,23 @@ def describe_points(space: Space, f: pd.DataFrame, pre: PrefillOptions | None = 
     the prefill pool's system and layout as ``prefill_*`` (``pre``: the prefill options the points index).
     """
     b = space.blocks
-    rows = b.iloc[f["pos"].to_numpy()]
+    rows = b.take(f["pos"].to_numpy())
     out = pd.DataFrame({
         "serving": f["serving"].to_numpy(),
         "system": [space.systems[i].id for i in rows["system_idx"]],
-        "replica_chips": rows["chips"].to_numpy(), "tp": rows["tp"].to_numpy(), "ep": rows["ep"].to_numpy(),
-        "pp": rows["pp"].to_numpy(), "dp": rows["dp"].to_numpy(), "batch": rows["dp"].to_numpy() * f["n"].to_numpy(),
+        "replica_chips": rows["chips"], "tp": rows["tp"], "ep": rows["ep"],
+        "pp": rows["pp"], "dp": rows["dp"], "batch": rows["dp"] * f["n"].to_numpy(),
         "weights_dtype": [DTYPES[int(i)] for i in rows["wd"]], "kv_dtype": [DTYPES[int(i)] for i in rows["kd"]],
         "kv_tier": [KV_TIERS[int(i)] for i in rows["tier"]],
     })
     if pre is not None and (f["prefill"] >= 0).any():
         j = f["prefill"].to_numpy()
         has = j >= 0
-        pr = b.iloc[pre.pos[np.where(has, j, 0)]]
+        pr = b.take(pre.pos[np.where(has, j, 0)])
         out["prefill_context_parallel"] = has & pre.cp[np.where(has, j, 0)]
         out["prefill_system"] = np.where(has, [space.systems[i].id for i in pr["system_idx"]], "")
         for key in ("chips", "tp", "ep", "dp"):
-            out["prefill_" + key] = np.where(has, pr[key].to_numpy(), 0)
+            out["prefill_" + key] = np.where(has, pr[key], 0)
     return out
 
 

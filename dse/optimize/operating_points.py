@@ -30,7 +30,7 @@ COLUMNS = ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp", 
 
 def _power(space: Space, pos: np.ndarray, chips: np.ndarray) -> np.ndarray:
     """All-in power of a replica (catalog all-in W per chip; the chip's TDP where the catalog has none)."""
-    si = space.blocks["system_idx"].to_numpy()[pos]
+    si = space.blocks["system_idx"][pos]
     per = np.array([s.power_all_in_w if np.isfinite(s.power_all_in_w) else s.power for s in space.systems])
     return chips * per[si]
 

@@ -34,7 +34,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import pandas as pd
 
 from dse.catalog.hardware import FP8_ENCODINGS, IDEAL, default_systems
 from dse.catalog.units import DTYPES
@@ -54,12 +53,13 @@ from dse.physics.serving import (
     prefill_ttft,
     rho_for_ttft,
 )
+from dse.table import Table
 
 TOL = 1e-9
 KEYS = ("usd_per_request", "ttft_s", "tpot_s", "requests_per_s", "usd_per_s", "prefill_share")
 
 
-def evaluate_pairs(space: Space, blocks: pd.DataFrame, pos: np.ndarray, n: np.ndarray, req: Request,
+def evaluate_pairs(space: Space, blocks: Table, pos: np.ndarray, n: np.ndarray, req: Request,
                    chunk: int | None = None) -> dict[str, np.ndarray]:
     """Request-level metrics (``KEYS``, the quantiles of ``req.quantiles``, ``fits`` and ``stable``) of each
     (block, n) pair.
@@ -83,7 +83,7 @@ def evaluate_pairs(space: Space, blocks: pd.DataFrame, pos: np.ndarray, n: np.nd
     return out
 
 
-def holds_concurrency(blocks: pd.DataFrame, pos: np.ndarray, n: np.ndarray, req: Request) -> np.ndarray:
+def holds_concurrency(blocks: Table, pos: np.ndarray, n: np.ndarray, req: Request) -> np.ndarray:
     """Whether whole replicas of each (block, n) hold exactly the workload's closed loop: N = R x n x DP x PP for a
     whole number R of replicas (every pair, under Poisson arrivals or without a stated concurrency).
     """
@@ -92,9 +92,9 @@ def holds_concurrency(blocks: pd.DataFrame, pos: np.ndarray, n: np.ndarray, req:
     return req.concurrency % in_flight_per_replica(blocks, pos, n) == 0
 
 
-def in_flight_per_replica(blocks: pd.DataFrame, pos: np.ndarray | int, n: np.ndarray | int) -> np.ndarray | int:
+def in_flight_per_replica(blocks: Table, pos: np.ndarray | int, n: np.ndarray | int) -> np.ndarray | int:
     """Sequences one replica of each (block, n) holds in flight: n per DP rank of each of its PP stages."""
-    return n * blocks["dp"].to_numpy()[pos] * blocks["pp"].to_numpy()[pos]
+    return n * blocks["dp"][pos] * blocks["pp"][pos]
 
 
 def quantile_keys(req: Request) -> tuple[str, ...]:
@@ -135,7 +135,7 @@ def per_pair(margins: Margins | None, space: Space, pos: np.ndarray) -> tuple[np
     """The (cost, TPOT, TTFT) margins of the pairs at block positions ``pos``: ones without margins."""
     if margins is None:
         return 1.0, 1.0, 1.0
-    si = space.blocks["system_idx"].to_numpy()[pos]
+    si = space.blocks["system_idx"][pos]
     return margins.cost[si], margins.tpot[si], margins.ttft[si]
 
 
@@ -162,7 +162,7 @@ class RequestResult:
 class BlockOptima:
     """Per block (rows of ``blocks``), the cheapest feasible n per request and its metrics (n = 0: none)."""
 
-    blocks: pd.DataFrame
+    blocks: Table
     n: np.ndarray
     metrics: dict[str, np.ndarray]
     binding: list[str]
@@ -237,7 +237,7 @@ def block_optima(space: Space, req: Request | None = None, max_pairs: int | None
         for k in nxt:
             nxt[k][pos[more]] = judged[k][more + 1]
     cap = int(space.stats.get("max_batch_per_rank", 0)) or None
-    n_hi = b["n_hi"].to_numpy()
+    n_hi = b["n_hi"]
     binding = []
     for j in range(len(b)):
         if best_n[j] == 0:
@@ -259,7 +259,7 @@ def diagnose_requests(space: Space, req: Request, margins: Margins | None = None
             f"{w.output:,} tokens, aggregated)")
     fit = b[b["n_hi"] >= 1]
     m = evaluate_pairs(space, fit, np.arange(len(fit)), np.ones(len(fit), dtype=np.int64), req)
-    _, tpot_m, ttft_m = per_pair(margins, space, np.flatnonzero((b["n_hi"] >= 1).to_numpy()))
+    _, tpot_m, ttft_m = per_pair(margins, space, np.flatnonzero(b["n_hi"] >= 1))
     for key, _, _ in targets(w):
         m[key] = m[key] * (tpot_m if key.startswith("tpot") else ttft_m)
     edge = ", at the high end of its error band" if margins is not None else ""
@@ -275,7 +275,7 @@ def diagnose_requests(space: Space, req: Request, margins: Margins | None = None
             metric = key[:4].upper() if key.count("_") == 1 else f"{key.split('_')[1]} {key[:4].upper()}"
             what = "TTFT" if key.startswith("ttft") else "TPOT (with prefill interference)"
             return (f"{head}: the {metric} target runs out ({label}). The fastest request-level {what} (one "
-                    f"sequence per rank{edge}, {fit.iloc[i]['system']}, {int(fit.iloc[i]['chips'])} chips) is "
+                    f"sequence per rank{edge}, {fit['system'][i]}, {int(fit['chips'][i])} chips) is "
                     f"{value[i] * scale:.3g} {unit}, {(value[i] - target) * scale:.3g} {unit} over it")
         met &= m[key] <= target * (1 + TOL)
     return f"{head}: no configuration meets every target at once"
@@ -296,14 +296,14 @@ def ranked(space: Space, opt: BlockOptima, top: int, mask: np.ndarray | None = N
     names the binding limit where there is none.
     """
     t0 = time.perf_counter() if t0 is None else t0
-    cost_m = opt.margins.cost[opt.blocks["system_idx"].to_numpy()] if opt.margins is not None else 1.0
+    cost_m = opt.margins.cost[opt.blocks["system_idx"]] if opt.margins is not None else 1.0
     cost = np.where(opt.n > 0, opt.metrics["usd_per_request"] * cost_m, np.inf)
     if mask is not None:
         cost = np.where(mask, cost, np.inf)
     if not np.isfinite(cost).any():
         sub = space if mask is None else subset(space, mask)
         raise InfeasibleError(diagnose_requests(sub, req or space.workload, opt.margins))
-    chips = opt.blocks["chips"].to_numpy() * replicas_held(space, opt)
+    chips = opt.blocks["chips"] * replicas_held(space, opt)
     order = tie_order(cost, opt.metrics["tpot_s"], opt.metrics["ttft_s"], chips)[:top]
     out = []
     for j in order:
@@ -331,11 +331,11 @@ def aggregated_result(space: Space, opt: BlockOptima, j: int, res: SolveResult, 
     """
     metrics = {k: float(v[j]) for k, v in opt.metrics.items()}
     choice = Choice(int(opt.blocks.index[j]), int(opt.n[j]), metrics["tpot_s"], metrics["usd_per_request"])
-    chips = int(opt.blocks["chips"].iloc[j])
+    chips = int(opt.blocks["chips"][j])
     w = space.workload
     if w.closed_loop and w.concurrency is not None and demand is None:
         replicas = w.concurrency // int(in_flight_per_replica(opt.blocks, j, int(opt.n[j])))
-    system = space.systems[int(opt.blocks["system_idx"].iloc[j])]
+    system = space.systems[int(opt.blocks["system_idx"][j])]
     rate = replicas * metrics["requests_per_s"] if demand is None else demand / space.workload.output
     return RequestResult(res, choice, describe_choice(space, choice), metrics, opt.binding[j],
                          {"pairs_evaluated": opt.evaluated, "blocks": len(opt.blocks)}, replicas,
@@ -429,7 +429,7 @@ def prefill_options(space: Space, req: Request, context_parallel: tuple[bool, ..
     """Evaluate every prefill configuration of the space (`dse.physics.serving.prefill_pool`)."""
     b = space.blocks
     layout = ["system_idx", "tp", "dp", "ep", "etp", "pp", "wd", "kd"]
-    first = np.flatnonzero(~b.duplicated(subset=layout).to_numpy())
+    first = np.flatnonzero(~b.duplicated(layout))
     cps = [cp for cp in dict.fromkeys(context_parallel)]
     pos = np.concatenate([first] * len(cps)) if len(first) else np.zeros(0, dtype=np.int64)
     cp = np.repeat(np.array(cps, dtype=bool), len(first))
@@ -438,7 +438,7 @@ def prefill_options(space: Space, req: Request, context_parallel: tuple[bool, ..
         return PrefillOptions(pos, cp, empty, np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool))
     mt, st = space.tables()
     req = space.served(req)
-    sub = b.iloc[pos]
+    sub = b.take(pos)
     r = prefill_pool(block_candidates(sub, np.ones(len(pos)), req.prompt), mt, st, req, cp,
                      IDEAL if space.ideal else None)
     metrics = {k: np.asarray(r[k], dtype=np.float64) for k in PREFILL_KEYS}
@@ -468,11 +468,11 @@ def numerics_group(space: Space, pos: np.ndarray) -> np.ndarray:
     different systems (a fleet's, one per system) compare.
     """
     b = space.blocks
-    si = b["system_idx"].to_numpy()[pos].astype(np.int64)
-    kd = b["kd"].to_numpy()[pos]
+    si = b["system_idx"][pos].astype(np.int64)
+    kd = b["kd"][pos]
     fnuz = np.array([s.kv_fp8 != FP8_ENCODINGS[0] for s in space.systems], dtype=np.int64)
     encoding = np.where(kd == DTYPES.index("fp8"), fnuz[si], 0)
-    group = (b["wd"].to_numpy()[pos] * 16 + kd) * 2 + encoding
+    group = (b["wd"][pos] * 16 + kd) * 2 + encoding
     if space.mixed_vendors:
         return group
     vendors = sorted({s.vendor for s in default_systems().values()} | {s.vendor for s in space.systems})
@@ -725,7 +725,7 @@ def disaggregated_results(space: Space, t: DisaggregatedTables, i: np.ndarray, j
     service, servers = pre.metrics["prefill_service_s"][j], pre.metrics["servers"][j]
     rho = np.array([rate * service[k] / (units[k][0] * servers[k]) for k, rate in enumerate(rates)])
     at_rho = pair_metrics(dec, pr, req, rho)
-    index, n_hi = b.index.to_numpy(), b["n_hi"].to_numpy()
+    index, n_hi = b.index, b["n_hi"]
     cap = int(space.stats.get("max_batch_per_rank", 0)) or None
     out = []
     for k, (ik, jk) in enumerate(zip(i.tolist(), j.tolist(), strict=True)):
@@ -774,8 +774,8 @@ def disaggregated_deployed(space: Space, t: DisaggregatedTables, i: int, j: int,
     req, pre = space.workload, t.searched_pre
     m = dict(m)
     b = space.blocks
-    pre_sys, dec_sys = (space.systems[int(b["system_idx"].iloc[k])] for k in (pre.pos[j], t.dpos[i]))
-    pre_chips, dec_chips = int(pre.metrics["chips"][j]), int(b["chips"].iloc[t.dpos[i]])
+    pre_sys, dec_sys = (space.systems[int(b["system_idx"][k])] for k in (pre.pos[j], t.dpos[i]))
+    pre_chips, dec_chips = int(pre.metrics["chips"][j]), int(b["chips"][t.dpos[i]])
     usd_pre = p * pre.metrics["usd_per_s"][j]
     usd = usd_pre + d * t.dm["usd_per_s"][i]
     gpus = p * pre_chips + d * dec_chips
@@ -827,7 +827,7 @@ def diagnose_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarra
         k = int(np.argmin(tt))
         if np.isfinite(tt[k]):
             return (f"{head}: the TTFT target runs out in the prefill pool. The fastest prefill plus KV transfer{edge} "
-                    f"({space.blocks.iloc[pre.pos[k]]['system']}, {int(pre.metrics['chips'][k])} chips"
+                    f"({space.blocks['system'][pre.pos[k]]}, {int(pre.metrics['chips'][k])} chips"
                     f"{', context parallel' if pre.cp[k] else ''}) takes {tt[k]:.3g} s with no queue, "
                     f"{tt[k] - w.ttft_max:.3g} s over the {w.ttft_max:g} s target")
     return (f"{head}: HBM capacity runs out in the prefill pool (no layout holds one {w.prompt:,}-token prompt's KV "

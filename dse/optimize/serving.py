@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from dse.catalog.hardware import IDEAL
 from dse.errors import InfeasibleError
@@ -36,6 +35,7 @@ from dse.optimize.solver import SolveResult
 from dse.optimize.space import Choice, Space, block_candidates, describe_choice
 from dse.optimize.ties import tie_order
 from dse.physics.roofline import evaluate
+from dse.table import Table
 
 SOLVER_NAME = "argmin (vectorized enumeration)"
 TOL = 1e-9
@@ -51,13 +51,13 @@ class ServingResult:
     evaluated: int = 0  # blocks evaluated: those meeting the TPOT target, each at its largest batch
 
 
-def block_physics(space: Space, blocks: pd.DataFrame, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def block_physics(space: Space, blocks: Table, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact step time, cost (USD per Mtok of output) and fit of each block at n sequences per rank."""
     mt, st = space.tables()
     n = np.asarray(n, dtype=float)
     eff = IDEAL if space.ideal else None
     r = evaluate(block_candidates(blocks, n, space.workload.context), mt, st, eff, ttft=False)
-    cost = blocks["a"].to_numpy() * r["step_s"] / n
+    cost = blocks["a"] * r["step_s"] / n
     return r["step_s"], cost, r["fits"].astype(bool)
 
 
@@ -95,7 +95,7 @@ def _smallest(lo: np.ndarray, hi: np.ndarray, ok) -> np.ndarray:
     return ans
 
 
-def _feasible_blocks(space: Space) -> pd.DataFrame:
+def _feasible_blocks(space: Space) -> Table:
     b = space.blocks
     keep = b["n_lo"] <= b["n_hi"]
     if space.workload.ttft_max is not None:
@@ -103,19 +103,19 @@ def _feasible_blocks(space: Space) -> pd.DataFrame:
     return b[keep]
 
 
-def largest_batch(space: Space, blocks: pd.DataFrame, tpot_max: float | None) -> np.ndarray:
+def largest_batch(space: Space, blocks: Table, tpot_max: float | None) -> np.ndarray:
     """Per block, the largest batch per rank that fits and meets the TPOT target (n_lo - 1 if none)."""
     def ok(n: np.ndarray) -> np.ndarray:
         step, _, fits = block_physics(space, blocks, np.maximum(n, 1))
         return fits & ((step <= tpot_max * (1 + TOL)) if tpot_max is not None else True)
-    return _bisect(blocks["n_lo"].to_numpy(), blocks["n_hi"].to_numpy(), ok)
+    return _bisect(blocks["n_lo"], blocks["n_hi"], ok)
 
 
 def _result(value: float, wall: float) -> SolveResult:
     return SolveResult("optimal", "argmin", value, value, 0.0, wall, SOLVER_NAME)
 
 
-def _at_largest_batch(space: Space, tpot_max: float | None) -> tuple[pd.DataFrame, np.ndarray]:
+def _at_largest_batch(space: Space, tpot_max: float | None) -> tuple[Table, np.ndarray]:
     """The blocks that can serve under the TPOT target, each at its largest feasible batch per rank (where, by
     the monotonicity above, its cost per token is least); InfeasibleError names what runs out.
     """
@@ -125,7 +125,7 @@ def _at_largest_batch(space: Space, tpot_max: float | None) -> tuple[pd.DataFram
     if blocks.empty:
         raise InfeasibleError(diagnose(space, tpot_max))
     n = largest_batch(space, blocks, tpot_max)
-    ok = n >= blocks["n_lo"].to_numpy()
+    ok = n >= blocks["n_lo"]
     blocks, n = blocks[ok], n[ok]
     if blocks.empty:
         raise InfeasibleError(diagnose(space, tpot_max))
@@ -154,7 +154,7 @@ def solve_serving(
     if objective == "cost":
         n = hi
     else:
-        lo = blocks["n_lo"].to_numpy()
+        lo = blocks["n_lo"]
         if cost_max is None:
             n = lo
         else:
@@ -166,7 +166,7 @@ def solve_serving(
                 raise InfeasibleError(diagnose(space, tpot_max))
     step, cost, _ = block_physics(space, blocks, n)
     score, tie = (cost, step) if objective == "cost" else (step, cost)
-    i = _best(score, tie, blocks["chips"].to_numpy())
+    i = _best(score, tie, blocks["chips"])
     choice = Choice(int(blocks.index[i]), int(n[i]), float(step[i]), float(cost[i]))
     res = _result(float(score[i]), time.perf_counter() - t0)
     return ServingResult(res, choice, describe_choice(space, choice), int(len(blocks)))
@@ -192,12 +192,12 @@ def solve_demand(space: Space, demand: float, tpot_max: float | None, solver: st
     t0 = time.perf_counter()
     blocks, n = _at_largest_batch(space, tpot_max)
     step, cost, _ = block_physics(space, blocks, n)
-    tps = blocks["dp"].to_numpy() * n * blocks["pp"].to_numpy() / step
+    tps = blocks["dp"] * n * blocks["pp"] / step
     price = np.array([space.systems[i].price_per_s for i in blocks["system_idx"]])
-    usd = blocks["chips"].to_numpy() * price
+    usd = blocks["chips"] * price
     replicas = np.ceil(demand / tps * (1 - 1e-12))
     total = replicas * usd
-    j = _best(total, step, replicas * blocks["chips"].to_numpy())
+    j = _best(total, step, replicas * blocks["chips"])
     choice = Choice(int(blocks.index[j]), int(n[j]), float(step[j]), float(cost[j]))
     res = _result(float(total[j]), time.perf_counter() - t0)
     return DemandResult(res, choice, int(replicas[j]), float(total[j]))
@@ -221,13 +221,13 @@ def diagnose(space: Space, tpot_max: float | None) -> str:
     head = f"no feasible configuration for {model.id} / {w.name} (context {w.context:,} tokens)"
     if b.empty:
         return f"{head}: the space is empty"
-    cap = b["hbm_budget"].to_numpy()  # what the framework lets weights, activations and KV hold
-    need = b["hbm_base"].to_numpy() + b["hbm_per_seq"].to_numpy()
-    fits = b["n_hi"].to_numpy() >= 1
+    cap = b["hbm_budget"]  # what the framework lets weights, activations and KV hold
+    need = b["hbm_base"] + b["hbm_per_seq"]
+    fits = b["n_hi"] >= 1
     if not fits.any():
         short = need - cap
         i = int(np.argmin(short / cap))
-        row = b.iloc[i]
+        row = b.row(i)
         return (
             f"{head}: HBM capacity runs out. Even the best layout ({row['system']}, {int(row['chips'])} chips, "
             f"TP{int(row['tp'])} DP{int(row['dp'])} EP{int(row['ep'])} PP{int(row['pp'])}) needs {_gb(need[i])} "
@@ -236,12 +236,12 @@ def diagnose(space: Space, tpot_max: float | None) -> str:
             f"({_gb(space.model.kv_bytes_per_sequence(w.context, 'fp8'))} in FP8 for the whole model), "
             f"{_gb(short[i])} more than its usable {_gb(cap[i])}"
         )
-    ttft = b["ttft"].to_numpy()
+    ttft = b["ttft"]
     if w.ttft_max is not None and not (fits & (ttft <= w.ttft_max)).any():
         i = int(np.argmin(np.where(fits, ttft, np.inf)))
         return (
             f"{head}: the TTFT target runs out. The fastest prefill of a {w.prompt:,}-token prompt that fits "
-            f"({b.iloc[i]['system']}, {int(b.iloc[i]['chips'])} chips) takes {ttft[i]:.3g} s, "
+            f"({b['system'][i]}, {int(b['chips'][i])} chips) takes {ttft[i]:.3g} s, "
             f"{ttft[i] - w.ttft_max:.3g} s over the {w.ttft_max:g} s target"
         )
     ok = fits & ((ttft <= w.ttft_max) if w.ttft_max is not None else True)

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import pandas as pd
 
 from dse.catalog.frameworks import ENGINE_ONLY, Stack, framework_for, get_framework, stack_of
 from dse.catalog.hardware import DEFAULT_PRICE_KIND, IDEAL, System, default_systems, priced
@@ -29,6 +28,7 @@ from dse.physics.codes import KV_TIERS
 from dse.physics.layout import Layout, layouts_for
 from dse.physics.roofline import Candidates, ModelTable, SystemTable, evaluate, evaluate_at, memory_budget
 from dse.physics.serving import Request
+from dse.table import Table
 
 SATURATION = 1e-12  # an expert left untouched this rarely counts as always read
 CHUNK_PAIRS = 1 << 17
@@ -70,7 +70,7 @@ class Space:
     model: Architecture
     workload: Request
     systems: list[System]
-    blocks: pd.DataFrame
+    blocks: Table
     ideal: bool
     stats: dict = field(default_factory=dict)
     empty_reason: str = ""
@@ -174,12 +174,12 @@ def why_empty(model: Architecture, systems: list[System], opts: SpaceOptions, no
             f"{', '.join(s.id for s in systems)} (host memory capacity and bandwidth unknown)")
 
 
-def block_candidates(blocks: pd.DataFrame, n: np.ndarray, context: int, phase: int = 0,
+def block_candidates(blocks: Table, n: np.ndarray, context: int, phase: int = 0,
                 pos: np.ndarray | None = None) -> Candidates:
     """The candidates of ``blocks`` (of the rows at positions ``pos``, when given) at n sequences per DP rank."""
 
     def col(name: str) -> np.ndarray:
-        a = blocks[name].to_numpy()
+        a = blocks[name]
         return a if pos is None else a[pos]
 
     dp = col("dp")
@@ -224,12 +224,13 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
                         rows.append((si, lay.tp, lay.dp, lay.ep, lay.etp, lay.pp, DTYPES.index(wd),
                                      DTYPES.index(kd), KV_TIERS.index(tier)))
     cols = ["system_idx", "tp", "dp", "ep", "etp", "pp", "wd", "kd", "tier"]
-    blocks = pd.DataFrame(rows, columns=cols)
+    blocks = Table(dict(zip(cols, np.array(rows, dtype=np.int64).reshape(-1, len(cols)).T, strict=True)),
+                   length=len(rows))
     mt, st = ModelTable.build([model]), system_table(systems, opts.framework, opts.mem_fraction)
     if blocks.empty:  # no valid combination (or no system with a price of the study's kind): no rows
-        blocks = pd.DataFrame(columns=[*cols, "n_sat", "n_hi", "n_lo",
-                                       "hbm_base", "hbm_per_seq", "overlap", "hbm_budget", "ttft", "chips", "racks",
-                                       "a", "system"])
+        blocks = Table({c: np.zeros(0, dtype=np.int64) for c in (*cols, "n_sat", "n_hi", "n_lo", "chips", "racks")}
+                       | {c: np.zeros(0) for c in ("hbm_base", "hbm_per_seq", "overlap", "hbm_budget", "ttft", "a")}
+                       | {"system": np.zeros(0, dtype=object)})
         space = Space(model, workload, systems, blocks, opts.ideal,
                       empty_reason=why_empty(model, systems, opts, no_price), framework=opts.framework,
                       mem_fraction=opts.mem_fraction, mixed_vendors=opts.mixed_vendors)
@@ -237,7 +238,7 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
         return space
 
     # expert saturation: the smallest n at which every routed expert is read with certainty 1 - 1e-12
-    dp = blocks["dp"].to_numpy().astype(float)
+    dp = blocks["dp"].astype(float)
     if model.is_moe:
         p = model.spec.ffn.top_k / model.spec.ffn.n_experts
         n_sat = np.ceil(math.log(SATURATION) / math.log1p(-p) / dp) if p < 1 else np.ones_like(dp)
@@ -248,14 +249,14 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     # the framework's memory check is affine in n (weights fixed, KV and activations per sequence): read it off
     # two evaluations (`dse.physics.roofline.memory_budget`); and the TTFT: a prefill of one prompt on the block's
     # layout. One gathering of the catalog columns for the three (`evaluate_at`).
-    dp_rank = blocks["dp"].to_numpy()
+    dp_rank = blocks["dp"]
     r1, r2, pre = evaluate_at(block_candidates(blocks, n_sat, workload.context), mt, st, eff,
                               [{}, {"batch": dp_rank * (n_sat + 1)},
                                {"batch": dp_rank * (np.ones_like(dp) / dp), "context": workload.prompt, "phase": 1}])
-    block_eff = eff or st.efficiency_of(blocks["system_idx"].to_numpy())
-    on_host = blocks["tier"].to_numpy() == 1
+    block_eff = eff or st.efficiency_of(blocks["system_idx"])
+    on_host = blocks["tier"] == 1
     a_act, a_kv, budget = memory_budget(st.device_memory[blocks["system_idx"]], block_eff, float(workload.chunk),
-                                        blocks["tp"].to_numpy(float), blocks["pp"].to_numpy(float), model.is_moe)
+                                        blocks["tp"].astype(float), blocks["pp"].astype(float), model.is_moe)
 
     def need(r: dict) -> np.ndarray:
         kv_hbm = np.where(on_host, 0.0, r["kv_bytes_per_chip"])
@@ -285,7 +286,7 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
     blocks["racks"] = np.ceil(blocks["chips"] / domain).astype(np.int64)
     price = st.price_per_s[blocks["system_idx"]]
     blocks["a"] = blocks["tp"] * price * 1e6  # USD per Mtok = a x step / n
-    blocks["system"] = [systems[i].id for i in blocks["system_idx"]]
+    blocks["system"] = np.array([systems[i].id for i in blocks["system_idx"]], dtype=object)
 
     space = Space(model, workload, systems, blocks, opts.ideal, framework=opts.framework,
                   mem_fraction=opts.mem_fraction, mixed_vendors=opts.mixed_vendors)
@@ -295,11 +296,11 @@ def build_space(model: Architecture, workload: Request, opts: SpaceOptions) -> S
 
 
 # ---- every (block, batch) pair, streamed in chunks ----------------------------------------------
-def pairs(blocks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def pairs(blocks: Table) -> tuple[np.ndarray, np.ndarray]:
     """Every (block position, n) with 1 <= n_lo <= n <= n_hi: positions into ``blocks`` and n, block by block
     and n ascending within a block.
     """
-    lo, hi = blocks["n_lo"].to_numpy(), blocks["n_hi"].to_numpy()
+    lo, hi = blocks["n_lo"], blocks["n_hi"]
     counts = np.maximum(hi - lo + 1, 0)
     pos = np.repeat(np.arange(len(blocks)), counts)
     n = np.repeat(lo, counts) + np.arange(len(pos)) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -311,7 +312,7 @@ def chunk_size(max_pairs: int | None = None) -> int:
     return int(max_pairs or CHUNK_PAIRS)
 
 
-def pair_chunks(blocks: pd.DataFrame, max_pairs: int | None = None, only: np.ndarray | None = None
+def pair_chunks(blocks: Table, max_pairs: int | None = None, only: np.ndarray | None = None
                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The pairs of ``blocks`` (`pairs`; of the blocks at positions ``only``, when given) in chunks of consecutive
     whole blocks, each of at most ``max_pairs`` pairs (a block with more is a chunk alone): positions into
@@ -319,14 +320,14 @@ def pair_chunks(blocks: pd.DataFrame, max_pairs: int | None = None, only: np.nda
     one chunk.
     """
     max_pairs = chunk_size(max_pairs)
-    sub = blocks if only is None else blocks.iloc[only]
-    counts = np.maximum(sub["n_hi"].to_numpy() - sub["n_lo"].to_numpy() + 1, 0).astype(np.int64)
+    sub = blocks if only is None else blocks.take(only)
+    counts = np.maximum(sub["n_hi"] - sub["n_lo"] + 1, 0).astype(np.int64)
     ends = np.cumsum(counts)
     start = 0
     while start < len(sub):
         before = int(ends[start - 1]) if start else 0
         end = max(int(np.searchsorted(ends, before + max_pairs, side="right")), start + 1)
-        pos, n = pairs(sub.iloc[start:end])
+        pos, n = pairs(sub.take(slice(start, end)))
         pos += start
         if len(pos):
             yield (pos if only is None else np.asarray(only)[pos]), n
@@ -359,7 +360,7 @@ def exhaustive(
     mt, st = space.tables()
     ok_block = np.ones(len(b), dtype=bool)
     if w.ttft_max is not None:
-        ok_block &= b["ttft"].to_numpy() <= w.ttft_max
+        ok_block &= b["ttft"] <= w.ttft_max
     best: Choice | None = None
 
     def consider(idx: np.ndarray, n: np.ndarray) -> None:
@@ -370,7 +371,7 @@ def exhaustive(
         feasible = r["fits"].copy()
         if tpot_max is not None:
             feasible &= r["step_s"] <= tpot_max
-        cost = b["a"].to_numpy()[idx] * r["step_s"] / n
+        cost = b["a"][idx] * r["step_s"] / n
         if cost_max is not None:
             feasible &= cost <= cost_max
         if not feasible.any():
@@ -389,7 +390,7 @@ def exhaustive(
 
 def subset(space: Space, mask: np.ndarray) -> Space:
     """The space restricted to the blocks where ``mask`` holds (block labels are kept)."""
-    blocks = space.blocks[mask]
+    blocks = space.blocks.take(mask)
     sub = Space(space.model, space.workload, space.systems, blocks, space.ideal, framework=space.framework,
                 mem_fraction=space.mem_fraction, mixed_vendors=space.mixed_vendors)
     sub.stats = {"blocks": len(blocks), "configurations": sub.size}
@@ -398,7 +399,7 @@ def subset(space: Space, mask: np.ndarray) -> Space:
 
 def describe_choice(space: Space, choice: Choice) -> dict:
     """The configuration of a choice, keyed as in the command-line contract."""
-    row = space.blocks.loc[choice.block]
+    row = space.blocks.loc(choice.block)
     system = space.systems[int(row["system_idx"])]
     return {
         "system": system.id,

@@ -419,9 +419,9 @@ def aggregated_options(space: Space, opt: BlockOptima, mask: np.ndarray | None =
     """
     ok = opt.n > 0 if mask is None else (opt.n > 0) & mask
     j = np.flatnonzero(ok)
-    si = opt.blocks["system_idx"].to_numpy()[j]
+    si = opt.blocks["system_idx"][j]
     rate = opt.metrics["requests_per_s"][j] / np.broadcast_to(per_pair(opt.margins, space, j)[0], j.shape)
-    chips = opt.blocks["chips"].to_numpy()[j]
+    chips = opt.blocks["chips"][j]
     return PoolOptions(chips, _node(space, si), si, opt.metrics["usd_per_s"][j], rate, np.zeros(len(j)), j,
                        opt.metrics["tpot_s"][j], opt.metrics["ttft_s"][j])
 
@@ -434,9 +434,9 @@ def decode_options(space: Space, t: DisaggregatedTables, mask: np.ndarray | None
     ok = t.dok if mask is None else t.dok & mask[t.dpos]
     i = first_min_per_block(t.dpos, np.where(ok, -t.dm["requests_per_s"], np.inf))
     pos = t.dpos[i]
-    si = space.blocks["system_idx"].to_numpy()[pos]
+    si = space.blocks["system_idx"][pos]
     rate = t.dm["requests_per_s"][i] / np.broadcast_to(per_pair(t.margins, space, pos)[0], i.shape)
-    return PoolOptions(space.blocks["chips"].to_numpy()[pos], _node(space, si), si, t.dm["usd_per_s"][i], rate,
+    return PoolOptions(space.blocks["chips"][pos], _node(space, si), si, t.dm["usd_per_s"][i], rate,
                        numerics_group(space, pos), i, tpot=t.dm["tpot_s"][i])
 
 
@@ -445,7 +445,7 @@ def prefill_options_of(space: Space, t: DisaggregatedTables, mask: np.ndarray | 
     pre = t.searched_pre
     ok = pre.ok if mask is None else pre.ok & mask[pre.pos]
     j = np.flatnonzero(ok)
-    si = space.blocks["system_idx"].to_numpy()[pre.pos[j]]
+    si = space.blocks["system_idx"][pre.pos[j]]
     rate = prefill_capacity(pre, j) / np.broadcast_to(per_pair(t.margins, space, pre.pos[j])[0], j.shape)
     service, transfer, req = pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"], space.served(t.req)
 

@@ -6,12 +6,13 @@ import base64
 import html
 from pathlib import Path
 
-import pandas as pd
+import numpy as np
 
 from dse.report.present import STYLE, headline_html, interactive_charts, table_html
 from dse.studies.base import StudySpec
 from dse.studies.contract import Optimum, Plot, StudyOutput
 from dse.studies.registry import study_module
+from dse.table import Table
 
 
 def _plots(out: StudyOutput, spec: StudySpec) -> list[Plot]:
@@ -57,9 +58,9 @@ def explain(o: Optimum, space) -> str:
     row = None
     if space is not None:
         blocks = space.blocks
-        match = blocks[(blocks["system"] == e["system"]) & (blocks["tp"] == e["tp"]) & (blocks["dp"] == e["dp"])
-                       & (blocks["ep"] == e["ep"]) & (blocks["pp"] == e["pp"])]
-        row = match.iloc[0] if len(match) else None
+        match = np.flatnonzero((blocks["system"] == e["system"]) & (blocks["tp"] == e["tp"])
+                               & (blocks["dp"] == e["dp"]) & (blocks["ep"] == e["ep"]) & (blocks["pp"] == e["pp"]))
+        row = blocks.row(int(match[0])) if len(match) else None
     w = space.workload if space is not None else None
     if e.get("binding"):
         cap = f"What stops the batch at {n} per rank: {e['binding']}"
@@ -158,6 +159,6 @@ def write_report(out: StudyOutput, spec: StudySpec, folder: Path, plots: list[st
         parts.append(table_html(table))
     if solved.space_stats:
         parts.append("<h2>Search spaces</h2>")
-        parts.append(table_html(pd.DataFrame(solved.space_stats)))
+        parts.append(table_html(Table.from_records(solved.space_stats)))
     parts.append("</body></html>")
     (folder / "report.html").write_text("\n".join(parts))

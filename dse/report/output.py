@@ -429,7 +429,7 @@ def write_outputs(out: StudyOutput, spec: StudySpec, target: Path, force: bool =
             new.mkdir()
             files = []
             for name, table in out.tables.items():
-                table.to_csv(new / f"{name}.csv", index=False)
+                table.to_csv(new / f"{name}.csv")
                 files.append(f"{name}.csv")
             drawn = write_plots(out, spec, new) if plots else []
             files += drawn

@@ -9,13 +9,12 @@ import html
 import math
 
 import numpy as np
-import pandas as pd
-from pandas.core.dtypes.cast import maybe_box_native  # what DataFrame.to_dict applies to each cell
 
 from dse.catalog.units import si
 from dse.studies.common import deployment_text
-from dse.studies.contract import Chart, StudyOutput
+from dse.studies.contract import Chart, StudyOutput, numeric
 from dse.studies.registry import study_module
+from dse.table import Table, as_table
 
 
 def cell(column: str, value) -> str:
@@ -50,22 +49,15 @@ def cell(column: str, value) -> str:
     return f"{v:.4g}"
 
 
-def records(table: pd.DataFrame) -> list[dict]:
-    """``table.to_dict(orient="records")``, the same Python values (each cell as iterating its column gives it,
-    boxed as that method boxes it), read column by column in place of row by row: some five times faster on the
-    small mixed-type tables of a report.
+def table_html(table: Table, max_rows: int = 200) -> str:
+    """A table (a `Table` or a DataFrame) as an HTML table with units and rounding (at most ``max_rows`` rows, said
+    so).
     """
-    columns = [[maybe_box_native(v) for v in column] for _, column in table.items()]
-    return ([dict(zip(table.columns, row, strict=True)) for row in zip(*columns, strict=True)] if columns
-            else [{} for _ in range(len(table))])
-
-
-def table_html(table: pd.DataFrame, max_rows: int = 200) -> str:
-    """A DataFrame as an HTML table with units and rounding (at most ``max_rows`` rows, said so)."""
-    shown = table.head(max_rows)
+    table = as_table(table)
+    shown = table.take(slice(0, max_rows))
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
     rows = []
-    for rec in records(shown):
+    for rec in shown.records():
         cells = "".join(f"<td>{html.escape(cell(str(c), v))}</td>" for c, v in rec.items())
         rows.append(f"<tr>{cells}</tr>")
     more = f"<p>{len(table) - max_rows:,} more rows in the CSV.</p>" if len(table) > max_rows else ""
@@ -180,7 +172,7 @@ def headline_html(out: StudyOutput, kind: str) -> str:
     lines = []
     headline = getattr(study_module(kind), "headline", None)
     if headline:
-        lines = headline(out.summary, out.tables)
+        lines = headline(out.summary, out.frames)
     if lines:
         parts.append("<ul>" + "".join(f"<li>{html.escape(ln)}</li>" for ln in lines) + "</ul>")
     best = out.solved.best
@@ -194,7 +186,7 @@ def headline_html(out: StudyOutput, kind: str) -> str:
             table = ""
             if alts:
                 table = ("<details><summary>Alternatives (the next best deployments of each mode)</summary>"
-                         + table_html(pd.DataFrame(alts)) + "</details>")
+                         + table_html(Table.from_records(alts)) + "</details>")
             rows.append(f"<li><b>{html.escape(first)}</b><br>" + "<br>".join(html.escape(r) for r in rest)
                         + (f"<br>{html.escape(decided)}" if decided else "") + table + "</li>")
         parts.append("<ul class='optima'>" + "".join(rows) + "</ul>")
@@ -244,22 +236,23 @@ def _text_px(text: str) -> float:
     return 0.62 * FONT_PX * len(text)
 
 
-def scatter_svg(table: pd.DataFrame, x: str, y: str, label: str, title: str, series: str | None = None,
+def scatter_svg(table: Table, x: str, y: str, label: str, title: str, series: str | None = None,
                 width: int = 720, height: int = 420) -> str:
     """A log-log scatter as inline SVG: ticks and grid lines on both axes, axis titles, a legend of ``series``
     (a colour each) and a hover tip per point (an SVG <title>, no script needed). The margins are sized to the
     longest tick label, so nothing is clipped.
     """
-    data = table[[x, y, label] + ([series] if series else [])].copy()
-    data = data[np.isfinite(data[x].astype(float)) & np.isfinite(data[y].astype(float))]
-    data = data[(data[x] > 0) & (data[y] > 0)]
-    if data.empty:
+    xs, ys = numeric(table[x]), numeric(table[y])
+    keep = np.isfinite(xs) & np.isfinite(ys) & (xs > 0) & (ys > 0)
+    if not keep.any():
         return ""
-    lo_x, hi_x = _span(float(data[x].min()), float(data[x].max()))
-    lo_y, hi_y = _span(float(data[y].min()), float(data[y].max()))
+    data = table.select([label] + ([series] if series else [])).take(keep).records()
+    xs, ys = xs[keep], ys[keep]
+    lo_x, hi_x = _span(float(xs.min()), float(xs.max()))
+    lo_y, hi_y = _span(float(ys.min()), float(ys.max()))
     xt, yt = log_ticks(lo_x, hi_x), log_ticks(lo_y, hi_y)
     ylabels = [cell(y, v) for v in yt]
-    groups = list(dict.fromkeys(data[series])) if series else []
+    groups = list(dict.fromkeys(r[series] for r in data)) if series else []
     legend_h = 22 if groups else 0
     left = int(max(_text_px(t) for t in ylabels) + FONT_PX * 2.5)
     right = int(max(20, _text_px(cell(x, xt[-1])) / 2 + 6))
@@ -300,27 +293,28 @@ def scatter_svg(table: pd.DataFrame, x: str, y: str, label: str, title: str, ser
         parts.append(f"<circle cx='{at + 5}' cy='{mid - 2:.1f}' r='4' fill='{color}'/><text class='legend' "
                      f"x='{at + 13}' y='{mid + 2:.1f}'>{html.escape(str(g))}</text>")
         at += 13 + _text_px(str(g)) + 18
-    for _, r in data.iterrows():
+    for r, vx, vy in zip(data, xs.tolist(), ys.tolist(), strict=True):
         color = COLORS[groups.index(r[series]) % len(COLORS)] if series else COLORS[0]
-        tip = f"{r[label]}: {x} {cell(x, r[x])}, {y} {cell(y, r[y])}"
-        parts.append(f"<circle class='pt' cx='{px(r[x]):.1f}' cy='{py(r[y]):.1f}' r='4' fill='{color}'>"
+        tip = f"{r[label]}: {x} {cell(x, vx)}, {y} {cell(y, vy)}"
+        parts.append(f"<circle class='pt' cx='{px(vx):.1f}' cy='{py(vy):.1f}' r='4' fill='{color}'>"
                      f"<title>{html.escape(tip)}</title></circle>")
     return (f"<figure class='chart'><figcaption>{html.escape(title)} (hover a point for its configuration)"
             f"</figcaption><svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
             f"viewBox='0 0 {width} {height}' role='img' font-size='{FONT_PX}'>{''.join(parts)}</svg></figure>")
 
 
-def chart_svg(chart: Chart, tables: dict[str, pd.DataFrame]) -> str:
+def chart_svg(chart: Chart, tables: dict[str, Table]) -> str:
     """One hover chart a kind declares, a panel per model and workload, drawn where its table has rows and both
     columns (else nothing).
     """
     table = tables.get(chart.table)
     if table is None or table.empty or chart.x not in table or chart.y not in table:
         return ""
-    points = pd.DataFrame({chart.x: table[chart.x], chart.y: table[chart.y], "label": chart.label(table),
-                           "panel": chart.panel(table), "series": chart.series(table)})
-    return "\n".join(scatter_svg(g, chart.x, chart.y, "label", f"{chart.title}: {panel}", "series")
-                     for panel, g in points.groupby("panel", sort=False))
+    points = Table({chart.x: table[chart.x], chart.y: table[chart.y], "label": np.asarray(chart.label(table)),
+                    "panel": np.asarray(chart.panel(table)), "series": np.asarray(chart.series(table))})
+    panels = points["panel"]
+    return "\n".join(scatter_svg(points.take(panels == panel), chart.x, chart.y, "label", f"{chart.title}: {panel}",
+                                  "series") for panel in dict.fromkeys(panels.tolist()))
 
 
 def interactive_charts(out: StudyOutput, kind: str) -> str:

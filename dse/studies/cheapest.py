@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from pydantic import Field, model_validator
 
 from dse.errors import InfeasibleError
@@ -118,7 +117,7 @@ def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
                       "status": "infeasible", "reason": reason})
     found.rows.setdefault("serving", []).extend(modes)
     rows = []
-    sys_idx = space.blocks["system_idx"].to_numpy()
+    sys_idx = space.blocks["system_idx"]
     for si, system in enumerate(space.systems):
         row = {"model": space.model.id, "workload": w.name, "system": system.id}
         got, why = pick_modes(space, tables, ideal, mask=sys_idx == si)
@@ -140,7 +139,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 
 
 def _cost_by_system(out: StudyOutput, path: Path) -> None:
-    table: pd.DataFrame = out.tables["systems"]
+    table = out.frames["systems"]
     groups = list(table.groupby(["model", "workload"], sort=False))
     fig, axes = subplots(len(groups), 1, figsize=(9, 2.2 + 0.28 * table["system"].nunique() * len(groups)),
                          squeeze=False)
@@ -165,4 +164,5 @@ def _cost_by_system(out: StudyOutput, path: Path) -> None:
 
 PLOTS = (Plot("systems", "cost_by_system.png", _cost_by_system, needs="usd_per_request"), TIME_BREAKDOWN)
 CHARTS = (Chart("systems", "tpot_s", "usd_per_request", "Best deployment of each system: TPOT against USD per request "
-                "as deployed", label=lambda t: t["system"] + ": " + t["deployment"].fillna("")),)
+                "as deployed", label=lambda t: np.array([f"{s}: {d if isinstance(d, str) else ''}" for s, d in
+                                                         zip(t["system"], t["deployment"], strict=True)])),)

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import pandas as pd
 
 from dse.catalog.calibration import Bands, band_keys, bands_of, calibrated, family_of
 from dse.catalog.hardware import System
@@ -38,6 +37,7 @@ from dse.physics.queueing import QUANTILES, quantile_name
 from dse.physics.serving import Request
 from dse.studies.base import StudySpec
 from dse.studies.contract import Optimum, Progress, Solved, status_of
+from dse.table import Table
 
 METRICS = ("tpot_s", "ttft_s", "usd_per_mtok", "tokens_per_s", "hbm_bytes_per_chip")
 EXTRA = (
@@ -470,7 +470,7 @@ def rivals(space: Space, tables: ModeTables, ideal: bool, exclude: tuple[str, tu
     winner's), best judged first: system, serving, layout, USD per request as compared (`_cost`) and its band, and
     the judged cost.
     """
-    si = space.blocks["system_idx"].to_numpy()
+    si = space.blocks["system_idx"]
     agg, dis = tables.aggregated, tables.disaggregated
     out = []
     for k, system in enumerate(space.systems):
@@ -526,13 +526,13 @@ def chosen_blocks(space: Space, entries: list[dict]) -> Space:
     for e in entries:
         if (e.get("model"), e.get("workload")) == (space.model.id, space.workload.name):
             keep |= ((b["system"] == e["system"]) & (b["tp"] == e["tp"]) & (b["dp"] == e["dp"])
-                     & (b["ep"] == e["ep"]) & (b["pp"] == e["pp"])).to_numpy()
+                     & (b["ep"] == e["ep"]) & (b["pp"] == e["pp"]))
     return subset(space, keep)
 
 
-def best_table(best: list[Optimum]) -> pd.DataFrame:
+def best_table(best: list[Optimum]) -> Table:
     """The ``best`` table: each optimum's flat figures (its pools and other nested keys left to summary.json)."""
-    return pd.DataFrame([{k: v for k, v in o.entry.items() if not isinstance(v, (dict, list))} for o in best])
+    return Table.from_records([{k: v for k, v in o.entry.items() if not isinstance(v, (dict, list))} for o in best])
 
 
 @dataclass
@@ -581,7 +581,7 @@ def run_serving(spec: StudySpec, solve_one: Callable[[Space, StudySpec, bool, Fo
         spaces[(model_id, w.name)] = chosen_blocks(space, [o.entry for o in found.best])
     if progress:
         progress(f"{total:,} configurations searched", total, total)
-    tables = {k: pd.DataFrame(v) for k, v in found.rows.items()}
+    tables = {k: Table.from_records(v) for k, v in found.rows.items()}
     if found.best:
         tables["best"] = best_table(found.best)
     return Solved(status=status_of(found.results, infeasible), best=found.best, infeasible=infeasible,

@@ -486,7 +486,7 @@ def _chunks(t: pd.Series) -> str:
 
 
 def _lifetime_plot(out: StudyOutput, path: Path) -> None:
-    t = out.tables["lifetime"]
+    t = out.frames["lifetime"]
     ok = t[pd.to_numeric(t.get("lifetime_usd"), errors="coerce").notna()] if "lifetime_usd" in t else t
     fig, axes = subplots(1, 2, figsize=(12, 4.5))
     best = out.summary["optimum"]
@@ -516,7 +516,7 @@ def _lifetime_plot(out: StudyOutput, path: Path) -> None:
 
 
 def _fleet_plot(out: StudyOutput, path: Path) -> None:
-    t = out.tables["fleet"]
+    t = out.frames["fleet"]
     fig, ax = subplots(figsize=(10, 4))
     weeks = sorted(t["week"].unique())
     bottom = pd.Series(0.0, index=weeks)
@@ -534,7 +534,7 @@ def _fleet_plot(out: StudyOutput, path: Path) -> None:
 
 
 def _sensitivity_plot(out: StudyOutput, path: Path) -> None:
-    t = out.tables["sensitivity"]
+    t = out.frames["sensitivity"]
     t = t[t["dimension"] != "assumption"] if "dimension" in t else t
     dims = [d for d in ("demand_tokens_per_s", "deployment_weeks", "trained_share") if d in set(t["dimension"])]
     fig, axes = subplots(1, max(len(dims), 1), figsize=(4.5 * max(len(dims), 1), 4), squeeze=False)

@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import pandas as pd
 
 from dse.catalog.hardware import default_systems
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Space
 from dse.studies.base import StudySpec
+from dse.table import Table, as_table
 
 Progress = Callable[..., None]
 """``progress(what, done=None, total=None)``: what is being solved, and how many of how many are done."""
@@ -58,8 +58,8 @@ class Solved:
     """The chosen configurations (summary.json's ``best``)."""
     infeasible: list[dict] = field(default_factory=list)
     """``model``, ``workload`` and ``reason`` of each question without an answer."""
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    """One CSV each, in this order."""
+    tables: dict[str, Table] = field(default_factory=dict)
+    """One CSV each, in this order (a kind may give pandas DataFrames: they are held as Tables)."""
     results: list[SolveResult] = field(default_factory=list)
     """Every solve's result: the ``solver`` block is made from them, unless ``stats`` gives it."""
     solver_name: str | None = None
@@ -74,9 +74,11 @@ class Solved:
     """The kind's own summary keys (fronts, optimum, cost, ...); ``price_kind`` here restates the study's."""
 
     def __post_init__(self) -> None:
-        framed = {name: type(t).__name__ for name, t in self.tables.items() if not isinstance(t, pd.DataFrame)}
+        framed = {name: type(t).__name__ for name, t in self.tables.items()
+                  if not (isinstance(t, Table) or type(t).__name__ == "DataFrame")}
         if framed:
-            raise TypeError(f"Solved.tables must hold DataFrames, got {framed}")
+            raise TypeError(f"Solved.tables must hold Tables or DataFrames, got {framed}")
+        self.tables = {name: as_table(t) for name, t in self.tables.items()}
 
 
 def status_of(results: list[SolveResult], infeasible: list[dict]) -> Status:
@@ -122,6 +124,27 @@ def summary_of(spec: StudySpec, solved: Solved, wall_s: float) -> dict:
     return summary
 
 
+class Frames(Mapping):
+    """Tables read as pandas DataFrames: a `Table` is converted when first read (pandas is imported then, not
+    before); a DataFrame is given as it is.
+    """
+
+    def __init__(self, tables: Mapping):
+        self._tables, self._frames = tables, {}
+
+    def __getitem__(self, name: str):
+        if name not in self._frames:
+            t = self._tables[name]
+            self._frames[name] = t.to_frame() if isinstance(t, Table) else t
+        return self._frames[name]
+
+    def __iter__(self):
+        return iter(self._tables)
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+
 @dataclass
 class StudyOutput:
     """A solved study and its summary: what `dse run` writes."""
@@ -130,8 +153,15 @@ class StudyOutput:
     solved: Solved
 
     @property
-    def tables(self) -> dict[str, pd.DataFrame]:
+    def tables(self) -> dict[str, Table]:
         return self.solved.tables
+
+    @property
+    def frames(self) -> Frames:
+        """The tables as pandas DataFrames, each made when first read (for the figures and headlines drawn with
+        pandas).
+        """
+        return Frames(self.solved.tables)
 
     @property
     def spaces(self) -> dict[tuple[str, str], Space]:
@@ -162,21 +192,35 @@ class Plot:
         table = out.tables.get(self.table)
         if table is None or table.empty or self.needs not in table:
             return False
-        values = pd.to_numeric(table[self.needs], errors="coerce").to_numpy(dtype=float)
+        values = numeric(table[self.needs])
         return bool((np.isfinite(values) & (values > 0)).any())
 
 
-def label_column(table: pd.DataFrame) -> pd.Series:
+def numeric(values: np.ndarray) -> np.ndarray:
+    """A column as floats, a value that is not a number as NaN."""
+    if values.dtype.kind in "biuf":
+        return values.astype(float)
+
+    def num(v) -> float:
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            return math.nan
+
+    return np.array([num(v) for v in values], dtype=float)
+
+
+def label_column(table: Table) -> np.ndarray:
     """A table's own ``label`` column."""
     return table["label"]
 
 
-def model_workload(table: pd.DataFrame) -> pd.Series:
+def model_workload(table: Table) -> np.ndarray:
     """``model / workload`` of each row: one panel per model and workload."""
     return table["model"] + " / " + table["workload"]
 
 
-def serving_mode(table: pd.DataFrame) -> pd.Series:
+def serving_mode(table: Table) -> np.ndarray:
     """The deployment mode of each row (aggregated or disaggregated)."""
     return table["serving"]
 
@@ -192,6 +236,6 @@ class Chart:
     x: str
     y: str
     title: str
-    label: Callable[[pd.DataFrame], pd.Series] = label_column
-    panel: Callable[[pd.DataFrame], pd.Series] = model_workload
-    series: Callable[[pd.DataFrame], pd.Series] = serving_mode
+    label: Callable[[Table], np.ndarray] = label_column
+    panel: Callable[[Table], np.ndarray] = model_workload
+    series: Callable[[Table], np.ndarray] = serving_mode

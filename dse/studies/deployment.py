@@ -89,7 +89,7 @@ def _points(space: Space, cps: tuple[bool, ...], margins: Margins | None) -> pd.
     """
     if margins is None:
         return operating_points(space, context_parallel=cps)
-    w, si = space.workload, space.blocks["system_idx"].to_numpy()
+    w, si = space.workload, space.blocks["system_idx"]
     frames = []
     for k in sorted(set(si.tolist())):
         tight = replace(w, tpot_max=None if w.tpot_max is None else w.tpot_max / margins.tpot[k],
@@ -309,7 +309,7 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
 
 
 def _modes_plot(out: StudyOutput, path: Path) -> None:
-    t = out.tables["modes"]
+    t = out.frames["modes"]
     t = t[t["status"] != "infeasible"]
     fig, ax = subplots(figsize=(9, 4))
     labels = [f"{w}\n{g}" for w, g in dict.fromkeys(zip(t["workload"], t["group"], strict=True))]

@@ -133,7 +133,7 @@ def _limits(pl: PlacementSpec, limited: bool) -> str:
 
 
 def _placement(out: StudyOutput, path: Path) -> None:
-    table = out.tables['placement']
+    table = out.frames['placement']
     fig, axes = subplots(1, 2, figsize=(11, 4))
     x = np.arange(len(table))
     labels = [f"{m}\nskew {s:g}" for m, s in zip(table["model"], table["skew"], strict=True)]

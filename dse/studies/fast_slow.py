@@ -92,7 +92,7 @@ def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
         if len(k):
             j = k[int(np.argmin(same["usd_per_request"].to_numpy()[k]))]
             row["cost_multiplier_same_layout"] = same["usd_per_request"].iloc[j] / base["usd_per_request"]
-            row["batch_same_layout"] = int(same["n"].iloc[j]) * int(space.blocks.iloc[int(base["pos"])]["dp"])
+            row["batch_same_layout"] = int(same["n"].iloc[j]) * int(space.blocks["dp"][int(base["pos"])])
         else:
             row["cost_multiplier_same_layout"] = math.nan
             row["batch_same_layout"] = 0
@@ -111,7 +111,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 
 
 def _fast_slow(out: StudyOutput, path: Path) -> None:
-    table = out.tables["fast_slow"]
+    table = out.frames["fast_slow"]
     fig, ax = subplots(figsize=(7, 5))
     ok = table[table["status"] != "infeasible"]
     for (model, workload), g in ok.groupby(["model", "workload"], sort=False):

@@ -347,7 +347,7 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
 
 
 def _nodes_plot(out: StudyOutput, path: Path) -> None:
-    t = out.tables["fleet"]
+    t = out.frames["fleet"]
     t = t[t["row"] == "system"]
     fig, ax = subplots(figsize=(9, 4))
     for s, g in t.groupby("system"):

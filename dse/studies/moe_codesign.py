@@ -82,7 +82,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 
 
 def _codesign(out: StudyOutput, path: Path) -> None:
-    table = out.tables['codesign']
+    table = out.frames['codesign']
     fig, ax = subplots(figsize=(7, 4.5))
     for system, g in table.groupby("system_domain", sort=False):
         ok = g[g["status"] != "infeasible"]

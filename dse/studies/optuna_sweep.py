@@ -265,7 +265,7 @@ def solve_point(spec: SweepStudy, p: Point) -> dict:
             out["entry"] = e  # the catalog itself: the optimum as a study reports it
     per_system = {}
     if spec.per_system() and tables is not None:
-        sys_idx = space.blocks["system_idx"].to_numpy()
+        sys_idx = space.blocks["system_idx"]
         for si, system in enumerate(space.systems):
             got, _ = pick_modes(space, tables, spec.space.ideal, mask=sys_idx == si, entries=False)
             per_system[system.id] = got[0][0]["usd_per_request"] if got else None  # as compared: fluid

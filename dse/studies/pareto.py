@@ -80,7 +80,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 
 
 def _draw(out: StudyOutput, path: Path, table: str, y: str, ylabel: str, title: str, x: str = "tpot_s") -> None:
-    data = out.tables[table]
+    data = out.frames[table]
     groups = list(data.groupby(["model", "workload"], sort=False))
     fig, axes = subplots(len(groups), 1, figsize=(9, 5.5 * len(groups)), squeeze=False)  # one model per panel
     k = int(out.summary.get("labels", 6))

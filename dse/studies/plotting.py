@@ -10,8 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from dse.studies.contract import Plot, StudyOutput
 
 __all__ = ["TIME_BREAKDOWN", "place_labels", "save", "spread", "subplots"]
@@ -98,7 +96,7 @@ def spread(x, y, k: int) -> list[int]:
 
 
 def _breakdown(out: StudyOutput, path: Path) -> None:
-    best: pd.DataFrame = out.tables["best"]
+    best = out.frames["best"]
     labels = [f"{m}\n{w}\n{s}" for m, w, s in zip(best["model"], best["workload"], best["system"], strict=True)]
     fig, ax = subplots(figsize=(max(5, 1.6 * len(best)), 4))
     x = range(len(best))

@@ -60,7 +60,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 
 
 def _sweep(out: StudyOutput, path: Path) -> None:
-    table, systems = out.tables["sweep"], out.tables.get("sweep_systems")
+    table, systems = out.frames["sweep"], out.frames.get("sweep_systems")
     groups = list(table.groupby(["model", "workload", "parameter"], sort=False))
     fig, axes = subplots(len(groups), 1, figsize=(8, 4.2 * len(groups)), squeeze=False)
     labels = []

@@ -65,7 +65,7 @@ def swings(g: pd.DataFrame) -> tuple[float, list[tuple[str, float, float]]]:
 
 
 def _tornado(out: StudyOutput, path: Path) -> None:
-    table = out.tables["tornado"]
+    table = out.frames["tornado"]
     groups = list(table.groupby(["model", "workload"], sort=False))
     fig, axes = subplots(len(groups), 1, figsize=(8, 3.2 * len(groups)), squeeze=False)
     for ax, ((model, workload), g) in zip(axes[:, 0], groups, strict=True):

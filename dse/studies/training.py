@@ -163,7 +163,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 
 
 def _front(out: StudyOutput, path: Path) -> None:
-    front, every = out.tables["training_front"], out.tables["training_layouts"]
+    front, every = out.frames["training_front"], out.frames["training_layouts"]
     fig, ax = subplots(figsize=(7.5, 4.8))
     for system, g in every.groupby("system"):
         ax.plot(g["time_days"], g["usd"], ".", ms=2, alpha=0.25, label=f"{system}: layouts that fit")
