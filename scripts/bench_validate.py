@@ -58,11 +58,11 @@ def count_fits(cases: Path) -> dict:
         counts["rounds"] -= 1  # its first evaluation is no round
         return descend(t, log_measured, use, x0, free)
 
-    def counted_log_tpot(t, p, jacobian=True):
+    def counted_log_tpot(t, p, *args, **kwargs):
         counts["rounds"] += 1
         counts["loss_evaluations"] += len(p)
         counts["rows_evaluated"] += len(p) * t.shape[1]
-        return log_tpot(t, p, jacobian)
+        return log_tpot(t, p, *args, **kwargs)
 
     fit.descend, descent.log_tpot = counted_descend, counted_log_tpot
     try:
