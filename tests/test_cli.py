@@ -246,6 +246,29 @@ def test_the_command_line_freezes_its_start_up_in_its_own_process_only(tmp_path)
         assert (tmp_path / "own" / name).read_bytes() == (tmp_path / "caller" / name).read_bytes()
 
 
+def test_the_executable_ends_a_run_once_its_exit_handlers_ran_and_its_output_is_out(tmp_path):
+    """The ``dse`` executable (`command`) ends `dse run`'s process without the interpreter's teardown: the exit
+    handlers registered before it still run, everything printed arrives, the files are whole and the exit code is
+    the run's (0 answered, 3 infeasible); nothing after it runs."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, sys\natexit.register(lambda: print('handlers ran'))\n"
+            "sys.argv = ['dse', 'run', sys.argv[1], '--no-plots', '--out', sys.argv[2]]\n"
+            "from dse.cli import command\ncommand()\nprint('not reached')")
+    for name, tpot, rc in (("answered", 0.05, 0), ("infeasible", 1e-4, 3)):
+        study = tmp_path / f"{name}.yaml"
+        study.write_text(yaml.safe_dump({**QUESTION, "workloads": [{**QUESTION["workloads"][0], "tpot_max_s": tpot}]}))
+        r = subprocess.run([sys.executable, "-c", code, str(study), str(tmp_path / name)], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == rc, r.stderr[-2000:]
+        lines = r.stdout.splitlines()
+        assert lines[-1] == "handlers ran" and "not reached" not in r.stdout
+        assert any(line.startswith("wrote ") for line in lines)
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["status"] == ("optimal" if rc == 0 else "infeasible")
+
+
 def test_the_progress_bar_is_drawn_on_a_terminal_alone():
     """`dse run`'s progress: a callback drawing a transient bar where stderr is a terminal; none elsewhere (where a
     bar shows nothing), so neither its library nor its refresh thread is made there."""

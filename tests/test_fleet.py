@@ -336,6 +336,38 @@ def test_lean_relaxation_and_aggregated_stage_bracket_the_brute_force_optimum():
         checked += 1
 
 
+def test_slices_solved_at_the_optimums_reserved_nodes_give_the_optimum_and_the_search_never_passes_it():
+    """Given the reserved nodes and the systems in use, slices are independent: solved one by one at the brute
+    force optimum's own (read from the program solved to its optimum), they give back the brute force's cost. The
+    search over reserved nodes (`search_reserved`) from the greedy gives fleets that pass the re-check and cost at
+    least the optimum; so do the slices with their reserved nodes left to them (``loose``)."""
+    from dse.optimize.bridge import solve_pyomo
+    from dse.optimize.fleet import _read, _reserved_starts, search_reserved, solve_by_slice
+
+    rng = np.random.default_rng(41)
+    checked = 0
+    while checked < 8:
+        d = random_instance(rng)
+        best = brute_force(d)
+        g = greedy(d)
+        if best is None or g is None:
+            continue
+        m = build(d)
+        assert solve_pyomo(m, "scip", 20).status == "optimal"
+        opt = _read(m, d)
+        used = {s for s in d.systems.index if float(opt.reserved[s] + opt.hourly.loc[s].max()) > 0}
+        f = solve_by_slice(d, "scip", 20, opt.reserved, used)
+        assert f is not None and check(d, f) == []
+        assert fleet_cost(d, f) == pytest.approx(best, rel=1e-6, abs=1e-6)
+        loose = solve_by_slice(d, "scip", 20, opt.reserved, used, loose=frozenset(d.systems.index))
+        if loose is not None:
+            assert check(d, loose) == [] and fleet_cost(d, loose) >= best * (1 - 1e-6) - 1e-6
+        s = search_reserved(d, "scip", 20, _reserved_starts(d, g, None))
+        assert s is not None and check(d, s) == []
+        assert fleet_cost(d, s) >= best * (1 - 1e-6) - 1e-6
+        checked += 1
+
+
 def test_reduction_drops_whole_multiples_and_keeps_the_optimum():
     sy = pd.DataFrame({"node_chips": [8], "reserved_usd_per_node_h": [2.0], "hourly_usd_per_node_h": [3.0],
                        "power_per_node_w": [1e4], "fixed_usd_per_day": [0.0]}, index=["s0"])
@@ -479,6 +511,35 @@ def test_larger_fleets_pass_the_recheck_and_never_cost_more_than_the_greedy(solv
     assert r.result.objective <= r.greedy_usd_per_day * (1 + 1e-9)
     assert r.result.bound <= r.result.objective * (1 + 1e-9)
     assert r.result.objective <= fleet_cost(d, greedy(d)) * (1 + 1e-9)
+
+
+def test_an_answer_with_pools_is_never_dearer_than_the_restriction_to_aggregated_options():
+    """Every aggregated option is an option of the program with pools, so its optimum is at most the restriction's;
+    `solve_fleet` solves the restriction first (`solve_aggregated`, `AGGREGATED_SHARE` of the time) and every later
+    stage keeps the best fleet: where the restriction reaches its optimum within its share, the answer is at most
+    that optimum, and it passes the re-check. Small instances: at most the brute force's optimum of the restriction.
+    """
+    from dse.optimize.fleet import AGGREGATED_SHARE
+
+    d, limit = larger_instance(np.random.default_rng(3)), 12.0
+    agg = solve_fleet(d.aggregated(), "scip", AGGREGATED_SHARE * limit, duals=False)
+    assert agg.result.status == "optimal"  # in about 2 s
+    r = solve_fleet(d, "scip", limit, duals=False)
+    assert check(d, r, r.result.objective) == []
+    assert r.result.objective <= agg.result.objective * (1 + 1e-9)
+    rng = np.random.default_rng(43)
+    checked = 0
+    while checked < 4:
+        d = random_instance(rng)
+        if not (d.options["role"] != "both").any() or not (d.options["role"] == "both").any():
+            continue
+        restricted = brute_force(d.aggregated())
+        if restricted is None:
+            continue
+        r = solve_fleet(d, "scip", 10, duals=False)
+        assert check(d, r, r.result.objective) == []
+        assert r.result.objective <= restricted * (1 + 1e-9) + 1e-9
+        checked += 1
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -60,9 +60,14 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     # (the stacks' terms per framework, mode and model; per framework and mode alone the leave-group-out TTFT errs
     # 30.6%)
     assert by[("all", "ttft")]["median_abs_error"] <= 0.205 and abs(by[("all", "ttft")]["signed_median"]) < 0.02
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.235  # 22.6%
-    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.23  # 22.0%
-    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.33  # 31.6%
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.23  # 22.2%
+    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.225  # 22.0%
+    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.28  # 26.9% (31.6% with the rows whose TTFT falls
+    # with load read by the stack fit, `dse.validate.stack.falls_with_load`)
+    # every system x mode within 35% but H200 disaggregated, one measurement (45.4%); GB200 disaggregated 31.3%
+    parts = {r["system_mode"]: r for r in doc["partitions"]["system_mode"]}
+    assert parts["gb200-nvl72 disagg"]["ttft_loo_median_abs_error"] <= 0.32
+    assert all(r["ttft_loo_median_abs_error"] <= 0.35 for k, r in parts.items() if r["n"] > 1)
     # the rows of unknown layout, predicted by fits that never read them on the smallest deployment of their
     # worker sizes, are over-predicted (their deployments were larger)
     assert by[("layout_unknown", "tpot")]["signed_median"] > 0.5
@@ -115,6 +120,31 @@ def test_the_stored_serving_stacks_are_the_fit_on_these_runs():
         assert (f["queue_share"], f["fixed_latency_s"]) == pytest.approx((stored.queue_share, stored.fixed_latency_s))
         checked += 1
     assert checked >= 6 + 19
+
+
+def test_a_ttft_that_falls_with_load_is_predicted_but_not_fitted(full):
+    """A measurement over twice the TTFT of its deployment at a higher concurrency contradicts every closed loop (the
+    physics' TTFT rises with the load): the stack fit does not read it (9 of the 1,997 rows that state their layout,
+    one disaggregated: 38.6 s on GB200 at 4 in flight where 36 measure 10.9 s), yet it is predicted and judged as
+    every row is, and a sweep of its key left out is predicted by terms fitted without it."""
+    from dse.validate.stack import FALLING_TTFT, falls_with_load, stack_rows
+
+    t = full.table[full.table["layout"] == "stated"]
+    out = falls_with_load(t)
+    assert out.sum() == 9 and not (stack_rows(t) & out).any()
+    flagged = t[out]
+    assert flagged["id"].str.endswith("_c4_cfg378").sum() == 1 and (flagged["mode"] == "disagg").sum() == 1
+    assert flagged["ttft_loo_error"].notna().all() and flagged["ttft_in_sample_error"].notna().all()
+    # each flagged row has a higher concurrency of its deployment measuring under half its TTFT
+    for _, r in flagged.iterrows():
+        same = t[(t["system"] == r["system"]) & (t["backend"] == r["backend"]) & (t["model"] == r["model"])
+                 & (t["isl"] == r["isl"]) & (t["osl"] == r["osl"]) & (t["tp"] == r["tp"]) & (t["dp"] == r["dp"])
+                 & (t["p_replicas"].fillna(0) == (0 if pd.isna(r["p_replicas"]) else r["p_replicas"]))]
+        higher = same[same["concurrency"] > r["concurrency"]]
+        assert (r["measured_ttft_s"] > FALLING_TTFT * higher["measured_ttft_s"]).any()
+    key = full.scales["ttft"]["trtllm|disagg|deepseek-v3"]
+    rows = ((t["backend"] == "trtllm") & (t["mode"] == "disagg") & (t["model"] == "deepseek-v3")).sum()
+    assert key["rows"] == rows - 1
 
 
 def test_a_calibrated_decode_step_is_never_faster_than_the_roofline(full):

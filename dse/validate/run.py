@@ -23,7 +23,9 @@ groups out and predicts the group left out from fits on the others:
   plus the KV hand-off (disaggregated), plus the stack's fixed latency tau. The shipped terms (xi, tau) per
   framework and mode are the catalog's (hw_catalog/calibration/serving_stack.yaml, fitted by `dse validate --fit`
   on the rows with stated layouts); the leave-group-out prediction refits them without the row's sweep
-  (`dse.validate.fit.fit_stack`; TTFT is affine in (xi, tau), `dse.physics.serving.closed_loop_ttft`). Measured
+  (`dse.validate.fit.fit_stack`; TTFT is affine in (xi, tau), `dse.physics.serving.closed_loop_ttft`), on the rows
+  `dse.validate.stack.stack_rows` reads (a measurement over twice its deployment's TTFT at a higher concurrency,
+  which no closed loop has, is predicted and judged but fits nothing). Measured
   TTFT grows nearly linearly with the concurrency in most sweeps (R^2 > 0.9 in most of the 286 aggregated sweeps
   with 4 or more concurrencies), at a slope of a fraction of one prompt's prefill per request in flight: the wave.
 - Leave-family-out: each hardware family's rows predicted by the fits on the other families' rows (the error
@@ -66,6 +68,7 @@ from dse.validate.runs import (
     read_runs,
     read_runs_files,
 )
+from dse.validate.stack import stack_rows
 from dse.validate.training import TrainRun, load_training_runs, validation_rows
 
 
@@ -158,7 +161,7 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
     # and mode
     ttft = t["measured_ttft_s"]
     (fits, in_sample, loo), (_, _, ttft_lfo), (_, _, ttft_lmo) = fit_stack_sets(
-        t, [groups, pd.Series(family, index=t.index), t["model"]])
+        t, [groups, pd.Series(family, index=t.index), t["model"]], stack_rows(t))
     scales["ttft"] = {k: {"queue_share": f["terms"].queue_share, "fixed_latency_s": f["terms"].fixed_latency_s,
                           "rows": f["rows"], "sweeps": f["sweeps"]} for k, f in fits.items()}
     t["ttft_in_sample_s"], t["ttft_loo_s"] = in_sample, loo
