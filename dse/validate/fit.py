@@ -256,11 +256,13 @@ def _free(d: DecodeTerms, use: np.ndarray) -> np.ndarray:
     return free
 
 
-def _descend(d: DecodeTerms, measured: np.ndarray, use: np.ndarray, starts: list[dict]) -> list[dict]:
+def _descend(d: DecodeTerms, measured: np.ndarray, use: np.ndarray, starts: list[dict],
+             held: np.ndarray | None = None) -> list[dict]:
     """The factors of the fits reading the rows ``use`` (fits x rows) of ``d``, each from its start (``starts``),
-    made together (`descend`); a factor none of a fit's rows depends on keeps its start value.
+    made together (`descend`); a factor none of a fit's rows depends on, or ``held`` for it (fits x `FACTORS`),
+    keeps its start value.
     """
-    free = _free(d, use)
+    free = _free(d, use) if held is None else _free(d, use) & ~held
     x = descend(term_rows(d), np.log(measured), use, np.array([_pack(s, FACTORS) for s in starts]), free)
     return [_unpack(xi[f], tuple(k for k, moved in zip(FACTORS, f, strict=True) if moved), s)
             for xi, f, s in zip(x, free, starts, strict=True)]
@@ -273,12 +275,63 @@ def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict) -> dict:
     return _descend(d, measured, np.ones((1, len(measured)), dtype=bool), [start])[0]
 
 
-def fit_key(d: DecodeTerms, measured: np.ndarray, start: dict) -> dict:
-    """A key's decode factors: `fit_factors` from each of `key_starts`, the fits made together, the fit of the
-    lowest loss (`best_of`).
+CHI2_95 = (3.8415, 5.9915, 7.8147, 9.4877, 11.0705, 12.5916, 14.0671, 15.5073, 16.9190, 18.3070)
+"""The 95th percentile of the chi-squared distribution with 1 to 10 degrees of freedom (``scipy.special.chdtri(k,
+0.05)``, to 4 decimals; importing scipy.stats would cost a second): the likelihood-ratio test's threshold at 5%
+for as many factors held (`fit_key`; `FACTORS` counts 10)."""
+
+
+def _rejects(n: int, held: float, free: float, k: int) -> bool:
+    """Whether the likelihood-ratio test at 5% rejects holding ``k`` factors whose holding raises the loss (sum of
+    absolute log errors over ``n`` rows) from ``free`` to ``held``: for Laplace-distributed log errors, whose
+    likelihood at its fitted scale L / n is (e n / L)^-n, whether 2 n ln(held / free) reaches `CHI2_95`.
     """
+    return free <= 0 < held or (free > 0 and 2 * n * np.log(held / free) >= CHI2_95[k - 1])
+
+
+def fit_key(d: DecodeTerms, measured: np.ndarray, start: dict) -> tuple[dict, tuple[str, ...]]:
+    """A key's decode factors and those held at ``start``'s values. Every factor some row uses is fitted from each
+    of `key_starts`, the fit of the lowest loss kept (`best_of`); then, backward, the factor whose holding at its
+    start value raises the loss least (each free factor held in turn, the others refitted, all fits together) is
+    held while the likelihood-ratio test (`_rejects`, one degree of freedom) does not reject holding it, or while
+    more than one factor per `POINTS_PER_FACTOR` rows is free; last, the factors left free are held too unless the
+    test rejects holding them all at once (as many degrees of freedom as factors). With few rows a fit finds shares
+    of peak the rows do not identify: on CDNA3's 19, 1.7% of peak compute with eight factors free, its loss 16%
+    under the start's (2 n ln(L_held / L_free) = 6.5, the 5% quantile 15.5), and three factors free still 8.3%
+    under it (3.3 against 7.8).
+    """
+    n = len(measured)
+    at = loss_of(d, measured)
     starts = key_starts(d, start)
-    return best_of(d, measured, _descend(d, measured, np.ones((len(starts), len(measured)), dtype=bool), starts))
+    fitted = best_of(d, measured, _descend(d, measured, np.ones((len(starts), n), dtype=bool), starts))
+    loss = at([fitted[k] for k in FACTORS])
+    free = _free(d, np.ones((1, n), dtype=bool))[0]
+    cap = n // POINTS_PER_FACTOR
+    held, base, pending = ~free, loss, 0  # the last refitted loss, and the factors held since without a refit
+    while (~held).any():
+        trial = np.flatnonzero(~held)
+        over = len(trial) > cap  # one more must be held whatever the test says
+        reset = [at([start[k] if k == FACTORS[i] else fitted[k] for k in FACTORS]) for i in trial]
+        cheap = int(np.argmin(reset))  # held with the others as they are: a refit could only lower its loss
+        if not over and not _rejects(n, reset[cheap], base, 1):
+            held = held | (np.arange(len(FACTORS)) == trial[cheap])
+            fitted = {**fitted, FACTORS[trial[cheap]]: start[FACTORS[trial[cheap]]]}
+            loss, pending = reset[cheap], pending + 1
+            continue
+        masks = np.repeat(held[None, :], len(trial) + bool(pending), axis=0)
+        masks[np.arange(len(trial)), trial] = True  # each free factor held in turn (and the factors as they are)
+        tries = [*({**fitted, FACTORS[i]: start[FACTORS[i]]} for i in trial), *([fitted] if pending else [])]
+        fits = _descend(d, measured, np.ones((len(tries), n), dtype=bool), tries, held=masks)
+        losses = [at([f[k] for k in FACTORS]) for f in fits]
+        if pending and losses[-1] < loss:
+            fitted, loss = fits[-1], losses[-1]
+        best = int(np.argmin(losses[:len(trial)]))
+        if not over and _rejects(n, losses[best], loss, 1):
+            break
+        held, fitted, loss, base, pending = masks[best], fits[best], losses[best], losses[best], 0
+    if (~held).any() and not _rejects(n, at([start[k] for k in FACTORS]), loss, int((~held).sum())):
+        fitted, held = start, np.ones(len(FACTORS), dtype=bool)
+    return fitted, tuple(k for k, h in zip(FACTORS, held & free, strict=True) if h)
 
 
 KEY_LENGTHS = ("gemm_half_rows", "attention_half_context")
@@ -303,9 +356,10 @@ def best_of(d: DecodeTerms, measured: np.ndarray, fits: list[dict]) -> dict:
     return fits[losses.index(min(losses))]
 
 
-def fit_factors_many(fits: list[tuple]) -> list[dict]:
+def fit_factors_many(fits: list[tuple], held: tuple[str, ...] = ()) -> list[dict]:
     """`fit_factors` of each fit (terms, measured TPOTs aligned with them, start, and optionally the rows of the
-    terms it reads: all where left out), the fits given the same terms object made together (`descend`).
+    terms it reads: all where left out), the fits given the same terms object made together (`descend`); the
+    factors ``held`` keep their start values.
     """
     out: list = [None] * len(fits)
     together: dict[int, list[int]] = {}
@@ -316,7 +370,8 @@ def fit_factors_many(fits: list[tuple]) -> list[dict]:
         use = np.zeros((len(members), len(measured)), dtype=bool)
         for j, i in enumerate(members):
             use[j, fits[i][3] if len(fits[i]) > 3 and fits[i][3] is not None else slice(None)] = True
-        for i, f in zip(members, _descend(d, measured, use, [fits[i][2] for i in members]), strict=True):
+        hold = np.repeat([[k in held for k in FACTORS]], len(members), axis=0)
+        for i, f in zip(members, _descend(d, measured, use, [fits[i][2] for i in members], hold), strict=True):
             out[i] = f
     return out
 
@@ -375,7 +430,8 @@ def refit_tpot_sets(sets: list[tuple], meas: np.ndarray,
     where not, a key no left-out fit starts from is not fitted,
     absent from the factors per key and NaN in sample): the decode factors
     fitted per key on its rows' decode passes, with two-batch overlap as the data choose it for those keys: per key
-    the factors the rows identify and those kept from the catalog (no row depends on them), the two-batch choice,
+    the factors the rows identify and those kept from the catalog (no row depends on them, or the
+    likelihood-ratio test of `fit_key` holds them), the two-batch choice,
     TPOT in sample and with each row's sweep (its group of the passes) left out (factors and two-batch choice
     re-made without it), and per row whether that left-out prediction split its pass. The left-out refits start
     from the in-sample factors and run to convergence. The fits of every key of every set are made by `fit_keys`,
@@ -411,9 +467,9 @@ def refit_tpot_sets(sets: list[tuple], meas: np.ndarray,
                                                                 for k in FACTORS}, fits))
             places.append((scales, key, rows, in_sample, loo, at))
         out.append((scales, tb, in_sample, loo, loo_split))
-    for job, (scales, key, rows, in_sample, loo, at), (fitted, left_out) in zip(jobs, places, fit_keys(jobs),
-                                                                                 strict=True):
-        free = used_by(job.terms)
+    for job, (scales, key, rows, in_sample, loo, at), (fitted, held, left_out) in zip(jobs, places, fit_keys(jobs),
+                                                                                       strict=True):
+        free = tuple(k for k in used_by(job.terms) if k not in held)
         scales[key] = {"fitted": {k: v for k, v in fitted.items() if k in free},
                        "kept_from_catalog": {k: v for k, v in fitted.items() if k not in free}}
         in_sample[rows] = tpot_at(job.terms, fitted)
@@ -434,14 +490,14 @@ class KeyFits:
     left_out: list[tuple[DecodeTerms, np.ndarray, np.ndarray]]
 
 
-def fit_keys(jobs: list[KeyFits]) -> list[tuple[dict, list[dict]]]:
-    """Per job, its key's factors (`fit_key`) and those of each of its left-out fits, from the key's factors
-    (`fit_factors_many`).
+def fit_keys(jobs: list[KeyFits]) -> list[tuple[dict, tuple[str, ...], list[dict]]]:
+    """Per job, its key's factors and the factors it holds (`fit_key`), and the factors of each of its left-out
+    fits, from the key's factors, holding the same (`fit_factors_many`).
     """
     out = []
     for j in jobs:
-        fitted = fit_key(j.terms, j.measured, j.start)
-        out.append((fitted, fit_factors_many([(d, m, fitted, rows) for d, m, rows in j.left_out])))
+        fitted, held = fit_key(j.terms, j.measured, j.start)
+        out.append((fitted, held, fit_factors_many([(d, m, fitted, rows) for d, m, rows in j.left_out], held)))
     return out
 
 
