@@ -101,7 +101,8 @@ def test_the_fit_moves_a_length_or_fixed_time_stored_at_zero(sample):
     for k in ("attention_half_context", "layer_overhead"):
         assert OTHER[k] > 0 and plain[k] == pytest.approx(OTHER[k], rel=1e-3), k
     assert len(key_starts(terms, start)) == 2  # and from the GEMM's rows at 0
-    assert loss(fit_key(terms, measured, start)) <= loss(plain)
+    fitted, held = fit_key(terms, measured, start)
+    assert not held and loss(fitted) <= loss(plain)  # every factor identified: none held
 
 
 def test_fractions_stay_shares_of_a_peak_and_latencies_stay_positive(sample):
@@ -142,11 +143,11 @@ def _scipy_fit(d, measured, start, passes=6):
 
 def test_the_descent_reaches_scipys_nelder_mead_loss(sample):
     """On TPOTs the factors cannot fit exactly (known factors, each row's TPOT moved by up to 20%), from the
-    catalog's factors: a key's fit (`fit_key`) on each of three selections of the rows ends within 0.5% of the loss
+    catalog's factors: a key's fit with every factor free (`fit_free`) on each of three selections of the rows ends within 0.5% of the loss
     of scipy's Nelder-Mead run to convergence with restarts on the same rows from the same start (here 0.15% to
     0.5% under it); `fit_factors_many` gives each fit, fits reading a selection of shared rows and fits of their own
     rows alike, what `fit_factors` gives it alone."""
-    from dse.validate.fit import fit_factors_many, fit_key
+    from dse.validate.fit import fit_factors_many, fit_free
 
     t, _, _, p, terms, catalog = sample
     measured = tpot_at(terms, OTHER) * np.exp(np.sin(np.arange(len(p))) * 0.2)
@@ -160,7 +161,7 @@ def test_the_descent_reaches_scipys_nelder_mead_loss(sample):
         if rows:
             d, m = d.take(rows[0]), m[rows[0]]
         _, want = _scipy_fit(d, m, s)
-        assert float(np.abs(np.log(tpot_at(d, fit_key(d, m, s)) / m)).sum()) <= want * 1.005
+        assert float(np.abs(np.log(tpot_at(d, fit_free(d, m, s)) / m)).sum()) <= want * 1.005
         alone = fit_factors(d, m, s)
         assert all(alone[k] == pytest.approx(got[k], rel=1e-9, abs=1e-15) for k in FACTORS)
 
@@ -213,7 +214,7 @@ def test_one_fits_loss_is_numpys_sum_of_tpot_at(sample):
 
 def test_a_key_s_left_out_fits_start_from_its_fit(sample):
     """`fit_keys`: each key's factors are `fit_key`'s, and each of its left-out fits is `fit_factors` of its rows
-    from them."""
+    from them, holding the factors the key's fit holds."""
     fit = importlib.import_module("dse.validate.fit")  # the module (the package re-exports a function `fit`)
     t, _, _, p, terms, _ = sample
     measured = tpot_at(terms, OTHER) * np.exp(np.sin(np.arange(len(p))) * 0.2)
@@ -223,8 +224,32 @@ def test_a_key_s_left_out_fits_start_from_its_fit(sample):
         d, m = terms.take(rows), measured[rows]
         jobs.append(fit.KeyFits(d, m, dict(OTHER), [(d, m, np.flatnonzero(np.arange(len(rows)) % 5 != j))
                                                      for j in range(3)]))
-    for job, (fitted, left) in zip(jobs, fit.fit_keys(jobs), strict=True):
-        assert fitted == fit.fit_key(job.terms, job.measured, job.start)
+    for job, (fitted, held, left) in zip(jobs, fit.fit_keys(jobs), strict=True):
+        assert (fitted, held) == fit.fit_key(job.terms, job.measured, job.start)
         for (d, m, rows), got in zip(job.left_out, left, strict=True):
-            alone = fit.fit_factors(d.take(rows), m[rows], fitted)
+            alone = fit.fit_factors(d.take(rows), m[rows], fitted, held)
             assert all(alone[k] == pytest.approx(got[k], rel=1e-9, abs=1e-15) for k in FACTORS)
+
+
+def test_a_key_holds_the_factors_its_rows_do_not_identify(sample):
+    """`fit_key` holds at the start's values the factors the likelihood-ratio test does not free: on TPOTs made at
+    the start's factors, each row moved by 5% (normal noise), a sweep-sized key (40 rows) gets the start back (every
+    factor held: freeing them fits the noise alone), while the same rows made at other shares of peak compute and
+    memory free those two and find them within 2%; the test's thresholds are the chi-squared quantiles."""
+    from scipy.special import chdtri
+
+    from dse.validate.fit import CHI2_95, fit_key
+
+    _, _, _, p, terms, catalog = sample
+    rows = np.arange(40)
+    d = terms.take(rows)
+    start = {k: float(np.median(catalog[k])) for k in FACTORS}
+    noise = np.exp(np.random.default_rng(2).normal(0.0, 0.05, len(rows)))
+    fitted, held = fit_key(d, tpot_at(d, start) * noise, start)
+    assert fitted == start and set(held) == set(used_by(d))
+    moved = {**start, "compute_decode": 0.5 * start["compute_decode"], "memory": 0.6 * start["memory"]}
+    fitted, held = fit_key(d, tpot_at(d, moved) * noise, start)
+    assert set(used_by(d)) - set(held) == {"compute_decode", "memory"}
+    assert all(fitted[k] == pytest.approx(moved[k], rel=0.02) for k in ("compute_decode", "memory"))
+    assert all(fitted[k] == start[k] for k in held)
+    assert CHI2_95 == pytest.approx([float(chdtri(k, 0.05)) for k in range(1, 11)], abs=1e-4)

@@ -268,11 +268,13 @@ def _descend(d: DecodeTerms, measured: np.ndarray, use: np.ndarray, starts: list
             for xi, f, s in zip(x, free, starts, strict=True)]
 
 
-def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict) -> dict:
+def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, held: tuple[str, ...] = ()) -> dict:
     """The factors minimizing sum |log(tpot / measured)| over the rows' decode passes, from ``start`` (every
-    factor of `FACTORS`), each within its ``log_range``; those no row uses (`used_by`) keep their start value.
+    factor of `FACTORS`), each within its ``log_range``; those no row uses (`used_by`) and those ``held`` keep
+    their start value.
     """
-    return _descend(d, measured, np.ones((1, len(measured)), dtype=bool), [start])[0]
+    return _descend(d, measured, np.ones((1, len(measured)), dtype=bool), [start],
+                    np.array([[k in held for k in FACTORS]]))[0]
 
 
 CHI2_95 = (3.8415, 5.9915, 7.8147, 9.4877, 11.0705, 12.5916, 14.0671, 15.5073, 16.9190, 18.3070)
@@ -283,27 +285,30 @@ for as many factors held (`fit_key`; `FACTORS` counts 10)."""
 
 def _rejects(n: int, held: float, free: float, k: int) -> bool:
     """Whether the likelihood-ratio test at 5% rejects holding ``k`` factors whose holding raises the loss (sum of
-    absolute log errors over ``n`` rows) from ``free`` to ``held``: for Laplace-distributed log errors, whose
-    likelihood at its fitted scale L / n is (e n / L)^-n, whether 2 n ln(held / free) reaches `CHI2_95`.
+    absolute log errors over ``n`` rows) from ``free`` to ``held``: whether n ln(held / free) reaches `CHI2_95`.
+    Half the statistic of Laplace-distributed log errors (whose likelihood at its fitted scale L / n is
+    (e n / L)^-n, so 2 n ln): on TPOTs made at known factors, each row moved by 5% (normal noise, 40 rows, ten
+    draws), `fit_key` then frees a factor the rows were not made with in 3 draws of 10, with the full statistic in
+    7 (the backward search tests several factors, and the rows' errors are not Laplace's).
     """
-    return free <= 0 < held or (free > 0 and 2 * n * np.log(held / free) >= CHI2_95[k - 1])
+    return free <= 0 < held or (free > 0 and n * np.log(held / free) >= CHI2_95[k - 1])
 
 
 def fit_key(d: DecodeTerms, measured: np.ndarray, start: dict) -> tuple[dict, tuple[str, ...]]:
-    """A key's decode factors and those held at ``start``'s values. Every factor some row uses is fitted from each
-    of `key_starts`, the fit of the lowest loss kept (`best_of`); then, backward, the factor whose holding at its
-    start value raises the loss least (each free factor held in turn, the others refitted, all fits together) is
-    held while the likelihood-ratio test (`_rejects`, one degree of freedom) does not reject holding it, or while
-    more than one factor per `POINTS_PER_FACTOR` rows is free; last, the factors left free are held too unless the
-    test rejects holding them all at once (as many degrees of freedom as factors). With few rows a fit finds shares
-    of peak the rows do not identify: on CDNA3's 19, 1.7% of peak compute with eight factors free, its loss 16%
-    under the start's (2 n ln(L_held / L_free) = 6.5, the 5% quantile 15.5), and three factors free still 8.3%
-    under it (3.3 against 7.8).
+    """A key's decode factors and those held at ``start``'s values (the catalog's). Every factor some row uses is
+    fitted (`fit_free`); then, backward, the factor whose holding at its start value raises the loss least (each
+    free factor held in turn, the others refitted, all fits together) is held while the likelihood-ratio test
+    (`_rejects`, one degree of freedom) does not reject holding it, and whatever it says while more than one factor
+    per `POINTS_PER_FACTOR` rows is free. A factor whose holding with the others as they are (no refit, which could
+    only lower the loss) the test already does not reject against the last refit is held without a refit (half the
+    selection's cost). Last, the factors left free are held too unless the test rejects holding them all at once
+    (as many degrees of freedom as factors free). With few rows a free fit finds shares of peak the rows do not
+    identify: on CDNA3's 19, 1.7% of peak compute with eight factors free, its loss 16% under the start's
+    (n ln(L_held / L_free) = 3.3 against the 5% threshold of 15.5 for eight).
     """
     n = len(measured)
     at = loss_of(d, measured)
-    starts = key_starts(d, start)
-    fitted = best_of(d, measured, _descend(d, measured, np.ones((len(starts), n), dtype=bool), starts))
+    fitted = fit_free(d, measured, start)
     loss = at([fitted[k] for k in FACTORS])
     free = _free(d, np.ones((1, n), dtype=bool))[0]
     cap = n // POINTS_PER_FACTOR
@@ -332,6 +337,14 @@ def fit_key(d: DecodeTerms, measured: np.ndarray, start: dict) -> tuple[dict, tu
     if (~held).any() and not _rejects(n, at([start[k] for k in FACTORS]), loss, int((~held).sum())):
         fitted, held = start, np.ones(len(FACTORS), dtype=bool)
     return fitted, tuple(k for k, h in zip(FACTORS, held & free, strict=True) if h)
+
+
+def fit_free(d: DecodeTerms, measured: np.ndarray, start: dict) -> dict:
+    """Every factor some row uses fitted from each of `key_starts`, the fits made together, the fit of the lowest
+    loss (`best_of`): where a key's fit (`fit_key`) begins.
+    """
+    starts = key_starts(d, start)
+    return best_of(d, measured, _descend(d, measured, np.ones((len(starts), len(measured)), dtype=bool), starts))
 
 
 KEY_LENGTHS = ("gemm_half_rows", "attention_half_context")
