@@ -52,13 +52,15 @@ def _smoothed(r: np.ndarray, use: np.ndarray, eps: np.ndarray) -> np.ndarray:
 
 
 def descend(t: np.ndarray, log_measured: np.ndarray, use: np.ndarray, x0: np.ndarray, free: np.ndarray,
-            ) -> np.ndarray:
+            first: int = 0) -> np.ndarray:
     """Minimize, for each fit, sum |log TPOT - log measured| over its rows, from its start.
 
     ``t``: the rows' terms (`dse.validate.losses.term_rows`, `TERMS` x rows) and ``log_measured`` their measured
     log TPOTs; per fit (the first axis of the rest): ``use``, the rows it reads (fits x rows, bool); ``x0``, the
     log of each factor of `FACTORS` at its start (fits x factors; clipped to the factors' ``log_range``);
-    ``free``, the factors it moves (the others stay at their start). Returns the logs of the factors fitted.
+    ``free``, the factors it moves (the others stay at their start); ``first``, the step of `SMOOTHING` the fits
+    begin at (2: the pass itself, for fits that start at or near an optimum). Returns the logs of the factors
+    fitted.
     """
     fits = len(x0)
     weight = np.asarray(use, dtype=np.float64)
@@ -68,7 +70,8 @@ def descend(t: np.ndarray, log_measured: np.ndarray, use: np.ndarray, x0: np.nda
     cols = np.flatnonzero(np.any(free, axis=0))  # the coordinates some fit moves
     free, lo, hi = np.asarray(free, dtype=bool)[:, cols], LO[cols], HI[cols]
     at = np.arange(fits)  # the fits still descending, and their state
-    level, rounds, damping = np.zeros(fits, dtype=np.int64), np.zeros(fits, dtype=np.int64), np.full(fits, DAMPING)
+    level = np.full(fits, first, dtype=np.int64)
+    rounds, damping = np.zeros(fits, dtype=np.int64), np.full(fits, DAMPING)
     log, jac = log_tpot(t, p, width=width[level], columns=cols)
     r = log - log_measured
     loss = _smoothed(r, weight, eps[level])

@@ -113,8 +113,9 @@ def _log_tpot(t: np.ndarray, p: np.ndarray, width: np.ndarray, columns: np.ndarr
     kv_tokens = kv + a_tokens * half_context  # M_a + A n_a
     c, m, a_c, a_m = c_rows * u_c, m_tokens * u_m, attention * u_c, kv_tokens * u_m
     # `kernel_work`: k max(C, M) + (1 - k) (max(C - C_a, M - M_a) + max(C_a, M_a))
-    whole = bool(np.any(k != 0.0))  # else max(C, M) only for the slope by k
-    single, single_c, single_m = _max(c, m, width, jacobian and whole) if whole or jacobian else (0.0, 0.0, 0.0)
+    whole = bool(np.any(k != 0.0))  # else max(C, M) only for the slope by k, where it is asked for
+    by_k = jacobian and bool(np.any(columns == _AT["kernel_overlap"]))
+    single, single_c, single_m = _max(c, m, width, jacobian and whole) if whole or by_k else (0.0, 0.0, 0.0)
     single_c, single_m = (0.0, 0.0) if single_c is None else (single_c, single_m)
     kernels, kernels_c, kernels_m = _max(c - a_c, m - a_m, width, jacobian)
     attn, attn_c, attn_m = _max(a_c, a_m, width, jacobian)
