@@ -52,11 +52,11 @@ def count_fits(cases: Path) -> dict:
     counts = {"fits": 0, "descents": 0, "rounds": 0, "loss_evaluations": 0, "rows_evaluated": 0}
     descend, log_tpot = fit.descend, descent.log_tpot
 
-    def counted_descend(t, log_measured, use, x0, free):
+    def counted_descend(t, log_measured, use, x0, free, *args, **kwargs):
         counts["fits"] += len(x0)
         counts["descents"] += 1
         counts["rounds"] -= 1  # its first evaluation is no round
-        return descend(t, log_measured, use, x0, free)
+        return descend(t, log_measured, use, x0, free, *args, **kwargs)
 
     def counted_log_tpot(t, p, *args, **kwargs):
         counts["rounds"] += 1
