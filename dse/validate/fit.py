@@ -291,7 +291,7 @@ def _rejects(n: int, held: float, free: float, k: int) -> bool:
     draws), `fit_key` then frees a factor the rows were not made with in 3 draws of 10, with the full statistic in
     7 (the backward search tests several factors, and the rows' errors are not Laplace's).
     """
-    return free <= 0 < held or (free > 0 and n * np.log(held / free) >= CHI2_95[k - 1])
+    return held > free and (free <= 0 or n * np.log(held / free) >= CHI2_95[k - 1])
 
 
 def fit_key(d: DecodeTerms, measured: np.ndarray, start: dict) -> tuple[dict, tuple[str, ...]]:
