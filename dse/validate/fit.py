@@ -231,7 +231,8 @@ def leave_one_out(points: list[Point], default: Efficiency, families: dict[str, 
 # meaning and range (`dse.validate.factors`); a factor no row depends on (no collective across domains, no MoE
 # layer) stays at its catalog value. The fit minimizes the sum of absolute log errors by a damped Gauss-Newton
 # descent on reweighted least squares with the loss's analytic Jacobian (`dse.validate.descent`), every fit on one
-# set of rows advanced together.
+# set of rows advanced together; a key's fit then holds at the catalog's values the factors a likelihood-ratio test
+# does not free (`fit_key`), and its left-out fits hold the same.
 def _unpack(x: np.ndarray, free: tuple[str, ...], fixed: dict) -> dict:
     f = dict(fixed)
     for name, v in zip(free, x, strict=True):
