@@ -42,70 +42,47 @@ def timed_run(cases: Path, cache: Path | None) -> tuple[float, float, bytes]:
 
 
 def count_fits(cases: Path) -> dict:
-    """The fits `validate_file` makes and the loss evaluations (and rows evaluated) they take, counted by
-    wrapping the loss functions of `dse.validate.fit` for one run."""
+    """The decode-factor fits `validate_file` makes, the rounds of their descents and the loss evaluations (and rows
+    evaluated) they take, counted by wrapping `dse.validate.fit`'s descent and the loss it evaluates for one run."""
     sys.path.insert(0, str(ROOT))
     fit = importlib.import_module("dse.validate.fit")  # the module (the package re-exports a function `fit`)
-    losses = importlib.import_module("dse.validate.losses")
+    descent = importlib.import_module("dse.validate.descent")
     from dse.validate.run import validate_file
 
-    counts = {"fits_one_at_a_time": 0, "fits_together": 0, "loss_evaluations": 0, "rows_evaluated": 0}
-    one_at_a_time, together, loss_of, plan_losses = (fit.fit_factors, fit.fit_factors_many, fit.loss_of,
-                                                     losses.Plan.losses)
+    counts = {"fits": 0, "descents": 0, "rounds": 0, "loss_evaluations": 0, "rows_evaluated": 0}
+    descend, log_tpot = fit.descend, descent.log_tpot
 
-    def counted_loss_of(d, measured):
-        loss = loss_of(d, measured)
+    def counted_descend(t, log_measured, use, x0, free, *args, **kwargs):
+        counts["fits"] += len(x0)
+        counts["descents"] += 1
+        counts["rounds"] -= 1  # its first evaluation is no round
+        return descend(t, log_measured, use, x0, free, *args, **kwargs)
 
-        def counted(f):
-            counts["loss_evaluations"] += 1
-            counts["rows_evaluated"] += len(measured)
-            return loss(f)
-        return counted
+    def counted_log_tpot(t, p, *args, **kwargs):
+        counts["rounds"] += 1
+        counts["loss_evaluations"] += len(p)
+        counts["rows_evaluated"] += len(p) * t.shape[1]
+        return log_tpot(t, p, *args, **kwargs)
 
-    def counted_plan_losses(self, f):
-        counts["loss_evaluations"] += self.size
-        counts["rows_evaluated"] += sum(int(n) * (hi - lo) for *_, runs in self.chunks for lo, hi, n in runs)
-        return plan_losses(self, f)
-
-    inside = []  # the calls of fit_factors_many under way (it calls itself, and fit_factors for a fit alone)
-
-    def counted_one(*args, **kwargs):
-        counts["fits_one_at_a_time"] += 1
-        counts["fits_together"] -= bool(inside)  # made alone after all
-        return one_at_a_time(*args, **kwargs)
-
-    def counted_many(fits, *args, **kwargs):
-        counts["fits_together"] += 0 if inside else len(fits)
-        inside.append(True)
-        try:
-            return together(fits, *args, **kwargs)
-        finally:
-            inside.pop()
-
-    fit.fit_factors, fit.fit_factors_many, fit.loss_of = counted_one, counted_many, counted_loss_of
-    losses.Plan.losses = counted_plan_losses
-    max_workers, fit.MAX_WORKERS = fit.MAX_WORKERS, 1  # the fits in this process, where the counters are
+    fit.descend, descent.log_tpot = counted_descend, counted_log_tpot
     try:
         validate_file(cases, cache=False)
     finally:
-        fit.fit_factors, fit.fit_factors_many, fit.loss_of = one_at_a_time, together, loss_of
-        losses.Plan.losses = plan_losses
-        fit.MAX_WORKERS = max_workers
+        fit.descend, descent.log_tpot = descend, log_tpot
     return counts
 
 
-STAGES = (("predicted_passes", "run", "predicted_passes"), ("decode_fits_in_sample", "fit", "fit_factors"),
+STAGES = (("predicted_passes", "run", "predicted_passes"), ("decode_fits_in_sample", "fit", "fit_key"),
           ("decode_fits_left_out", "fit", "fit_factors_many"), ("decode_fits_other", "run", "refit_tpot_sets"),
           ("ideal_roofline", "run", "predict_runs"), ("stack_fits", "run", "fit_stack_sets"))
 """`validate_file`'s stages, each timed where it is called (module `dse.validate.<module>`, function): the decode
-fits' time less the fits per key (in sample, one at a time) and the left-out fits (together; a left-out fit that
-`fit_factors_many` makes alone counts among them) is the two-batch choice and the terms they read."""
+fits' time less the fits per key (in sample) and the left-out fits is the two-batch choice and the terms they
+read."""
 
 
 def stage_split(cases: Path) -> dict:
-    """CPU seconds of one `validate_file` run in this process (no cache; the fits in this process too, not in
-    worker processes) and of each of its `STAGES` (the rest: reading and mapping the runs, the TPOT and TTFT
-    columns, the rows of unknown layout).
+    """CPU seconds of one `validate_file` run in this process (no cache) and of each of its `STAGES` (the rest:
+    reading and mapping the runs, the TPOT and TTFT columns, the rows of unknown layout).
     """
     sys.path.insert(0, str(ROOT))
     modules = {m: importlib.import_module(f"dse.validate.{m}") for m in ("run", "fit")}
@@ -118,7 +95,7 @@ def stage_split(cases: Path) -> dict:
 
     def timed(name, func):
         def call(*args, **kwargs):
-            if name in running or (name == "decode_fits_in_sample" and "decode_fits_left_out" in running):
+            if name in running:
                 return func(*args, **kwargs)  # counted by the call it is made in
             running.add(name)
             start = time.process_time()
@@ -131,7 +108,6 @@ def stage_split(cases: Path) -> dict:
 
     for (name, _, _), (module, f, func) in zip(STAGES, originals, strict=True):
         setattr(module, f, timed(name, func))
-    max_workers, modules["fit"].MAX_WORKERS = modules["fit"].MAX_WORKERS, 1
     try:
         start = time.process_time()
         validate_file(cases, cache=False)
@@ -139,7 +115,6 @@ def stage_split(cases: Path) -> dict:
     finally:
         for module, f, func in originals:
             setattr(module, f, func)
-        modules["fit"].MAX_WORKERS = max_workers
     for outer, parts in inner.items():  # the fits are timed inside the decode-fit functions too
         spent[outer] -= sum(spent[p] for p in parts)
     out = {f"cpu_s_{k}": round(v, 3) for k, v in spent.items()}

@@ -432,7 +432,8 @@ def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
     assert np.allclose(v.table.loc[unknown, "ttft_loo_error"], 0.25, atol=1e-9)
     for key, f in v.scales["tpot"].items():
         catalog = efficiency_for(v.table.loc[factor_key(v.table) == key, "system"].iloc[0])
-        assert f["fitted"]["memory"] == pytest.approx(catalog.memory, rel=1e-6)
+        # fitted, or held at the catalog's value where the rows do not free it (`dse.validate.fit.fit_key`)
+        assert {**f["fitted"], **f["kept_from_catalog"]}["memory"] == pytest.approx(catalog.memory, rel=1e-6)
     cats = {(e["category"], e["metric"]): e for e in summary(v)}
     assert cats[("all", "tpot")]["n"] == stated.sum() and cats[("layout_unknown", "tpot")]["n"] == (~stated).sum()
     assert cats[("all", "tpot")]["loo_median_abs_error"] < 1e-9

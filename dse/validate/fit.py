@@ -8,12 +8,6 @@ The factors, their ranges and meaning are those of `dse.validate.factors`.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import sys
-import warnings
-from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,12 +17,12 @@ from dse.catalog.calibration import family_of
 from dse.catalog.frameworks import StackTerms
 from dse.catalog.hardware import Efficiency
 from dse.physics.serving import closed_loop_ttft
-from dse.validate.decode import DecodeTerms, ServingRows, TpotPasses, decode_step, tpot_at
+from dse.validate.decode import DecodeTerms, ServingRows, TpotPasses, tpot_at
+from dse.validate.descent import descend
 from dse.validate.factors import FACTOR, FACTORS, FITTED, RUN_FITTED
-from dse.validate.losses import FitRows, loss_of
+from dse.validate.losses import loss_of, term_rows
 from dse.validate.points import Point
 from dse.validate.predict import outside_stack, predict
-from dse.validate.simplex import minimize_many, nelder_mead
 
 # ---- least squares on the published points, jointly with measured runs -----------------------------------------------
 # The shares of peak are fitted on the published cases. The fixed times (per collective, per layer, per MoE
@@ -166,7 +160,7 @@ def used_by(d: DecodeTerms) -> tuple[str, ...]:
     move (a run with no collective across domains or no MoE layer says nothing of their fixed times). Unlike
     `identified`, no sensitivity threshold or collinearity test applies: the decode fit's loss is absolute.
     """
-    return tuple(k for k in FACTORS if FACTOR[k].fitted_on != "none" and np.any(getattr(d, FACTOR[k].term) > 0))
+    return tuple(k for k, free in zip(FACTORS, _free(d, np.ones((1, len(d.rest)), dtype=bool))[0], strict=True) if free)
 
 
 PEAKS = ("compute_prefill", "compute_decode", "memory", "link")
@@ -235,18 +229,10 @@ def leave_one_out(points: list[Point], default: Efficiency, families: dict[str, 
 # ---- the decode factors of measured runs -----------------------------------------------------------------------------
 # The nine factors of a decode pass fitted to measured TPOTs (`dse.validate.decode`): each keeps its physical
 # meaning and range (`dse.validate.factors`); a factor no row depends on (no collective across domains, no MoE
-# layer) stays at its catalog value. The fit minimizes the sum of absolute log errors (Nelder-Mead on
-# log-transformed factors, restarted from its own optimum while that still gains). Nelder-Mead is scipy's, step
-# for step (`dse.validate.simplex`), and the loss is evaluated on arrays (`dse.validate.losses`): the same
-# factors to the last bit as scipy's `minimize` on `tpot_at`, at a fraction of the cost.
-MAX_ITER = 4000
-MAX_PASSES = 12
-RESTART_GAIN = 1e-6
-"""Nelder-Mead restarts from its own optimum while one lowers the loss by more than this share of it: the
-shares of peak compute and the GEMM's half-performance rows trade along a narrow valley that one run's
-shrunken simplex crawls along."""
-
-
+# layer) stays at its catalog value. The fit minimizes the sum of absolute log errors by a damped Gauss-Newton
+# descent on reweighted least squares with the loss's analytic Jacobian (`dse.validate.descent`), every fit on one
+# set of rows advanced together; a key's fit then holds at the catalog's values the factors a likelihood-ratio test
+# does not free (`fit_key`), and its left-out fits hold the same.
 def _unpack(x: np.ndarray, free: tuple[str, ...], fixed: dict) -> dict:
     f = dict(fixed)
     for name, v in zip(free, x, strict=True):
@@ -256,84 +242,125 @@ def _unpack(x: np.ndarray, free: tuple[str, ...], fixed: dict) -> dict:
 
 
 def _pack(f: dict, free: tuple[str, ...]) -> np.ndarray:
-    """The start in log space: each factor's value, a 0 at the bottom of its log range (the fit starts where the
-    catalog's fit stopped, a length or fixed time of 0 included).
-    """
+    """The start in log space: each factor's value, a 0 at the bottom of its log range."""
     return np.array([np.log(f[name]) if f[name] > 0 else FACTOR[name].log_range[0] for name in free])
 
 
-ZERO_START = 0.01
-"""A fixed time or length at the bottom of its log range is also fitted from where it lengthens the median decode
-pass of the fit's rows by this share (`_lifted`)."""
-
-
-def _lifted(x: np.ndarray, free: tuple[str, ...], d: DecodeTerms, f: dict) -> np.ndarray:
-    """``x`` (`_pack` of ``f``) with each fixed time or length at the bottom of its log range (a catalog value of
-    0, at the bound of the catalog's fit) moved to where it adds ZERO_START to the median row's pass at ``f`` (its
-    term times the factor, over the pass). At its bottom the loss is flat for many units of log (1e-9 tokens or
-    1e-3 read the same), so Nelder-Mead's first simplex, 5% of the coordinate, sees no slope there and the factor
-    never leaves its bound.
+def _free(d: DecodeTerms, use: np.ndarray) -> np.ndarray:
+    """Per fit (a row of ``use``, the rows of ``d`` it reads), whether each factor of `FACTORS` is one some of its
+    rows' passes depend on (`used_by` of its rows).
     """
-    x, step = x.copy(), None
-    for i, name in enumerate(free):
-        if FACTOR[name].kind == "share" or x[i] > FACTOR[name].log_range[0]:
-            continue
-        step = decode_step(d, f) if step is None else step
-        term = getattr(d, FACTOR[name].term)
-        use = term > 0  # some row has it (`used_by`)
-        x[i] = min(float(np.log(ZERO_START / np.median(term[use] / step[use]))), FACTOR[name].log_range[1])
-    return x
+    free = np.zeros((len(use), len(FACTORS)), dtype=bool)
+    for i, k in enumerate(FACTORS):
+        if FACTOR[k].fitted_on != "none":
+            free[:, i] = np.any(use & (getattr(d, FACTOR[k].term) > 0), axis=1)
+    return free
 
 
-def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, max_iter: int = MAX_ITER,
-                passes: int = MAX_PASSES) -> dict:
+def _descend(d: DecodeTerms, measured: np.ndarray, use: np.ndarray, starts: list[dict],
+             held: np.ndarray | None = None, first: int = 0) -> list[dict]:
+    """The factors of the fits reading the rows ``use`` (fits x rows) of ``d``, each from its start (``starts``),
+    made together (`descend`); a factor none of a fit's rows depends on, or ``held`` for it (fits x `FACTORS`),
+    keeps its start value.
+    """
+    free = _free(d, use) if held is None else _free(d, use) & ~held
+    x = descend(term_rows(d), np.log(measured), use, np.array([_pack(s, FACTORS) for s in starts]), free, first)
+    return [_unpack(xi[f], tuple(k for k, moved in zip(FACTORS, f, strict=True) if moved), s)
+            for xi, f, s in zip(x, free, starts, strict=True)]
+
+
+def fit_factors(d: DecodeTerms, measured: np.ndarray, start: dict, held: tuple[str, ...] = ()) -> dict:
     """The factors minimizing sum |log(tpot / measured)| over the rows' decode passes, from ``start`` (every
-    factor of `FACTORS`), each searched in logs within its ``log_range``; those no row uses (`used_by`) keep
-    their start value. Nelder-Mead runs again from its last optimum while a run still lowers
-    the loss by more than RESTART_GAIN of it, ``passes`` runs at most.
+    factor of `FACTORS`), each within its ``log_range``; those no row uses (`used_by`) and those ``held`` keep
+    their start value.
     """
-    free = used_by(d)
-    fixed = {k: start[k] for k in FACTORS if k not in free}
+    return _descend(d, measured, np.ones((1, len(measured)), dtype=bool), [start],
+                    np.array([[k in held for k in FACTORS]]))[0]
+
+
+CHI2_95 = (3.8415, 5.9915, 7.8147, 9.4877, 11.0705, 12.5916, 14.0671, 15.5073, 16.9190, 18.3070)
+"""The 95th percentile of the chi-squared distribution with 1 to 10 degrees of freedom (``scipy.special.chdtri(k,
+0.05)``, to 4 decimals; importing scipy.stats would cost a second): the likelihood-ratio test's threshold at 5%
+for as many factors held (`fit_key`; `FACTORS` counts 10)."""
+
+
+def _rejects(n: int, held: float, free: float, k: int) -> bool:
+    """Whether the likelihood-ratio test at 5% rejects holding ``k`` factors whose holding raises the loss (sum of
+    absolute log errors over ``n`` rows) from ``free`` to ``held``: whether n ln(held / free) reaches `CHI2_95`.
+    Half the statistic of Laplace-distributed log errors (whose likelihood at its fitted scale L / n is
+    (e n / L)^-n, so 2 n ln): on TPOTs made at known factors, each row moved by 5% (normal noise, 40 rows, ten
+    draws), `fit_key` then frees a factor the rows were not made with in 3 draws of 10, with the full statistic in
+    7 (the backward search tests several factors, and the rows' errors are not Laplace's).
+    """
+    return held > free and (free <= 0 or n * np.log(held / free) >= CHI2_95[k - 1])
+
+
+def fit_key(d: DecodeTerms, measured: np.ndarray, start: dict) -> tuple[dict, tuple[str, ...]]:
+    """A key's decode factors and those held at ``start``'s values (the catalog's). Every factor some row uses is
+    fitted (`fit_free`); then, backward, the factor whose holding at its start value raises the loss least (each
+    free factor held in turn, the others refitted, all fits together) is held while the likelihood-ratio test
+    (`_rejects`, one degree of freedom) does not reject holding it, and whatever it says while more than one factor
+    per `POINTS_PER_FACTOR` rows is free. A factor whose holding with the others as they are (no refit, which could
+    only lower the loss) the test already does not reject against the last refit is held without a refit (half the
+    selection's cost). Last, the factors left free are held too unless the test rejects holding them all at once
+    (as many degrees of freedom as factors free). With few rows a free fit finds shares of peak the rows do not
+    identify: on CDNA3's 19, 1.7% of peak compute with eight factors free, its loss 16% under the start's
+    (n ln(L_held / L_free) = 3.3 against the 5% threshold of 15.5 for eight).
+    """
+    n = len(measured)
     at = loss_of(d, measured)
-    f = np.array([start[k] for k in FACTORS], dtype=np.float64)
-    cols = np.array([FACTORS.index(k) for k in free], dtype=np.int64)
-    lo, hi = np.array([FACTOR[k].log_range for k in free]).T
-    v = np.empty(len(free))
-
-    def loss(x: np.ndarray) -> float:
-        np.maximum(x, lo, out=v)  # `_unpack` (np.clip, without its checks)
-        np.minimum(v, hi, out=v)
-        f[cols] = np.exp(v, out=v)
-        return at(f.tolist())
-
-    x = _pack(start, free)
-    best = loss(x)
-    for _ in range(passes):  # a restart from the optimum re-spreads the simplex Nelder-Mead shrank
-        res_x, res_fun = nelder_mead(loss, x, max_iter, xatol=1e-4, fatol=1e-7)
-        gain = best - res_fun
-        x, best = (res_x, res_fun) if res_fun < best else (x, best)
-        if gain <= RESTART_GAIN * best:
+    fitted = fit_free(d, measured, start)
+    loss = at([fitted[k] for k in FACTORS])
+    free = _free(d, np.ones((1, n), dtype=bool))[0]
+    cap = n // POINTS_PER_FACTOR
+    held, base, pending = ~free, loss, 0  # the last refitted loss, and the factors held since without a refit
+    while (~held).any():
+        trial = np.flatnonzero(~held)
+        over = len(trial) > cap  # one more must be held whatever the test says
+        reset = [at([start[k] if k == FACTORS[i] else fitted[k] for k in FACTORS]) for i in trial]
+        cheap = int(np.argmin(reset))  # held with the others as they are: a refit could only lower its loss
+        if not over and not _rejects(n, reset[cheap], base, 1):
+            held = held | (np.arange(len(FACTORS)) == trial[cheap])
+            fitted = {**fitted, FACTORS[trial[cheap]]: start[FACTORS[trial[cheap]]]}
+            loss, pending = reset[cheap], pending + 1
+            continue
+        masks = np.repeat(held[None, :], len(trial) + bool(pending), axis=0)
+        masks[np.arange(len(trial)), trial] = True  # each free factor held in turn (and the factors as they are)
+        tries = [*({**fitted, FACTORS[i]: start[FACTORS[i]]} for i in trial), *([fitted] if pending else [])]
+        fits = _descend(d, measured, np.ones((len(tries), n), dtype=bool), tries, held=masks)
+        losses = [at([f[k] for k in FACTORS]) for f in fits]
+        if pending and losses[-1] < loss:
+            fitted, loss = fits[-1], losses[-1]
+        best = int(np.argmin(losses[:len(trial)]))
+        if not over and _rejects(n, losses[best], loss, 1):
             break
-    return _unpack(x, free, fixed)
+        held, fitted, loss, base, pending = masks[best], fits[best], losses[best], losses[best], 0
+    if (~held).any() and not _rejects(n, at([start[k] for k in FACTORS]), loss, int((~held).sum())):
+        fitted, held = start, np.ones(len(FACTORS), dtype=bool)
+    return fitted, tuple(k for k, h in zip(FACTORS, held & free, strict=True) if h)
 
 
-def fit_key(d: DecodeTerms, measured: np.ndarray, start: dict) -> dict:
-    """A key's decode factors: `fit_factors` from each of `key_starts` (``start``, and where a fixed time or length
-    of it sits at the bottom of its log range, ``start`` lifted), the fit of the lower loss (`best_of`). The fits
-    are made one after the other: stepped together (`fit_factors_many`) they took twice as long (`fit_keys` makes
-    them in separate processes).
+def fit_free(d: DecodeTerms, measured: np.ndarray, start: dict) -> dict:
+    """Every factor some row uses fitted from each of `key_starts`, the fits made together, the fit of the lowest
+    loss (`best_of`): where a key's fit (`fit_key`) begins.
     """
-    return best_of(d, measured, [fit_factors(d, measured, s) for s in key_starts(d, start)])
+    starts = key_starts(d, start)
+    return best_of(d, measured, _descend(d, measured, np.ones((len(starts), len(measured)), dtype=bool), starts))
+
+
+KEY_LENGTHS = ("gemm_half_rows", "attention_half_context")
+"""The half-performance lengths a key's second start (`key_starts`) puts at 0."""
 
 
 def key_starts(d: DecodeTerms, start: dict) -> list[dict]:
-    """The starts of a key's fit (`fit_key`): ``start``, and ``start`` with each fixed time or length at the bottom
-    of its log range lifted (`_lifted`) where there is one.
+    """The starts of a key's fit (`fit_key`): ``start``, and ``start`` with the half-performance lengths
+    (`KEY_LENGTHS`) at 0, where it holds one above 0 that some row uses. The lengths trade against the shares of
+    peak compute and memory (a GEMM's rows against the compute share, attention's context against the memory
+    share) along valleys a local descent does not cross: on the measured runs, two keys of ten reach a loss 1.8%
+    and 4.4% lower from lengths at 0, the others the same loss (within 0.01%) or a lower one from ``start``.
     """
-    free = used_by(d)
-    x = _pack(start, free)
-    lifted = _lifted(x, free, d, start)
-    return [start] if np.array_equal(lifted, x) else [start, _unpack(lifted, free, start)]
+    zero = {k: 0.0 for k in KEY_LENGTHS if start[k] > 0 and k in used_by(d)}
+    return [start, {**start, **zero}] if zero else [start]
 
 
 def best_of(d: DecodeTerms, measured: np.ndarray, fits: list[dict]) -> dict:
@@ -343,73 +370,24 @@ def best_of(d: DecodeTerms, measured: np.ndarray, fits: list[dict]) -> dict:
     return fits[losses.index(min(losses))]
 
 
-def fit_factors_many(fits: list[tuple], max_iter: int = MAX_ITER, passes: int = MAX_PASSES) -> list[dict]:
+def fit_factors_many(fits: list[tuple], held: tuple[str, ...] = (), first: int = 0) -> list[dict]:
     """`fit_factors` of each fit (terms, measured TPOTs aligned with them, start, and optionally the rows of the
-    terms it reads: all where left out), to the last bit the factors it gives each alone, the fits stepped
-    together (`dse.validate.simplex.minimize_many`): each round evaluates the trial factors of every fit on
-    whole arrays (`dse.validate.losses.FitRows`; fits given the same terms object share their rows). A fit whose
-    terms no other fit shares is made alone (`fit_factors`: stepped with others, it would share none of its
-    arithmetic, and its rounds' bookkeeping costs more than one fit's: a leave-family-out refit 1.1-1.4 s of CPU
-    together, 0.4 s alone).
+    terms it reads: all where left out), the fits given the same terms object made together (`descend`); the
+    factors ``held`` keep their start values.
     """
-    fits = [(d, m, s, r[0] if r else None) for d, m, s, *r in fits]
-    readers = Counter(id(d) for d, *_ in fits)
-    if any(readers[id(d)] == 1 for d, *_ in fits):
-        out = [None] * len(fits)
-        shared = [i for i, (d, *_) in enumerate(fits) if readers[id(d)] > 1]
-        for i, f in zip(shared, fit_factors_many([fits[i] for i in shared], max_iter, passes) if shared else [],
-                        strict=True):
+    out: list = [None] * len(fits)
+    together: dict[int, list[int]] = {}
+    for i, (d, *_) in enumerate(fits):
+        together.setdefault(id(d), []).append(i)
+    for members in together.values():
+        d, measured = fits[members[0]][:2]
+        use = np.zeros((len(members), len(measured)), dtype=bool)
+        for j, i in enumerate(members):
+            use[j, fits[i][3] if len(fits[i]) > 3 and fits[i][3] is not None else slice(None)] = True
+        hold = np.repeat([[k in held for k in FACTORS]], len(members), axis=0)
+        for i, f in zip(members, _descend(d, measured, use, [fits[i][2] for i in members], hold, first), strict=True):
             out[i] = f
-        for i, (d, m, s, rows) in enumerate(fits):
-            if readers[id(d)] == 1:
-                out[i] = fit_factors(d, m, s, max_iter, passes) if rows is None else fit_factors(
-                    d.take(rows), m[rows], s, max_iter, passes)
-        return out
-    free = [used_by(d if rows is None else d.take(rows)) for d, _, _, rows in fits]
-    table = FitRows.build([(d, m, rows) for d, m, _, rows in fits])
-    start = np.array([[s[k] for k in FACTORS] for _, _, s, _ in fits]).T.reshape(len(FACTORS), len(fits))
-    cols = np.zeros((len(fits), len(FACTORS)), dtype=np.int64)  # per fit, the factors its point holds, and
-    lo, hi = np.zeros(cols.shape), np.zeros(cols.shape)  # their ranges in logs
-    for i, names in enumerate(free):
-        cols[i, :len(names)] = [FACTORS.index(k) for k in names]
-        lo[i, :len(names)], hi[i, :len(names)] = np.array([FACTOR[k].log_range for k in names]).T
-    rows = np.arange(len(fits) * (len(FACTORS) + 2))  # at most: every fit's initial simplex and one point
-    recent: list[tuple[list[np.ndarray], tuple]] = []  # the last two requests, prepared
-
-    def prepare(requests: list[tuple[np.ndarray, np.ndarray]]) -> tuple:
-        ids = np.concatenate([i for i, _ in requests]) if len(requests) > 1 else requests[0][0]
-        where, at = [], 0
-        for i, x in requests:
-            n = x.shape[1]
-            where.append((cols[i, :n].T, rows[at:at + len(i)], lo[i, :n], hi[i, :n]))
-            at += len(i)
-        return start[:, ids], where, table.plan(ids)
-
-    def objective(requests: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
-        asked = [i for i, _ in requests]
-        for j, (seen, _) in enumerate(recent):  # the running fits ask again with the same arrays
-            if len(seen) == len(asked) and all(a is b for a, b in zip(seen, asked, strict=True)):
-                recent.insert(0, recent.pop(j))
-                break
-        else:
-            recent.insert(0, (asked, prepare(requests)))
-            del recent[2:]
-        f0, where, plan = recent[0][1]
-        f = f0.copy()
-        for (_, x), (c, r, low, high) in zip(requests, where, strict=True):
-            f[c, r] = np.exp(np.minimum(np.maximum(x, low), high)).T  # `_unpack` of every point
-        values = plan.losses(f)
-        out, at = [], 0
-        for i in asked:
-            out.append(values[at:at + len(i)])
-            at += len(i)
-        return out
-
-    x, _ = minimize_many(objective, [_pack(s, names) for (_, _, s, _), names in zip(fits, free, strict=True)],
-                         np.full(len(fits), max_iter), np.full(len(fits), passes), xatol=1e-4, fatol=1e-7,
-                         gain=RESTART_GAIN)
-    return [_unpack(xi, names, {k: s[k] for k in FACTORS if k not in names})
-            for xi, names, (_, _, s, _) in zip(x, free, fits, strict=True)]
+    return out
 
 
 # ---- two-batch overlap, chosen by the data ---------------------------------------------------------------------------
@@ -460,32 +438,21 @@ def _two_batch_choice(lr1: np.ndarray, lr2: np.ndarray, keys: np.ndarray, scale_
 
 
 # ---- the decode factors refitted per key, with each sweep left out ---------------------------------------------------
-LOO_MAX_ITER = 600
-"""Nelder-Mead iterations of a leave-group-out refit (it starts from the in-sample factors, a few percent of
-the rows away). Stopped there, a refit stays nearer its start than its optimum: run to convergence, the TPOT
-leave-group-out error is some 0.1 point higher (11.57% against 11.50% on the measured runs), at three times the
-cost."""
-LFO_MAX_ITER, LFO_PASSES = 4000, 12
-"""Nelder-Mead iterations and restarts of a leave-family-out refit, run to convergence: a whole family is half the
-rows away from the in-sample start, and a refit stopped at `LOO_MAX_ITER` stays near that start (the Hopper family's
-TPOT error 19.5% so stopped, 52-56% converged: the error band of a family with no runs of its own comes from these)."""
-
-
 def refit_tpot_sets(sets: list[tuple], meas: np.ndarray,
                     ) -> list[tuple[dict, TwoBatch, np.ndarray, np.ndarray, np.ndarray]]:
-    """Per set (the passes, their keys, the left-out refits' ``max_iter`` and ``passes``, and optionally whether the
-    caller reads the in-sample fits, default True: where not, a key no left-out fit starts from is not fitted,
+    """Per set (the passes, their keys, and optionally whether the caller reads the in-sample fits, default True:
+    where not, a key no left-out fit starts from is not fitted,
     absent from the factors per key and NaN in sample): the decode factors
     fitted per key on its rows' decode passes, with two-batch overlap as the data choose it for those keys: per key
-    the factors the rows identify and those kept from the catalog (no row depends on them), the two-batch choice,
+    the factors the rows identify and those kept from the catalog (no row depends on them, or the
+    likelihood-ratio test of `fit_key` holds them), the two-batch choice,
     TPOT in sample and with each row's sweep (its group of the passes) left out (factors and two-batch choice
-    re-made without it), and per row whether that left-out prediction split its pass. The left-out refits run
-    ``max_iter`` Nelder-Mead iterations from the in-sample factors, restarted ``passes`` times. The fits of every
-    key of every set are made together by `fit_keys`, those leaving out the sweeps of one key at one two-batch
-    choice reading the key's rows once.
+    re-made without it), and per row whether that left-out prediction split its pass. The left-out refits start
+    from the in-sample factors and run to convergence. The fits of every key of every set are made by `fit_keys`,
+    those leaving out the sweeps of one key at one two-batch choice together, on the key's rows.
     """
     out, jobs, places = [], [], []
-    for tp, keys, max_iter, passes, *read in sets:
+    for tp, keys, *read in sets:
         tb = choose_two_batch(tp, keys)
         chosen = tp.terms_for(tb.per_row)
         scales, in_sample, loo = {}, np.full(len(keys), np.nan), np.full(len(keys), np.nan)
@@ -511,12 +478,12 @@ def refit_tpot_sets(sets: list[tuple], meas: np.ndarray,
                 continue
             rows = np.flatnonzero(keys == key)
             jobs.append(KeyFits(chosen.take(rows), meas[rows], {k: float(np.median(tp.catalog[k][rows]))
-                                                                for k in FACTORS}, fits, max_iter, passes))
+                                                                for k in FACTORS}, fits))
             places.append((scales, key, rows, in_sample, loo, at))
         out.append((scales, tb, in_sample, loo, loo_split))
-    for job, (scales, key, rows, in_sample, loo, at), (fitted, left_out) in zip(jobs, places, fit_keys(jobs),
-                                                                                 strict=True):
-        free = used_by(job.terms)
+    for job, (scales, key, rows, in_sample, loo, at), (fitted, held, left_out) in zip(jobs, places, fit_keys(jobs),
+                                                                                       strict=True):
+        free = tuple(k for k in used_by(job.terms) if k not in held)
         scales[key] = {"fitted": {k: v for k, v in fitted.items() if k in free},
                        "kept_from_catalog": {k: v for k, v in fitted.items() if k not in free}}
         in_sample[rows] = tpot_at(job.terms, fitted)
@@ -525,106 +492,35 @@ def refit_tpot_sets(sets: list[tuple], meas: np.ndarray,
     return out
 
 
+LEFT_FIRST = 2
+"""The step of the descent's smoothing (`dse.validate.descent.SMOOTHING`) a left-out fit begins at: the pass itself.
+It starts at its key's fit, an optimum of the pass a sweep away, and needs no rounded kinks to reach its own: from
+the first step, TPOT leave-group-out 10.40% (disaggregated 9.55%) on the NVIDIA and AMD/TPU runs, 10.34% (9.56%)
+from the last, at two thirds of the left-out fits' cost."""
+
+
 @dataclass
 class KeyFits:
-    """One key's decode-factor fit (`fit_key` of its terms and measured TPOTs from ``start``) and the fits
-    that start from its factors (``left_out``: terms, measured TPOTs aligned with them, the rows each reads), with
-    ``max_iter`` Nelder-Mead iterations restarted ``passes`` times (`fit_factors_many`).
+    """One key's decode-factor fit (`fit_key` of its terms and measured TPOTs from ``start``) and the fits that
+    start from its factors (``left_out``: terms, measured TPOTs aligned with them, the rows each reads).
     """
 
     terms: DecodeTerms
     measured: np.ndarray
     start: dict
     left_out: list[tuple[DecodeTerms, np.ndarray, np.ndarray]]
-    max_iter: int
-    passes: int
 
 
-MAX_WORKERS = 8
-"""Processes `fit_keys` fits in at most (one per processor this process may run on)."""
-PIECE = 50
-"""Left-out fits of one key a worker process makes in one piece, at most (`fit_keys`: few enough to share the
-work out evenly, many enough for each round's fixed costs to be shared)."""
-
-
-def workers() -> int:
-    """The worker processes `fit_keys` uses: one per processor this process may run on, at most MAX_WORKERS; 1
-    (no worker: the fits made in this process) on one processor, where processes cannot be forked, or in a daemon
-    process (which may start none).
+def fit_keys(jobs: list[KeyFits]) -> list[tuple[dict, tuple[str, ...], list[dict]]]:
+    """Per job, its key's factors and the factors it holds (`fit_key`), and the factors of each of its left-out
+    fits, from the key's factors, holding the same (`fit_factors_many`).
     """
-    if ("fork" not in multiprocessing.get_all_start_methods() or not sys.platform.startswith("linux")
-            or multiprocessing.current_process().daemon):
-        return 1
-    return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
-
-
-def fit_keys(jobs: list[KeyFits], processes: int | None = None) -> list[tuple[dict, list[dict]]]:
-    """Per job, its key's factors and those of each of its left-out fits, the same to the last bit however they
-    are shared out: in ``processes`` worker processes (default: `workers`), each free process given the largest
-    fit ready (`_work`): a key's fit from one of its starts (`key_starts`), or once those are made (and the best
-    taken, `best_of`) its left-out fits in pieces of `PIECE`; in this process
-    (one process), the fits per key one at a time and the left-out fits all together (`fit_factors_many`, per
-    iteration limit).
-    """
-    processes = workers() if processes is None else processes
-    fitted: list = [None] * len(jobs)
-    left: list[list] = [[None] * len(j.left_out) for j in jobs]
-    if processes < 2:
-        fitted = [fit_key(j.terms, j.measured, j.start) for j in jobs]
-        together: dict = {}
-        for i, j in enumerate(jobs):
-            for n, (d, m, rows) in enumerate(j.left_out):
-                together.setdefault((j.max_iter, j.passes), []).append((i, n, (d, m, fitted[i], rows)))
-        for (max_iter, passes), fits in together.items():
-            for (i, n, _), f in zip(fits, fit_factors_many([f for *_, f in fits], max_iter, passes), strict=True):
-                left[i][n] = f
-        return list(zip(fitted, left, strict=True))
-    pieces = []  # per job, its left-out fits cut in pieces of PIECE at most, as even as can be
+    out = []
     for j in jobs:
-        n = len(j.left_out)
-        step = -(-n // -(-n // PIECE)) if n else 1
-        pieces.append([(lo, min(lo + step, n)) for lo in range(0, n, step)])
-    starts = [key_starts(j.terms, j.start) for j in jobs]
-    made: list[list] = [[None] * len(s) for s in starts]  # per job, the fit from each of its starts
-    # a key's fits first where its own and its left-out fits are the most work
-    ready = [(_work(len(j.measured), MAX_ITER, MAX_PASSES) + sum(_work(len(j.left_out[n][2]), j.max_iter, j.passes)
-                                                              for n in range(len(j.left_out))), i, -1, s)
-             for i, j in enumerate(jobs) for s in range(len(starts[i]))]
-    with warnings.catch_warnings():  # the fits run no threads (numpy's BLAS threads are idle): fork is safe
-        warnings.filterwarnings("ignore", message=".*fork", category=DeprecationWarning)
-        pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"))
-        with pool:
-            pending: dict = {}
-            while ready or pending:
-                ready.sort()
-                while ready and len(pending) < processes:
-                    _, i, lo, hi = ready.pop()
-                    j = jobs[i]
-                    pending[pool.submit(fit_factors, j.terms, j.measured, starts[i][hi]) if lo < 0 else pool.submit(
-                        fit_factors_many, [(d, m, fitted[i], rows) for d, m, rows in j.left_out[lo:hi]], j.max_iter,
-                        j.passes)] = (i, lo, hi)
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    i, lo, hi = pending.pop(future)
-                    if lo >= 0:
-                        left[i][lo:hi] = future.result()
-                        continue
-                    made[i][hi], j = future.result(), jobs[i]
-                    if any(f is None for f in made[i]):
-                        continue
-                    fitted[i] = best_of(j.terms, j.measured, made[i])
-                    ready += [(sum(_work(len(rows), j.max_iter, j.passes) for _, _, rows in j.left_out[a:b]), i, a, b)
-                              for a, b in pieces[i]]
-    return list(zip(fitted, left, strict=True))
-
-
-def _work(rows: int, max_iter: int, passes: int) -> int:
-    """What `fit_keys` expects a fit of ``rows`` rows to cost (it orders the fits by it): rows times the
-    Nelder-Mead iterations it may take, a fit restarted counted at three runs (the decode fits per key take 4,000
-    to 19,000 loss evaluations of the 48,000 they may; the leave-group-out refits, 600 iterations at most, some
-    850).
-    """
-    return rows * max_iter * min(passes, 3)
+        fitted, held = fit_key(j.terms, j.measured, j.start)
+        out.append((fitted, held, fit_factors_many([(d, m, fitted, rows) for d, m, rows in j.left_out], held,
+                                                           LEFT_FIRST)))
+    return out
 
 
 # ---- the serving stack's terms ---------------------------------------------------------------------------------------

@@ -1,19 +1,17 @@
 """The loss of the decode-factor fit (`dse.validate.fit.fit_factors`), sum |log(TPOT / measured)| over a fit's
-rows, for many fits at many factor sets at once, to the last bit as `dse.validate.decode.tpot_at` and numpy's
-sum give it one fit and one factor set at a time.
+rows, and what its descent (`dse.validate.descent`) reads: log TPOT with its derivatives by every factor, for many
+factor sets at once.
 
-Three things make it cheap. A fit's rows are a selection of the rows of a `DecodeTerms` that other fits may
-share (the leave-group-out fits of a key each leave one sweep of the key's rows out): TPOT is computed once per
-distinct row of the shared terms and factor set, then read into each fit's rows. The arithmetic runs on whole
-arrays, a fit per array row, in the same operations in the same order as `tpot_at` (so the same values). And a
-`Plan` of a request (which fits, in which order, in which chunks) is made once and reused while the same fits
-ask again.
+`loss_of` gives the loss of one fit at one factor set, to the last bit `dse.validate.decode.tpot_at` summed as numpy
+sums it. `log_tpot` gives log TPOT of every row at many factor sets and its Jacobian in the descent's coordinates
+(`to_coords`): the reciprocal of each share of a peak (a time at the peak multiplies it) and each fixed time and
+length as it is (the pass is linear in it), so that the pass is linear in every coordinate but where the compute
+share and the GEMM's half-performance rows multiply, and a factor at 0 still has a slope.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,8 +19,7 @@ from dse.validate.decode import DecodeTerms
 from dse.validate.factors import FACTOR, FACTORS
 
 PRODUCTS = ("n_layers", "n_scaleup", "gemm_rows", "attention_tokens", "n_moe_layers", "n_scaleout")
-"""The terms a factor multiplies, in the order `log_tpot` keeps their products: the layer overhead first and the
-scale-out latency last, the four between added in one operation to what each joins."""
+"""The terms a factor multiplies."""
 TERMS = ("comm", "compute", "memory", "attention_compute", "kv_memory", *PRODUCTS, "one_minus_overlap", "rest")
 """The rows of the arrays `log_tpot` reads."""
 _FACTOR_OF_TERM = {FACTOR[k].term: k for k in FACTORS}
@@ -30,66 +27,127 @@ _PRODUCT_FACTORS = np.array([FACTORS.index(_FACTOR_OF_TERM[t]) for t in PRODUCTS
 _LINK = FACTORS.index("link")
 _SHARES = np.array([FACTORS.index("compute_decode"), FACTORS.index("memory")])
 _KERNEL = FACTORS.index("kernel_overlap")
-CHUNK = 1 << 14
-"""Entries an operation of `Plan.losses` covers at most (its arrays stay in the processor's cache)."""
+_COORDS = ("compute_decode", "memory", "link", "latency_scaleup", "latency_scaleout", "layer_overhead",
+           "moe_layer_overhead", "gemm_half_rows", "attention_half_context", "kernel_overlap")
+"""The factors in the order `log_tpot` names them (every one of `FACTORS`)."""
+_AT = {k: FACTORS.index(k) for k in _COORDS}
+RECIPROCAL = np.array([k in ("compute_decode", "memory", "link") for k in FACTORS])
+"""The factors `to_coords` takes the reciprocal of: the shares of a peak rate (a time at the peak over the share)."""
 
 
-def log_tpot(t: np.ndarray, f: np.ndarray, overlapped: bool = True) -> np.ndarray:
-    """The log TPOT of every row of ``t`` (`TERMS` x 1 x rows) at each factor set of ``f`` (`FACTORS` x sets): an
-    array sets x rows, each entry as `dse.validate.decode.tpot_at` computes it (the same operations in the same
-    order). ``overlapped``: whether some row overlaps its communication (1 - overlap below 1); where none does,
-    max(W, K) + 1 min(K, W) is computed as W + K (the same two numbers added).
+def to_coords(x: np.ndarray) -> np.ndarray:
+    """The descent's coordinates of factors given as logs (``x``, `FACTORS` on the last axis): 1 / share of a peak
+    rate, every other factor itself.
     """
-    m, w = f.shape[1], t.shape[2]
-    work = np.empty((len(PRODUCTS), m, w))
-    comm = np.empty((m, w))
-    np.divide(t[0], f[_LINK][:, None], out=comm)
-    np.multiply(t[5:11], f[_PRODUCT_FACTORS][:, :, None], out=work)
-    layer, scaleup, curves, moe, scaleout = work[0], work[1], work[2:4], work[4], work[5]
-    np.add(comm, scaleup, out=comm)
-    np.add(comm, scaleout, out=comm)  # comm / link + n_u lat_u + n_o lat_o
-    attn = np.empty((2, m, w))
-    f_c, f_m = f[_SHARES][:, :, None]
-    np.add(t[4], curves[1], out=attn[1])  # M_a + A n_a
-    np.add(t[1:3], curves, out=curves)  # C + G n_g, M + A n_a
-    c, mem = curves
-    np.divide(c, f_c, out=c)  # compute, memory
-    np.divide(mem, f_m, out=mem)
-    a_c, a_m = attn
-    np.divide(t[3], f_c, out=a_c)  # the attention kernels' compute and memory
-    np.divide(a_m, f_m, out=a_m)
-    np.add(layer, moe, out=layer)  # L o_l + E o_e
-    k = f[_KERNEL][:, None]  # `kernel_work`, operation for operation
-    step = scaleup  # free: its products are added
-    if not (k < 1.0).any():
-        np.maximum(c, mem, out=step)
-    else:
-        with np.errstate(invalid="ignore"):
-            np.subtract(c, a_c, out=scaleout)
-            np.subtract(mem, a_m, out=step)
-            np.maximum(scaleout, step, out=step)
-            np.add(step, np.maximum(a_c, a_m, out=a_c), out=step)  # apart
-            if (k > 0.0).any():
-                single = np.maximum(c, mem, out=a_m)
-                below = k < 1.0
-                np.multiply(k, single, out=c)
-                np.multiply(1.0 - k, step, out=moe)
-                np.add(c, moe, out=moe)
-                if below.all():
-                    step = moe
-                else:
-                    np.copyto(step, np.where(below, moe, single))
-    if overlapped:  # `combine`: max(W, K) + (1 - overlap) min(K, W)
-        other = curves[1]
-        np.minimum(comm, step, out=other)
-        np.maximum(step, comm, out=step)
-        np.multiply(t[11], other, out=other)
-        np.add(step, other, out=step)
-    else:
-        np.add(step, comm, out=step)
-    np.add(step, layer, out=step)
-    np.multiply(step, t[12], out=step)  # TPOT: the pass times what the request level adds
-    return np.log(step, out=step)
+    return np.exp(np.where(RECIPROCAL, -x, x))
+
+
+def from_coords(p: np.ndarray) -> np.ndarray:
+    """The logs of the factors at coordinates ``p`` (`to_coords` undone)."""
+    return np.where(RECIPROCAL, -1.0, 1.0) * np.log(p)
+
+
+_TINY = 1e-150
+"""Added in quadrature to the gap of `_max`, so that a tie of width 0 divides by no 0 (the times of a pass are
+1e-9 s and more: their squares are far above its square)."""
+
+
+def _max(a: np.ndarray, b: np.ndarray, width: np.ndarray, slope: bool = True) -> tuple:
+    """max(a, b) of positive numbers, rounded over a relative ``width`` of a tie: (a + b + sqrt((a - b)^2 + (width
+    (a + b))^2)) / 2 (the max itself where ``width`` is 0, within at most width (a + b) / 2 of it), and with
+    ``slope`` its derivatives by a and by b (1 and 0 away from a tie; at a tie of width 0, those of a).
+    """
+    if not width.any():  # the max itself
+        larger = np.maximum(a, b)
+        if not slope:
+            return larger, None, None
+        by_a = (a >= b).astype(np.float64)
+        return larger, by_a, 1.0 - by_a
+    total, gap = a + b, a - b
+    spread = width * total
+    q = np.sqrt(gap * gap + spread * spread + _TINY * _TINY)
+    if not slope:
+        return 0.5 * (total + q), None, None
+    gap /= q
+    spread *= width
+    spread /= q  # d q / d a = gap / q + width^2 (a + b) / q, d q / d b = -gap / q + the same
+    return 0.5 * (total + q), 0.5 * (1.0 + spread + gap), 0.5 * (1.0 + spread - gap)
+
+
+CHUNK = 1 << 14
+"""Entries (sets x rows) `log_tpot` evaluates at once, at most: its arrays stay in the processor's cache (on the
+decode fits of the measured runs, 2.5 times faster than 94,000 at once)."""
+
+
+def log_tpot(t: np.ndarray, p: np.ndarray, jacobian: bool = True, width: np.ndarray | float = 0.0,
+             columns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Log TPOT of every row of ``t`` (`TERMS` x rows) at each factor set of ``p`` (sets x `FACTORS`, in the
+    coordinates of `to_coords`): an array sets x rows, as `dse.validate.decode.tpot_at` computes it (to rounding),
+    and with ``jacobian`` its derivatives by each coordinate (of ``columns`` only, positions in `FACTORS`, where
+    given), sets x coordinates x rows. ``width`` (per set, or one
+    for all): each max of the pass rounded over that relative width of its tie (`_max`; 0: the pass itself), so
+    that the descent sees the slope on both sides of a tie (a row's roofline turning from compute to memory, its
+    pass from work to communication) instead of a kink it stops at. Evaluated in chunks of sets (`CHUNK`).
+    """
+    columns = np.arange(len(FACTORS)) if columns is None else np.asarray(columns)
+    width = np.broadcast_to(np.asarray(width, dtype=np.float64).reshape(-1), (len(p),))
+    log = np.empty((len(p), t.shape[1]))
+    jac = np.empty((len(p), len(columns), t.shape[1])) if jacobian else None
+    step = max(1, CHUNK // max(t.shape[1], 1))
+    for lo in range(0, len(p), step):
+        hi = min(lo + step, len(p))
+        _log_tpot(t, p[lo:hi], width[lo:hi, None], columns, log[lo:hi], None if jac is None else jac[lo:hi])
+    return log, jac
+
+
+def _log_tpot(t: np.ndarray, p: np.ndarray, width: np.ndarray, columns: np.ndarray, log: np.ndarray,
+              jac: np.ndarray | None) -> None:
+    """`log_tpot` of the sets ``p`` (``width``: sets x 1), into ``log`` and ``jac`` (None: no Jacobian)."""
+    jacobian = jac is not None
+    comm_t, compute, memory, attention, kv, n_l, n_u, g_rows, a_tokens, n_e, n_o, one_minus_overlap, rest = t
+    u_c, u_m, u_l, lat_u, lat_o, o_l, o_e, half_rows, half_context, k = (p[:, _AT[name], None] for name in _COORDS)
+    comm = comm_t * u_l + n_u * lat_u + n_o * lat_o  # K / f_l + n_u lat_u + n_o lat_o
+    overhead = n_l * o_l + n_e * o_e  # L o_l + E o_e
+    c_rows = compute + g_rows * half_rows  # C + G n_g
+    m_tokens = memory + a_tokens * half_context  # M + A n_a
+    kv_tokens = kv + a_tokens * half_context  # M_a + A n_a
+    c, m, a_c, a_m = c_rows * u_c, m_tokens * u_m, attention * u_c, kv_tokens * u_m
+    # `kernel_work`: k max(C, M) + (1 - k) (max(C - C_a, M - M_a) + max(C_a, M_a))
+    whole = bool(np.any(k != 0.0))  # else max(C, M) only for the slope by k, where it is asked for
+    by_k = jacobian and bool(np.any(columns == _AT["kernel_overlap"]))
+    single, single_c, single_m = _max(c, m, width, jacobian and whole) if whole or by_k else (0.0, 0.0, 0.0)
+    single_c, single_m = (0.0, 0.0) if single_c is None else (single_c, single_m)
+    kernels, kernels_c, kernels_m = _max(c - a_c, m - a_m, width, jacobian)
+    attn, attn_c, attn_m = _max(a_c, a_m, width, jacobian)
+    apart = kernels + attn
+    work = k * single + (1.0 - k) * apart
+    # `combine`: max(W, K) + (1 - overlap) min(K, W) = overlap max(W, K) + (1 - overlap) (W + K)
+    overlap = 1.0 - one_minus_overlap
+    longer, longer_w, longer_k = _max(work, comm, width, jacobian)
+    step = overlap * longer + one_minus_overlap * (work + comm) + overhead
+    np.log(step * rest, out=log)
+    if not jacobian:
+        return
+    by_work = (overlap * longer_w + one_minus_overlap) / step  # d log TPOT / d W, d K, d overhead
+    by_comm = (overlap * longer_k + one_minus_overlap) / step
+    by_overhead = 1.0 / step
+    # d W / d C, d M, d C_a, d M_a
+    w_c = k * single_c + (1.0 - k) * kernels_c
+    w_m = k * single_m + (1.0 - k) * kernels_m
+    w_a_c = (1.0 - k) * (attn_c - kernels_c)
+    w_a_m = (1.0 - k) * (attn_m - kernels_m)
+    slopes = {"compute_decode": lambda: by_work * (w_c * c_rows + w_a_c * attention),  # of 1 / the share
+              "memory": lambda: by_work * (w_m * m_tokens + w_a_m * kv_tokens),
+              "link": lambda: by_comm * comm_t,
+              "latency_scaleup": lambda: by_comm * n_u,
+              "latency_scaleout": lambda: by_comm * n_o,
+              "layer_overhead": lambda: by_overhead * n_l,
+              "moe_layer_overhead": lambda: by_overhead * n_e,
+              "gemm_half_rows": lambda: by_work * w_c * g_rows * u_c,
+              "attention_half_context": lambda: by_work * (w_m + w_a_m) * a_tokens * u_m,
+              "kernel_overlap": lambda: by_work * (single - apart)}
+    for j, i in enumerate(columns):
+        jac[:, j] = slopes[FACTORS[i]]()
 
 
 def term_rows(d: DecodeTerms) -> np.ndarray:
@@ -162,116 +220,3 @@ def loss_of(d: DecodeTerms, measured: np.ndarray) -> Callable[[np.ndarray], floa
         return float(np.add.reduce(np.abs(step, out=step)))
 
     return loss
-
-
-@dataclass
-class _Shared:
-    """The distinct rows of one `DecodeTerms` (`TERMS` x 1 x distinct), and for each fit reading it (longest
-    first) its rows' places among them and their log measured TPOTs (fits x longest, padded), and its length.
-    """
-
-    terms: np.ndarray
-    index: np.ndarray | None  # None: one fit, reading the terms' rows in place
-    log_measured: np.ndarray
-    length: np.ndarray
-    overlapped: bool  # some row overlaps its communication (`log_tpot`)
-
-
-@dataclass
-class Plan:
-    """A request to `FitRows` (its fits in order) ordered and chunked, reusable at other factors: per chunk the
-    shared terms, the places in the request of its fits, their rows' places among the distinct rows (flat,
-    into the chunk's fits x distinct rows; None: the fit reads the terms in place), their log measured TPOTs,
-    and runs (first, end, length) of fits of one length.
-    """
-
-    size: int
-    chunks: list[tuple[np.ndarray, bool, np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int, int]]]]
-
-    def losses(self, f: np.ndarray) -> np.ndarray:
-        """Per fit of the request, its loss at the factors of its column of ``f`` (`FACTORS` x request)."""
-        out = np.empty(self.size)
-        for terms, overlapped, asked, index, log_measured, runs in self.chunks:
-            err = log_tpot(terms, f[:, asked], overlapped)
-            if index is not None:  # each fit's rows, read off the distinct ones
-                err = np.take(err.ravel(), index)
-            np.subtract(err, log_measured, out=err)
-            np.abs(err, out=err)
-            for lo, hi, n in runs:  # numpy's pairwise sum of each fit's rows, in their order
-                out[asked[lo:hi]] = np.add.reduce(err[lo:hi, :n], axis=1)
-        return out
-
-
-@dataclass
-class FitRows:
-    """The rows of many fits: fit i reads the rows ``rows`` (all where None) of ``terms`` with the measured
-    TPOTs ``measured`` (aligned with ``terms``); fits given the same ``terms`` object share its rows.
-    """
-
-    shared: list[_Shared]
-    of: np.ndarray  # per fit: the `_Shared` it reads, and its place there
-    place: np.ndarray
-
-    @classmethod
-    def build(cls, fits: list[tuple[DecodeTerms, np.ndarray, np.ndarray | None]]) -> FitRows:
-        groups: dict[int, list[int]] = {}
-        for i, (terms, _, _) in enumerate(fits):
-            groups.setdefault(id(terms), []).append(i)
-        shared, of, place = [], np.zeros(len(fits), dtype=np.int64), np.zeros(len(fits), dtype=np.int64)
-        for s, members in enumerate(groups.values()):
-            d = fits[members[0]][0]
-            rows = term_rows(d).T
-            picks = [np.arange(len(d.rest)) if fits[i][2] is None else np.asarray(fits[i][2]) for i in members]
-            if len(members) > 1:  # the rows distinct bit for bit: TPOT once each
-                bits = np.ascontiguousarray(rows).view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).ravel()
-                _, first, inverse = np.unique(bits, return_index=True, return_inverse=True)
-            else:  # one fit: its own rows, read in place
-                first, inverse = picks[0], None
-            lengths = np.array([len(p) for p in picks], dtype=np.int64)
-            order = np.argsort(-lengths, kind="stable")
-            index = np.zeros((len(members), max(int(lengths.max()), 1)), dtype=np.int64)
-            log_measured = np.zeros(index.shape)
-            for j, k in enumerate(order):
-                p = picks[k]
-                if inverse is not None:
-                    index[j, :len(p)] = inverse.ravel()[p]
-                log_measured[j, :len(p)] = np.log(fits[members[k]][1][p])
-                of[members[k]], place[members[k]] = s, j
-            index = index if inverse is not None else None
-            terms = np.ascontiguousarray(rows[first].T)[:, None, :]
-            shared.append(_Shared(terms, index, log_measured, lengths[order], bool((terms[11] != 1.0).any())))
-        return cls(shared, of, place)
-
-    def plan(self, fits: np.ndarray) -> Plan:
-        """How `Plan.losses` evaluates the fits ``fits`` (in that order): by shared terms, in chunks of fits of
-        similar length (longest first).
-        """
-        key = self.of[fits] * len(self.of) + self.place[fits]
-        order = np.argsort(key, kind="stable")
-        of = self.of[fits[order]]
-        cuts = [0, *(np.flatnonzero(of[1:] != of[:-1]) + 1), len(order)]
-        chunks = []
-        for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
-            s = self.shared[of[lo]]
-            place = self.place[fits[order[lo:hi]]]
-            lengths = s.length[place]
-            step = max(1, CHUNK // max(s.terms.shape[2], int(lengths[0])))
-            for a in range(lo, hi, step):
-                b = min(a + step, hi)
-                p, n = place[a - lo:b - lo], lengths[a - lo:b - lo]
-                width = int(n[0])
-                if n[-1] == width:
-                    runs = [(0, b - a, width)]
-                else:
-                    ends = [*(np.flatnonzero(n[1:] != n[:-1]) + 1), len(n)]
-                    runs = [(int(x), int(y), int(n[x])) for x, y in zip([0, *ends[:-1]], ends, strict=True)]
-                index = None if s.index is None else (  # into the chunk's TPOTs, fits x distinct rows, flat
-                    s.index[p, :width] + s.terms.shape[2] * np.arange(b - a)[:, None])
-                chunks.append((s.terms, s.overlapped, order[a:b], index, s.log_measured[p, :width], runs))
-        return Plan(len(fits), chunks)
-
-    def losses(self, fits: np.ndarray, f: np.ndarray) -> np.ndarray:
-        """Per entry of ``fits``, sum |log(TPOT / measured)| over the fit's rows at the factors of its column of
-        ``f`` (`FACTORS` x entries), summed as numpy sums one fit's rows (pairwise, in row order).
-        """
-        return self.plan(fits).losses(f)

@@ -53,7 +53,7 @@ from dse.physics.serving import closed_loop_ttft
 from dse.validate import cache as stored
 from dse.validate.decode import TpotPasses, predicted_passes, tpot_at
 from dse.validate.factors import FACTORS
-from dse.validate.fit import LFO_MAX_ITER, LFO_PASSES, LOO_MAX_ITER, fit_stack_sets, refit_tpot_sets, stack_key_of
+from dse.validate.fit import fit_stack_sets, refit_tpot_sets, stack_key_of
 from dse.validate.points import Cases
 from dse.validate.predict import TTFT_PIECES, outside_stack, predict, predict_runs, table
 from dse.validate.report import RunsValidation, Validation, family_bands, summarize
@@ -144,8 +144,8 @@ def _validate_stated(t: pd.DataFrame, pred: pd.DataFrame, tp: TpotPasses,
     # the leave-family-out fits too: each family's rows predicted by decode factors per framework fitted on the
     # other families' rows (only these are read: a framework's fit on all families is only where they start)
     by_factors, by_family, by_framework = refit_tpot_sets(
-        [(tp, factor_key(t).to_numpy(), LOO_MAX_ITER, 1), (tp, family, LOO_MAX_ITER, 1),
-         (replace(tp, groups=family), t["backend"].astype(str).to_numpy(), LFO_MAX_ITER, LFO_PASSES, False)], meas)
+        [(tp, factor_key(t).to_numpy()), (tp, family),
+         (replace(tp, groups=family), t["backend"].astype(str).to_numpy(), False)], meas)
     scales["tpot"], tb, tpot_in_sample, tpot_loo, loo_split = by_factors
     tpot_loo_family = by_family[3]
     ideal = predict_runs(t, IDEAL, decode_batch=tp.decode_batch(tb.per_row))  # the roofline at the same point
