@@ -408,9 +408,17 @@ def write_runs_report(v: RunsValidation, folder: Path, doc: dict | None = None, 
 
 
 # ---- the calibration, stored -----------------------------------------------------------------------------------------
+def _yaml_number(value: float) -> str:
+    """``value`` to 4 significant digits as YAML reads a number back (``1e-09`` without a point is a string to
+    YAML 1.1: written ``1.0e-09``).
+    """
+    text = f"{value:.4g}"
+    return text.replace("e", ".0e") if "e" in text and "." not in text else text
+
+
 def _quantity(name: str, value: float, source: str, date: str, note: str) -> str:
-    return (f'{{value: {stored_value(name, value):.4g}, unit: {FACTOR[name].unit}, source: {source}, date: "{date}", '
-            f'note: "{note}"}}')
+    return (f'{{value: {_yaml_number(stored_value(name, value))}, unit: {FACTOR[name].unit}, source: {source}, '
+            f'date: "{date}", note: "{note}"}}')
 
 
 def _family_summary(cal: Calibration) -> dict:
