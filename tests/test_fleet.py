@@ -336,6 +336,43 @@ def test_lean_relaxation_and_aggregated_stage_bracket_the_brute_force_optimum():
         checked += 1
 
 
+def test_node_relaxations_bound_the_brute_force_optimum_and_the_reported_gap_is_consistent():
+    """The node relaxations (`relax_replicas`: replica counts and N+1 levels continuous, node counts whole; with
+    whole replicas too) of the program and of its lean form, proven by HiGHS, and `node_bound`, are at most the brute
+    force's optimum and at least the lean program's linear relaxation, which they exceed on some instances (the
+    rounding of whole nodes); `solve_fleet`'s bound is at most the brute force's optimum, its answer at least it, and
+    its gap is (answer - bound) / answer."""
+    from dse.optimize.bridge import relaxation_bound, solve_pyomo
+    from dse.optimize.fleet import node_bound
+    from dse.optimize.solver import relative_gap
+    from formulations.fleet import relax_replicas
+
+    rng = np.random.default_rng(53)
+    checked = raised = 0
+    while checked < 10:
+        d = random_instance(rng)
+        best = brute_force(d)
+        if best is None:
+            continue
+        lp = relaxation_bound(build(d, lean=True), "highs", 10)
+        bounds = []
+        for lean, replicas in itertools.product((False, True), (True, False)):
+            res = solve_pyomo(relax_replicas(build(d, lean=lean), replicas=replicas), "highs", 10)
+            assert res.status == "optimal"
+            assert res.bound <= best * (1 + 1e-6) + 1e-6
+            bounds.append(res.bound)
+        nb = node_bound(d, 10)
+        assert lp * (1 - 1e-6) - 1e-6 <= nb <= best * (1 + 1e-6) + 1e-6
+        assert nb >= bounds[2] * (1 - 1e-6) - 1e-6  # the lean node relaxation, the first it solves
+        raised += nb > lp * (1 + 1e-6) + 1e-6
+        r = solve_fleet(d, duals=False, time_limit_s=20).result
+        assert r.bound <= best * (1 + 1e-6) + 1e-6 and r.objective >= best * (1 - 1e-6)
+        assert r.gap == pytest.approx(relative_gap(r.objective, r.bound), abs=1e-12)
+        assert r.gap == pytest.approx((r.objective - r.bound) / r.objective, abs=1e-9)
+        checked += 1
+    assert raised >= 1
+
+
 def test_slices_solved_at_the_optimums_reserved_nodes_give_the_optimum_and_the_search_never_passes_it():
     """Given the reserved nodes and the systems in use, slices are independent: solved one by one at the brute
     force optimum's own (read from the program solved to its optimum), they give back the brute force's cost. The
