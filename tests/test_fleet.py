@@ -361,10 +361,11 @@ def test_node_relaxations_bound_the_brute_force_optimum_and_the_reported_gap_is_
             assert res.status == "optimal"
             assert res.bound <= best * (1 + 1e-6) + 1e-6
             bounds.append(res.bound)
-        nb = node_bound(d, 10)
-        assert lp * (1 - 1e-6) - 1e-6 <= nb <= best * (1 + 1e-6) + 1e-6
-        assert nb >= bounds[2] * (1 - 1e-6) - 1e-6  # the lean node relaxation, the first it solves
-        raised += nb > lp * (1 + 1e-6) + 1e-6
+        for whole, lean_bound in ((False, bounds[2]), (True, bounds[3])):
+            nb, at = node_bound(d, 10, whole)
+            assert at is not None and nb == pytest.approx(lean_bound, rel=1e-6, abs=1e-6)
+            assert lp * (1 - 1e-6) - 1e-6 <= nb <= best * (1 + 1e-6) + 1e-6
+        raised += bounds[2] > lp * (1 + 1e-6) + 1e-6
         r = solve_fleet(d, duals=False, time_limit_s=20).result
         assert r.bound <= best * (1 + 1e-6) + 1e-6 and r.objective >= best * (1 - 1e-6)
         assert r.gap == pytest.approx(relative_gap(r.objective, r.bound), abs=1e-12)

@@ -264,21 +264,21 @@ NODE_COLUMNS_MAX = 1700
 (disaggregated 1 model x 24 slices, 23 s) and finds no solution, so no bound, within 45 s at 1,782 (aggregated
 5 x 12) or within 100 s at 1,820 (aggregated 10 x 6 as merged); there its time goes to the full program."""
 WHOLE_REPLICAS_MAX = 1000
-"""Most integer replica columns (options x distinct slices) for which `node_bound` also solves the lean relaxation
-with whole replicas: measured with `scripts/bench_fleet.py` (load 3-3.5), HiGHS proves it on disaggregated and
-mixed 1 model x 6 slices (700 columns; 3,899 USD/day, the best fleet's cost, in 14-16 s) and not within 40 s on
-aggregated 2 x 12 (616 columns, where the node relaxation alone proves 6,414 in 24 s), disaggregated 1 x 24
-(1,680) or mixed 2 x 12 (3,080)."""
+"""Most integer replica columns (options x distinct slices) for which `solve_fleet` also solves the lean relaxation
+with whole replicas (`node_bound` with ``whole``) where the node relaxation leaves a gap: measured with
+`scripts/bench_fleet.py` (load 3-3.5), HiGHS proves it on disaggregated and mixed 1 model x 6 slices (700 columns;
+3,899 USD/day, the best fleet's cost, in 14-16 s) and not within 40 s on aggregated 2 x 12 (616 columns, where the
+node relaxation alone proves 6,414 in 24 s), disaggregated 1 x 24 (1,680) or mixed 2 x 12 (3,080)."""
 
 
-def node_bound(d: FleetData, time_limit_s: float, target: float = math.inf) -> float:
-    """A lower bound on the fleet program from relaxations that keep its node counts whole, proven by HiGHS within
-    ``time_limit_s``: first the node relaxation (`formulations.fleet.relax_replicas` of the lean program, itself a
-    relaxation: `formulations.fleet.build`; replica counts continuous); then, where that falls short of ``target``
-    (the best fleet's cost) and the program has at most `WHOLE_REPLICAS_MAX` replica columns, the lean program with
-    its replica counts whole (its N+1 levels continuous) in the time left. Each bound is its proven optimum or
-    HiGHS's dual bound where it stops at the limit with a solution; minus infinity where neither solve has one (HiGHS
-    reports no bound without a solution). The larger of the two.
+def node_bound(d: FleetData, time_limit_s: float, whole: bool = False
+               ) -> tuple[float, tuple[pd.Series, set] | None]:
+    """A lower bound on the fleet program from a relaxation that keeps its node counts whole, by HiGHS within
+    ``time_limit_s``: the node relaxation (`formulations.fleet.relax_replicas` of the lean program, itself a
+    relaxation: `formulations.fleet.build`), its replica counts continuous, or whole with ``whole`` (its N+1 levels
+    continuous). The bound is its proven optimum or HiGHS's dual bound where it stops at the limit with a solution;
+    minus infinity where it has none (HiGHS reports no bound without a solution). Returned with the reserved nodes
+    and the systems holding nodes of the solution found (whole counts: a start for `solve_by_slice`), or None.
 
     HiGHS rather than SCIP: measured with `scripts/bench_fleet.py` (load 3-4.5), on aggregated 1 model x 24 slices
     HiGHS proves the node relaxation's optimum, 4,076 USD/day (the program's), in 9 s where SCIP's bound is 3,987 at
@@ -286,18 +286,15 @@ def node_bound(d: FleetData, time_limit_s: float, target: float = math.inf) -> f
     mixed 1 x 6 (3,851) in 3.4-4.5 s and mixed 2 x 12 (6,275) in 60 s.
     """
     end = time.perf_counter() + time_limit_s
-    best = -math.inf
-    for whole in (False, True):
-        if best >= target * (1 - 1e-9) or (whole and len(d.options) * len(d.slices) > WHOLE_REPLICAS_MAX):
-            break
-        m = relax_replicas(build(d, lean=True), replicas=not whole)
-        left = end - time.perf_counter()  # the build counts against the limit
-        if left < 1.0:
-            break
-        res = solve_pyomo(m, "highs", left)
-        if res.status in ("optimal", "feasible") and math.isfinite(res.bound):
-            best = max(best, float(res.bound))
-    return best
+    m = relax_replicas(build(d, lean=True), replicas=not whole)
+    left = end - time.perf_counter()  # the build counts against the limit
+    if left < 1.0:
+        return -math.inf, None
+    res = solve_pyomo(m, "highs", left)
+    if res.status not in ("optimal", "feasible") or not math.isfinite(res.bound):
+        return -math.inf, None
+    reserved, hourly = _read_nodes(m)
+    return float(res.bound), (reserved, {s for s in d.systems.index if float(reserved[s] + hourly.loc[s].max()) > 0})
 
 
 def demand_pairs(d: FleetData) -> int:
@@ -364,10 +361,11 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     left); above `FULL_PROGRAM_MAX`, the restricted program of one plan per class and slice instead (`solve_plans`:
     the column generation's near plans and the greedy's where it ran, else every single configuration and simple
     mixes; all of the time left; a stage starts only with time left); up to `NODE_COLUMNS_MAX` columns, the node
-    relaxations' bound (`node_bound`, at most `NODE_SHARE` of the time); then, unless that bound proves the best
-    fleet so far, the full program started from it, its bound the answer's where higher. The answer is the cheapest
-    fleet found (never dearer than the greedy), its gap against the best bound. ``aggregated_stage`` and
-    ``bound_stage`` switch those stages off (a stage's own call needs no bound).
+    relaxations' bound (`node_bound`, at most `NODE_SHARE` of the time; with whole replicas up to
+    `WHOLE_REPLICAS_MAX` columns), each followed by the slices solved at its nodes (`solve_by_slice`); then, unless
+    that bound proves the best fleet so far, the full program started from it, its bound the answer's where higher.
+    The answer is the cheapest fleet found (never dearer than the greedy), its gap against the best bound.
+    ``aggregated_stage`` and ``bound_stage`` switch those stages off (a stage's own call needs no bound).
     """
     _no_option(d)
     t0 = time.perf_counter()
@@ -431,11 +429,20 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
     proven = False
-    if nodes_stage:
-        # the node relaxations: their bound may prove the best fleet so far, and then the full program is not run
-        nb = node_bound(dm, min(NODE_SHARE * time_limit_s, remaining()), best_cost)
+    stop = min(end, time.perf_counter() + NODE_SHARE * time_limit_s)
+    for whole in (False, True) if nodes_stage else ():
+        # the node relaxations, replica counts continuous, then whole where the program is small: their bound may
+        # prove the best fleet so far, and then the full program is not run
+        if proven or stop - time.perf_counter() < 1.0 or (whole and columns > WHOLE_REPLICAS_MAX):
+            break
+        nb, at = node_bound(dm, stop - time.perf_counter(), whole)
         if nb > bound:
             bound, bounded_by = nb, "bound by the node relaxation"
+        if at is not None and bound < best_cost * (1 - 1e-9) and remaining() > 1.0:
+            # the slices solved exactly at the relaxation's reserved nodes and systems: a fleet, often its optimum
+            f = solve_by_slice(dm, name, remaining() / 2, *at, deadline=end)
+            if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+                best, best_cost, found_by = f, fleet_cost(dm, f), "slices at the node relaxation's nodes"
         proven = bound >= best_cost * (1 - 1e-9)
     termination = f"full program not run ({bounded_by or 'no bound'})"
     if full and not proven:
