@@ -263,6 +263,11 @@ NODE_COLUMNS_MAX = 1700
 `scripts/bench_fleet.py` (load 2.6-4.5), HiGHS proves the node relaxation's optimum at up to 1,680 columns
 (disaggregated 1 model x 24 slices, 23 s) and finds no solution, so no bound, within 45 s at 1,782 (aggregated
 5 x 12) or within 100 s at 1,820 (aggregated 10 x 6 as merged); there its time goes to the full program."""
+NODE_JOINED_COLUMNS_MAX = 1000
+"""The same where pools join across systems: measured with `scripts/bench_fleet.py` (60 s, load 2.3-2.8), on mixed
+1 model x 6 slices (700 columns) the stage proves the optimum (3,899 USD/day) in 47.8 s; on mixed 1 x 24 (1,680) its
+relaxation ended with a dual bound of 0 and left the full program too little time: gap 100% (3.97-10.4% without
+the stage)."""
 WHOLE_REPLICAS_MAX = 1000
 """Most integer replica columns (options x distinct slices) for which `solve_fleet` also solves the lean relaxation
 with whole replicas (`node_bound` with ``whole``) where the node relaxation leaves a gap: measured with
@@ -360,7 +365,8 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     exactly (`search_reserved`, from the best fleet and the column generation master's nodes; half of the time
     left); above `FULL_PROGRAM_MAX`, the restricted program of one plan per class and slice instead (`solve_plans`:
     the column generation's near plans and the greedy's where it ran, else every single configuration and simple
-    mixes; all of the time left; a stage starts only with time left); up to `NODE_COLUMNS_MAX` columns, the node
+    mixes; all of the time left; a stage starts only with time left); up to `NODE_COLUMNS_MAX` columns
+    (`NODE_JOINED_COLUMNS_MAX` where pools join across systems), the node
     relaxations' bound (`node_bound`, at most `NODE_SHARE` of the time; with whole replicas up to
     `WHOLE_REPLICAS_MAX` columns), each followed by the slices solved at its nodes (`solve_by_slice`); then, unless
     that bound proves the best fleet so far, the full program started from it, its bound the answer's where higher.
@@ -391,7 +397,9 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
         f = solve_aggregated(dm, name, (AGGREGATED_SHARE if full else AGGREGATED_SHARE_COLUMNS) * time_limit_s)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
-    nodes_stage = full and bound_stage and g is not None and columns <= NODE_COLUMNS_MAX
+    joined_pools = bool((dm.systems["interconnect_bytes_per_s"] > 0).any() and pooled)
+    nodes_stage = full and bound_stage and g is not None and columns <= (
+        NODE_JOINED_COLUMNS_MAX if joined_pools else NODE_COLUMNS_MAX)
     if plans and bound_stage:
         joined = bool((dm.systems["interconnect_bytes_per_s"] > 0).any())
         if joined:
