@@ -20,7 +20,7 @@ from dse.optimize.operating_points import operating_points
 from dse.optimize.solver import SolveResult, elastic_shortfalls, relative_gap
 from dse.optimize.space import Space
 from formulations.fleet import OPTION_COLUMNS as OPTION_COLUMNS
-from formulations.fleet import FleetData, build, build_plans
+from formulations.fleet import FleetData, build, build_plans, relax_replicas
 
 TOL = 1e-6
 
@@ -191,6 +191,10 @@ COLUMN_SHARE = 1 / 3
 """Share of the time limit for the column generation bound (`dse.optimize.fleet_bound.column_bound`): measured with
 `scripts/bench_fleet.py` it converges (to 0.1% of its master) in 13 CPU s on disaggregated 10 models x 24 h and
 5 CPU s on aggregated; stopped early, it still returns a valid bound (its best Lagrangian value)."""
+COLUMN_SHARE_FULL = 1 / 6
+"""The same share where the node relaxations (`node_bound`) follow (up to `NODE_COLUMNS_MAX` columns) and need the
+time: measured with `scripts/bench_fleet.py` aggregated 2 x 12 (60 s, load 3.5-3.7), with a third the node
+relaxation did not end in the time left (bound 6,299 USD/day from the column generation, gap 1.95%)."""
 
 
 def _round_master(d: FleetData, solver: str, cb, plans: dict, time_limit_s: float, deadline: float | None = None
@@ -251,6 +255,53 @@ PLAN_SHARE = 1 / 4
 where pools join across systems."""
 
 
+NODE_SHARE = 1 / 2
+"""Most share of the time limit for the node relaxations' bound (`node_bound`), where `solve_fleet` runs it (up to
+`NODE_COLUMNS_MAX` columns)."""
+NODE_COLUMNS_MAX = 1700
+"""Most integer replica columns (options x distinct slices) for which `solve_fleet` runs `node_bound`: measured with
+`scripts/bench_fleet.py` (load 2.6-4.5), HiGHS proves the node relaxation's optimum at up to 1,680 columns
+(disaggregated 1 model x 24 slices, 23 s) and finds no solution, so no bound, within 45 s at 1,782 (aggregated
+5 x 12) or within 100 s at 1,820 (aggregated 10 x 6 as merged); there its time goes to the full program."""
+NODE_JOINED_COLUMNS_MAX = 1000
+"""The same where pools join across systems: measured with `scripts/bench_fleet.py` (60 s, load 2.3-2.8), on mixed
+1 model x 6 slices (700 columns) the stage proves the optimum (3,899 USD/day) in 47.8 s; on mixed 1 x 24 (1,680) its
+relaxation ended with a dual bound of 0 and left the full program too little time: gap 100% (3.97-10.4% without
+the stage)."""
+WHOLE_REPLICAS_MAX = 1000
+"""Most integer replica columns (options x distinct slices) for which `solve_fleet` also solves the lean relaxation
+with whole replicas (`node_bound` with ``whole``) where the node relaxation leaves a gap: measured with
+`scripts/bench_fleet.py` (load 3-3.5), HiGHS proves it on disaggregated and mixed 1 model x 6 slices (700 columns;
+3,899 USD/day, the best fleet's cost, in 14-16 s) and not within 40 s on aggregated 2 x 12 (616 columns, where the
+node relaxation alone proves 6,414 in 24 s), disaggregated 1 x 24 (1,680) or mixed 2 x 12 (3,080)."""
+
+
+def node_bound(d: FleetData, time_limit_s: float, whole: bool = False
+               ) -> tuple[float, tuple[pd.Series, set] | None]:
+    """A lower bound on the fleet program from a relaxation that keeps its node counts whole, by HiGHS within
+    ``time_limit_s``: the node relaxation (`formulations.fleet.relax_replicas` of the lean program, itself a
+    relaxation: `formulations.fleet.build`), its replica counts continuous, or whole with ``whole`` (its N+1 levels
+    continuous). The bound is its proven optimum or HiGHS's dual bound where it stops at the limit with a solution;
+    minus infinity where it has none (HiGHS reports no bound without a solution). Returned with the reserved nodes
+    and the systems holding nodes of the solution found (whole counts: a start for `solve_by_slice`), or None.
+
+    HiGHS rather than SCIP: measured with `scripts/bench_fleet.py` (load 3-4.5), on aggregated 1 model x 24 slices
+    HiGHS proves the node relaxation's optimum, 4,076 USD/day (the program's), in 9 s where SCIP's bound is 3,987 at
+    30 s; HiGHS proves aggregated 2 x 12 (6,414) in 24 s, disaggregated 1 x 24 (4,038) in 23 s, disaggregated and
+    mixed 1 x 6 (3,851) in 3.4-4.5 s and mixed 2 x 12 (6,275) in 60 s.
+    """
+    end = time.perf_counter() + time_limit_s
+    m = relax_replicas(build(d, lean=True), replicas=not whole)
+    left = end - time.perf_counter()  # the build counts against the limit
+    if left < 1.0:
+        return -math.inf, None
+    res = solve_pyomo(m, "highs", left)
+    if res.status not in ("optimal", "feasible") or not math.isfinite(res.bound):
+        return -math.inf, None
+    reserved, hourly = _read_nodes(m)
+    return float(res.bound), (reserved, {s for s in d.systems.index if float(reserved[s] + hourly.loc[s].max()) > 0})
+
+
 def demand_pairs(d: FleetData) -> int:
     """(Class, slice) pairs with demand: the blocks of the column generation and of the plan program."""
     return int((d.demand.to_numpy() > 0).sum())
@@ -303,8 +354,8 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     `AGGREGATED_SHARE_COLUMNS` where the program is above `FULL_PROGRAM_MAX` columns): its
     fleets are the program's, so the answer is never dearer than the restriction's answer within that share, and
     every later stage starts from the best fleet so far and keeps it. From `PLAN_STAGE_MIN` columns, the column
-    generation bound
-    (`dse.optimize.fleet_bound.column_bound`, `COLUMN_SHARE` of the time) and fleets of its near plans at its
+    generation bound (`dse.optimize.fleet_bound.column_bound`, `COLUMN_SHARE` of the time, `COLUMN_SHARE_FULL` where
+    the node relaxations follow) and fleets of its near plans at its
     master's reserved nodes (`_round_master`); where pools join across interconnects, first the same on the
     restriction to pools paired on their own system (`OWN_SHARE`), then, above `FULL_PROGRAM_MAX` columns, on the
     program itself (`JOINED_SHARE`, its plans whose pools pair across systems handing off as `joined_flows` finds);
@@ -314,10 +365,13 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     exactly (`search_reserved`, from the best fleet and the column generation master's nodes; half of the time
     left); above `FULL_PROGRAM_MAX`, the restricted program of one plan per class and slice instead (`solve_plans`:
     the column generation's near plans and the greedy's where it ran, else every single configuration and simple
-    mixes; all of the time left; a stage starts only with time left); then the full program
-    started from the best fleet so far, its bound the answer's where higher. The answer is the cheapest fleet found
-    (never dearer than the greedy), its gap against the best bound. ``aggregated_stage`` and ``bound_stage`` switch
-    those stages off (a stage's own call needs no bound).
+    mixes; all of the time left; a stage starts only with time left); up to `NODE_COLUMNS_MAX` columns
+    (`NODE_JOINED_COLUMNS_MAX` where pools join across systems), the node
+    relaxations' bound (`node_bound`, at most `NODE_SHARE` of the time; with whole replicas up to
+    `WHOLE_REPLICAS_MAX` columns), each followed by the slices solved at its nodes (`solve_by_slice`); then, unless
+    that bound proves the best fleet so far, the full program started from it, its bound the answer's where higher.
+    The answer is the cheapest fleet found (never dearer than the greedy), its gap against the best bound.
+    ``aggregated_stage`` and ``bound_stage`` switch those stages off (a stage's own call needs no bound).
     """
     _no_option(d)
     t0 = time.perf_counter()
@@ -343,6 +397,9 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
         f = solve_aggregated(dm, name, (AGGREGATED_SHARE if full else AGGREGATED_SHARE_COLUMNS) * time_limit_s)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
+    joined_pools = bool((dm.systems["interconnect_bytes_per_s"] > 0).any() and pooled)
+    nodes_stage = full and bound_stage and g is not None and columns <= (
+        NODE_JOINED_COLUMNS_MAX if joined_pools else NODE_COLUMNS_MAX)
     if plans and bound_stage:
         joined = bool((dm.systems["interconnect_bytes_per_s"] > 0).any())
         if joined:
@@ -356,11 +413,12 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
                 best, best_cost, found_by = f, fleet_cost(dm, f), "plans of pools paired on their own systems"
         if not joined or not full:
             share = min(JOINED_SHARE * time_limit_s, remaining() - PLAN_SHARE * time_limit_s) if joined else (
-                COLUMN_SHARE * time_limit_s)
+                (COLUMN_SHARE_FULL if nodes_stage else COLUMN_SHARE) * time_limit_s)
             cb, more, f = _column_stage(dm, g, name, max(share, 0.0), time_limit_s / 6, cut=joined, deadline=end)
             master = cb if cb.x is not None else master
             if cb.bound > -math.inf:
-                bound, bounded_by = cb.bound, f"bound by column generation ({cb.iterations} rounds)"
+                if cb.bound > bound:
+                    bound, bounded_by = cb.bound, f"bound by column generation ({cb.iterations} rounds)"
                 if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
                     best, best_cost, found_by = f, fleet_cost(dm, f), "plans at the master's nodes"
             for key, p in (more or {}).items():
@@ -378,8 +436,24 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
                         whole=choose_solver(dm, "plans") if solver == "auto" else name)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
+    proven = False
+    stop = min(end, time.perf_counter() + NODE_SHARE * time_limit_s)
+    for whole in (False, True) if nodes_stage else ():
+        # the node relaxations, replica counts continuous, then whole where the program is small: their bound may
+        # prove the best fleet so far, and then the full program is not run
+        if proven or stop - time.perf_counter() < 1.0 or (whole and columns > WHOLE_REPLICAS_MAX):
+            break
+        nb, at = node_bound(dm, stop - time.perf_counter(), whole)
+        if nb > bound:
+            bound, bounded_by = nb, "bound by the node relaxation"
+        if at is not None and bound < best_cost * (1 - 1e-9) and remaining() > 1.0:
+            # the slices solved exactly at the relaxation's reserved nodes and systems: a fleet, often its optimum
+            f = solve_by_slice(dm, name, remaining() / 2, *at, deadline=end)
+            if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+                best, best_cost, found_by = f, fleet_cost(dm, f), "slices at the node relaxation's nodes"
+        proven = bound >= best_cost * (1 - 1e-9)
     termination = f"full program not run ({bounded_by or 'no bound'})"
-    if full:
+    if full and not proven:
         m = build(dm, hull=hull)
         hinted = name in HINTS and best is not None
         if hinted:
