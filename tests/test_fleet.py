@@ -211,6 +211,19 @@ class TestFleetPlansThenProgram(TestFleetContract):
         return r.result.objective, r, r.result
 
 
+def solved_instances(seed: int, count: int):
+    """``count`` random instances (`random_instance` from ``seed``) the brute force solves, each with its optimum."""
+    rng = np.random.default_rng(seed)
+    found = 0
+    while found < count:
+        d = random_instance(rng)
+        best = brute_force(d)
+        if best is None:
+            continue
+        found += 1
+        yield d, best
+
+
 def test_the_greedy_warm_start_satisfies_every_row_of_the_program():
     """The warm start handed to the solvers is a fleet of the program itself: every variable set, within its bounds,
     every constraint holding (so a solver that takes it starts from a feasible incumbent)."""
@@ -347,13 +360,8 @@ def test_node_relaxations_bound_the_brute_force_optimum_and_the_reported_gap_is_
     from dse.optimize.solver import relative_gap
     from formulations.fleet import relax_replicas
 
-    rng = np.random.default_rng(53)
-    checked = raised = 0
-    while checked < 10:
-        d = random_instance(rng)
-        best = brute_force(d)
-        if best is None:
-            continue
+    raised = 0
+    for d, best in solved_instances(53, 10):
         lp = relaxation_bound(build(d, lean=True), "highs", 10)
         bounds = []
         for lean, replicas in itertools.product((False, True), (True, False)):
@@ -370,7 +378,6 @@ def test_node_relaxations_bound_the_brute_force_optimum_and_the_reported_gap_is_
         assert r.bound <= best * (1 + 1e-6) + 1e-6 and r.objective >= best * (1 - 1e-6)
         assert r.gap == pytest.approx(relative_gap(r.objective, r.bound), abs=1e-12)
         assert r.gap == pytest.approx((r.objective - r.bound) / r.objective, abs=1e-9)
-        checked += 1
     assert raised >= 1
 
 
@@ -794,13 +801,8 @@ def test_column_generation_bound_is_at_most_the_brute_force_optimum():
     from dse.optimize.bridge import relaxation_bound
     from dse.optimize.fleet_bound import column_bound
 
-    rng = np.random.default_rng(43)
-    checked = raised = 0
-    while checked < 12:
-        d = random_instance(rng)
-        best = brute_force(d)
-        if best is None:
-            continue
+    raised = 0
+    for d, best in solved_instances(43, 12):
         root = column_bound(d, 10.0, tol=1e-9, branch=False)
         cb = column_bound(d, 10.0, tol=1e-9)
         assert root.bound <= cb.bound * (1 + 1e-9) + 1e-9
@@ -808,7 +810,6 @@ def test_column_generation_bound_is_at_most_the_brute_force_optimum():
         raised += cb.bound > root.bound + 1e-6
         if d.budget_usd_per_day is None and root.bound >= root.master * (1 - 1e-6):
             assert root.bound >= relaxation_bound(build(d), "highs", 10) * (1 - 1e-6) - 1e-6
-        checked += 1
     assert raised >= 1
 
 
