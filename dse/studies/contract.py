@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -156,10 +157,10 @@ class StudyOutput:
     def tables(self) -> dict[str, Table]:
         return self.solved.tables
 
-    @property
+    @cached_property
     def frames(self) -> Frames:
-        """The tables as pandas DataFrames, each made when first read (for the figures and headlines drawn with
-        pandas).
+        """The tables as pandas DataFrames, each made once, when first read (for the figures and headlines drawn
+        with pandas).
         """
         return Frames(self.solved.tables)
 
