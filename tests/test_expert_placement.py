@@ -83,12 +83,20 @@ def test_expert_placement_study(shipped):
     assert (t["crossing_tokens_mip"] < t["crossing_tokens_greedy"]).any()
     assert (t["tpot_s_mip"] <= t["tpot_s_greedy"] * (1 + 1e-12)).all()
     assert (run.out / "placement.png").exists()
-    # its stages stop on node limits, not seconds: the same answer on every machine (two runs under a time limit
-    # once crossed 10,602 and 6,339 tokens at the strongest skew); stage 1 proves a perfect balance at every skew
+    # its stages stop on node limits, not seconds: the same answer on every run on one machine (two runs under a
+    # time limit once crossed 10,602 and 6,339 tokens at the strongest skew). Across CPUs the node-limited answers
+    # differ (the LP's floating-point path: at skew 0.6 a perfect balance and 14,930 crossing tokens on one
+    # machine, 2,048.37 and the greedy's 15,895 on an AMD EPYC), so what is asserted is what the stages prove: the
+    # mean load per GPU (2,048) bounds the peak, each peak is within its reported gap of it, and the unskewed
+    # instance's crossing tokens are proved optimal
     assert summary["reproducible"] and not t["time_limited"].any()
-    np.testing.assert_allclose(t["crossing_tokens_mip"], [15360, 14930.094, 12371.163, 6854.780], atol=0.01)
-    np.testing.assert_allclose(t["peak_tokens_mip"], 2048, rtol=1e-9)  # the mean load per GPU: a perfect balance
-    assert (t["gap"] <= 1e-9).all()
+    peak = t["peak_tokens_mip"].to_numpy()
+    assert (peak >= 2048 * (1 - 1e-9)).all() and ((peak - 2048) / peak <= t["gap"] + 1e-9).all()
+    assert (t["gap"] <= 1e-3).all()
+    unskewed = t[t["skew"] == 0].iloc[0]
+    assert unskewed["status"] == "optimal" and unskewed["crossing_gap"] <= 1e-9
+    assert unskewed["crossing_tokens_mip"] == pytest.approx(15360, abs=0.01)
+    assert unskewed["peak_tokens_mip"] == pytest.approx(2048, rel=1e-9)
 
 
 

@@ -65,8 +65,10 @@ def solve(model: mb.Model, solver: str = "highs", time_limit_s: float = 60.0,
           node_limit: int | None = None, settings: tuple[str, ...] = ()) -> tuple[mb.Solver, SolveResult]:
     """Solve a model_builder model with a named OR-Tools back end.
 
-    ``node_limit`` bounds the branch-and-bound nodes: unlike a time limit, it gives the same answer on
-    any machine (single-threaded solvers are deterministic), so it is the limit that should decide.
+    ``node_limit`` bounds the branch-and-bound nodes: unlike a time limit, it gives the same answer on every
+    run on one machine whatever its load (single-threaded solvers are deterministic), so it is the limit that
+    should decide. Across CPUs the LP's floating-point path can differ, and a node-limited answer with it
+    (`dse.optimize.placement` measures one case).
     ``settings`` are further solver-specific parameters, one per line in the back end's own syntax (SCIP:
     ``separating/maxroundsroot = 2``), set before the node limit.
     """

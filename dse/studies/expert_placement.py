@@ -34,7 +34,8 @@ class PlacementSpec(Strict):
     extra_slots: int = Field(default=2, ge=0, le=64, description="slots per GPU beyond experts / GPUs")
     experts: int | None = Field(default=None, ge=2, le=4096, description="experts to place (default: the model's)")
     node_limit: int | None = Field(default=200, ge=1, le=1_000_000, description="branch-and-bound nodes of stage 1 "
-                                   "(peak load): a limit of work, which gives the same answer on every machine; "
+                                   "(peak load): a limit of work, which gives the same answer on every run on one "
+                                   "machine, whatever its load; "
                                    "null: the time limit alone decides")
     crossing_node_limit: int | None = Field(default=1, ge=1, le=1_000_000, description="branch-and-bound nodes of "
                                             "stage 2 (crossing tokens; 1: the root, its cuts and heuristics); null: "
@@ -122,14 +123,15 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
 
 
 def _limits(pl: PlacementSpec, limited: bool) -> str:
-    """What stopped the stages, and so whether another machine gets the same answer."""
+    """What stopped the stages, and so whether another run gets the same answer."""
     if limited:
         return (f"a stage stopped at the time limit ({pl.time_limit_s:g} s): its answer depends on the machine's "
                 "speed and load and is not reproducible; raise placement.time_limit_s or lower the node limits")
     nodes = ", ".join(f"stage {i}: {'no limit' if n is None else f'{n} node' + ('s' if n > 1 else '')}"
                       for i, n in ((1, pl.node_limit), (2, pl.crossing_node_limit)))
     return (f"every stage stopped at optimality or at its node limit ({nodes}), never at the time limit: the same "
-            "answer on every machine")
+            "answer on every run on this machine (a node-limited answer can differ on another CPU; its bound and "
+            "gap say how far it can be from the optimum)")
 
 
 def _placement(out: StudyOutput, path: Path) -> None:
