@@ -24,15 +24,16 @@ import numpy as np
 import pytest
 from helpers import brute_force_choices, brute_force_pools, candidates_of, random_space, served
 
+from dse.catalog.calibration import error_band
 from dse.catalog.hardware import IDEAL, default_systems
 from dse.catalog.models import get_model
 from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
 from dse.optimize.requests import block_optima, disaggregated_tables
-from dse.optimize.space import build_space
+from dse.optimize.space import build_space, describe_choice
 from dse.optimize.whole import SOLVER, Budget, whole_aggregated, whole_disaggregated
 from dse.physics.roofline import ModelTable, SystemTable
-from dse.physics.serving import Request, aggregated, prefill_ttft
+from dse.physics.serving import Request, aggregated, decode_pool, prefill_ttft
 
 TOL = 1e-9
 MOST_PER_UNIT = 128
@@ -214,7 +215,8 @@ def _least(cost: np.ndarray, keys: tuple, ok: np.ndarray, best: tuple | None) ->
 
 def _check(space, w: Request, r, budget: Budget | None, demand: float | None) -> tuple[float, float]:
     """The deployment recomputed from its pools as reported: it fits the budget, serves the demand, meets the
-    targets at its planned figures; returns (objective, tie keys) as the brute force states them."""
+    targets at its planned figures and at those it reports as served (no higher: a pool with capacity to spare
+    holds fewer sequences); returns (objective, tie keys at the planned figures) as the brute force states them."""
     pools = r.pools if hasattr(r, "pools") else [{"role": "both", "replicas": r.replicas, **r.config}]
     by_id = {s.id: s for s in space.systems}
     units = sum(_units(budget, p["replicas"], p["chips"], by_id[p["system"]].chips_per_node or 1) for p in pools)
@@ -224,15 +226,22 @@ def _check(space, w: Request, r, budget: Budget | None, demand: float | None) ->
     assert dep["usd_per_s"] == pytest.approx(usd, rel=1e-12)
     if budget is not None:
         assert units <= budget.limit
+    # planned: the decode pool's TPOT at its batch; TTFT the aggregated replica's at its batch, the prefill pool's
+    # at its utilisation as deployed
+    tpot = r.metrics["tpot_s"]
+    ttft = r.metrics["ttft_s"] if len(pools) == 1 else dep["ttft_s"]
+    assert dep["tpot_s"] <= tpot * (1 + TOL) and dep["ttft_s"] <= ttft * (1 + TOL)
+    if "batch_served" in dep:  # fewer sequences per rank than planned, never more
+        assert 1 <= dep["batch_served"] <= pools[-1]["batch"]
     if w.tpot_max is not None:
-        assert dep["tpot_s"] <= w.tpot_max * (1 + TOL)
+        assert dep["tpot_s"] <= tpot <= w.tpot_max * (1 + TOL)
     if w.ttft_max is not None:
-        assert dep["ttft_s"] <= w.ttft_max * (1 + TOL)
+        assert dep["ttft_s"] <= ttft <= w.ttft_max * (1 + TOL)
     assert r.result.solver == SOLVER and r.result.gap == 0 and r.whole
     if demand is not None:
         assert dep["requests_per_s"] == pytest.approx(demand / w.output, rel=1e-12)
-        return usd, (dep["tpot_s"], dep["ttft_s"], dep["chips"], units)
-    return usd / dep["requests_per_s"], (dep["tpot_s"], dep["ttft_s"], -dep["requests_per_s"], dep["chips"])
+        return usd, (tpot, ttft, dep["chips"], units)
+    return usd / dep["requests_per_s"], (tpot, ttft, -dep["requests_per_s"], dep["chips"])
 
 
 @pytest.mark.parametrize("chunk", range(3))
@@ -282,3 +291,62 @@ def test_a_budget_below_the_smallest_deployment_names_the_shortfall():
         whole_aggregated(space, block_optima(space, w), Budget(gpus=1), None)
     (r,) = whole_aggregated(space, block_optima(space, w), Budget(gpus=16), None)
     assert r.replicas * r.config["chips"] <= 16 and r.replicas * r.config["chips"] > 8  # copies fill the budget
+
+
+def _served_by_brute_force(space, w: Request, pool: dict, rate: float, decode: bool, speed: float = 1.0
+                           ) -> tuple[int, dict]:
+    """The batch (over the DP ranks) one replica of ``pool`` serving ``rate`` requests/s holds, and the physics
+    there: its rate at every batch per DP rank up to the pool's, evaluated here from the request-level physics
+    (times ``speed``), the fewest sequences whose rate covers ``rate``."""
+    systems = [s.id for s in space.systems]
+    per_rank = pool["batch"] // pool["dp"]
+    row = (systems.index(pool["system"]), pool["tp"], pool["dp"], pool["ep"], pool["etp"], pool["pp"],
+           DTYPES.index(pool["weights_dtype"]), DTYPES.index(pool["kv_dtype"]), int(pool["kv_tier"] == "host"))
+    cand = candidates_of([(*row, n) for n in range(1, per_rank + 1)], w.prompt + w.output)
+    mt, st = space.tables()
+    req = replace(space.served(w), report_quantiles=(0.9,))
+    m = (decode_pool if decode else aggregated)(cand, mt, st, req, IDEAL if space.ideal else None)
+    n = next((n for n in range(1, per_rank + 1) if speed * m["requests_per_s"][n - 1] >= rate * (1 - TOL)),
+             per_rank)
+    return n * pool["dp"], {k: float(np.ravel(v)[n - 1]) for k, v in m.items() if k.startswith(("ttft", "tpot"))}
+
+
+def test_pools_with_capacity_to_spare_report_the_batch_they_serve():
+    """Random small spaces with a demand: where the replicas of the best whole deployment can serve more than the
+    demand, each holds the fewest sequences whose rate covers its share (Little's law, to a whole sequence per DP
+    rank), and the TTFT, TPOT and p90s reported are the physics' at that batch, recomputed here at every batch."""
+    rng = np.random.default_rng(7400)
+    seen = 0
+    for _ in range(40):
+        model, w, opts, budget, demand = _case(rng)
+        if demand is None:
+            continue
+        space = build_space(model, w, opts)
+        if space.blocks.empty:
+            continue
+        for mode in ("aggregated", "disaggregated"):
+            try:
+                got = (whole_aggregated(space, block_optima(space, w), None, demand)[0] if mode == "aggregated"
+                       else whole_disaggregated(space, disaggregated_tables(space, w), None, demand)[0])
+            except InfeasibleError:
+                continue
+            dep = got.deployed
+            pool = ({**describe_choice(space, got.decode), "replicas": got.pools[1]["replicas"]}
+                    if mode == "disaggregated" else {**got.config, "replicas": got.replicas})
+            share = dep["requests_per_s"] / pool["replicas"]
+            batch, m = _served_by_brute_force(space, w, pool, share, mode == "disaggregated")
+            assert dep.get("batch_served", pool["batch"]) == batch, (mode, model.id, w, opts, demand)
+            assert dep["tpot_s"] == pytest.approx(m["tpot_s"], rel=1e-9)
+            assert dep["tpot_p90_s"] == pytest.approx(m.get("tpot_p90_s", m["tpot_s"]), rel=1e-9)
+            if mode == "aggregated":
+                assert dep["ttft_s"] == pytest.approx(m["ttft_s"], rel=1e-9)
+                assert dep["ttft_p90_s"] == pytest.approx(m["ttft_p90_s"], rel=1e-9)
+            band = None if space.ideal else error_band(pool["system"])
+            if batch < pool["batch"] and band is not None:  # the batches held at the throughput band's ends
+                slow = _served_by_brute_force(space, w, pool, share, mode == "disaggregated", band[0])[1]
+                fast = _served_by_brute_force(space, w, pool, share, mode == "disaggregated", band[1])[1]
+                assert dep["served_edges"]["tpot_s"] == pytest.approx((fast["tpot_s"], slow["tpot_s"]), rel=1e-9)
+                assert slow["tpot_s"] >= dep["tpot_s"] >= fast["tpot_s"]
+            seen += batch < pool["batch"]
+    print(f"{seen} deployments hold fewer sequences than planned")
+    assert seen >= 3

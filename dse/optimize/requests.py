@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from dse.catalog.calibration import error_band
 from dse.catalog.hardware import FP8_ENCODINGS, IDEAL, default_systems
 from dse.catalog.units import DTYPES
 from dse.errors import InfeasibleError
@@ -168,6 +169,7 @@ class BlockOptima:
     binding: list[str]
     evaluated: int
     margins: Margins | None = None  # the robust search's (None: judged as predicted)
+    req: Request | None = None  # the request the pairs were evaluated for (None: the space's workload)
 
 
 def _binding(n: int, n_hi: int, cap: int | None, m_next: dict | None, req: Request) -> str:
@@ -245,7 +247,7 @@ def block_optima(space: Space, req: Request | None = None, max_pairs: int | None
             continue
         following = {k: v[j] for k, v in nxt.items()} if best_n[j] < n_hi[j] else None
         binding.append(_binding(int(best_n[j]), int(n_hi[j]), cap, following, w))
-    return BlockOptima(b, best_n, metrics, binding, evaluated, margins)
+    return BlockOptima(b, best_n, metrics, binding, evaluated, margins, req)
 
 
 def diagnose_requests(space: Space, req: Request, margins: Margins | None = None) -> str:
@@ -337,29 +339,80 @@ def aggregated_result(space: Space, opt: BlockOptima, j: int, res: SolveResult, 
         replicas = w.concurrency // int(in_flight_per_replica(opt.blocks, j, int(opt.n[j])))
     system = space.systems[int(opt.blocks["system_idx"][j])]
     rate = replicas * metrics["requests_per_s"] if demand is None else demand / space.workload.output
+    served = served_aggregated(space, opt, j, rate / replicas) if spare(rate, replicas, metrics) else None
     return RequestResult(res, choice, describe_choice(space, choice), metrics, opt.binding[j],
                          {"pairs_evaluated": opt.evaluated, "blocks": len(opt.blocks)}, replicas,
-                         aggregated_deployed(metrics, replicas, chips, system.power_all_in_w, rate, space.workload),
-                         whole)
+                         aggregated_deployed(metrics, replicas, chips, system.power_all_in_w, rate, space.workload,
+                                             served), whole)
+
+
+def spare(rate: float, replicas: int, metrics: dict) -> bool:
+    """Whether ``replicas`` replicas, each serving ``metrics["requests_per_s"]`` at its planned batch, serve
+    ``rate`` requests/s with capacity to spare (their served batch is then smaller: `served_batch`)."""
+    return rate < replicas * metrics["requests_per_s"] * (1 - 1e-6)
+
+
+def served_batch(rates: np.ndarray, rate: float) -> int:
+    """The sequences per rank a replica serving ``rate`` requests/s holds, given its rate ``rates[n - 1]`` at n
+    sequences per rank up to its planned batch: the fewest whose rate covers ``rate`` (Little's law: a replica
+    below its capacity holds fewer requests in flight, rounded up to a whole sequence, so its TTFT and TPOT there
+    are at or above those of the exact load), the planned batch where none does.
+    """
+    covers = np.flatnonzero(rates >= rate * (1 - TOL))
+    return int(covers[0]) + 1 if len(covers) else len(rates)
+
+
+def at_served_load(space: Space, system_idx: int, dp: int, m: dict[str, np.ndarray], rate: float) -> dict:
+    """The figures ``m`` (arrays over 1, 2, ... sequences per rank, up to a planned batch) at the batch a replica
+    serving ``rate`` requests/s holds (`served_batch`), that batch over the ``dp`` ranks as ``batch_served``, and
+    as ``served_edges`` the TTFT and TPOT at the batches it holds at the low and high ends of its system's
+    throughput band (a replica slower than predicted holds more sequences for the same rate: a band's edge is its
+    multiplier times the figure at that edge's batch, `dse.studies.common`). No edges in the ideal roofline or
+    where the system has no band.
+    """
+    rates = np.asarray(m["requests_per_s"], dtype=np.float64)
+    k = served_batch(rates, rate)
+    out = {key: float(np.asarray(v)[k - 1]) for key, v in m.items() if np.ndim(v)}
+    out["batch_served"] = k * dp
+    band = None if space.ideal else error_band(space.systems[system_idx].id)
+    if band is not None:
+        slow, fast = served_batch(rates * band[0], rate), served_batch(rates * band[1], rate)
+        out["served_edges"] = {key: (float(np.asarray(m[key])[fast - 1]), float(np.asarray(m[key])[slow - 1]))
+                               for key in ("ttft_s", "tpot_s") if key in m}
+    return out
+
+
+def served_aggregated(space: Space, opt: BlockOptima, j: int, rate: float) -> dict:
+    """Request-level metrics (every quantile) of block ``j`` of ``opt`` at the batch a replica serving ``rate``
+    requests/s holds, up to its planned batch (`at_served_load`).
+    """
+    n = int(opt.n[j])
+    req = replace(opt.req or space.workload, report_quantiles=QUANTILES)
+    m = evaluate_pairs(space, opt.blocks, np.full(n, j), np.arange(1, n + 1), req)
+    return at_served_load(space, int(opt.blocks["system_idx"][j]), int(opt.blocks["dp"][j]), m, rate)
 
 
 def aggregated_deployed(metrics: dict, replicas: int, chips: int, power_per_chip: float, rate: float,
-                        req: Request) -> dict:
+                        req: Request, served: dict | None = None) -> dict:
     """An aggregated deployment of ``replicas`` replicas (one replica's request-level ``metrics`` at its batch)
     serving ``rate`` requests/s (their capacity or less), costed as deployed: every chip's USD/s over the requests
-    served, split into input and output by the replica's prefill share of time. TTFT and TPOT are those at the
-    planned batch (below it, no higher).
+    served, split into input and output by the replica's prefill share of time at its planned batch. TTFT and TPOT
+    (and their quantiles) are those at the batch each replica serves (``served``: `served_aggregated`, where the
+    replicas have capacity to spare), else at the planned batch.
     """
     usd_s = replicas * metrics["usd_per_s"]
     usd_req = usd_s / rate
     u = metrics["prefill_share"]
     gpus = replicas * chips
+    at = served or metrics
+    latency = {k: v for k, v in at.items() if k.startswith(("ttft_", "tpot_"))}
     return {"usd_per_request": usd_req, "usd_per_mtok_input": usd_req * u / req.prompt * 1e6,
             "usd_per_mtok_output": usd_req * (1 - u) / req.output * 1e6,
             "usd_per_mtok_blended": usd_req / (req.prompt + req.output) * 1e6, "prefill_share": u,
             "chips": gpus, "power_w": gpus * power_per_chip, "requests_per_s": rate, "usd_per_s": usd_s,
-            "tokens_per_s_per_gpu": rate * req.output / gpus, "ttft_s": metrics["ttft_s"], "tpot_s": metrics["tpot_s"],
-            "replicas": replicas}
+            "tokens_per_s_per_gpu": rate * req.output / gpus, **latency,
+            "tokens_per_s_per_user": 1.0 / at["tpot_s"], "replicas": replicas,
+            **({k: served[k] for k in ("batch_served", "served_edges") if k in served} if served else {})}
 
 
 def solve_requests(space: Space, req: Request | None = None) -> RequestResult:
@@ -384,19 +437,35 @@ def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only
     metrics (``DECODE_KEYS`` plus ``fits`` and ``ok``: fits and meets the workload's TPOT target, with its TPOT
     times its margin where ``margins`` are given).
     """
-    mt, st = space.tables()
-    eff = IDEAL if space.ideal else None
     b, req = space.blocks, space.served(req)
     # a decode pool's passes carry no prefill: every request's TPOT is the pass's, its quantiles the mean
     tpot_targets = [t for key, t, _ in targets(space.workload) if key.startswith("tpot")]
     for pos, n in pair_chunks(b, max_pairs, only):
-        r = decode_pool(block_candidates(b, n, space.workload.context, pos=pos), mt, st, req, eff)
+        r = decode_replicas(space, req, pos, n)
         m = {k: np.asarray(r[k], dtype=np.float64) for k in DECODE_KEYS}
         m["fits"] = np.asarray(r["fits"], dtype=bool)
         m["ok"] = m["fits"] & np.isfinite(m["usd_per_request"]) & (m["usd_per_request"] > 0)
         for tpot_max in tpot_targets:
             m["ok"] &= m["tpot_s"] * per_pair(margins, space, pos)[1] <= tpot_max * (1 + TOL)
         yield pos, n, m
+
+
+def decode_replicas(space: Space, req: Request, pos: np.ndarray, n: np.ndarray) -> dict[str, np.ndarray]:
+    """A decode replica (`dse.physics.serving.decode_pool`) of each (block, n) pair, ``pos`` positions into
+    ``space.blocks``, serving ``req`` (as the space serves it: `Space.served`)."""
+    mt, st = space.tables()
+    return decode_pool(block_candidates(space.blocks, n, space.workload.context, pos=pos), mt, st, req,
+                       IDEAL if space.ideal else None)
+
+
+def served_decode(space: Space, t: DisaggregatedTables, i: int, rate: float) -> dict:
+    """TPOT of decode pair ``i`` of ``t`` at the batch a decode replica serving ``rate`` requests/s holds, up to the
+    pair's batch (`at_served_load`)."""
+    n, pos = int(t.dn[i]), int(t.dpos[i])
+    m = decode_replicas(space, space.served(t.req), np.full(n, pos), np.arange(1, n + 1))
+    b = space.blocks
+    return at_served_load(space, int(b["system_idx"][pos]), int(b["dp"][pos]),
+                          {k: m[k] for k in ("tpot_s", "requests_per_s")}, rate)
 
 
 @dataclass
@@ -557,7 +626,7 @@ def pair_pools(space: Space, req: Request, i: np.ndarray, dpos: np.ndarray, dn: 
     eff = IDEAL if space.ideal else None
     b = space.blocks
     req = replace(space.served(req), report_quantiles=QUANTILES)  # the answer reports every quantile
-    dec = decode_pool(block_candidates(b, dn[i], space.workload.context, pos=dpos[i]), mt, st, req, eff)
+    dec = decode_replicas(space, req, dpos[i], dn[i])
     pr = prefill_pool(block_candidates(b, np.ones(len(j)), req.prompt, pos=pre.pos[j]), mt, st, req, pre.cp[j], eff)
     return dec, pr, req
 
@@ -732,7 +801,8 @@ def disaggregated_results(space: Space, t: DisaggregatedTables, i: np.ndarray, j
         metrics, (p, d) = fluid[k], units[k]
         block, n = int(index[t.dpos[ik]]), int(t.dn[ik])
         choice = Choice(block, n, metrics["tpot_s"], metrics["usd_per_request"])
-        deployed = disaggregated_deployed(space, t, ik, jk, metrics, at_rho[k], rates[k], p, d)
+        served = served_decode(space, t, ik, rates[k] / d) if spare(rates[k], d, metrics) else None
+        deployed = disaggregated_deployed(space, t, ik, jk, metrics, at_rho[k], rates[k], p, d, served)
         pools = deployment_pools(space, choice, int(index[pre.pos[jk]]), bool(pre.cp[jk]), deployed, p, d)
         hi = int(n_hi[t.dpos[ik]])
         nxt = None
@@ -763,13 +833,14 @@ def deployed_rate(space: Space, t: DisaggregatedTables, j: int, fluid: dict, p: 
 
 
 def disaggregated_deployed(space: Space, t: DisaggregatedTables, i: int, j: int, fluid: dict, m: dict, rate: float,
-                           p: int, d: int) -> dict:
+                           p: int, d: int, served: dict | None = None) -> dict:
     """``p`` prefill replicas of option ``j`` and ``d`` decode replicas of pair ``i`` (``fluid``: their metrics at
     the fluid ratio) serving ``rate`` requests/s (`deployed_rate`), costed as deployed: every chip's USD/s over the
     requests served (each pool's idle share included), input the prefill pool's cost, output the decode pool's.
     The prefill pool runs at utilisation R S / (p servers), at most its planned one, and ``m`` are the pair's
-    metrics there (`pair_metrics`: TTFT is the physics' at that utilisation); TPOT is the decode pool's at its
-    planned batch (below its capacity, no higher).
+    metrics there (`pair_metrics`: TTFT is the physics' at that utilisation); TPOT is the decode pool's at the
+    batch each decode replica serves (``served``: `served_decode`, where the decode pool has capacity to spare),
+    else at its planned batch.
     """
     req, pre = space.workload, t.searched_pre
     m = dict(m)
@@ -784,8 +855,11 @@ def disaggregated_deployed(space: Space, t: DisaggregatedTables, i: int, j: int,
               "usd_per_mtok_blended": usd / rate / (req.prompt + req.output) * 1e6, "prefill_share": usd_pre / usd,
               "chips": gpus, "power_w": p * pre_chips * pre_sys.power_all_in_w + d * dec_chips * dec_sys.power_all_in_w,
               "requests_per_s": rate, "usd_per_s": usd, "tokens_per_s_per_gpu": rate * req.output / gpus,
-              "prefill_replicas": p, "decode_replicas": d, "tpot_s": fluid["tpot_s"],
-              "tokens_per_s_per_user": fluid["tokens_per_s_per_user"]})
+              "prefill_replicas": p, "decode_replicas": d})
+    tpot = (served or fluid)["tpot_s"]
+    # a decode pass carries no prefill: every request's TPOT is the pass's, its quantiles the mean
+    m.update({k: tpot for k in m if k.startswith("tpot_")}, tpot_s=tpot, tokens_per_s_per_user=1.0 / tpot)
+    m.update({k: served[k] for k in ("batch_served", "served_edges") if k in (served or {})})
     return m
 
 
@@ -800,7 +874,8 @@ def deployment_pools(space: Space, decode: Choice, prefill_block: int, cp: bool,
     keys = ("system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype", "kv_dtype", "kv_tier")
     return [{"role": "prefill", "replicas": p, "context_parallel": cp, "utilisation": deployed["prefill_rho"],
              **{k: pre[k] for k in keys}},
-            {"role": "decode", "replicas": d, **{k: dec[k] for k in keys}}]
+            {"role": "decode", "replicas": d, **{k: dec[k] for k in keys},
+             **{k: deployed[k] for k in ("batch_served",) if k in deployed}}]
 
 
 def diagnose_disaggregated(space: Space, t: DisaggregatedTables, mask: np.ndarray | None = None) -> str:

@@ -187,6 +187,19 @@ def pooled_bands(cost: list[tuple[str, float]], ttft: list[tuple[str, float]], t
     return Bands((1.0 / scaled(1), 1.0 / scaled(0)), worst(tpot, "tpot"), worst(ttft, "ttft"))
 
 
+def banded(out: dict, deployed: dict, bands: Bands | None) -> None:
+    """An entry's bands (`band_keys`). Where a pool holds fewer sequences than planned (``served_edges`` of its
+    figures as deployed: `dse.optimize.requests.at_served_load`), each end of its TTFT and TPOT band is the band's
+    multiplier times the figure at the batch the pool holds at that end of its throughput band: a pool slower than
+    predicted holds more sequences for the same rate, so its TPOT rises more than the multiplier alone says.
+    """
+    out.update(band_keys(out, bands))
+    for key, (fast, slow) in (deployed.get("served_edges") or {}).items():
+        if bands is not None and out.get(f"{key}_band") is not None:
+            lo, hi = getattr(bands, key.removesuffix("_s"))
+            out[f"{key}_band"] = [fast * lo, slow * hi]
+
+
 def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_low: bool = False,
           memo: dict | None = None) -> dict:
     """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`).
@@ -202,11 +215,13 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_l
     if request_level:
         out["binding"] = res.binding
         out["pools"][0]["replicas"] = res.replicas
+        if "batch_served" in res.deployed:  # the replicas have capacity to spare: each holds fewer sequences
+            out["pools"][0]["batch_served"] = res.deployed["batch_served"]
         as_deployed(out, res.deployed, res.metrics["usd_per_request"], space.workload.output)
         if space.workload.closed_loop and space.workload.concurrency is not None:
             out["concurrency"] = space.workload.concurrency  # the replicas hold the closed loop exactly
         parts = [(system.id, out[k]) for k in ("usd_per_request", "ttft_s", "tpot_s")]
-        out.update(band_keys(out, None if ideal else pooled_bands(*([p] for p in parts), sized_low=sized_low)))
+        banded(out, res.deployed, None if ideal else pooled_bands(*([p] for p in parts), sized_low=sized_low))
         out["chunk_tokens"] = space.workload.chunk  # the chunked-prefill budget the plan was solved at
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
@@ -215,7 +230,7 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_l
 
 DEPLOYED_KEYS = ("ttft_s", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "usd_per_request",
                  "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended", "chips", "power_w",
-                 "prefill_share", "requests_per_s")
+                 "prefill_share", "requests_per_s", *QUANTILE_KEYS)
 """The request-level keys of an entry that are its whole deployment's, as deployed."""
 
 
@@ -262,9 +277,9 @@ def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool, siz
     cal = {family_of(s.id) or "uncalibrated family" for s in (system, pre_sys)}
     out["calibration"] = "uncalibrated family" if "uncalibrated family" in cal else ", ".join(sorted(cal))
     usd, share = out["usd_per_request"], out["prefill_share"]
-    out.update(band_keys(out, None if ideal else pooled_bands(
+    banded(out, dep, None if ideal else pooled_bands(
         [(system.id, usd * (1 - share)), (pre_sys.id, usd * share)], [(pre_sys.id, out["ttft_s"])],
-        [(system.id, out["tpot_s"])], sized_low=sized_low)))
+        [(system.id, out["tpot_s"])], sized_low=sized_low))
     out["binding"] = res.binding
     out["chunk_tokens"] = space.workload.chunk  # the chunked-prefill budget the plan was solved at
     out["solver_status"] = res.result.status
@@ -424,12 +439,14 @@ def _deployment_key(serving: str, pools: list[dict]) -> tuple[str, tuple[str, ..
 
 def pool_text(p: dict) -> str:
     """One pool in a line: replicas, role, chips, system, layout and batch (``2 x decode [8 h200 TP8 DP1 EP1,
-    batch 64]``); a prefill pool's batch is one prompt per DP rank, so it is not repeated.
+    batch 64]``; ``batch 64, serving 41`` where the replicas have capacity to spare); a prefill pool's batch is
+    one prompt per DP rank, so it is not repeated.
     """
     role = "" if p.get("role", "both") == "both" else f"{p['role']} "
     layout = f"{p['chips']} {p['system']} TP{p['tp']} DP{p['dp']} EP{p['ep']}" + (
         f" PP{p['pp']}" if p["pp"] > 1 else "") + (" CP" if p.get("context_parallel") else "")
-    batch = "" if p.get("role") == "prefill" else f", batch {p['batch']}"
+    served = f", serving {p['batch_served']}" if p.get("batch_served") not in (None, p["batch"]) else ""
+    batch = "" if p.get("role") == "prefill" else f", batch {p['batch']}{served}"
     return f"{p['replicas']} x {role}[{layout}{batch}]"
 
 
