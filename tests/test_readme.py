@@ -51,7 +51,9 @@ def test_the_budget_example_prints_what_the_readme_shows(shipped, monkeypatch, c
     assert e["pools"][1]["tp"] == 1 and e["binding"] == "HBM capacity"
     tied = [a for a in e["alternatives"] if a["serving"] == "disaggregated"
             and a["usd_per_request"] == pytest.approx(e["usd_per_request"], rel=1e-12)]
-    assert any(a["pools"][1]["tp"] == 2 and a["tpot_s"] > 1.3 * e["tpot_s"] for a in tied)
+    # (the TP2 pairs' TPOT is 50 ms at their planned batch, 40 ms at the batch they serve, the winner's 34 ms)
+    assert any(a["pools"][1]["tp"] == 2 and a["binding"].startswith("the TPOT target") and a["tpot_s"] > 1.15 * e["tpot_s"]
+               for a in tied)
     assert all(a["tpot_s"] >= e["tpot_s"] for a in tied)
     agg = min(a["usd_per_request"] for a in e["alternatives"] if a["serving"] == "aggregated")
     assert 0.80 <= e["usd_per_request"] / agg <= 0.85
