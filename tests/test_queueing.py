@@ -58,15 +58,16 @@ def test_the_quantile_tables_match_the_distribution():
 
 def test_the_shipped_tables_are_the_ones_built_today(monkeypatch):
     """The tables a command reads from TABLES_FILE are build_table's (scripts/make_md1_tables.py writes them; on
-    this machine bit for bit, 1e-12 allowed for another CPU's exp and log), and a file whose settings are not
-    today's is not read."""
+    the machine that wrote them bit for bit; 1e-9 allowed for another CPU's exp and log: the closed form's
+    alternating sum cancels terms far larger than itself near rho x = EXACT_RHO_X, so a last-bit difference in exp
+    moves x_q by up to 9.9e-11 of itself on an AMD EPYC), and a file whose settings are not today's is not read."""
     shipped = Q._shipped()
     assert sorted(shipped) == sorted(Q.QUANTILES)
     for q in Q.QUANTILES:
         z, x = Q.build_table(q)
         assert shipped[q][0].shape == z.shape and shipped[q][1].shape == x.shape
         np.testing.assert_allclose(shipped[q][0], z, rtol=1e-12, atol=0)
-        np.testing.assert_allclose(shipped[q][1], x, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(shipped[q][1], x, rtol=1e-9, atol=0)
         assert Q._table(q) is shipped[q]
     monkeypatch.setattr(Q, "BISECTION_STEPS", Q.BISECTION_STEPS - 1)
     Q._shipped.cache_clear()

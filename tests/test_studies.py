@@ -86,8 +86,14 @@ def test_cheapest_1m_context_is_optimal_and_writes_every_output(cheapest_run):
             # the prefill pool serves the demand at no more than its planned utilisation, so TTFT holds
             assert 0 < e["prefill_utilisation"] == pre["utilisation"] <= 0.9
             # no prefill in the decode pool: its TPOT is the decode step at the mean context P + O/2 (the step
-            # figure is quoted at the last token's context P + O)
-            assert 0.99 * e["step_tpot_s"] <= e["tpot_s"] <= e["step_tpot_s"]
+            # figure is quoted at the last token's context P + O), at the batch it serves (the pool's replicas for
+            # the demand have capacity to spare, so fewer sequences than its planned batch)
+            assert e["batch_served"] == dec["batch_served"] < e["batch"]
+            step = evaluate_config(Config(
+                model=e["model"], system=e["system"], batch=int(e["batch_served"]), context=int(e["context"]),
+                tp=int(e["tp"]), ep=int(e["ep"]), pp=int(e["pp"]), dp=int(e["dp"]), etp=int(e["etp"]),
+                weights_dtype=e["weights_dtype"], kv_dtype=e["kv_dtype"], kv_tier=e["kv_tier"]))["step_s"]
+            assert 0.99 * step <= e["tpot_s"] <= step < e["step_tpot_s"]
             assert e["ttft_s"] >= e["prefill_service_s"] + e["kv_transfer_s"]
     # shipping systems with an on-demand price only: no announced part, no proxy price
     assert set(systems["system"]) == {"a100", "h100", "h200", "b200", "b300", "gb200-nvl72", "tpu-v4", "tpu-v5e",
@@ -95,27 +101,36 @@ def test_cheapest_1m_context_is_optimal_and_writes_every_output(cheapest_run):
 
 
 def test_dse_evaluate_reproduces_the_reported_best(cheapest_run):
-    """`dse evaluate --prompt --output` of each aggregated optimum gives its request-level figures and step
-    figures; of a disaggregated optimum's decode pool, its decode step."""
+    """`dse evaluate --prompt --output` of each aggregated optimum gives its step figures at its batch and its
+    request-level figures at the batch it serves (fewer sequences where the deployment for the demand has
+    capacity to spare); of a disaggregated optimum's decode pool, its decode step."""
     _, out = cheapest_run
     summary = json.loads((out / "summary.json").read_text())
     modes = pd.read_csv(out / "serving.csv")
     rows = [dict(r, prompt=1_000_000, output=1000, context=1_001_000) for _, r in modes[modes["serving"] == "aggregated"].iterrows()]
     assert rows
-    for e in [*rows, *summary["best"]]:
-        ev = evaluate_config(Config(
-            model=e["model"], system=e["system"], batch=int(e["batch"]), context=int(e["context"]), tp=int(e["tp"]),
+    def at(e: dict, batch: int) -> dict:
+        return evaluate_config(Config(
+            model=e["model"], system=e["system"], batch=batch, context=int(e["context"]), tp=int(e["tp"]),
             ep=int(e["ep"]), pp=int(e["pp"]), dp=int(e["dp"]), etp=int(e["etp"]), weights_dtype=e["weights_dtype"],
             kv_dtype=e["kv_dtype"], kv_tier=e["kv_tier"], prompt=int(e["prompt"]), output=int(e["output"])))
+
+    served = 0
+    for e in [*rows, *summary["best"]]:
+        ev = at(e, int(e["batch"]))
         assert ev["step_s"] == pytest.approx(e["step_tpot_s"], rel=1e-9)
         assert ev["fits"]
+        assert 1 <= int(e["batch_served"]) <= int(e["batch"])
         if e["serving"] != "aggregated":
             continue
         # one replica's figures (the whole deployment for the demand has as many as it needs, costed as deployed)
         assert ev["usd_per_request"] == pytest.approx(e["usd_per_request_fluid"], rel=1e-9)
+        assert ev["prefill_keeps_up"]
+        served += int(e["batch_served"]) < int(e["batch"])
+        ev = at(e, int(e["batch_served"]))
         for key in ("ttft_s", "tpot_s", "tokens_per_s_per_user"):
             assert ev[key] == pytest.approx(e[key], rel=1e-9), key
-        assert ev["prefill_keeps_up"]
+    assert served  # the replicas for the 1M-token demand have capacity to spare
 
 
 def test_pareto_front_is_monotone_and_non_dominated(shipped):

@@ -37,8 +37,8 @@ def test_the_answer_as_an_operator_reads_it(shipped, monkeypatch, capsys, column
         line = (f"{e['model']} / {e['workload']}: disaggregated, {pre['replicas']} x prefill [{pre['chips']} "
                 f"{pre['system']} TP{pre['tp']} DP{pre['dp']} EP{pre['ep']}{pp['pre']}"
                 f"{' CP' if pre['context_parallel'] else ''}] + {dec['replicas']} x decode [{dec['chips']} "
-                f"{dec['system']} TP{dec['tp']} DP{dec['dp']} EP{dec['ep']}{pp['dec']}, batch {dec['batch']}] "
-                f"= {gpus:,} GPUs")
+                f"{dec['system']} TP{dec['tp']} DP{dec['dp']} EP{dec['ep']}{pp['dec']}, batch {dec['batch']}"
+                f"{', serving ' + str(dec['batch_served']) if 'batch_served' in dec else ''}] = {gpus:,} GPUs")
         assert line in text, line
         assert (f"{e['usd_per_request']:.4g} USD per request as deployed ({e['usd_per_request_fluid']:.4g} at the "
                 "fluid pool ratio)") in text

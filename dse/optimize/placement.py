@@ -83,8 +83,9 @@ def solve_placement(data: PlacementData, time_limit_s: float = 600.0, solver: st
 
     ``node_limit`` bounds the branch-and-bound nodes of stage 1 (the peak load) and ``crossing_node_limit``
     those of stage 2 (the crossing tokens; default: ``node_limit``): limits of work, which give the same
-    answer on every run on one machine (not across CPUs: see the module's docstring). ``time_limit_s`` (per stage) is a safety net; a stage it stops is reported
-    (``time_limited``), since its answer then depends on the machine's speed.
+    answer on every run on one machine (not across CPUs: see the module's docstring). ``time_limit_s`` (per
+    stage) is a safety net; a stage it stops is reported (``time_limited``), since its answer then depends on
+    the machine's speed.
     """
     t0 = time.perf_counter()
     crossing_node_limit = node_limit if crossing_node_limit is None else crossing_node_limit

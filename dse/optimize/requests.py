@@ -348,7 +348,8 @@ def aggregated_result(space: Space, opt: BlockOptima, j: int, res: SolveResult, 
 
 def spare(rate: float, replicas: int, metrics: dict) -> bool:
     """Whether ``replicas`` replicas, each serving ``metrics["requests_per_s"]`` at its planned batch, serve
-    ``rate`` requests/s with capacity to spare (their served batch is then smaller: `served_batch`)."""
+    ``rate`` requests/s with capacity to spare (their served batch is then smaller: `served_batch`).
+    """
     return rate < replicas * metrics["requests_per_s"] * (1 - 1e-6)
 
 
@@ -452,7 +453,8 @@ def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only
 
 def decode_replicas(space: Space, req: Request, pos: np.ndarray, n: np.ndarray) -> dict[str, np.ndarray]:
     """A decode replica (`dse.physics.serving.decode_pool`) of each (block, n) pair, ``pos`` positions into
-    ``space.blocks``, serving ``req`` (as the space serves it: `Space.served`)."""
+    ``space.blocks``, serving ``req`` (as the space serves it: `Space.served`).
+    """
     mt, st = space.tables()
     return decode_pool(block_candidates(space.blocks, n, space.workload.context, pos=pos), mt, st, req,
                        IDEAL if space.ideal else None)
@@ -460,7 +462,8 @@ def decode_replicas(space: Space, req: Request, pos: np.ndarray, n: np.ndarray) 
 
 def served_decode(space: Space, t: DisaggregatedTables, i: int, rate: float) -> dict:
     """TPOT of decode pair ``i`` of ``t`` at the batch a decode replica serving ``rate`` requests/s holds, up to the
-    pair's batch (`at_served_load`)."""
+    pair's batch (`at_served_load`).
+    """
     n, pos = int(t.dn[i]), int(t.dpos[i])
     m = decode_replicas(space, space.served(t.req), np.full(n, pos), np.arange(1, n + 1))
     b = space.blocks

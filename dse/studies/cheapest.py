@@ -78,8 +78,8 @@ class Spec(StudySpec):
 
 ROW_KEYS = ("serving", "chips", "usd_per_request", "usd_per_request_fluid", "usd_per_mtok_input",
             "usd_per_mtok_output", "ttft_s", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "racks",
-            *CONFIG_KEYS[2:], "tokens_per_s", "hbm_bytes_per_chip", "usd_per_mtok_blended", "prefill_share", "bound",
-            "binding", "calibration", "price_is_estimate")
+            *CONFIG_KEYS[2:], "batch_served", "tokens_per_s", "hbm_bytes_per_chip", "usd_per_mtok_blended",
+            "prefill_share", "bound", "binding", "calibration", "price_is_estimate")
 """The columns of a table row of an optimum, the operator's figures first (``chips``: the whole deployment's
 GPUs; the configuration columns are the decode pool's for a disaggregated one, ``deployment`` spells out both)."""
 MODE_KEYS = ("etp", "step_tpot_s", "step_ttft_s", "power_w", "price_kind", "pool_ratio", "prefill_utilisation",

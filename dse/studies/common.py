@@ -243,6 +243,7 @@ def as_deployed(out: dict, deployed: dict, fluid_usd_per_request: float, output:
         if key in deployed:
             out[key] = deployed[key]
     out["chips"] = int(out["chips"])
+    out["batch_served"] = deployed.get("batch_served", out["batch"])  # fewer where the pool has capacity to spare
     out["usd_per_request_fluid"] = fluid_usd_per_request
     out["usd_per_mtok"] = out["usd_per_request"] / output * 1e6
     out["tokens_per_s"] = out["requests_per_s"] * output
