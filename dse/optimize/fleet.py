@@ -255,6 +255,9 @@ PLAN_SHARE = 1 / 4
 where pools join across systems."""
 
 
+SEARCH_LEFT = 1 / 12
+"""Above `FULL_PROGRAM_MAX` columns, where the plan program (`solve_plans`) ends with more than this share of the
+time limit left, the search over the reserved nodes (`search_reserved`) takes the rest from the best fleet."""
 NODE_SHARE = 3 / 4
 """Most share of the time limit for the node relaxations' bound (`node_bound`) and the slices at their nodes, where
 `solve_fleet` runs them (up to `NODE_COLUMNS_MAX` columns), before the search over the reserved nodes: where their
@@ -462,6 +465,11 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
                         whole=choose_solver(dm, "plans") if solver == "auto" else name)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
+        if not full and reserved_stage and remaining() > SEARCH_LEFT * time_limit_s:
+            # the plan program ended with time left: the search over the reserved nodes from its fleet
+            f = search_reserved(dm, name, remaining(), _reserved_starts(dm, best, master))
+            if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+                best, best_cost, found_by = f, fleet_cost(dm, f), "search over the reserved nodes"
     termination = f"full program not run ({bounded_by or 'no bound'})"
     if full and not proven:
         m = build(dm, hull=hull)
