@@ -275,9 +275,10 @@ NODE_COLUMNS_MAX = 1700
 5 x 12) or within 100 s at 1,820 (aggregated 10 x 6 as merged); there its time goes to the full program."""
 NODE_JOINED_COLUMNS_MAX = 1700
 """The same where pools join across systems: measured with `scripts/bench_fleet.py` (60 s, load 2.3-2.8), on mixed
-1 model x 6 slices (700 columns) the stage proves the optimum (3,899 USD/day) in 47.8 s; on mixed 1 x 24 (1,680) its
-relaxation ended with a dual bound of 0 and left the full program too little time: gap 100% (3.97-10.4% without
-the stage)."""
+1 model x 6 slices (700 columns) the stage proves the optimum (3,899 USD/day) in 47.8 s; on mixed 1 x 24 (1,680),
+solved by HiGHS through ``model_builder`` after the search over the reserved nodes, its relaxation ended with a
+dual bound of 0 and left the full program too little time (gap 100%); through scipy's ``milp`` and before the
+search it proves 4,038.4 in 25 s (load 2.3-2.9), the answer 4,076 (gap 0.92%, 3.97-10.4% without the stage)."""
 WHOLE_REPLICAS_MAX = 1000
 """Most integer replica columns (options x distinct slices) for which `solve_fleet` also solves the lean relaxation
 with whole replicas (`node_bound` with ``whole``) where the node relaxation leaves a gap: measured with
@@ -374,17 +375,20 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     program itself (`JOINED_SHARE`, its plans whose pools pair across systems handing off as `joined_flows` finds);
     where that bounds nothing above `FULL_PROGRAM_MAX` columns, the lean relaxation's bound
     (`formulations.fleet.build` with ``lean``; at most half the time). Below `FULL_PROGRAM_MAX` columns, from
+    `PLAN_STAGE_MIN` columns and up to `NODE_COLUMNS_MAX` (`NODE_JOINED_COLUMNS_MAX` where pools join across
+    systems), the node relaxations' bound (`node_bound`, at most `NODE_SHARE` of the time, `SLICES_SHARE` left;
+    with whole replicas up to `WHOLE_REPLICAS_MAX` columns), each followed by the slices solved at its nodes
+    (`solve_by_slice`); where that bound proves the best fleet so far, nothing else runs; else, from
     `PLAN_STAGE_MIN` columns, the search over the reserved nodes and systems in use with every slice solved
     exactly (`search_reserved`, from the best fleet and the column generation master's nodes; half of the time
     left); above `FULL_PROGRAM_MAX`, the restricted program of one plan per class and slice instead (`solve_plans`:
     the column generation's near plans and the greedy's where it ran, else every single configuration and simple
-    mixes; all of the time left; a stage starts only with time left); up to `NODE_COLUMNS_MAX` columns
-    (`NODE_JOINED_COLUMNS_MAX` where pools join across systems), the node
-    relaxations' bound (`node_bound`, at most `NODE_SHARE` of the time; with whole replicas up to
-    `WHOLE_REPLICAS_MAX` columns), each followed by the slices solved at its nodes (`solve_by_slice`); then, unless
-    that bound proves the best fleet so far, the full program started from it, its bound the answer's where higher.
+    mixes; all of the time left; a stage starts only with time left), then the search over the reserved nodes where
+    more than `SEARCH_LEFT` of the time is left; then, below `FULL_PROGRAM_MAX` columns, the full program started
+    from the best fleet, its bound the answer's where higher.
     The answer is the cheapest fleet found (never dearer than the greedy), its gap against the best bound.
-    ``aggregated_stage`` and ``bound_stage`` switch those stages off (a stage's own call needs no bound).
+    ``aggregated_stage`` and ``bound_stage`` switch those stages off (a stage's own call needs no bound);
+    ``column_stage`` the column generation alone, ``reserved_stage`` the search over the reserved nodes.
     """
     _no_option(d)
     t0 = time.perf_counter()
@@ -524,8 +528,9 @@ def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | 
     """The program restricted to aggregated options (a restriction: its fleets are fleets of the full program, its
     bound is not the full program's), solved by `solve_fleet` within the time limit (from `PLAN_STAGE_MIN` columns
     by its search over the reserved nodes, which reaches 6,424 USD/day on `scripts/bench_fleet.py`'s aggregated
-    2 x 12 where the restricted plan program reached 6,472; below, by the program alone, which on aggregated
-    1 x 24 reaches its optimum, 4,076, in 20 s with the machine idle, where a forced search reached 4,110); the fleet
+    2 x 12 where the restricted plan program reached 6,472; below, by its node relaxations' stage then the program,
+    which on aggregated 1 x 24 proves its optimum, 4,076, in 9.5 s at load 2.3, where the program alone reached
+    4,122-4,361 in 20 s at load 1.9-2.3, and 4,076 in 20 s with the machine idle); the fleet
     with its plan per class and slice (each class's aggregated replicas serve it with N+1 on their own); None where
     a class has no aggregated option or no fleet is found. Its N+1 modes have their convex hull
     (`formulations.fleet.add_hull`), a relaxation far tighter than that of pools sized apart, so within a share of
@@ -537,8 +542,10 @@ def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | 
     if not len(sub.options):
         return None
     try:
-        # below PLAN_STAGE_MIN columns its node relaxation's stage, then the program; above, the search over the
-        # reserved nodes, then the program (`AGGREGATED_NODES`)
+        # below PLAN_STAGE_MIN columns its node relaxations' stage, then the program; above, the search over the
+        # reserved nodes, then the program (the node stage there needs more than the share: on aggregated 2 x 12 its
+        # relaxation is proven in 24-33 s at load 3, where the share is 10-20 s and the search reaches 6,424 USD/day
+        # in 5 s)
         small = len(sub.options) * len(sub.slices) < PLAN_STAGE_MIN
         r = solve_fleet(sub, solver, time_limit_s, duals=False, bound_stage=small, column_stage=False)
     except (InfeasibleError, SolverLimitError):
