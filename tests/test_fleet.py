@@ -381,6 +381,27 @@ def test_node_relaxations_bound_the_brute_force_optimum_and_the_reported_gap_is_
     assert raised >= 1
 
 
+def test_highs_through_scipy_proves_the_brute_force_optimum_and_its_stopped_bound_stays_below_it():
+    """`solve_pyomo_milp` (HiGHS through scipy's milp, the node relaxations' solver): on the program it reaches the
+    brute force's optimum, with a fleet that passes the re-check, and a bound at most it; stopped at its root (one
+    node) on the node relaxation, the dual bound it reports is still at most the brute force's optimum."""
+    from dse.optimize.bridge import solve_pyomo_milp
+    from dse.optimize.fleet import _read
+    from formulations.fleet import relax_replicas
+
+    for d, best in solved_instances(59, 8):
+        m = build(d)
+        res = solve_pyomo_milp(m, 20)
+        assert res.status == "optimal"
+        assert res.objective == pytest.approx(best, rel=1e-6, abs=1e-6)
+        assert res.bound <= best * (1 + 1e-6) + 1e-6
+        f = _read(m, d)
+        assert check(d, f) == [] and fleet_cost(d, f) == pytest.approx(best, rel=1e-6, abs=1e-6)
+        for lean in (False, True):
+            stopped = solve_pyomo_milp(relax_replicas(build(d, lean=lean)), 20, node_limit=1)
+            assert math.isfinite(stopped.bound) and stopped.bound <= best * (1 + 1e-6) + 1e-6
+
+
 def test_slices_solved_at_the_optimums_reserved_nodes_give_the_optimum_and_the_search_never_passes_it():
     """Given the reserved nodes and the systems in use, slices are independent: solved one by one at the brute
     force optimum's own (read from the program solved to its optimum), they give back the brute force's cost. The

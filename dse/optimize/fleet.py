@@ -14,7 +14,7 @@ import pandas as pd
 import pyomo.environ as pyo
 
 from dse.errors import InfeasibleError, SolverLimitError
-from dse.optimize.bridge import lp_savings, relaxation_bound, solve_pyomo
+from dse.optimize.bridge import lp_savings, relaxation_bound, solve_pyomo, solve_pyomo_milp
 from dse.optimize.fleet_bound import ColumnBound, column_bound
 from dse.optimize.operating_points import operating_points
 from dse.optimize.solver import SolveResult, elastic_shortfalls, relative_gap
@@ -255,19 +255,30 @@ PLAN_SHARE = 1 / 4
 where pools join across systems."""
 
 
-NODE_SHARE = 1 / 2
-"""Most share of the time limit for the node relaxations' bound (`node_bound`), where `solve_fleet` runs it (up to
-`NODE_COLUMNS_MAX` columns)."""
+SEARCH_LEFT = 1 / 12
+"""Above `FULL_PROGRAM_MAX` columns, where the plan program (`solve_plans`) ends with more than this share of the
+time limit left, the search over the reserved nodes (`search_reserved`) takes the rest from the best fleet."""
+NODE_SHARE = 3 / 4
+"""Most share of the time limit for the node relaxations' bound (`node_bound`) and the slices at their nodes, where
+`solve_fleet` runs them (up to `NODE_COLUMNS_MAX` columns), before the search over the reserved nodes: where their
+bound meets the best fleet nothing else runs. Measured with `scripts/bench_fleet.py` (60 s, load 3.3), with half of
+the time the stage left aggregated 2 models x 12 slices at 6,414 / 6,310 USD/day (gap 1.63%; HiGHS proves 6,414 in
+33 s at load 3)."""
+SLICES_SHARE = 1 / 6
+"""Share of the time limit the node relaxations leave for the slices solved at their nodes (`solve_by_slice`): at
+load 3.5 a relaxation given the time to the limit ended there, its fleet unsolved (aggregated 2 x 12: 6,970 USD/day
+against 6,414 with its slices solved)."""
 NODE_COLUMNS_MAX = 1700
 """Most integer replica columns (options x distinct slices) for which `solve_fleet` runs `node_bound`: measured with
 `scripts/bench_fleet.py` (load 2.6-4.5), HiGHS proves the node relaxation's optimum at up to 1,680 columns
 (disaggregated 1 model x 24 slices, 23 s) and finds no solution, so no bound, within 45 s at 1,782 (aggregated
 5 x 12) or within 100 s at 1,820 (aggregated 10 x 6 as merged); there its time goes to the full program."""
-NODE_JOINED_COLUMNS_MAX = 1000
+NODE_JOINED_COLUMNS_MAX = 1700
 """The same where pools join across systems: measured with `scripts/bench_fleet.py` (60 s, load 2.3-2.8), on mixed
-1 model x 6 slices (700 columns) the stage proves the optimum (3,899 USD/day) in 47.8 s; on mixed 1 x 24 (1,680) its
-relaxation ended with a dual bound of 0 and left the full program too little time: gap 100% (3.97-10.4% without
-the stage)."""
+1 model x 6 slices (700 columns) the stage proves the optimum (3,899 USD/day) in 47.8 s; on mixed 1 x 24 (1,680),
+solved by HiGHS through ``model_builder`` after the search over the reserved nodes, its relaxation ended with a
+dual bound of 0 and left the full program too little time (gap 100%); through scipy's ``milp`` and before the
+search it proves 4,038.4 in 25 s (load 2.3-2.9), the answer 4,076 (gap 0.92%, 3.97-10.4% without the stage)."""
 WHOLE_REPLICAS_MAX = 1000
 """Most integer replica columns (options x distinct slices) for which `solve_fleet` also solves the lean relaxation
 with whole replicas (`node_bound` with ``whole``) where the node relaxation leaves a gap: measured with
@@ -281,9 +292,10 @@ def node_bound(d: FleetData, time_limit_s: float, whole: bool = False
     """A lower bound on the fleet program from a relaxation that keeps its node counts whole, by HiGHS within
     ``time_limit_s``: the node relaxation (`formulations.fleet.relax_replicas` of the lean program, itself a
     relaxation: `formulations.fleet.build`), its replica counts continuous, or whole with ``whole`` (its N+1 levels
-    continuous). The bound is its proven optimum or HiGHS's dual bound where it stops at the limit with a solution;
-    minus infinity where it has none (HiGHS reports no bound without a solution). Returned with the reserved nodes
-    and the systems holding nodes of the solution found (whole counts: a start for `solve_by_slice`), or None.
+    continuous). The bound is its proven optimum or HiGHS's dual bound where it stops at the limit, with or without
+    a solution (HiGHS through scipy's ``milp``, `dse.optimize.bridge.solve_pyomo_milp`); minus infinity where it
+    reports none. Returned with the reserved nodes and the systems holding nodes of the solution found (whole counts:
+    a start for `solve_by_slice`), or None where it found none.
 
     HiGHS rather than SCIP: measured with `scripts/bench_fleet.py` (load 3-4.5), on aggregated 1 model x 24 slices
     HiGHS proves the node relaxation's optimum, 4,076 USD/day (the program's), in 9 s where SCIP's bound is 3,987 at
@@ -295,9 +307,11 @@ def node_bound(d: FleetData, time_limit_s: float, whole: bool = False
     left = end - time.perf_counter()  # the build counts against the limit
     if left < 1.0:
         return -math.inf, None
-    res = solve_pyomo(m, "highs", left)
-    if res.status not in ("optimal", "feasible") or not math.isfinite(res.bound):
+    res = solve_pyomo_milp(m, left)
+    if res.status in ("infeasible", "unbounded") or not math.isfinite(res.bound):
         return -math.inf, None
+    if not res.ok:  # stopped with no solution: HiGHS's dual bound still holds
+        return float(res.bound), None
     reserved, hourly = _read_nodes(m)
     return float(res.bound), (reserved, {s for s in d.systems.index if float(reserved[s] + hourly.loc[s].max()) > 0})
 
@@ -345,7 +359,7 @@ def choose_solver(d: FleetData, stage: str = "program") -> str:
 
 def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, duals: bool = True,
                 hull: str = "aggregated", plan_stage: bool | None = None, aggregated_stage: bool = True,
-                bound_stage: bool = True, reserved_stage: bool = True) -> FleetResult:
+                bound_stage: bool = True, reserved_stage: bool = True, column_stage: bool = True) -> FleetResult:
     """Solve the fleet program; InfeasibleError names the binding resource and its shortfall.
 
     Exact reductions first (`FleetData.reduced`: options another matches; `FleetData.merged`: equal slices as one);
@@ -361,17 +375,20 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     program itself (`JOINED_SHARE`, its plans whose pools pair across systems handing off as `joined_flows` finds);
     where that bounds nothing above `FULL_PROGRAM_MAX` columns, the lean relaxation's bound
     (`formulations.fleet.build` with ``lean``; at most half the time). Below `FULL_PROGRAM_MAX` columns, from
+    `PLAN_STAGE_MIN` columns and up to `NODE_COLUMNS_MAX` (`NODE_JOINED_COLUMNS_MAX` where pools join across
+    systems), the node relaxations' bound (`node_bound`, at most `NODE_SHARE` of the time, `SLICES_SHARE` left;
+    with whole replicas up to `WHOLE_REPLICAS_MAX` columns), each followed by the slices solved at its nodes
+    (`solve_by_slice`); where that bound proves the best fleet so far, nothing else runs; else, from
     `PLAN_STAGE_MIN` columns, the search over the reserved nodes and systems in use with every slice solved
     exactly (`search_reserved`, from the best fleet and the column generation master's nodes; half of the time
     left); above `FULL_PROGRAM_MAX`, the restricted program of one plan per class and slice instead (`solve_plans`:
     the column generation's near plans and the greedy's where it ran, else every single configuration and simple
-    mixes; all of the time left; a stage starts only with time left); up to `NODE_COLUMNS_MAX` columns
-    (`NODE_JOINED_COLUMNS_MAX` where pools join across systems), the node
-    relaxations' bound (`node_bound`, at most `NODE_SHARE` of the time; with whole replicas up to
-    `WHOLE_REPLICAS_MAX` columns), each followed by the slices solved at its nodes (`solve_by_slice`); then, unless
-    that bound proves the best fleet so far, the full program started from it, its bound the answer's where higher.
+    mixes; all of the time left; a stage starts only with time left), then the search over the reserved nodes where
+    more than `SEARCH_LEFT` of the time is left; then, below `FULL_PROGRAM_MAX` columns, the full program started
+    from the best fleet, its bound the answer's where higher.
     The answer is the cheapest fleet found (never dearer than the greedy), its gap against the best bound.
-    ``aggregated_stage`` and ``bound_stage`` switch those stages off (a stage's own call needs no bound).
+    ``aggregated_stage`` and ``bound_stage`` switch those stages off (a stage's own call needs no bound);
+    ``column_stage`` the column generation alone, ``reserved_stage`` the search over the reserved nodes.
     """
     _no_option(d)
     t0 = time.perf_counter()
@@ -400,7 +417,7 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     joined_pools = bool((dm.systems["interconnect_bytes_per_s"] > 0).any() and pooled)
     nodes_stage = full and bound_stage and g is not None and columns <= (
         NODE_JOINED_COLUMNS_MAX if joined_pools else NODE_COLUMNS_MAX)
-    if plans and bound_stage:
+    if plans and bound_stage and column_stage:
         joined = bool((dm.systems["interconnect_bytes_per_s"] > 0).any())
         if joined:
             # pools joined across systems: the same options with every pool paired on its own system are a
@@ -427,17 +444,8 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     if not full and bound_stage and bound == -math.inf:
         bound = relaxation_bound(build(dm, hull=hull, lean=True), "highs", max(1.0, min(time_limit_s / 2, remaining())))
         bounded_by = "bound by the linear relaxation"
-    if plans and full and reserved_stage:
-        f = search_reserved(dm, name, max(1.0, remaining() / 2), _reserved_starts(dm, best, master))
-        if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
-            best, best_cost, found_by = f, fleet_cost(dm, f), "search over the reserved nodes"
-    elif plans and (full or remaining() > 1.0):
-        f = solve_plans(dm, name, max(1.0, remaining() / (2 if full else 1)), best, extra, mixes=extra is None,
-                        whole=choose_solver(dm, "plans") if solver == "auto" else name)
-        if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
-            best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
     proven = False
-    stop = min(end, time.perf_counter() + NODE_SHARE * time_limit_s)
+    stop = min(end - SLICES_SHARE * time_limit_s, time.perf_counter() + NODE_SHARE * time_limit_s)
     for whole in (False, True) if nodes_stage else ():
         # the node relaxations, replica counts continuous, then whole where the program is small: their bound may
         # prove the best fleet so far, and then the full program is not run
@@ -452,6 +460,20 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
             if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
                 best, best_cost, found_by = f, fleet_cost(dm, f), "slices at the node relaxation's nodes"
         proven = bound >= best_cost * (1 - 1e-9)
+    if plans and full and reserved_stage and not proven:
+        f = search_reserved(dm, name, max(1.0, remaining() / 2), _reserved_starts(dm, best, master))
+        if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+            best, best_cost, found_by = f, fleet_cost(dm, f), "search over the reserved nodes"
+    elif plans and (full or remaining() > 1.0) and not proven:
+        f = solve_plans(dm, name, max(1.0, remaining() / (2 if full else 1)), best, extra, mixes=extra is None,
+                        whole=choose_solver(dm, "plans") if solver == "auto" else name)
+        if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+            best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
+        if not full and reserved_stage and remaining() > SEARCH_LEFT * time_limit_s:
+            # the plan program ended with time left: the search over the reserved nodes from its fleet
+            f = search_reserved(dm, name, remaining(), _reserved_starts(dm, best, master))
+            if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+                best, best_cost, found_by = f, fleet_cost(dm, f), "search over the reserved nodes"
     termination = f"full program not run ({bounded_by or 'no bound'})"
     if full and not proven:
         m = build(dm, hull=hull)
@@ -506,8 +528,9 @@ def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | 
     """The program restricted to aggregated options (a restriction: its fleets are fleets of the full program, its
     bound is not the full program's), solved by `solve_fleet` within the time limit (from `PLAN_STAGE_MIN` columns
     by its search over the reserved nodes, which reaches 6,424 USD/day on `scripts/bench_fleet.py`'s aggregated
-    2 x 12 where the restricted plan program reached 6,472; below, by the program alone, which on aggregated
-    1 x 24 reaches its optimum, 4,076, in 20 s with the machine idle, where a forced search reached 4,110); the fleet
+    2 x 12 where the restricted plan program reached 6,472; below, by its node relaxations' stage then the program,
+    which on aggregated 1 x 24 proves its optimum, 4,076, in 9.5 s at load 2.3, where the program alone reached
+    4,122-4,361 in 20 s at load 1.9-2.3, and 4,076 in 20 s with the machine idle); the fleet
     with its plan per class and slice (each class's aggregated replicas serve it with N+1 on their own); None where
     a class has no aggregated option or no fleet is found. Its N+1 modes have their convex hull
     (`formulations.fleet.add_hull`), a relaxation far tighter than that of pools sized apart, so within a share of
@@ -519,7 +542,12 @@ def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | 
     if not len(sub.options):
         return None
     try:
-        r = solve_fleet(sub, solver, time_limit_s, duals=False, bound_stage=False)
+        # below PLAN_STAGE_MIN columns its node relaxations' stage, then the program; above, the search over the
+        # reserved nodes, then the program (the node stage there needs more than the share: on aggregated 2 x 12 its
+        # relaxation is proven in 24-33 s at load 3, where the share is 10-20 s and the search reaches 6,424 USD/day
+        # in 5 s)
+        small = len(sub.options) * len(sub.slices) < PLAN_STAGE_MIN
+        r = solve_fleet(sub, solver, time_limit_s, duals=False, bound_stage=small, column_stage=False)
     except (InfeasibleError, SolverLimitError):
         return None
     reps = pd.DataFrame(0.0, index=d.options.index, columns=d.slices)
