@@ -135,14 +135,20 @@ def solve_pyomo(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: f
     if solver == "highs" and res.status == "infeasible":  # confirmed without presolve
         engine, res = solve(m, solver, time_limit_s, node_limit, (*settings, "presolve=off"))
     if res.ok:
-        vals = engine.values([x for _, x in vmap.values()])
-        for (v, _), val in zip(vmap.values(), vals, strict=True):
-            val = float(val)
-            if v.is_integer() or v.is_binary():
-                val = float(round(val))
-            v.set_value(val, skip_validation=True)
-            res.values[_key(v)] = val
+        _store(vmap, engine.values([x for _, x in vmap.values()]), res)
     return res
+
+
+def _store(vmap: dict, vals, res: SolveResult) -> None:
+    """A solution's values (in ``vmap``'s order) set on the model's variables (integers rounded) and kept in
+    ``res.values`` keyed (component name, index).
+    """
+    for (v, _), val in zip(vmap.values(), vals, strict=True):
+        val = float(val)
+        if v.is_integer() or v.is_binary():
+            val = float(round(val))
+        v.set_value(val, skip_validation=True)
+        res.values[_key(v)] = val
 
 
 def relaxation_bound(model: pyo.ConcreteModel, solver: str = "highs", time_limit_s: float = 60.0) -> float:
@@ -271,13 +277,11 @@ def solve_pyomo_milp(model: pyo.ConcreteModel, time_limit_s: float = 60.0, node_
         obj = float(r.fun) + offset
         if status == "optimal" and math.isnan(bound):
             bound = obj
-        for v, x in vmap.values():
-            val = float(r.x[x.index])
-            if v.is_integer() or v.is_binary():
-                val = float(round(val))
-            v.set_value(val, skip_validation=True)
     else:
         status, obj = {2: "infeasible", 3: "unbounded"}.get(r.status, "unknown"), math.nan
     gap = relative_gap(obj, bound) if status in ("optimal", "feasible") else math.inf
-    return SolveResult(status, str(r.message), obj, bound, gap, wall, "highs",
-                       time_limited=stopped_by_time(status, wall, time_limit_s))
+    res = SolveResult(status, str(r.message), obj, bound, gap, wall, "highs",
+                      time_limited=stopped_by_time(status, wall, time_limit_s))
+    if r.x is not None:
+        _store(vmap, [r.x[x.index] for _, x in vmap.values()], res)
+    return res
