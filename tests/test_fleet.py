@@ -17,7 +17,7 @@ from helpers import dse
 
 from dse.errors import InfeasibleError
 from dse.optimize.bridge import compile_model
-from dse.optimize.fleet import Fleet, check, fleet_cost, greedy, pack_nodes, solve_fleet, start_from
+from dse.optimize.fleet import Fleet, check, fleet_cost, greedy, loads, pack_nodes, solve_fleet, start_from
 from formulations.fleet import FleetData, build
 
 KV = 1e9  # bytes a request hands from prefill to decode in the random instances
@@ -584,6 +584,41 @@ def test_larger_fleets_pass_the_recheck_and_never_cost_more_than_the_greedy(solv
     assert r.result.objective <= fleet_cost(d, greedy(d)) * (1 + 1e-9)
 
 
+def test_loads_spread_each_class_demand_over_what_its_pools_offer():
+    """`loads` on solved fleets (random ones, and pools handing off across systems, `_split_day`): per class and
+    slice the aggregated replicas plus the prefill pools serve the demand exactly, so do the decode pools (what a
+    prefill pool hands off a decode pool takes), every option within its replicas' rate, options of one pool alike."""
+    rng = np.random.default_rng(11)
+    fleets = [(d, solve_fleet(d, duals=False)) for d in (_split_day(), _split_day(link_gb=100), _split_day(20))]
+    while len(fleets) < 8:
+        d = random_instance(rng, budget=False)
+        try:
+            fleets.append((d, solve_fleet(d, "scip", 10, duals=False)))
+        except InfeasibleError:
+            continue
+    pooled = 0
+    for d, r in fleets:
+        o = d.options
+        rate = o["requests_per_s"].to_numpy(dtype=float)
+        for t in d.slices:
+            x = r.replicas[t].to_numpy(dtype=float)
+            u = loads(d, r, t)
+            assert np.isnan(u[x == 0]).all() and ((u[x > 0] >= 0) & (u[x > 0] <= 1 + 1e-12)).all()
+            served = np.where(x > 0, rate * x * np.nan_to_num(u), 0.0)
+            for (mod, cls) in d.classes:
+                need = float(d.demand.loc[(mod, cls), t])
+                mine = ((o["model"] == mod) & (o["cls"] == cls)).to_numpy()
+                front = served[mine & (o["role"] != "decode").to_numpy()].sum()
+                assert front == pytest.approx(need, rel=1e-9, abs=1e-9)
+                if (mine & (o["role"] == "prefill").to_numpy() & (x > 0)).any():
+                    back = served[mine & (o["role"] != "prefill").to_numpy()].sum()
+                    assert back == pytest.approx(need, rel=1e-9, abs=1e-9)
+                    pooled += 1
+                for _, g in o[mine & (x > 0)].groupby(["role", "group", "system"]):
+                    assert np.ptp(u[g.index]) <= 1e-12
+    assert pooled >= 3  # the split days are served by pools
+
+
 def test_an_answer_with_pools_is_never_dearer_than_the_restriction_to_aggregated_options():
     """Every aggregated option is an option of the program with pools, so its optimum is at most the restriction's;
     `solve_fleet` solves the restriction first (`solve_aggregated`, `AGGREGATED_SHARE` of the time) and every later
@@ -657,6 +692,49 @@ def test_fleet_day_study_writes_fleet_csv_and_per_class_figures_from_its_operati
     slice_usd_s = sum(at.loc[x, "reserved_nodes"] * sy.loc[x, "reserved_usd_per_node_h"]
                       + at.loc[x, "hourly_nodes"] * sy.loc[x, "hourly_usd_per_node_h"] for x in at.index) / 3600
     assert sum(e["usd_per_s"] for e in s["best"]) == pytest.approx(slice_usd_s, rel=1e-9)
+
+
+def test_fleet_day_pools_report_the_batch_they_serve_at_their_peak(shipped):
+    """Each class's decode pools at its peak slice hold the fewest sequences per rank whose rate covers what each
+    replica serves (fleet.csv's ``served_requests_per_s`` over its replicas: the demand spread over the pools, the
+    spare replica included), recomputed from the decode physics at every batch up to the planned one; the entry's
+    TPOT is the slowest of those pools there, below the planned batch's figure, and its band's upper edge at most
+    the planned figure's."""
+    from dse import load_study
+    from dse.catalog.calibration import bands_of
+    from dse.optimize.requests import decode_replicas
+    from dse.studies.fleet import fleet_data
+
+    s, run = _run(shipped, "fleet_day")
+    d, _, spaces = fleet_data(load_study(ROOT / "studies" / "fleet_day.yaml"))
+    reps = run.table("fleet")
+    reps = reps[reps["row"] == "replicas"]
+    o = d.options
+    for e in s["best"]:
+        space = spaces[("deepseek-v3", e["workload"], "h800")]
+        tpots = []
+        for p in e["pools"]:
+            if p["role"] != "decode":
+                assert "batch_served" not in p
+                continue
+            opt = o[(o["cls"] == e["workload"]) & (o["role"] == "decode") & (o["batch"] == p["batch"])
+                    & (o["chips"] == p["chips"]) & (o["dp"] == p["dp"])].iloc[0]
+            row = reps[(reps["workload"] == e["workload"]) & (reps["slice"] == e["peak_slice"])
+                       & (reps["role"] == "decode") & (reps["configuration"].str.contains(f"batch {p['batch']}$"))]
+            per_replica = float(row["served_requests_per_s"].iloc[0]) / p["replicas"]
+            assert per_replica < float(opt["requests_per_s"])  # N+1: every pool has capacity to spare
+            n = p["batch"] // p["dp"]
+            pos = int(np.flatnonzero(space.blocks.index == opt["block"])[0])
+            m = decode_replicas(space, space.served(space.workload), np.full(n, pos), np.arange(1, n + 1))
+            k = int(np.argmax(np.asarray(m["requests_per_s"]) >= per_replica * (1 - 1e-6))) + 1
+            assert m["requests_per_s"][k - 1] >= per_replica * (1 - 1e-6) and (k == 1 or m["requests_per_s"][k - 2]
+                                                                            < per_replica * (1 - 1e-6))
+            assert p["batch_served"] == k * p["dp"] < p["batch"]
+            tpots.append((float(m["tpot_s"][k - 1]), float(opt["tpot_s"])))
+        assert e["tpot_s"] == pytest.approx(max(t for t, _ in tpots), rel=1e-12)
+        assert e["tpot_s"] < max(t for _, t in tpots)
+        hi = bands_of("h800").tpot[1]  # a slower replica holds more sequences, never more than planned
+        assert e["tpot_s"] * hi < e["tpot_s_band"][1] <= max(t for _, t in tpots) * hi * (1 + 1e-12)
 
 
 def test_fleet_day_against_deepseeks_published_day(shipped):

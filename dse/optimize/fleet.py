@@ -1163,6 +1163,39 @@ def check(d: FleetData, r: Fleet, objective: float | None = None) -> list[str]:
     return bad
 
 
+def loads(d: FleetData, r: Fleet, t) -> np.ndarray:
+    """Per option, the share of its replicas' requests/s they serve in slice ``t`` (0 to 1; NaN where it holds no
+    replica), the class's demand spread in proportion to what each pool offers: its aggregated replicas' rate and
+    the requests its prefill pools hand to its decode pools, all at the same share (the demand over their sum, at
+    most 1: N+1 keeps that sum above the demand). A prefill or decode pool runs at that share of its flow over its
+    replicas' rate, each replica of it alike.
+    """
+    o = d.options
+    x = r.replicas[t].to_numpy(dtype=float)
+    cap = o["requests_per_s"].to_numpy(dtype=float) * x
+    role = o["role"].to_numpy()
+    out = np.full(len(o), np.nan)
+    for j, (mod, cls) in enumerate(d.classes):
+        mine = ((o["model"] == mod) & (o["cls"] == cls)).to_numpy() & (x > 0)
+        if not mine.any():
+            continue
+        pools = {}
+        for k in np.flatnonzero(mine & (role != "both")):
+            key = (j, int(o["group"].iat[k]), o["system"].iat[k])
+            flows = r.prefill if role[k] == "prefill" else r.decode
+            flow = float(flows.loc[key, t]) if len(flows) and key in flows.index else 0.0
+            pools.setdefault((role[k], key), [flow, []])[1].append(k)
+        handed = sum(flow for (rl, _), (flow, _) in pools.items() if rl == "prefill")
+        offered = float(cap[mine & (role == "both")].sum()) + handed
+        need = float(d.demand.loc[(mod, cls), t])
+        share = min(1.0, need / offered) if offered > 0 else 0.0
+        out[mine & (role == "both")] = share
+        for flow, ks in pools.values():
+            total = float(cap[ks].sum())
+            out[ks] = min(1.0, share * flow / total) if total > 0 else 0.0
+    return out
+
+
 def plan_options(d: FleetData) -> list[dict]:
     """Per class, the options `plans_of` combines, as plain lists (computed once, not per slice): the aggregated
     options (index, rate, hourly USD/h of a replica) and, per (numerics, system) in order, its prefill and its decode

@@ -10,10 +10,14 @@ numerics costs no more per second and serves no fewer requests per second.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
 from dse.optimize.requests import (
+    at_served_load,
+    decode_replicas,
     disaggregated_tables,
     evaluate_pairs,
     feasible_mask,
@@ -21,11 +25,13 @@ from dse.optimize.requests import (
     numerics_group,
 )
 from dse.optimize.space import Choice, Space, describe_choice, pair_chunks
+from dse.physics.queueing import QUANTILES
 from dse.physics.serving import prefill_ttft
 
 COLUMNS = ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype",
            "kv_dtype", "kv_tier", "usd_per_s", "requests_per_s", "ttft_s", "tpot_s", "power_w", "context_parallel",
-           "prefill_service_s", "kv_transfer_s", "utilisation")
+           "prefill_service_s", "kv_transfer_s", "utilisation", "block")
+"""``block``: the label of the point's block in its space's ``blocks`` (`served_point` evaluates it again there)."""
 
 
 def _power(space: Space, pos: np.ndarray, chips: np.ndarray) -> np.ndarray:
@@ -89,7 +95,7 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
                              "ttft_s": float(m["ttft_s"][i]), "tpot_s": float(m["tpot_s"][i]),
                              "power_w": float(_power(space, pos[[i]], np.array([cfg["chips"]]))[0]),
                              "context_parallel": False, "prefill_service_s": np.nan, "kv_transfer_s": np.nan,
-                             "utilisation": np.nan})
+                             "utilisation": np.nan, "block": b.index[pos[i]]})
     if "disaggregated" in modes:
         t = disaggregated_tables(space, req, context_parallel)
         for i in first_min_per_block(t.dpos, np.where(t.dok, -t.dm["requests_per_s"], np.inf)):
@@ -99,7 +105,7 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
                          "ttft_s": np.nan, "tpot_s": float(t.dm["tpot_s"][i]),
                          "power_w": float(_power(space, t.dpos[[i]], np.array([cfg["chips"]]))[0]),
                          "context_parallel": False, "prefill_service_s": np.nan, "kv_transfer_s": np.nan,
-                         "utilisation": np.nan})
+                         "utilisation": np.nan, "block": b.index[t.dpos[i]]})
         pre = t.pre
         for j in np.flatnonzero(pre.ok):
             cfg = _config(space, pre.pos[j], 1)
@@ -112,7 +118,8 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
                          "usd_per_s": float(pm["usd_per_s"][j]), "requests_per_s": rate, "ttft_s": ttft,
                          "tpot_s": np.nan, "power_w": float(_power(space, pre.pos[[j]], np.array([cfg["chips"]]))[0]),
                          "context_parallel": cp, "prefill_service_s": float(pm["prefill_service_s"][j]),
-                         "kv_transfer_s": float(pm["kv_transfer_s"][j]), "utilisation": float(pre.rho[j])})
+                         "kv_transfer_s": float(pm["kv_transfer_s"][j]), "utilisation": float(pre.rho[j]),
+                         "block": b.index[pre.pos[j]]})
     pts = pd.DataFrame(rows, columns=[c for c in ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp",
                                                   "etp", "batch", "context", "weights_dtype", "kv_dtype", "kv_tier",
                                                   *COLUMNS[13:])])
@@ -121,3 +128,28 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
     pts = non_dominated(pts, by)
     pts["numerics"] = pts["weights_dtype"].astype(str) + "/" + pts["kv_dtype"].astype(str)
     return pts
+
+
+def served_point(space: Space, point: dict, load: float) -> dict:
+    """The figures of an operating point (a row of `operating_points` of ``space``) whose replicas each serve
+    ``load`` (0 to 1) of its requests/s, as a pool with capacity to spare runs: an aggregated or decode replica at
+    the batch it holds (`dse.optimize.requests.at_served_load`: TTFT, TPOT and, aggregated, every quantile, with
+    ``batch_served`` and ``served_edges``), a prefill replica at the utilisation it runs at (its TTFT from the M/D/1
+    wait at ``load`` times its planned utilisation, `prefill_ttft`). At ``load`` 1, the point's own figures.
+    """
+    pos = int(np.flatnonzero(space.blocks.index == point["block"])[0])
+    b = space.blocks
+    rate = float(point["requests_per_s"]) * min(max(load, 0.0), 1.0)
+    if point["role"] == "prefill":
+        rho = float(point["utilisation"]) * min(max(load, 0.0), 1.0)
+        return {"ttft_s": float(prefill_ttft(point["prefill_service_s"], point["kv_transfer_s"], rho,
+                                             space.workload))}
+    dp = int(b["dp"][pos])
+    n = int(point["batch"]) // dp
+    at, upto = np.full(n, pos), np.arange(1, n + 1)
+    if point["role"] == "both":
+        m = evaluate_pairs(space, b, at, upto, replace(space.workload, report_quantiles=QUANTILES))
+    else:
+        r = decode_replicas(space, space.served(space.workload), at, upto)
+        m = {k: np.asarray(r[k], dtype=np.float64) for k in ("tpot_s", "requests_per_s")}
+    return at_served_load(space, int(b["system_idx"][pos]), dp, m, rate)

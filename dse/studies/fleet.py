@@ -15,14 +15,15 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from dse.catalog.calibration import band_keys, bands_of
+from dse.catalog.calibration import bands_of
 from dse.catalog.hardware import PRICE_KINDS, default_systems, priced
 from dse.catalog.models import get_model
 from dse.errors import InputError
-from dse.optimize.fleet import OPTION_COLUMNS, FleetData, check, fleet_options, solve_fleet
-from dse.optimize.space import build_space
+from dse.optimize.fleet import OPTION_COLUMNS, FleetData, check, fleet_options, loads, solve_fleet
+from dse.optimize.operating_points import served_point
+from dse.optimize.space import Space, build_space
 from dse.studies.base import MAX_LIST, Strict, StudySpec
-from dse.studies.common import config_entry, pools_quantiles
+from dse.studies.common import QUANTILE_KEYS, banded, config_entry, pools_quantiles
 from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import save, subplots
 
@@ -111,19 +112,20 @@ def _price(f: FleetSpec, s: str, kind: str, override: dict) -> float:
     return default_systems(kind)[s].price_per_s * 3600
 
 
-def _options(spec: Spec, model_id: str, w, sid: str) -> pd.DataFrame:
+def _options(spec: Spec, model_id: str, w, sid: str) -> tuple[pd.DataFrame, Space]:
     """The (model, workload) options on one system: its aggregated, prefill and decode operating points
-    (`fleet_options`), prefill and decode replicas sized separately by the fleet program.
+    (`fleet_options`), prefill and decode replicas sized separately by the fleet program; with their space.
     """
     opts = replace(spec.options(), systems=(sid,))
     space = build_space(get_model(model_id), w.workload(), opts)
     modes = tuple(spec.fleet.modes)
-    return fleet_options(space, modes)
+    return fleet_options(space, modes), space
 
 
-def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData, dict]:
+def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData, dict, dict]:
     """The fleet program's data from the study: systems priced by kind, options from the physics (at most
-    ``options_per_system`` per class, system and role after the exact reduction), the demand.
+    ``options_per_system`` per class, system and role after the exact reduction), the demand; and the space of each
+    (model, workload, system) the options came from.
     """
     f = spec.fleet
     catalog = default_systems()
@@ -152,7 +154,7 @@ def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData,
     systems = pd.DataFrame.from_dict(sys_rows, orient="index")
     inv = pd.DataFrame({t: [f.inventory_nodes[s] - (f.lent_nodes.get(s, [0] * len(slices))[t]) for s in systems.index]
                         for t in slices}, index=systems.index)
-    frames, rows, index = [], [], []
+    frames, rows, index, spaces = [], [], [], {}
     for model_id in spec.models:
         for w in spec.workloads:
             index.append((model_id, w.name))
@@ -160,7 +162,7 @@ def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData,
             for s in systems.index:
                 if progress:
                     progress(f"{model_id} / {w.name} / {s}")
-                pts = _options(spec, model_id, w, s)
+                pts, spaces[(model_id, w.name, s)] = _options(spec, model_id, w, s)
                 if not pts.empty:
                     frames.append(pts.assign(model=model_id, cls=w.name))
     demand = pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index), columns=slices)
@@ -169,7 +171,7 @@ def fleet_data(spec: Spec, progress: Progress | None = None) -> tuple[FleetData,
                      None if f.power_cap_kw is None else f.power_cap_kw * 1e3, f.budget_usd_per_day, f.n_plus_one)
     data = data.reduced().shortlist(f.options_per_system)
     return data, {"left_out_for_want_of_a_price": no_price, "left_out_for_want_of_a_power_figure": no_power,
-                  "power_source": power_src}
+                  "power_source": power_src}, spaces
 
 
 def _option_cost(d: FleetData, r, t) -> np.ndarray:
@@ -191,11 +193,35 @@ def _option_cost(d: FleetData, r, t) -> np.ndarray:
     return out
 
 
-def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.ndarray, t) -> Optimum | None:
-    """A class's figures at its peak slice from the operating points the program chose there: TTFT of its prefill
-    (or aggregated) pools, TPOT of its decode (or aggregated) pools, the fleet's cost shared by chips
-    (`_option_cost`, ``usd``), split into input (prefill pools, and each aggregated replica's prefill share of its
-    time) and output; every pool with its replicas.
+def _served(pools: pd.DataFrame, spaces: dict, model_id: str, cls: str) -> tuple[pd.DataFrame, dict, dict]:
+    """The pools (a class's options in one slice, with their ``load``: `dse.optimize.fleet.loads`) at the load they
+    serve (`served_point`): their TTFT and TPOT, ``batch_served`` where they hold a batch; the served figures of the
+    one pool an aggregated class has (its quantiles); and each figure's ``served_edges`` over the pools (the largest
+    at each end of the throughput band; a pool without edges counts its figure at both ends).
+    """
+    rows, edges, one = [], {}, {}
+    for p in pools.to_dict("records"):
+        at = served_point(spaces[(model_id, cls, p["system"])], p, p["load"])
+        for key in ("ttft_s", "tpot_s"):
+            if key in at and np.isfinite(p[key]):
+                p[key] = at[key]
+                fast, slow = at.get("served_edges", {}).get(key, (at[key], at[key]))
+                lo, hi = edges.get(key, (-math.inf, -math.inf))
+                edges[key] = (max(lo, fast), max(hi, slow))
+        if "batch_served" in at:
+            p["batch_served"] = int(at["batch_served"])
+        rows.append(p)
+        one = at
+    return pd.DataFrame(rows, index=pools.index), edges, one if len(rows) == 1 else {}
+
+
+def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.ndarray, t, spaces: dict
+           ) -> Optimum | None:
+    """A class's figures at its peak slice from the operating points the program chose there, each pool at the
+    load it serves there (`_served`: the class's demand spread over what its pools offer, N+1's spare included):
+    TTFT of its prefill (or aggregated) pools, TPOT of its decode (or aggregated) pools, the fleet's cost shared by
+    chips (`_option_cost`, ``usd``), split into input (prefill pools, and each aggregated replica's prefill share
+    of its time) and output; every pool with its replicas and the batch it serves.
     """
     o = d.options
     model_id, cls = d.classes[j]
@@ -203,7 +229,8 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.nd
     sel = ((o["model"] == model_id) & (o["cls"] == cls)).to_numpy() & (r.replicas[t].to_numpy() > 0)
     if not sel.any():
         return None
-    pools = o[sel].assign(replicas=r.replicas.loc[sel, t].astype(int).to_numpy())
+    pools = o[sel].assign(replicas=r.replicas.loc[sel, t].astype(int).to_numpy(), load=loads(d, r, t)[sel])
+    pools, edges, one = _served(pools, spaces, model_id, cls)
     lam = float(d.demand.loc[(model_id, cls), t])
     main = pools[pools["role"] != "prefill"]
     main = main.loc[(main["chips"] * main["replicas"]).idxmax()]
@@ -237,12 +264,16 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.nd
              tokens_per_s=lam * w.output, tokens_per_s_per_gpu=lam * w.output / chips,
              power_w=float((pools["power_w"] * pools["replicas"]).sum()), price_kind=_price_text(spec.fleet),
              replicas=int(pools["replicas"].sum()),
-             pools=[{k: (v.item() if hasattr(v, "item") else v) for k, v in p.items() if k in POOL + ("replicas",)}
+             pools=[{k: int(v) if k == "batch_served" else v.item() if hasattr(v, "item") else v for k, v in p.items()
+                     if k in POOL + ("replicas", "batch_served") and not (k == "batch_served" and pd.isna(v))}
                     for p in pools.to_dict("records")])
+    if not pd.isna(pools.loc[main.name].get("batch_served", math.nan)):
+        e["batch_served"] = int(pools.loc[main.name, "batch_served"])
+    e.update({k: one[k] for k in QUANTILE_KEYS if k in one})  # one aggregated pool: its quantiles as served
     e["tokens_per_s_per_user"] = 1.0 / e["tpot_s"]
     e["joules_per_token"] = e["power_w"] / e["tokens_per_s"]
     pools_quantiles(e)  # the figures of several pools: the largest pool's quantiles are not the entry's
-    e.update(band_keys(e, None if spec.space.ideal else bands_of(cfg["system"])))
+    banded(e, {"served_edges": edges}, None if spec.space.ideal else bands_of(cfg["system"]))
     return Optimum(e, request_level=True)
 
 
@@ -253,7 +284,7 @@ def _price_text(f: FleetSpec) -> str:
 def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
     """Options from the physics, the fleet program, its re-check, duals and the greedy baseline; fleet.csv."""
     f = spec.fleet
-    d, info = fleet_data(spec, progress)
+    d, info, spaces = fleet_data(spec, progress)
     r = solve_fleet(d, spec.solver.name, spec.solver.time_limit_s)
     bad = check(d, r)
     if bad:
@@ -273,6 +304,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                          "inventory_nodes": d.inventory.loc[s, t],
                          "utilisation": busy / (held * node) if held else math.nan,
                          "power_w": held * d.systems.loc[s, "power_per_node_w"]})
+    served = {t: loads(d, r, t) for t in slices}
     for k, p in enumerate(o.to_dict("records")):
         for t in slices:
             n = int(r.replicas.loc[k, t])
@@ -282,6 +314,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                          "system": p["system"], "serving": "aggregated" if p["role"] == "both" else "disaggregated",
                          "role": p["role"], "replicas": n, "chips": n * int(p["chips"]),
                          "requests_per_s": n * p["requests_per_s"],
+                         "served_requests_per_s": n * p["requests_per_s"] * float(served[t][k]),
                          "demand_requests_per_s": float(d.demand.loc[(p["model"], p["cls"]), t]),
                          "configuration": f"{p['role']} x{n}: {p['chips']} x {p['system']} TP{p['tp']} DP{p['dp']} "
                                           f"EP{p['ep']} batch {p['batch']}"})
@@ -309,7 +342,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                       for s in d.systems.index}
     for j, c in enumerate(d.classes):
         t = slices[int(np.argmax(d.demand.loc[c].to_numpy()))]
-        opt = _entry(spec, d, r, j, systems_priced, _option_cost(d, r, t), t)
+        opt = _entry(spec, d, r, j, systems_priced, _option_cost(d, r, t), t, spaces)
         if opt is not None:
             best.append(opt)
     return Solved(status=r.result.status, best=best, tables=tables, results=[r.result],
