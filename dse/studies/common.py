@@ -7,16 +7,19 @@ solves and rows into a `Solved`.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import pandas as pd
 
 from dse.catalog.calibration import Bands, band_keys, bands_of, calibrated, family_of
 from dse.catalog.hardware import System
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError
 from dse.optimize.margins import Margins, margins_for
+from dse.optimize.operating_points import served_point
 from dse.optimize.requests import (
     BlockOptima,
     DisaggregatedResult,
@@ -198,6 +201,29 @@ def banded(out: dict, deployed: dict, bands: Bands | None) -> None:
         if bands is not None and out.get(f"{key}_band") is not None:
             lo, hi = getattr(bands, key.removesuffix("_s"))
             out[f"{key}_band"] = [fast * lo, slow * hi]
+
+
+def served_pools(pools: pd.DataFrame, space_of: Callable[[dict], Space]) -> tuple[pd.DataFrame, dict, dict]:
+    """A deployment's pools (operating points with their ``load``: the share of their replicas' requests/s they
+    serve) at the load they serve (`dse.optimize.operating_points.served_point`, each in its space, ``space_of``):
+    their TTFT and TPOT, ``batch_served`` where they hold a batch; the served figures of a deployment of one pool
+    (its quantiles; empty for several); and each figure's ``served_edges`` over the pools (the largest at each end
+    of the throughput band; a pool without edges counts its figure at both ends).
+    """
+    rows, edges, one = [], {}, {}
+    for p in pools.to_dict("records"):
+        at = served_point(space_of(p), p, p["load"])
+        for key in ("ttft_s", "tpot_s"):
+            if key in at and np.isfinite(p[key]):
+                p[key] = at[key]
+                fast, slow = at.get("served_edges", {}).get(key, (at[key], at[key]))
+                lo, hi = edges.get(key, (-math.inf, -math.inf))
+                edges[key] = (max(lo, fast), max(hi, slow))
+        if "batch_served" in at:
+            p["batch_served"] = int(at["batch_served"])
+        rows.append(p)
+        one = at
+    return pd.DataFrame(rows, index=pools.index), edges, one if len(rows) == 1 else {}
 
 
 def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_low: bool = False,

@@ -19,7 +19,6 @@ from typing import Literal
 import pandas as pd
 from pydantic import Field
 
-from dse.catalog.calibration import band_keys
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError, InputError
 from dse.optimize.deployment import check, data_of, greedy, solve_deployment
@@ -28,6 +27,8 @@ from dse.optimize.operating_points import non_dominated, operating_points
 from dse.optimize.space import Space, build_space, subset
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.common import (
+    QUANTILE_KEYS,
+    banded,
     best_table,
     candidate_systems,
     config_entry,
@@ -36,6 +37,7 @@ from dse.studies.common import (
     pool_text,
     pooled_bands,
     pools_quantiles,
+    served_pools,
 )
 from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput, status_of
 from dse.studies.plotting import save, subplots
@@ -151,12 +153,31 @@ def _rival(pools: pd.DataFrame, w, robust: bool, ideal: bool) -> dict:
             "usd_per_request_band": [usd, usd] if bands is None else [usd * bands.cost[0], usd * bands.cost[1]]}
 
 
+def _loads(pools: pd.DataFrame, rate: float) -> pd.Series:
+    """Each pool's share of its replicas' requests/s at the class's ``rate``: the demand spread over what the pools
+    offer (the aggregated replicas' rate and the requests the prefill and decode pools carry together, the lesser of
+    their rates), all at the same share; a prefill or decode pool at that share of the pair's rate over its own.
+    """
+    cap = pools["requests_per_s"] * pools["replicas"]
+    by_role = cap.groupby(pools["role"]).sum()
+    pre, dec = float(by_role.get("prefill", 0.0)), float(by_role.get("decode", 0.0))
+    pair = min(pre, dec)
+    offered = float(by_role.get("both", 0.0)) + pair
+    share = min(1.0, rate / offered) if offered > 0 else 0.0
+    own = pools["role"].map({"both": 1.0, "prefill": pair / pre if pre else 0.0, "decode": pair / dec if dec else 0.0})
+    return (share * own).clip(upper=1.0)
+
+
 def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: dict, usd_per_s: float,
-           mode: str, robust: bool = False) -> Optimum:
+           mode: str, space: Space, robust: bool = False) -> Optimum:
     """The contract's entry: the largest pool's configuration evaluated as `dse evaluate` does, the deployment's
     request-level figures with their bands (robust: the replicas serve the demand at the low end of each pool's
-    throughput band, so its cost is the band's high end), and every pool.
+    throughput band, so its cost is the band's high end), and every pool. TTFT and TPOT are each pool's at the load
+    it serves (`served_pools`, in ``space``: a pool whose replicas could serve more holds fewer sequences,
+    ``batch_served``, and a prefill pool runs below its planned utilisation).
     """
+    lam = w.demand_tokens_per_s / w.output
+    pools, edges, one = served_pools(pools.assign(load=_loads(pools, lam)), lambda _: space)
     main = pools.sort_values("usd_per_s", key=lambda s: s * pools.loc[s.index, "replicas"]).iloc[-1]
     cfg = {k: main[k] for k in ("system", "chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context",
                                 "weights_dtype", "kv_dtype", "kv_tier")}
@@ -164,7 +185,6 @@ def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: 
            for k, v in cfg.items()}
     e = config_entry(model, w.name, w.prompt, cfg, spec.space.ideal, output=w.output, request_level=True,
                      system=systems[cfg["system"]], framework=spec.framework, mem_fraction=spec.mem_fraction)
-    lam = w.demand_tokens_per_s / w.output
     chips = int((pools["chips"] * pools["replicas"]).sum())
     roles = set(pools["role"])
     e["serving"] = "aggregated" if roles == {"both"} else "disaggregated" if "both" not in roles else "mixed"
@@ -184,11 +204,15 @@ def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: 
     e["price_kind"] = spec.price
     e["chunk_tokens"] = w.chunk_tokens
     e["mode_searched"] = mode
-    e["pools"] = [{k: (v.item() if hasattr(v, "item") else v) for k, v in p.items() if k in POOL_KEYS}
+    e["pools"] = [{k: int(v) if k == "batch_served" else v.item() if hasattr(v, "item") else v for k, v in p.items()
+                   if k in POOL_KEYS + ("batch_served",) and not (k == "batch_served" and pd.isna(v))}
                   for p in pools.to_dict("records")]
+    if not pd.isna(main.get("batch_served", math.nan)):
+        e["batch_served"] = int(pools.loc[main.name, "batch_served"])
+    e.update({k: one[k] for k in QUANTILE_KEYS if k in one})  # one aggregated pool: its quantiles as served
     e["group"] = group
     pools_quantiles(e)
-    e.update(band_keys(e, None if spec.space.ideal else _deployment_bands(pools, robust)))
+    banded(e, {"served_edges": edges}, None if spec.space.ideal else _deployment_bands(pools, robust))
     for key in ("tokens_per_s_band", "tokens_per_s_per_gpu_band"):  # the demand: given, not predicted
         e.pop(key, None)
     return Optimum(e, request_level=True)
@@ -268,7 +292,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                         pools = r.pools[r.pools["cls"] == w.name]
                         if len(pools):
                             o = _entry(spec, model_id, w, g.name, pools, systems, float(
-                                (pools["usd_per_s"] * pools["replicas"]).sum()), mode, robust)
+                                (pools["usd_per_s"] * pools["replicas"]).sum()), mode, built[w.name], robust)
                             o.entry["decide"] = decide
                             others = [_rival(q, w, robust, opts.ideal) for q in
                                       (x.pools[x.pools["cls"] == w.name] for x in found.values())

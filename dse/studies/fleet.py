@@ -20,10 +20,9 @@ from dse.catalog.hardware import PRICE_KINDS, default_systems, priced
 from dse.catalog.models import get_model
 from dse.errors import InputError
 from dse.optimize.fleet import OPTION_COLUMNS, FleetData, check, fleet_options, loads, solve_fleet
-from dse.optimize.operating_points import served_point
 from dse.optimize.space import Space, build_space
 from dse.studies.base import MAX_LIST, Strict, StudySpec
-from dse.studies.common import QUANTILE_KEYS, banded, config_entry, pools_quantiles
+from dse.studies.common import QUANTILE_KEYS, banded, config_entry, pools_quantiles, served_pools
 from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import save, subplots
 
@@ -193,32 +192,10 @@ def _option_cost(d: FleetData, r, t) -> np.ndarray:
     return out
 
 
-def _served(pools: pd.DataFrame, spaces: dict, model_id: str, cls: str) -> tuple[pd.DataFrame, dict, dict]:
-    """The pools (a class's options in one slice, with their ``load``: `dse.optimize.fleet.loads`) at the load they
-    serve (`served_point`): their TTFT and TPOT, ``batch_served`` where they hold a batch; the served figures of the
-    one pool an aggregated class has (its quantiles); and each figure's ``served_edges`` over the pools (the largest
-    at each end of the throughput band; a pool without edges counts its figure at both ends).
-    """
-    rows, edges, one = [], {}, {}
-    for p in pools.to_dict("records"):
-        at = served_point(spaces[(model_id, cls, p["system"])], p, p["load"])
-        for key in ("ttft_s", "tpot_s"):
-            if key in at and np.isfinite(p[key]):
-                p[key] = at[key]
-                fast, slow = at.get("served_edges", {}).get(key, (at[key], at[key]))
-                lo, hi = edges.get(key, (-math.inf, -math.inf))
-                edges[key] = (max(lo, fast), max(hi, slow))
-        if "batch_served" in at:
-            p["batch_served"] = int(at["batch_served"])
-        rows.append(p)
-        one = at
-    return pd.DataFrame(rows, index=pools.index), edges, one if len(rows) == 1 else {}
-
-
 def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.ndarray, t, spaces: dict
            ) -> Optimum | None:
     """A class's figures at its peak slice from the operating points the program chose there, each pool at the
-    load it serves there (`_served`: the class's demand spread over what its pools offer, N+1's spare included):
+    load it serves there (`served_pools`: the class's demand spread over what its pools offer, N+1's spare included):
     TTFT of its prefill (or aggregated) pools, TPOT of its decode (or aggregated) pools, the fleet's cost shared by
     chips (`_option_cost`, ``usd``), split into input (prefill pools, and each aggregated replica's prefill share
     of its time) and output; every pool with its replicas and the batch it serves.
@@ -230,7 +207,7 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.nd
     if not sel.any():
         return None
     pools = o[sel].assign(replicas=r.replicas.loc[sel, t].astype(int).to_numpy(), load=loads(d, r, t)[sel])
-    pools, edges, one = _served(pools, spaces, model_id, cls)
+    pools, edges, one = served_pools(pools, lambda p: spaces[(model_id, cls, p["system"])])
     lam = float(d.demand.loc[(model_id, cls), t])
     main = pools[pools["role"] != "prefill"]
     main = main.loc[(main["chips"] * main["replicas"]).idxmax()]
