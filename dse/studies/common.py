@@ -10,16 +10,15 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from dse.catalog.calibration import Bands, band_keys, bands_of, calibrated, family_of
 from dse.catalog.hardware import System
 from dse.catalog.models import get_model
 from dse.errors import InfeasibleError
 from dse.optimize.margins import Margins, margins_for
-from dse.optimize.operating_points import served_point
 from dse.optimize.requests import (
     BlockOptima,
     DisaggregatedResult,
@@ -41,6 +40,9 @@ from dse.physics.serving import Request
 from dse.studies.base import StudySpec
 from dse.studies.contract import Optimum, Progress, Solved, status_of
 from dse.table import Table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 METRICS = ("tpot_s", "ttft_s", "usd_per_mtok", "tokens_per_s", "hbm_bytes_per_chip")
 EXTRA = (
@@ -210,6 +212,10 @@ def served_pools(pools: pd.DataFrame, space_of: Callable[[dict], Space]) -> tupl
     (its quantiles; empty for several); and each figure's ``served_edges`` over the pools (the largest at each end
     of the throughput band; a pool without edges counts its figure at both ends).
     """
+    import pandas as pd  # only the deployment and fleet studies' tables need it: a serving answer loads no pandas
+
+    from dse.optimize.operating_points import served_point
+
     rows, edges, one = [], {}, {}
     for p in pools.to_dict("records"):
         at = served_point(space_of(p), p, p["load"])
