@@ -431,7 +431,8 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
         if not joined or not full:
             share = min(JOINED_SHARE * time_limit_s, remaining() - PLAN_SHARE * time_limit_s) if joined else (
                 (COLUMN_SHARE_FULL if nodes_stage else COLUMN_SHARE) * time_limit_s)
-            cb, more, f = _column_stage(dm, g, name, max(share, 0.0), time_limit_s / 6, cut=joined, deadline=end)
+            cb, more, f = _column_stage(dm, g, name, max(share, 0.0), time_limit_s / 6, cut=joined, deadline=end,
+                                        seed=master)  # the own-system restriction's plans are this program's
             master = cb if cb.x is not None else master
             if cb.bound > -math.inf:
                 if cb.bound > bound:
@@ -509,13 +510,18 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
 
 
 def _column_stage(d: FleetData, g: Fleet, solver: str, bound_s: float, round_s: float, cut: bool = False,
-                  deadline: float | None = None) -> tuple[ColumnBound, dict | None, Fleet | None]:
-    """The column generation on ``d`` from the greedy ``g``'s plans (`column_bound`, within ``bound_s``): its result,
-    its near plans with the greedy's per (class index, slice) (None where it priced nothing), and the fleet at its
-    master's rounded reserved nodes (`_round_master`, within ``round_s``; None where none). ``cut``: rounds stop at
-    the time limit (`column_bound`).
+                  deadline: float | None = None, seed: ColumnBound | None = None
+                  ) -> tuple[ColumnBound, dict | None, Fleet | None]:
+    """The column generation on ``d`` from the greedy ``g``'s plans (`column_bound`, within ``bound_s``), and every
+    plan priced by ``seed`` (a column generation on a restriction of ``d``, whose plans are plans of ``d``): its
+    result, its near plans with the greedy's per (class index, slice) (None where it priced nothing), and the fleet at
+    its master's rounded reserved nodes (`_round_master`, within ``round_s``; None where none). ``cut``: rounds stop
+    at the time limit (`column_bound`).
     """
-    cb = column_bound(d, bound_s, _start_plans(d, g), cut=cut)
+    start = _start_plans(d, g)
+    for b, plans in (seed.plans if seed is not None else {}).items():
+        start.setdefault(seed.blocks[b], []).extend(plans)
+    cb = column_bound(d, bound_s, start, cut=cut)
     if cb.bound == -math.inf:
         return cb, None, None
     extra = {cb.blocks[b]: p for b, p in cb.near.items()}
