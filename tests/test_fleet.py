@@ -935,6 +935,12 @@ def test_column_generation_bound_with_pools_joined_across_systems_and_n_plus_one
         assert -np.inf < cb.bound <= best * (1 + 1e-6) + 1e-6
         assert cb.programs == 0 and cb.searched > 0
         tight += cb.bound >= best * (1 - 1e-6)
+        # started from every plan the own-system restriction priced (as `solve_fleet` starts it): still a bound
+        own = column_bound(replace(d, systems=d.systems.assign(interconnect_bytes_per_s=0.0)), 10.0, tol=1e-9)
+        seeded = {}
+        for b, plans in own.plans.items():
+            seeded.setdefault(own.blocks[b], []).extend(plans)
+        assert -np.inf < column_bound(d, 10.0, seeded, tol=1e-9).bound <= best * (1 + 1e-6) + 1e-6
         checked += 1
     assert tight >= 1
 

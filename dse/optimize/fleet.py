@@ -180,10 +180,18 @@ AGGREGATED_SHARE = 1 / 3
 """Share of the time limit for the program restricted to aggregated options (`solve_aggregated`), solved first where
 a program with pools has one below `FULL_PROGRAM_MAX` columns: the answer is then never dearer than that
 restriction's fleet within this share. Where the program itself is above `FULL_PROGRAM_MAX` columns, its bound comes
-from the column generation, which needs its time, and the share is `AGGREGATED_SHARE_COLUMNS`: measured with
-`scripts/bench_fleet.py` mixed 2 x 12 (3,080 columns; 60 s, load 3-4), a third left the column generation a bound
-of 6,079 USD/day (gap 5.37%), a sixth 6,193 (gap 3.60%), both answering the aggregated restriction's 6,424."""
+from the column generation, which needs its time, and the share is `AGGREGATED_SHARE_COLUMNS` where the restriction
+has more than `AGGREGATED_COLUMNS_MAX` columns. Measured with `scripts/bench_fleet.py` (60 s, load 1-1.4, one
+window), on mixed and disaggregated 2 x 12 (3,080 and 3,360 columns; the restriction 616) a third gives 6,424 USD/day
+in both, a sixth 6,890 and 6,472 (6,424-6,471 in another window): the restriction's node relaxation needs the time;
+a third leaves the column generation where pools join a bound of 6,163-6,206 (a sixth 6,181-6,201)."""
 AGGREGATED_SHARE_COLUMNS = 1 / 6
+AGGREGATED_COLUMNS_MAX = 1000
+"""Most integer replica columns of the restriction to aggregated options (its options x distinct slices) given
+`AGGREGATED_SHARE` of the time where the program is above `FULL_PROGRAM_MAX` columns; above, the restriction's fleets
+are dearer than the pools' on `scripts/bench_fleet.py`'s instances (5 and 10 models: 1,782-4,368 columns; mixed
+5 x 12: 14,382 USD/day against 14,090-14,176; 10 x 6: 66,700 against 45,919) and it takes `AGGREGATED_SHARE_COLUMNS`.
+Skipping it there altogether left mixed 10 x 24 bounds of 46,576-46,758 in three runs where it ran gave 46,942."""
 OWN_SHARE = 1 / 6
 """Share of the time limit for the column generation on the restriction of a program whose pools join across systems
 to pools paired on their own system (its fleets only; `solve_fleet`)."""
@@ -249,7 +257,10 @@ search gives the bound, and the time is left to it: on mixed 1 model x 6 slices,
 the full program had 23 s and ended at a 3.09% gap); at most the time left less `PLAN_SHARE`. Measured with
 `scripts/bench_fleet.py` (60 s, 2 shared cores, load 4-4.5): on mixed 10 models x 24 slices (560 class-slice pairs
 once equal slices merge) a round takes 7-10 s; with a third of the time 3 rounds end (bound 46,120 USD/day, the lean
-relaxation's 42,498), with half of it 4 (46,621); mixed 5 x 12: 13,737 -> 13,835-13,942."""
+relaxation's 42,498), with half of it 4 (46,621); mixed 5 x 12: 13,737 -> 13,835-13,942. Started from the plans
+of the own-system restriction's column generation (load 1, one window, single runs), a third of the time gave mixed
+5 x 12 a bound of 13,864-13,907 where half gave 13,823-13,879, but mixed 10 x 12 and 10 x 24 46,753 and 46,576 where
+half gave 46,919 and 46,942."""
 PLAN_SHARE = 1 / 4
 """Share of the time limit kept for the fleets of the column generation's plans (`_round_master`, `solve_plans`)
 where pools join across systems."""
@@ -365,14 +376,16 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     Exact reductions first (`FleetData.reduced`: options another matches; `FleetData.merged`: equal slices as one);
     then a greedy fleet. Where classes have pools and the program restricted to aggregated options has fewer than
     `FULL_PROGRAM_MAX` columns, that restriction first (`solve_aggregated`, `AGGREGATED_SHARE` of the time,
-    `AGGREGATED_SHARE_COLUMNS` where the program is above `FULL_PROGRAM_MAX` columns): its
+    `AGGREGATED_SHARE_COLUMNS` where the program is above `FULL_PROGRAM_MAX` columns and the restriction above
+    `AGGREGATED_COLUMNS_MAX`): its
     fleets are the program's, so the answer is never dearer than the restriction's answer within that share, and
     every later stage starts from the best fleet so far and keeps it. From `PLAN_STAGE_MIN` columns, the column
     generation bound (`dse.optimize.fleet_bound.column_bound`, `COLUMN_SHARE` of the time, `COLUMN_SHARE_FULL` where
     the node relaxations follow) and fleets of its near plans at its
     master's reserved nodes (`_round_master`); where pools join across interconnects, first the same on the
     restriction to pools paired on their own system (`OWN_SHARE`), then, above `FULL_PROGRAM_MAX` columns, on the
-    program itself (`JOINED_SHARE`, its plans whose pools pair across systems handing off as `joined_flows` finds);
+    program itself from every plan the restriction's priced (`JOINED_SHARE`, its plans whose pools pair across
+    systems handing off as `joined_flows` finds);
     where that bounds nothing above `FULL_PROGRAM_MAX` columns, the lean relaxation's bound
     (`formulations.fleet.build` with ``lean``; at most half the time). Below `FULL_PROGRAM_MAX` columns, from
     `PLAN_STAGE_MIN` columns and up to `NODE_COLUMNS_MAX` (`NODE_JOINED_COLUMNS_MAX` where pools join across
@@ -411,7 +424,8 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
             < FULL_PROGRAM_MAX:
         # the restriction to aggregated options first: its fleets are this program's, so the answer is never dearer
         # than the restriction's within its share, and every later stage starts from the best fleet so far
-        f = solve_aggregated(dm, name, (AGGREGATED_SHARE if full else AGGREGATED_SHARE_COLUMNS) * time_limit_s)
+        small = full or (dm.options["role"] == "both").sum() * len(dm.slices) <= AGGREGATED_COLUMNS_MAX
+        f = solve_aggregated(dm, name, (AGGREGATED_SHARE if small else AGGREGATED_SHARE_COLUMNS) * time_limit_s)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
     joined_pools = bool((dm.systems["interconnect_bytes_per_s"] > 0).any() and pooled)
