@@ -10,22 +10,18 @@ numerics costs no more per second and serves no fewer requests per second.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pandas as pd
 
 from dse.optimize.requests import (
-    at_served_load,
-    decode_replicas,
     disaggregated_tables,
     evaluate_pairs,
     feasible_mask,
     first_min_per_block,
     numerics_group,
+    served_pair,
 )
 from dse.optimize.space import Choice, Space, describe_choice, pair_chunks
-from dse.physics.queueing import QUANTILES
 from dse.physics.serving import prefill_ttft
 
 COLUMNS = ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype",
@@ -138,18 +134,11 @@ def served_point(space: Space, point: dict, load: float) -> dict:
     wait at ``load`` times its planned utilisation, `prefill_ttft`). At ``load`` 1, the point's own figures.
     """
     pos = int(np.flatnonzero(space.blocks.index == point["block"])[0])
-    b = space.blocks
-    rate = float(point["requests_per_s"]) * min(max(load, 0.0), 1.0)
+    load = min(max(load, 0.0), 1.0)
     if point["role"] == "prefill":
-        rho = float(point["utilisation"]) * min(max(load, 0.0), 1.0)
+        rho = float(point["utilisation"]) * load
         return {"ttft_s": float(prefill_ttft(point["prefill_service_s"], point["kv_transfer_s"], rho,
                                              space.workload))}
-    dp = int(b["dp"][pos])
-    n = int(point["batch"]) // dp
-    at, upto = np.full(n, pos), np.arange(1, n + 1)
-    if point["role"] == "both":
-        m = evaluate_pairs(space, b, at, upto, replace(space.workload, report_quantiles=QUANTILES))
-    else:
-        r = decode_replicas(space, space.served(space.workload), at, upto)
-        m = {k: np.asarray(r[k], dtype=np.float64) for k in ("tpot_s", "requests_per_s")}
-    return at_served_load(space, int(b["system_idx"][pos]), dp, m, rate)
+    n = int(point["batch"]) // int(space.blocks["dp"][pos])
+    return served_pair(space, space.blocks, pos, n, float(point["requests_per_s"]) * load, space.workload,
+                       decode=point["role"] == "decode")

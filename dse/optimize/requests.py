@@ -383,14 +383,26 @@ def at_served_load(space: Space, system_idx: int, dp: int, m: dict[str, np.ndarr
     return out
 
 
+def served_pair(space: Space, blocks: Table, pos: int, n: int, rate: float, req: Request, decode: bool = False
+                ) -> dict:
+    """The figures of block ``pos`` of ``blocks`` at 1 to ``n`` sequences per rank, at the batch a replica serving
+    ``rate`` requests/s holds (`at_served_load`): an aggregated replica's request-level metrics (every quantile) or,
+    with ``decode``, a decode replica's TPOT (`decode_replicas`; ``blocks`` is then ``space.blocks``).
+    """
+    at, upto = np.full(n, pos), np.arange(1, n + 1)
+    if decode:
+        r = decode_replicas(space, space.served(req), at, upto)
+        m = {k: r[k] for k in ("tpot_s", "requests_per_s")}
+    else:
+        m = evaluate_pairs(space, blocks, at, upto, replace(req, report_quantiles=QUANTILES))
+    return at_served_load(space, int(blocks["system_idx"][pos]), int(blocks["dp"][pos]), m, rate)
+
+
 def served_aggregated(space: Space, opt: BlockOptima, j: int, rate: float) -> dict:
     """Request-level metrics (every quantile) of block ``j`` of ``opt`` at the batch a replica serving ``rate``
-    requests/s holds, up to its planned batch (`at_served_load`).
+    requests/s holds, up to its planned batch (`served_pair`).
     """
-    n = int(opt.n[j])
-    req = replace(opt.req or space.workload, report_quantiles=QUANTILES)
-    m = evaluate_pairs(space, opt.blocks, np.full(n, j), np.arange(1, n + 1), req)
-    return at_served_load(space, int(opt.blocks["system_idx"][j]), int(opt.blocks["dp"][j]), m, rate)
+    return served_pair(space, opt.blocks, j, int(opt.n[j]), rate, opt.req or space.workload)
 
 
 def aggregated_deployed(metrics: dict, replicas: int, chips: int, power_per_chip: float, rate: float,
@@ -462,13 +474,9 @@ def decode_replicas(space: Space, req: Request, pos: np.ndarray, n: np.ndarray) 
 
 def served_decode(space: Space, t: DisaggregatedTables, i: int, rate: float) -> dict:
     """TPOT of decode pair ``i`` of ``t`` at the batch a decode replica serving ``rate`` requests/s holds, up to the
-    pair's batch (`at_served_load`).
+    pair's batch (`served_pair`).
     """
-    n, pos = int(t.dn[i]), int(t.dpos[i])
-    m = decode_replicas(space, space.served(t.req), np.full(n, pos), np.arange(1, n + 1))
-    b = space.blocks
-    return at_served_load(space, int(b["system_idx"][pos]), int(b["dp"][pos]),
-                          {k: m[k] for k in ("tpot_s", "requests_per_s")}, rate)
+    return served_pair(space, space.blocks, int(t.dpos[i]), int(t.dn[i]), rate, t.req, decode=True)
 
 
 @dataclass
