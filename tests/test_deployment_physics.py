@@ -15,6 +15,7 @@ import pytest
 from helpers import served as through_stack
 
 import dse
+from dse.catalog.calibration import bands_of, error_band
 from dse.catalog.hardware import default_systems
 from dse.catalog.models import get_model
 from dse.catalog.units import DTYPES
@@ -64,6 +65,7 @@ def test_every_pool_recomputes_from_the_physics(answer):
         served = {"both": 0.0, "decode": 0.0, "prefill": 0.0}
         need = w.demand_tokens_per_s / w.output  # requests/s
         load = _load(e["pools"], need)
+        slow = []
         for p in e["pools"]:
             st = SystemTable.build([systems[p["system"]]])
             c = _cand(p)
@@ -74,6 +76,9 @@ def test_every_pool_recomputes_from_the_physics(answer):
                 planned = float(prefill_ttft(s, r["kv_transfer_s"][0], p["utilisation"], req))
                 ttft = float(prefill_ttft(s, r["kv_transfer_s"][0], p["utilisation"] * load["prefill"], req))
                 assert ttft == pytest.approx(p["ttft_s"], rel=1e-9) and planned <= w.ttft_max_s * (1 + 1e-9)
+                # a prefill replica slower than predicted runs busier, up to its planned utilisation
+                busier = min(p["utilisation"], p["utilisation"] * load["prefill"] / error_band(p["system"])[0])
+                slow.append(float(prefill_ttft(s, r["kv_transfer_s"][0], busier, req)))
             else:
                 def at(batch: int, p=p, c=c, st=st, w=w, mt=mt, req=req) -> dict:
                     one = Candidates(**{**c.__dict__, "context": np.array([w.prompt + w.output]),
@@ -101,4 +106,6 @@ def test_every_pool_recomputes_from_the_physics(answer):
         assert served["both"] + served["decode"] >= need * (1 - 1e-9)
         assert served["both"] + served["prefill"] >= need * (1 - 1e-9)
         assert e["tpot_s"] == pytest.approx(max(p["tpot_s"] for p in e["pools"] if p["role"] != "prefill"))
+        if slow:  # the TTFT band's upper edge: the slowest prefill pool at its band's low end, times the multiplier
+            assert e["ttft_s_band"][1] == pytest.approx(max(slow) * bands_of(e["system"]).ttft[1], rel=1e-9)
     assert checked >= 10 and fewer >= 5  # most pools have whole replicas to spare

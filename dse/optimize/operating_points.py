@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dse.catalog.calibration import error_band
 from dse.optimize.requests import (
     disaggregated_tables,
     evaluate_pairs,
@@ -131,14 +132,24 @@ def served_point(space: Space, point: dict, load: float) -> dict:
     ``load`` (0 to 1) of its requests/s, as a pool with capacity to spare runs: an aggregated or decode replica at
     the batch it holds (`dse.optimize.requests.at_served_load`: TTFT, TPOT and, aggregated, every quantile, with
     ``batch_served`` and ``served_edges``), a prefill replica at the utilisation it runs at (its TTFT from the M/D/1
-    wait at ``load`` times its planned utilisation, `prefill_ttft`). At ``load`` 1, the point's own figures.
+    wait at ``load`` times its planned utilisation, `prefill_ttft`; its ``served_edges`` at the utilisation it runs
+    at at each end of its system's throughput band, at most the planned one). At ``load`` 1, the point's own
+    figures.
     """
     pos = int(np.flatnonzero(space.blocks.index == point["block"])[0])
     load = min(max(load, 0.0), 1.0)
     if point["role"] == "prefill":
-        rho = float(point["utilisation"]) * load
-        return {"ttft_s": float(prefill_ttft(point["prefill_service_s"], point["kv_transfer_s"], rho,
-                                             space.workload))}
+        planned = float(point["utilisation"])
+
+        def ttft(rho: float) -> float:
+            return float(prefill_ttft(point["prefill_service_s"], point["kv_transfer_s"], rho, space.workload))
+
+        out = {"ttft_s": ttft(planned * load)}
+        band = None if space.ideal else error_band(space.systems[int(space.blocks["system_idx"][pos])].id)
+        if band is not None:  # a replica slower than predicted runs busier, up to its planned utilisation
+            out["served_edges"] = {"ttft_s": (ttft(planned * load / band[1]),
+                                              ttft(min(planned, planned * load / band[0])))}
+        return out
     n = int(point["batch"]) // int(space.blocks["dp"][pos])
     return served_pair(space, space.blocks, pos, n, float(point["requests_per_s"]) * load, space.workload,
                        decode=point["role"] == "decode")
