@@ -232,6 +232,24 @@ def served_pools(pools: pd.DataFrame, space_of: Callable[[dict], Space]) -> tupl
     return pd.DataFrame(rows, index=pools.index), edges, one if len(rows) == 1 else {}
 
 
+def served_entry(e: dict, pools: pd.DataFrame, keys: tuple[str, ...], main: object, one: dict) -> None:
+    """An entry's pools as served (`served_pools`): each pool's ``keys`` and its ``batch_served`` where it holds a
+    batch, the entry's ``batch_served`` that of its largest pool (label ``main``) where it holds one, and, for a
+    deployment of one pool (``one``), its quantiles as served.
+    """
+    import pandas as pd
+
+    def plain(k: str, v):
+        return int(v) if k == "batch_served" else v.item() if hasattr(v, "item") else v
+
+    e["pools"] = [{k: plain(k, v) for k, v in p.items()
+                   if k in keys + ("batch_served",) and not (k == "batch_served" and pd.isna(v))}
+                  for p in pools.to_dict("records")]
+    if not pd.isna(pools.loc[main].get("batch_served", math.nan)):
+        e["batch_served"] = int(pools.loc[main, "batch_served"])
+    e.update({k: one[k] for k in QUANTILE_KEYS if k in one})
+
+
 def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_low: bool = False,
           memo: dict | None = None) -> dict:
     """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`).

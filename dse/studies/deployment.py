@@ -27,7 +27,6 @@ from dse.optimize.operating_points import non_dominated, operating_points
 from dse.optimize.space import Space, build_space, subset
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.common import (
-    QUANTILE_KEYS,
     banded,
     best_table,
     candidate_systems,
@@ -37,6 +36,7 @@ from dse.studies.common import (
     pool_text,
     pooled_bands,
     pools_quantiles,
+    served_entry,
     served_pools,
 )
 from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput, status_of
@@ -204,12 +204,7 @@ def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: 
     e["price_kind"] = spec.price
     e["chunk_tokens"] = w.chunk_tokens
     e["mode_searched"] = mode
-    e["pools"] = [{k: int(v) if k == "batch_served" else v.item() if hasattr(v, "item") else v for k, v in p.items()
-                   if k in POOL_KEYS + ("batch_served",) and not (k == "batch_served" and pd.isna(v))}
-                  for p in pools.to_dict("records")]
-    if not pd.isna(main.get("batch_served", math.nan)):
-        e["batch_served"] = int(pools.loc[main.name, "batch_served"])
-    e.update({k: one[k] for k in QUANTILE_KEYS if k in one})  # one aggregated pool: its quantiles as served
+    served_entry(e, pools, POOL_KEYS, main.name, one)
     e["group"] = group
     pools_quantiles(e)
     banded(e, {"served_edges": edges}, None if spec.space.ideal else _deployment_bands(pools, robust))

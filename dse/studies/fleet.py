@@ -22,7 +22,7 @@ from dse.errors import InputError
 from dse.optimize.fleet import OPTION_COLUMNS, FleetData, check, fleet_options, loads, solve_fleet
 from dse.optimize.space import Space, build_space
 from dse.studies.base import MAX_LIST, Strict, StudySpec
-from dse.studies.common import QUANTILE_KEYS, banded, config_entry, pools_quantiles, served_pools
+from dse.studies.common import banded, config_entry, pools_quantiles, served_entry, served_pools
 from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import save, subplots
 
@@ -240,13 +240,8 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.nd
              tpot_s=float(pools.loc[pools["role"] != "prefill", "tpot_s"].max()),
              tokens_per_s=lam * w.output, tokens_per_s_per_gpu=lam * w.output / chips,
              power_w=float((pools["power_w"] * pools["replicas"]).sum()), price_kind=_price_text(spec.fleet),
-             replicas=int(pools["replicas"].sum()),
-             pools=[{k: int(v) if k == "batch_served" else v.item() if hasattr(v, "item") else v for k, v in p.items()
-                     if k in POOL + ("replicas", "batch_served") and not (k == "batch_served" and pd.isna(v))}
-                    for p in pools.to_dict("records")])
-    if not pd.isna(pools.loc[main.name].get("batch_served", math.nan)):
-        e["batch_served"] = int(pools.loc[main.name, "batch_served"])
-    e.update({k: one[k] for k in QUANTILE_KEYS if k in one})  # one aggregated pool: its quantiles as served
+             replicas=int(pools["replicas"].sum()))
+    served_entry(e, pools, POOL + ("replicas",), main.name, one)
     e["tokens_per_s_per_user"] = 1.0 / e["tpot_s"]
     e["joules_per_token"] = e["power_w"] / e["tokens_per_s"]
     pools_quantiles(e)  # the figures of several pools: the largest pool's quantiles are not the entry's
