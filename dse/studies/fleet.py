@@ -192,10 +192,10 @@ def _option_cost(d: FleetData, r, t) -> np.ndarray:
     return out
 
 
-def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.ndarray, t, spaces: dict
-           ) -> Optimum | None:
+def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.ndarray, t, spaces: dict,
+           load: np.ndarray) -> Optimum | None:
     """A class's figures at its peak slice from the operating points the program chose there, each pool at the
-    load it serves there (`served_pools`: the class's demand spread over what its pools offer, N+1's spare included):
+    load it serves there (``load``: every option's share in slice ``t``, `dse.optimize.fleet.loads`; `served_pools`):
     TTFT of its prefill (or aggregated) pools, TPOT of its decode (or aggregated) pools, the fleet's cost shared by
     chips (`_option_cost`, ``usd``), split into input (prefill pools, and each aggregated replica's prefill share
     of its time) and output; every pool with its replicas and the batch it serves.
@@ -206,7 +206,7 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.nd
     sel = ((o["model"] == model_id) & (o["cls"] == cls)).to_numpy() & (r.replicas[t].to_numpy() > 0)
     if not sel.any():
         return None
-    pools = o[sel].assign(replicas=r.replicas.loc[sel, t].astype(int).to_numpy(), load=loads(d, r, t)[sel])
+    pools = o[sel].assign(replicas=r.replicas.loc[sel, t].astype(int).to_numpy(), load=load[sel])
     pools, edges, one = served_pools(pools, lambda p: spaces[(model_id, cls, p["system"])])
     lam = float(d.demand.loc[(model_id, cls), t])
     main = pools[pools["role"] != "prefill"]
@@ -314,7 +314,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                       for s in d.systems.index}
     for j, c in enumerate(d.classes):
         t = slices[int(np.argmax(d.demand.loc[c].to_numpy()))]
-        opt = _entry(spec, d, r, j, systems_priced, _option_cost(d, r, t), t, spaces)
+        opt = _entry(spec, d, r, j, systems_priced, _option_cost(d, r, t), t, spaces, served[t])
         if opt is not None:
             best.append(opt)
     return Solved(status=r.result.status, best=best, tables=tables, results=[r.result],
