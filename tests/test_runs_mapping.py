@@ -38,8 +38,11 @@ def test_system_ids(name, expected):
 def test_a_measurement_listed_again_is_read_once():
     """Rows of one measurement (same model, system, framework, mode, lengths, concurrency, TTFT and TPOT) are one
     observation: copies stating the same deployment leave the first; copies stating different deployments leave
-    one, on the fewest chips, marked ``conflicting`` (predicted apart, read by no fit); coverage counts
-    measurements. On the catalog's file: 512 copies; 96 measurements are listed with conflicting layouts."""
+    one, on the fewest chips, marked ``conflicting`` (predicted apart, read by no fit), unless one layout is stated
+    whole (a disaggregated copy with its worker counts beside one without): that copy is the measurement's; coverage
+    counts measurements. On the catalog's file: 512 copies; 53 measurements read on the copy stating the whole
+    layout, 43 listed with conflicting layouts."""
+    import numpy as np
     import pandas as pd
 
     from dse.catalog.hardware import hw_dir
@@ -58,5 +61,17 @@ def test_a_measurement_listed_again_is_read_once():
                                                                    ("other-layout", two["id"].iat[0])}
     assert t.loc[one["id"].iat[0], "layout"] == "stated" and t.loc[three["id"].iat[0], "layout"] == "stated"
     assert t.loc[two["id"].iat[0], "layout"] == "conflicting"
+    # a disaggregated measurement listed by one export with its worker counts and by another without them (and its
+    # prefill pool's attention DP 8 written as TP 8): the copy that states the whole layout is kept, as stated
+    dis = raw[(raw["mode"] == "disagg") & (raw["prefill_num_workers"] >= 1) & (raw["decode_num_workers"] >= 2)
+              & (raw["prefill_attention_dp_size"] > 1)].drop_duplicates(["silicon_ttft_ms", "silicon_tpot_ms"]).head(1)
+    bare = dis.assign(id="no-workers", prefill_num_workers=np.nan, decode_num_workers=np.nan,
+                      prefill_tp_size=dis["prefill_attention_dp_size"], prefill_attention_dp_size=1.0)
+    for rows in ([bare, dis], [dis, bare]):
+        runs = map_runs(pd.concat(rows, ignore_index=True))
+        t = runs.table.set_index("id")
+        assert len(t) == 1 and t.index[0] == dis["id"].iat[0] and t["layout"].iat[0] == "stated"
+        assert t["replicas"].iat[0] == dis["decode_num_workers"].iat[0] >= 2
+        assert runs.duplicates == [{"id": "no-workers", "copy_of": dis["id"].iat[0]}]
     catalog = map_runs(raw)
-    assert len(catalog.duplicates) == 512 and (catalog.table["layout"] == "conflicting").sum() == 96
+    assert len(catalog.duplicates) == 512 and (catalog.table["layout"] == "conflicting").sum() == 43

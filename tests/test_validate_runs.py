@@ -27,30 +27,30 @@ def full():
 def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     """Coverage and the leave-group-out errors as they stand on the rows that state their layout (the issue's
     goals: coverage >= 97%, TPOT <= 12%, TTFT <= 25%): the assertions pin what is reached, so a regression shows.
-    Each measurement counts once (512 of the 3,113 rows repeat another row's measurement). The 439 disaggregated
-    measurements of unknown layout, the 45 whose attention TP does not divide the heads beside a stated attention
-    DP, the 96 listed with conflicting layouts and the 12 that state no concurrency are reported apart
-    (``layout_unknown``)."""
+    Each measurement counts once (512 of the 3,113 rows repeat another row's measurement; of those listed with
+    different layouts, 53 are read on the copy that states the whole layout). The 439 disaggregated measurements of
+    unknown layout, the 45 whose attention TP does not divide the heads beside a stated attention DP, the 43 listed
+    with conflicting layouts and the 12 that state no concurrency are reported apart (``layout_unknown``)."""
     doc = full.as_dict()
     assert doc["rows_given"] == 3113 and doc["rows_duplicate"] == 512
     assert doc["coverage"] >= 0.99  # 99.5% of the 2,601 measurements: 12 skipped, each with its reason
-    assert doc["rows_layout_unknown"] == 592 and doc["rows_layout_padded"] == 45
-    assert doc["rows_layout_conflicting"] == 96 and doc["rows_no_concurrency"] == 12
+    assert doc["rows_layout_unknown"] == 539 and doc["rows_layout_padded"] == 45
+    assert doc["rows_layout_conflicting"] == 43 and doc["rows_no_concurrency"] == 12
     assert doc["rows_failing_the_memory_check"] <= 0.1 * doc["rows_predicted"]  # a finding, reported
     by = {(e["category"], e["metric"]): e for e in doc["summary"]}
     assert {"n", "median_abs_error", "mape", "p90_abs_error", "signed_median", "loo_median_abs_error",
             "within_sweep_median_abs_error"} <= set(by[("all", "tpot")])
-    assert by[("all", "tpot")]["n"] == 1997 and by[("layout_unknown", "tpot")]["n"] == 592
+    assert by[("all", "tpot")]["n"] == 2050 and by[("layout_unknown", "tpot")]["n"] == 539
     # each sweep's level removed, the shape across concurrency errs far less than the level: the gap to the goals
     # is the level of whole sweeps
-    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.08  # 7.5%
-    assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.14  # 13.3%
-    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.115  # 10.8%
-    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.115  # 10.9%
-    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.10  # 9.3%
+    assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.08  # 7.3%
+    assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.14  # 13.2%
+    assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.5%
+    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.6%
+    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.10  # 9.5%
     # a decode factor set per framework errs less out of sample than one per family shared by the frameworks on
-    # the aggregated rows (10.9% against 12.3%) and overall (10.8% against 12.0%); not on the 101 disaggregated
-    # rows (9.3% against 8.3%)
+    # the aggregated rows (10.6% against 11.9%) and overall (10.5% against 11.7%); not on the 142 disaggregated
+    # rows (9.5% against 8.6%)
     e = by[("agg", "tpot")]
     assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.004
     e = by[("all", "tpot")]
@@ -60,14 +60,18 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     # (the stacks' terms per framework, mode and model; per framework and mode alone the leave-group-out TTFT errs
     # 30.6%)
     assert by[("all", "ttft")]["median_abs_error"] <= 0.205 and abs(by[("all", "ttft")]["signed_median"]) < 0.02
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.23  # 22.2%
-    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.225  # 22.0%
-    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.28  # 26.9% (31.6% with the rows whose TTFT falls
-    # with load read by the stack fit, `dse.validate.stack.falls_with_load`)
-    # every system x mode within 35% but H200 disaggregated, one measurement (45.4%); GB200 disaggregated 31.3%
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.23  # 22.9%
+    assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.225  # 21.9%
+    # 35.3% on 142 (26.9% on 101 while the 41 whose whole layout another copy states were read apart as
+    # conflicting; 38.1% with the rows beyond every closed loop read by the stack fit, `beyond_every_loop`)
+    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.36
+    # every system x mode within 35% but H200 disaggregated (42.6%, 16 measurements) and GB200 disaggregated (43.0%,
+    # 77): the issue's goal is not met there
     parts = {r["system_mode"]: r for r in doc["partitions"]["system_mode"]}
-    assert parts["gb200-nvl72 disagg"]["ttft_loo_median_abs_error"] <= 0.32
-    assert all(r["ttft_loo_median_abs_error"] <= 0.35 for k, r in parts.items() if r["n"] > 1)
+    assert parts["gb200-nvl72 disagg"]["ttft_loo_median_abs_error"] <= 0.44
+    assert parts["h200 disagg"]["ttft_loo_median_abs_error"] <= 0.44 and parts["h200 disagg"]["n"] == 16
+    assert all(r["ttft_loo_median_abs_error"] <= 0.35 for k, r in parts.items()
+               if k not in ("gb200-nvl72 disagg", "h200 disagg"))
     # the rows of unknown layout, predicted by fits that never read them on the smallest deployment of their
     # worker sizes, are over-predicted (their deployments were larger)
     assert by[("layout_unknown", "tpot")]["signed_median"] > 0.5
@@ -76,14 +80,14 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert set(doc["partitions"]) == {"system_mode", "model", "backend", "mode", "isl_osl", "concurrency_band",
                                       "layout"}
     layouts = {r["layout"]: r["n"] for r in doc["partitions"]["layout"]}
-    assert layouts == {"stated": 1997, "unknown": 439, "padded": 45, "conflicting": 96, "no_concurrency": 12}
+    assert layouts == {"stated": 2050, "unknown": 439, "padded": 45, "conflicting": 43, "no_concurrency": 12}
     t = full.table
     stated_disagg = t[(t["mode"] == "disagg") & (t["layout"] == "stated")]
     # a disaggregated closed loop's decode batch follows the predicted TTFT, so the prefill physics and the wave
     # move these rows' decode passes
-    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.10  # 9.3%
+    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.10  # 9.5%
     # the shipped physics (the catalog's factors, fitted jointly on these runs where the workers are stated, and
-    # on offline throughput): 13.3% on the stated rows
+    # on offline throughput): 13.1% on the stated rows
     t = full.table
     assert t[t["layout"] == "stated"]["tpot_error"].abs().median() <= 0.14
     # leave-family-out per family: Hopper's TPOT 20.9% (its rows predicted by factors fitted on Blackwell's)
@@ -124,16 +128,16 @@ def test_the_stored_serving_stacks_are_the_fit_on_these_runs():
 
 def test_a_ttft_that_falls_with_load_is_predicted_but_not_fitted(full):
     """A measurement over twice the TTFT of its deployment at a higher concurrency contradicts every closed loop (the
-    physics' TTFT rises with the load): the stack fit does not read it (9 of the 1,997 rows that state their layout,
-    one disaggregated: 38.6 s on GB200 at 4 in flight where 36 measure 10.9 s), yet it is predicted and judged as
+    physics' TTFT rises with the load): the stack fit does not read it (10 of the 2,050 rows that state their layout,
+    two disaggregated: 38.6 s on GB200 at 4 in flight where 36 measure 10.9 s), yet it is predicted and judged as
     every row is, and a sweep of its key left out is predicted by terms fitted without it."""
     from dse.validate.stack import FALLING_TTFT, falls_with_load, stack_rows
 
     t = full.table[full.table["layout"] == "stated"]
     out = falls_with_load(t)
-    assert out.sum() == 9 and not (stack_rows(t) & out).any()
+    assert out.sum() == 10 and not (stack_rows(t) & out).any()
     flagged = t[out]
-    assert flagged["id"].str.endswith("_c4_cfg378").sum() == 1 and (flagged["mode"] == "disagg").sum() == 1
+    assert flagged["id"].str.endswith("_c4_cfg378").sum() == 1 and (flagged["mode"] == "disagg").sum() == 2
     assert flagged["ttft_loo_error"].notna().all() and flagged["ttft_in_sample_error"].notna().all()
     # each flagged row has a higher concurrency of its deployment measuring under half its TTFT
     for _, r in flagged.iterrows():
@@ -143,8 +147,33 @@ def test_a_ttft_that_falls_with_load_is_predicted_but_not_fitted(full):
         higher = same[same["concurrency"] > r["concurrency"]]
         assert (r["measured_ttft_s"] > FALLING_TTFT * higher["measured_ttft_s"]).any()
     key = full.scales["ttft"]["trtllm|disagg|deepseek-v3"]
-    rows = ((t["backend"] == "trtllm") & (t["mode"] == "disagg") & (t["model"] == "deepseek-v3")).sum()
-    assert key["rows"] == rows - 1
+    rows = ((t["backend"] == "trtllm") & (t["mode"] == "disagg") & (t["model"] == "deepseek-v3")).to_numpy()
+    assert key["rows"] == (rows & stack_rows(t)).sum() == rows.sum() - 9  # 2 falling with load, 9 beyond every loop
+
+
+def test_a_ttft_beyond_every_closed_loop_is_predicted_but_not_fitted(full):
+    """A measurement over twice the longest TTFT any stack terms give it (its prefill, the whole wave of the other
+    requests in flight ahead of it or the saturated loop's wait, its hand-off and the grid's longest fixed latency)
+    is no state of a closed loop: the stack fit does not read it (35 of the 2,050 rows that state their layout, 9 of
+    them disaggregated), yet it is predicted and judged as every row is. Recomputed here from the physics' own
+    closed loop at the top of both grids."""
+    from dse.catalog.frameworks import StackTerms
+    from dse.physics.serving import closed_loop_ttft
+    from dse.validate.fit import FIXED_LATENCIES, QUEUE_SHARES
+    from dse.validate.predict import outside_stack
+    from dse.validate.stack import FALLING_TTFT, beyond_every_loop, stack_rows
+
+    t = full.table[full.table["layout"] == "stated"]
+    out = beyond_every_loop(t)
+    longest = closed_loop_ttft(t["prefill_s"].to_numpy(), outside_stack(t), t["wave_s"].to_numpy(),
+                               StackTerms(fixed_latency_s=FIXED_LATENCIES.max(), queue_share=QUEUE_SHARES.max()),
+                               t["wait_floor_s"].to_numpy())
+    assert (out == (t["measured_ttft_s"].to_numpy() > FALLING_TTFT * longest)).all()
+    assert out.sum() == 35 and (t[out]["mode"] == "disagg").sum() == 9
+    assert not (stack_rows(t) & out).any()
+    assert t[out]["ttft_loo_error"].notna().all() and t[out]["ttft_in_sample_error"].notna().all()
+    # every one of them is under-predicted: the physics cannot reach what the benchmark measured
+    assert (t[out]["ttft_in_sample_error"] < -0.5).all()
 
 
 def test_a_calibrated_decode_step_is_never_faster_than_the_roofline(full):
@@ -424,9 +453,11 @@ def test_rows_of_unknown_layout_calibrate_nothing_and_are_predicted_apart():
     v = validate_runs(runs)
     err = v.table["tpot_in_sample_error"]
     apart = (err[unknown] - 0.25).abs()
-    stated = t["layout"] == "stated"  # a measurement listed again with another layout is apart too (`conflicting`)
+    stated = t["layout"] == "stated"
     assert err[stated].abs().max() < 1e-9 and (apart < 1e-9).mean() > 0.98 and apart.max() < 0.027
-    assert err[~unknown & ~stated].abs().max() < 0.027  # made exact, predicted apart by the same fits
+    # every DeepSeek disaggregated measurement listed again with less of its layout is read on the copy that states it
+    # whole: none is left `conflicting`
+    assert (unknown | stated).all()
     loo = (v.table.loc[unknown, "tpot_loo_error"] - 0.25).abs()
     assert (loo < 1e-9).mean() > 0.98 and loo.max() < 0.027
     assert np.allclose(v.table.loc[unknown, "ttft_loo_error"], 0.25, atol=1e-9)
