@@ -118,7 +118,9 @@ def write_stack(fits: dict, folder: Path, date: str, runs_name: str) -> Path:
     lines = [
         "# The serving stack's terms per framework and deployment mode, fitted by `dse validate --fit`",
         f"# (dse.validate.stack) on the measured runs of {runs_name} whose layouts are stated (less those whose",
-        f"# TTFT is over {FALLING_TTFT:g}x the TTFT of the same deployment at a higher concurrency), each run",
+        f"# TTFT is over {FALLING_TTFT:g}x the TTFT of the same deployment at a higher concurrency or over "
+        f"{FALLING_TTFT:g}x the",
+        "# longest any terms give them, beyond every closed loop), each run",
         "# predicted by the request-level physics in a closed loop at its concurrency (dse.physics.serving): TTFT =",
         "# the prompt's prefill + queue_share x the wave (the wait behind every other request in flight at its prefill",
         "# server) + the KV transfer + fixed_latency_s, minimizing the mean |log(predicted / measured)| TTFT on grids",
