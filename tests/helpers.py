@@ -167,7 +167,7 @@ def brute_force_pools(model, w, opts):
                 for si, lay, wd, kd, tier in choices if tier == "hbm"] * 2
     cp = np.repeat([False, True], len(pre_rows) // 2)
     pre = prefill_pool(candidates_of(pre_rows, w.prompt), mt, st, req, cp, eff)
-    rho = rho_for_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], w)
+    rho = rho_for_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], pre["stack_latency_s"], w)
     def pair(r):  # pools pair on one checkpoint and one KV encoding: the weights and KV formats, and FP8's encoding;
         # and on one vendor's hardware (the KV cache crosses within one vendor's serving stack) unless mixed allowed
         fnuz = int(DTYPES[r[7]] == "fp8" and systems[r[0]].kv_fp8 == "e4m3fnuz")

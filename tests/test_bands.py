@@ -367,7 +367,8 @@ def _brute_disaggregated(model, w: Request, opts, m: Margins) -> float | None:
     d_cost = np.where(d_ok, dec["usd_per_request"] * m.cost[dsi], np.inf)
     best = math.inf
     for j, pr in enumerate(pre_rows):
-        rho = rho_for_ttft(pre["prefill_service_s"][j], pre["kv_transfer_s"][j], t["req"], m.ttft[pr[0]])
+        rho = rho_for_ttft(pre["prefill_service_s"][j], pre["kv_transfer_s"][j], pre["stack_latency_s"][j], t["req"],
+                           m.ttft[pr[0]])
         if not (pre["fits"][j] and np.isfinite(rho) and rho > 0):
             continue
         same = t["pair"] == t["pre_pair"][j]

@@ -73,12 +73,13 @@ def test_every_pool_recomputes_from_the_physics(answer):
                 r = prefill_pool(c, mt, st, req, bool(p["context_parallel"]))
                 s = float(r["prefill_service_s"][0])
                 rate = float(r["servers"][0]) * p["utilisation"] / s
-                planned = float(prefill_ttft(s, r["kv_transfer_s"][0], p["utilisation"], req))
-                ttft = float(prefill_ttft(s, r["kv_transfer_s"][0], p["utilisation"] * load["prefill"], req))
+                hand = (r["kv_transfer_s"][0], r["stack_latency_s"][0])
+                planned = float(prefill_ttft(s, *hand, p["utilisation"], req))
+                ttft = float(prefill_ttft(s, *hand, p["utilisation"] * load["prefill"], req))
                 assert ttft == pytest.approx(p["ttft_s"], rel=1e-9) and planned <= w.ttft_max_s * (1 + 1e-9)
                 # a prefill replica slower than predicted runs busier, up to its planned utilisation
                 busier = min(p["utilisation"], p["utilisation"] * load["prefill"] / error_band(p["system"])[0])
-                slow.append(float(prefill_ttft(s, r["kv_transfer_s"][0], busier, req)))
+                slow.append(float(prefill_ttft(s, *hand, busier, req)))
             else:
                 def at(batch: int, p=p, c=c, st=st, w=w, mt=mt, req=req) -> dict:
                     one = Candidates(**{**c.__dict__, "context": np.array([w.prompt + w.output]),

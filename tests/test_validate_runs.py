@@ -47,10 +47,10 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.14  # 13.2%
     assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.5%
     assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.6%
-    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.10  # 9.5%
+    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.10  # 9.3%
     # a decode factor set per framework errs less out of sample than one per family shared by the frameworks on
-    # the aggregated rows (10.6% against 11.9%) and overall (10.5% against 11.7%); not on the 142 disaggregated
-    # rows (9.5% against 8.6%)
+    # the aggregated rows (10.6% against 11.9%) and overall (10.6% against 11.7%); not on the 142 disaggregated
+    # rows (9.3% against 8.6%)
     e = by[("agg", "tpot")]
     assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.004
     e = by[("all", "tpot")]
@@ -60,18 +60,19 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     # (the stacks' terms per framework, mode and model; per framework and mode alone the leave-group-out TTFT errs
     # 30.6%)
     assert by[("all", "ttft")]["median_abs_error"] <= 0.205 and abs(by[("all", "ttft")]["signed_median"]) < 0.02
-    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.23  # 22.9%
+    assert by[("all", "ttft")]["loo_median_abs_error"] <= 0.23  # 22.5%
     assert by[("agg", "ttft")]["loo_median_abs_error"] <= 0.225  # 21.9%
-    # 35.3% on 142 (26.9% on 101 while the 41 whose whole layout another copy states were read apart as
-    # conflicting; 38.1% with the rows beyond every closed loop read by the stack fit, `beyond_every_loop`)
-    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.36
-    # every system x mode within 35% but H200 disaggregated (42.6%, 16 measurements) and GB200 disaggregated (43.0%,
-    # 77): the issue's goal is not met there
+    # 30.4% on 142, with disaggregated terms per model and hardware family (35.3% with terms per model alone; 26.9%
+    # on 101 while the 41 whose whole layout another copy states were read apart as conflicting; 38.1% with the rows
+    # beyond every closed loop read by the stack fit, `beyond_every_loop`)
+    assert by[("disagg", "ttft")]["loo_median_abs_error"] <= 0.31
+    # every system x mode within 35% but H200 disaggregated (42.6%, 16 measurements in two sweeps, too few for
+    # Hopper terms of its own): the issue's goal is not met there; GB200 disaggregated 31.1% (43.0% with terms per
+    # model alone)
     parts = {r["system_mode"]: r for r in doc["partitions"]["system_mode"]}
-    assert parts["gb200-nvl72 disagg"]["ttft_loo_median_abs_error"] <= 0.44
+    assert parts["gb200-nvl72 disagg"]["ttft_loo_median_abs_error"] <= 0.32
     assert parts["h200 disagg"]["ttft_loo_median_abs_error"] <= 0.44 and parts["h200 disagg"]["n"] == 16
-    assert all(r["ttft_loo_median_abs_error"] <= 0.35 for k, r in parts.items()
-               if k not in ("gb200-nvl72 disagg", "h200 disagg"))
+    assert all(r["ttft_loo_median_abs_error"] <= 0.35 for k, r in parts.items() if k != "h200 disagg")
     # the rows of unknown layout, predicted by fits that never read them on the smallest deployment of their
     # worker sizes, are over-predicted (their deployments were larger)
     assert by[("layout_unknown", "tpot")]["signed_median"] > 0.5
@@ -85,7 +86,7 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     stated_disagg = t[(t["mode"] == "disagg") & (t["layout"] == "stated")]
     # a disaggregated closed loop's decode batch follows the predicted TTFT, so the prefill physics and the wave
     # move these rows' decode passes
-    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.10  # 9.5%
+    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.10  # 9.3%
     # the shipped physics (the catalog's factors, fitted jointly on these runs where the workers are stated, and
     # on offline throughput): 13.1% on the stated rows
     t = full.table
@@ -106,7 +107,8 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
 def test_the_stored_serving_stacks_are_the_fit_on_these_runs():
     """calibration/serving_stack.yaml is its own fixed point: the terms refitted in sample on the stated rows of the
     catalog's measured runs, at the catalog's factors, are the stored ones, framework by framework, mode by mode and,
-    where a model has terms of its own, model by model."""
+    where a model has terms of its own, model by model, and disaggregated, family by family where a model has them on
+    one (DeepSeek-V3 on Blackwell with SGLang and TensorRT-LLM)."""
     from dse.catalog.frameworks import stack_of
     from dse.validate.runs import catalog_runs_files
 
@@ -119,11 +121,13 @@ def test_the_stored_serving_stacks_are_the_fit_on_these_runs():
         fw, *rest = key.split("|")
         if not rest:  # the framework's terms over all its modes: stored as a mode's only where it has none of its own
             continue
-        stored = stack_of(fw, rest[1] if len(rest) == 2 else None).terms(
+        stack = stack_of(fw, rest[1] if len(rest) >= 2 else None)
+        stored = stack.disaggregated_of(rest[2]) if len(rest) == 3 else stack.terms(
             "aggregated" if rest[0] == "agg" else "disaggregated")
         assert (f["queue_share"], f["fixed_latency_s"]) == pytest.approx((stored.queue_share, stored.fixed_latency_s))
         checked += 1
     assert checked >= 6 + 19
+    assert {"sglang|disagg|deepseek-v3|blackwell", "trtllm|disagg|deepseek-v3|blackwell"} <= keys
 
 
 def test_a_ttft_that_falls_with_load_is_predicted_but_not_fitted(full):
@@ -315,7 +319,8 @@ def test_closed_loop_of_a_disaggregated_deployment_obeys_littles_law():
     req = Request(4000, 500, arrival="concurrency", stack=Stack("vllm", terms, terms))
     dec = {"tpot_s": np.array([0.02, 0.02, 0.02])}
     pre = {"prefill_service_s": np.array([0.3, 0.3, 0.3]), "servers": np.array([8.0, 8.0, 8.0]),
-           "kv_transfer_s": np.array([0.01, 0.01, 0.01])}
+           "kv_transfer_s": np.array([0.01, 0.01, 0.01]),  # the pool's stack terms, as `prefill_pool` gives them
+           "stack_latency_s": np.full(3, terms.fixed_latency_s), "queue_share": np.full(3, terms.queue_share)}
     c = np.array([8.0, 64.0, 512.0])
     r = disaggregated_closed_loop(dec, pre, req, c, np.ones(3))
     np.testing.assert_allclose(r["requests_per_s"] * (r["ttft_s"] - 0.2 + 499 * 0.02), c, rtol=1e-9)
@@ -486,16 +491,18 @@ def test_the_split_passes_predicted_with_the_unsplit_ones_are_their_own():
 def test_the_stack_fit_per_cell_is_the_grid_argmin_written_out():
     """`fit_stack_sets` sums the rows' grid errors per cell; written out here as the mean |log error| of every
     (xi, tau) over the training rows of each fit (and of each left-out group), its terms and predictions are the
-    argmin's, for two partitions at once, at each level of `stack_levels` (a model's own terms where its training
-    rows span two groups, else its framework and mode's, else its framework's)."""
+    argmin's, for two partitions at once, at each level of `stack_levels` (disaggregated, a model's own terms on a
+    hardware family where its training rows there span two groups; a model's own terms where they span two groups,
+    else its framework and mode's, else its framework's; a system of no family skips the family's level)."""
     from dse.catalog.frameworks import StackTerms
     from dse.physics.serving import closed_loop_ttft
-    from dse.validate.fit import FIXED_LATENCIES, MIN_SWEEPS, QUEUE_SHARES, fit_stack_sets
+    from dse.validate.fit import FIXED_LATENCIES, MIN_SWEEPS, QUEUE_SHARES, fit_stack_sets, stack_families
 
     rng = np.random.default_rng(3)
-    n = 60
+    n = 90
     t = pd.DataFrame({"backend": rng.choice(["sglang", "vllm"], n), "mode": rng.choice(["agg", "disagg"], n),
                       "model": rng.choice(["m1", "m2", "m3"], n, p=[0.6, 0.35, 0.05]),
+                      "system": rng.choice(["h200", "b200", "gb200-nvl72", "no-family-chip"], n),
                       "prefill_s": rng.uniform(0.05, 0.5, n), "transfer_s": rng.uniform(0, 0.02, n),
                       "wave_s": rng.uniform(0, 2, n), "wait_floor_s": rng.uniform(0, 0.3, n)})
     t["measured_ttft_s"] = t["prefill_s"] + 0.3 * t["wave_s"] + 0.1 + rng.normal(0, 0.05, n) ** 2
@@ -504,6 +511,8 @@ def test_the_stack_fit_per_cell_is_the_grid_argmin_written_out():
     train = rng.random(n) < 0.8
     got = fit_stack_sets(t, [sweeps, halves], train)
     cols = [t[c].to_numpy() for c in ("prefill_s", "transfer_s", "wave_s")]
+    fam = stack_families(t)
+    assert set(fam) == {"hopper", "blackwell", ""}
 
     def argmin(rows: np.ndarray) -> tuple[float, float]:  # every (xi, tau) of the grids, the first least
         xi, tau = QUEUE_SHARES[:, None, None], FIXED_LATENCIES[None, :, None]
@@ -517,16 +526,18 @@ def test_the_stack_fit_per_cell_is_the_grid_argmin_written_out():
     levels_used = set()
     for groups, (fits, in_sample, loo) in zip((sweeps, halves), got, strict=True):
         g = groups.to_numpy()
-        for f, m, md in set(zip(fw, mode, model, strict=True)):
+        for f, m, md, fa in set(zip(fw, mode, model, fam, strict=True)):
             masks = [train & (fw == f) & (mode == m) & (model == md), train & (fw == f) & (mode == m),
                      train & (fw == f)]
-            own = [k for k, r in enumerate(masks) if k == 2 or len(np.unique(g[r])) >= MIN_SWEEPS]
-            levels_used.add(own[0])
+            keys = [f"{f}|{m}|{md}", f"{f}|{m}", f]
+            if m == "disagg" and fa:
+                masks, keys = [masks[0] & (fam == fa), *masks], [f"{f}|{m}|{md}|{fa}", *keys]
+            own = [k for k, r in enumerate(masks) if k == len(masks) - 1 or len(np.unique(g[r])) >= MIN_SWEEPS]
+            levels_used.add(keys[own[0]].count("|"))
             fit_rows = masks[own[0]]
-            key = (f"{f}|{m}|{md}", f"{f}|{m}", f)[own[0]]
-            terms = fits[key]["terms"]
+            terms = fits[keys[own[0]]]["terms"]
             assert (terms.queue_share, terms.fixed_latency_s) == argmin(fit_rows)
-            rows = (fw == f) & (mode == m) & (model == md)
+            rows = (fw == f) & (mode == m) & (model == md) & (fam == fa)
             for name in np.unique(g[rows]):
                 mine = rows & (g == name)
                 rest = next(r for r in (masks[k] & (g != name) for k in own) if r.any())
@@ -535,4 +546,5 @@ def test_the_stack_fit_per_cell_is_the_grid_argmin_written_out():
                                             t["wait_floor_s"].to_numpy()[mine])
                 assert np.allclose(loo[mine], expected, rtol=1e-12)
             assert np.all(np.isfinite(in_sample[rows]))
-    assert levels_used == {0, 1}  # models with terms of their own and models that take their framework and mode's
+    # models with terms of their own on a family, of their own, and models that take their framework and mode's
+    assert levels_used == {1, 2, 3}

@@ -158,10 +158,11 @@ def brute_disaggregated(model, w: Request, opts, budget: Budget | None, demand: 
     for j in np.flatnonzero(t["p_ok"]):
         a = float(pre["servers"][j] * rho[j] / pre["prefill_service_s"][j])
         service, transfer = float(pre["prefill_service_s"][j]), float(pre["kv_transfer_s"][j])
+        tau = float(pre["stack_latency_s"][j])
 
-        def ttft(rate, x, service=service, transfer=transfer, servers=float(pre["servers"][j])):
+        def ttft(rate, x, service=service, transfer=transfer, tau=tau, servers=float(pre["servers"][j])):
             """TTFT with the prefill pool at its utilisation as deployed: rate x service over its servers."""
-            return prefill_ttft(service, transfer, rate * service / (x * servers), t["req"])
+            return prefill_ttft(service, transfer, tau, rate * service / (x * servers), t["req"])
 
         u, c = float(pre["usd_per_s"][j]), int(pre["chips"][j])
         g = systems[pre_rows[j][0]].chips_per_node or 1

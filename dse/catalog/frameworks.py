@@ -50,9 +50,18 @@ class Stack:
     framework: str = ""
     aggregated: StackTerms = StackTerms()
     disaggregated: StackTerms = StackTerms()
+    families: tuple[tuple[str, StackTerms], ...] = ()
+    """Disaggregated terms per hardware family where the fit has them (the hand-off between the pools crosses the
+    family's fabric and runs its transfer library): (family, terms) pairs."""
 
     def terms(self, mode: str) -> StackTerms:
         return self.aggregated if mode == "aggregated" else self.disaggregated
+
+    def disaggregated_of(self, family: str | None) -> StackTerms:
+        """The disaggregated terms of a deployment on ``family``: the family's own where the fit has them, else the
+        mode's.
+        """
+        return next((t for f, t in self.families if f == family), self.disaggregated)
 
 
 ENGINE_ONLY = Stack()
@@ -209,10 +218,10 @@ def _stack_terms(modes: object, at: str) -> dict[str, StackTerms]:
     """The terms per mode of one mapping ``mode -> {fixed_latency_s, queue_share, ...}`` (``models`` aside)."""
     if not isinstance(modes, dict):
         raise InputError(f"{at}: expected a mapping of mode -> terms")
-    check_keys(modes, (*MODES, "models"), at)
+    check_keys(modes, (*MODES, "models", "families"), at)
     terms = {}
     for mode, t in modes.items():
-        if mode == "models":
+        if mode in ("models", "families"):
             continue
         where = f"{at}.{mode}"
         if not isinstance(t, dict):
@@ -242,6 +251,8 @@ def load_stack_file(path: Path | None = None) -> dict[str, Stack]:
     out = {}
     for fid, modes in doc["stack"].items():
         at = f"{path}: field 'stack.{fid}'"
+        if isinstance(modes, dict) and "families" in modes:
+            raise InputError(f"{at}.families: a family's own terms are a model's (under models.<model>.families)")
         terms = _stack_terms(modes, at)
         agg = terms.get("aggregated") or terms.get("disaggregated") or StackTerms()
         out[str(fid)] = own = Stack(str(fid), agg, terms.get("disaggregated", agg))
@@ -249,9 +260,22 @@ def load_stack_file(path: Path | None = None) -> dict[str, Stack]:
         if not isinstance(models, dict):
             raise InputError(f"{at}.models: expected a mapping of model id -> mode -> terms")
         for mid, m_modes in models.items():
-            m_terms = _stack_terms(m_modes, f"{at}.models.{mid}")
+            m_at = f"{at}.models.{mid}"
+            m_terms = _stack_terms(m_modes, m_at)
+            fams = m_modes.get("families") or {}
+            if not isinstance(fams, dict):
+                raise InputError(f"{m_at}.families: expected a mapping of hardware family -> disaggregated -> terms")
+            per_family = []
+            for fam, f_modes in fams.items():
+                f_at = f"{m_at}.families.{fam}"
+                if not isinstance(f_modes, dict):
+                    raise InputError(f"{f_at}: expected a mapping with disaggregated")
+                if set(f_modes) != {"disaggregated"}:
+                    raise InputError(f"{f_at}: expected a mapping with disaggregated only (a family's own terms are "
+                                     f"the disaggregated mode's), got {', '.join(map(str, f_modes)) or 'nothing'}")
+                per_family.append((str(fam), _stack_terms(f_modes, f_at)["disaggregated"]))
             out[f"{fid}|{mid}"] = Stack(str(fid), m_terms.get("aggregated", own.aggregated),
-                                        m_terms.get("disaggregated", own.disaggregated))
+                                        m_terms.get("disaggregated", own.disaggregated), tuple(sorted(per_family)))
     return out
 
 

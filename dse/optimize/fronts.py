@@ -91,7 +91,9 @@ def candidate_chunks(space: Space, req: Request, aggregated: bool, dis: Disaggre
         pre = dis.pre if isinstance(dis, DisaggregatedTables) else dis
         pre_usd, pre_chip_s = pre.usd_per_request, pre.chip_s_per_request
         bestp = best_prefill(space, pre, pre_usd if objective == "cost" else pre_chip_s)
-        ttft = prefill_ttft(pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"], pre.rho, space.served(req))
+        pm = pre.metrics
+        ttft = prefill_ttft(pm["prefill_service_s"], pm["kv_transfer_s"], pm["stack_latency_s"], pre.rho,
+                            space.served(req))
         for pos, n, dm in decode_chunks(space, req, max_pairs, only):
             j = prefill_of(bestp, numerics_group(space, pos))
             ok = dm["ok"] & (j >= 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dse.catalog.calibration import error_band
+from dse.catalog.calibration import error_band, family_of
 from dse.optimize.requests import (
     disaggregated_tables,
     evaluate_pairs,
@@ -110,7 +110,8 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
             cfg.update(batch=1 if cp else cfg["dp"], kv_tier="hbm")
             pm = pre.metrics
             rate = float(pm["servers"][j] * pre.rho[j] / pm["prefill_service_s"][j])
-            ttft = float(prefill_ttft(pm["prefill_service_s"][j], pm["kv_transfer_s"][j], pre.rho[j], space.workload))
+            ttft = float(prefill_ttft(pm["prefill_service_s"][j], pm["kv_transfer_s"][j], pm["stack_latency_s"][j],
+                                      pre.rho[j], space.workload))
             rows.append({"role": "prefill", "group": int(group[pre.pos[j]]), **cfg,
                          "usd_per_s": float(pm["usd_per_s"][j]), "requests_per_s": rate, "ttft_s": ttft,
                          "tpot_s": np.nan, "power_w": float(_power(space, pre.pos[[j]], np.array([cfg["chips"]]))[0]),
@@ -141,11 +142,14 @@ def served_point(space: Space, point: dict, load: float) -> dict:
     if point["role"] == "prefill":
         planned = float(point["utilisation"])
 
+        system = space.systems[int(space.blocks["system_idx"][pos])]
+        tau = space.workload.stack.disaggregated_of(family_of(system.id)).fixed_latency_s  # as `prefill_pool` has it
+
         def ttft(rho: float) -> float:
-            return float(prefill_ttft(point["prefill_service_s"], point["kv_transfer_s"], rho, space.workload))
+            return float(prefill_ttft(point["prefill_service_s"], point["kv_transfer_s"], tau, rho, space.workload))
 
         out = {"ttft_s": ttft(planned * load)}
-        band = None if space.ideal else error_band(space.systems[int(space.blocks["system_idx"][pos])].id)
+        band = None if space.ideal else error_band(system.id)
         if band is not None:  # a replica slower than predicted runs busier, up to its planned utilisation
             out["served_edges"] = {"ttft_s": (ttft(planned * load / band[1]),
                                               ttft(min(planned, planned * load / band[0])))}

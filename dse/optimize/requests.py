@@ -439,8 +439,8 @@ def solve_requests(space: Space, req: Request | None = None) -> RequestResult:
 # ---- disaggregated serving: a prefill pool and a decode pool -------------------------------------
 DECODE_KEYS = ("usd_per_request", "tpot_s", "requests_per_s", "usd_per_s", "chips", "decode_step_s",
                "hbm_bytes_per_chip")
-PREFILL_KEYS = ("prefill_service_s", "servers", "kv_transfer_s", "usd_per_prompt", "usd_per_s", "chips",
-                "chip_s_per_prompt", "hbm_bytes_per_chip", "ring_s")
+PREFILL_KEYS = ("prefill_service_s", "servers", "kv_transfer_s", "stack_latency_s", "usd_per_prompt", "usd_per_s",
+                "chips", "chip_s_per_prompt", "hbm_bytes_per_chip", "ring_s")
 
 
 def decode_chunks(space: Space, req: Request, max_pairs: int | None = None, only: np.ndarray | None = None,
@@ -522,7 +522,7 @@ def prefill_options(space: Space, req: Request, context_parallel: tuple[bool, ..
     r = prefill_pool(block_candidates(sub, np.ones(len(pos)), req.prompt), mt, st, req, cp,
                      IDEAL if space.ideal else None)
     metrics = {k: np.asarray(r[k], dtype=np.float64) for k in PREFILL_KEYS}
-    rho = rho_for_ttft(metrics["prefill_service_s"], metrics["kv_transfer_s"], req)
+    rho = rho_for_ttft(metrics["prefill_service_s"], metrics["kv_transfer_s"], metrics["stack_latency_s"], req)
     ok = r["fits"] & np.isfinite(rho) & (rho > 0)
     return PrefillOptions(pos, cp, metrics, rho, ok, np.asarray(r["fits"], dtype=bool))
 
@@ -534,7 +534,8 @@ def judged_prefill(space: Space, pre: PrefillOptions, margins: Margins) -> Prefi
     w = space.workload
     if w.ttft_max is None and not w.ttft_quantile_max:
         return pre
-    rho = rho_for_ttft(pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"], w,
+    pm = pre.metrics
+    rho = rho_for_ttft(pm["prefill_service_s"], pm["kv_transfer_s"], pm["stack_latency_s"], w,
                        per_pair(margins, space, pre.pos)[2])
     return replace(pre, rho=rho, ok=pre.fits & np.isfinite(rho) & (rho > 0))
 
@@ -764,7 +765,8 @@ def ranked_disaggregated(space: Space, t: DisaggregatedTables, top: int, mask: n
     pre_usd = np.where(pok, pre.usd_per_request * per_pair(t.margins, space, pre.pos)[0], np.inf)
     dg, pg = numerics_group(space, t.dpos), numerics_group(space, pre.pos)
     tpot = t.dm["tpot_s"]
-    ttft = prefill_ttft(pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"], pre.rho, space.served(t.req))
+    ttft = prefill_ttft(pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"], pre.metrics["stack_latency_s"],
+                        pre.rho, space.served(t.req))
     dchips, pchips = t.dm["chips"], pre.metrics["chips"]
     di_all, pj_all = [], []
     for g in np.intersect1d(dg[np.isfinite(dec_usd)], pg[np.isfinite(pre_usd)]):

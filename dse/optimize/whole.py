@@ -448,12 +448,14 @@ def prefill_options_of(space: Space, t: DisaggregatedTables, mask: np.ndarray | 
     si = space.blocks["system_idx"][pre.pos[j]]
     rate = prefill_capacity(pre, j) / np.broadcast_to(per_pair(t.margins, space, pre.pos[j])[0], j.shape)
     service, transfer, req = pre.metrics["prefill_service_s"], pre.metrics["kv_transfer_s"], space.served(t.req)
+    tau = pre.metrics["stack_latency_s"]
 
     def ttft_at(ref: np.ndarray, share: np.ndarray) -> np.ndarray:  # at a utilisation rho x share
-        return prefill_ttft(service[ref], transfer[ref], pre.rho[ref] * share, req)
+        return prefill_ttft(service[ref], transfer[ref], tau[ref], pre.rho[ref] * share, req)
 
-    # TTFT at a deployment's rate R on x replicas: rho = rho_planned R / (x rate) grows with rho_planned / rate
-    keys = np.column_stack([service[j], transfer[j], pre.rho[j] / rate])
+    # TTFT at a deployment's rate R on x replicas: rho = rho_planned R / (x rate) grows with rho_planned / rate (the
+    # hand-off and the stack's latency add alike)
+    keys = np.column_stack([service[j], transfer[j] + tau[j], pre.rho[j] / rate])
     return PoolOptions(pre.metrics["chips"][j], _node(space, si), si, pre.metrics["usd_per_s"][j], rate,
                        numerics_group(space, pre.pos[j]), j, ttft=ttft_at(j, np.ones(len(j))), keys=keys,
                        ttft_at=ttft_at)

@@ -63,6 +63,7 @@ from dataclasses import KW_ONLY, dataclass, replace
 
 import numpy as np
 
+from dse.catalog.calibration import family_of
 from dse.catalog.frameworks import Stack, StackTerms
 from dse.catalog.hardware import Efficiency
 from dse.physics.codes import DEFAULT_CHUNK  # re-exported: the default chunk budget (vLLM / SGLang)
@@ -473,7 +474,9 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
                  context_parallel: np.ndarray | bool = False, eff: Efficiency | None = None,
                  full_chunk: bool = False) -> dict[str, np.ndarray]:
     """A prefill replica of a disaggregated deployment: its service time per prompt, its servers,
-    the KV hand-off time, and its USD per prompt at full utilisation (divide by rho for a pool).
+    the KV hand-off time, and its USD per prompt at full utilisation (divide by rho for a pool); its serving stack's
+    disaggregated terms (``stack_latency_s``, ``queue_share``: `dse.catalog.frameworks.Stack.disaggregated_of` its
+    system's hardware family).
 
     ``cand.batch`` is ignored (one prompt per DP rank, or one per replica with context parallelism).
     Memory is checked for one prompt's KV (1/DP of it per chip with context parallelism) and the
@@ -511,7 +514,11 @@ def prefill_pool(cand: Candidates, models: ModelTable, systems: SystemTable, req
                                         models.n_experts[np.asarray(cand.model)] > 0)
     fits = ((pre["weights_bytes_per_chip"] + a_act * pre["activation_bytes_per_chip"] + a_kv * kv_chip / cp <= budget)
             & (hbm <= systems.device_memory[sys_idx]))
-    out = {"prefill_service_s": service, "servers": servers, "kv_transfer_s": transfer,
+    own = [req.stack.disaggregated_of(family_of(sid)) for sid in systems.ids]  # each system's family's terms
+    tau = np.array([t.fixed_latency_s for t in own], dtype=np.float64)[sys_idx]
+    xi = np.array([t.queue_share for t in own], dtype=np.float64)[sys_idx]
+    out = {"prefill_service_s": service, "servers": servers, "kv_transfer_s": transfer, "stack_latency_s": tau,
+           "queue_share": xi,
            "usd_per_prompt": usd_per_s * service / servers, "chips": chips, "usd_per_s": usd_per_s,
            "chip_s_per_prompt": chips * service / servers, "fits": fits, "hbm_bytes_per_chip": hbm,
            "ring_s": ring, "context_parallel": cp > 1, "power_per_chip": systems.power_all_in[sys_idx]}
@@ -525,17 +532,19 @@ def mdl_wait(rho: np.ndarray, service: np.ndarray) -> np.ndarray:
     return rho * service / (2.0 * (1.0 - rho))
 
 
-def prefill_ttft(service: np.ndarray, transfer: np.ndarray, rho: np.ndarray, req: Request,
+def prefill_ttft(service: np.ndarray, transfer: np.ndarray, tau: np.ndarray, rho: np.ndarray, req: Request,
                  q: float | None = None) -> np.ndarray:
     """TTFT through a disaggregated prefill pool at utilisation rho under Poisson arrivals, as the request sees it:
-    service S + the M/D/1 wait (its mean, or its q-quantile) + the KV transfer + the stack's fixed latency.
+    service S + the M/D/1 wait (its mean, or its q-quantile) + the KV transfer + the stack's fixed latency tau
+    (`prefill_pool`'s ``stack_latency_s``: the disaggregated mode's, of the pool's hardware family where the stack
+    has terms of its own there).
     """
     wait = mdl_wait(rho, service) if q is None else service * wait_quantile(q, rho)
-    return service + wait + transfer + req.stack.disaggregated.fixed_latency_s
+    return service + wait + transfer + tau
 
 
-def rho_for_ttft(service: np.ndarray, transfer: np.ndarray, req: Request, margin: np.ndarray | float = 1.0,
-                 rho_max: float = RHO_MAX) -> np.ndarray:
+def rho_for_ttft(service: np.ndarray, transfer: np.ndarray, tau: np.ndarray, req: Request,
+                 margin: np.ndarray | float = 1.0, rho_max: float = RHO_MAX) -> np.ndarray:
     """The highest prefill-pool utilisation whose TTFT (`prefill_ttft`) times ``margin`` meets every TTFT target
     of ``req``: on the mean (``ttft_max``) and on quantiles (``ttft_quantile_max``).
 
@@ -544,8 +553,8 @@ def rho_for_ttft(service: np.ndarray, transfer: np.ndarray, req: Request, margin
     (`dse.physics.queueing.rho_for_wait_quantile`). Capped at ``rho_max``; NaN where even an empty queue misses
     a target.
     """
-    fixed = transfer + req.stack.disaggregated.fixed_latency_s
-    shape = np.broadcast_shapes(np.shape(service), np.shape(transfer), np.shape(margin))
+    fixed = transfer + tau
+    shape = np.broadcast_shapes(np.shape(service), np.shape(transfer), np.shape(tau), np.shape(margin))
     rho = np.full(shape, rho_max, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         if req.ttft_max is not None:
@@ -567,20 +576,22 @@ def disaggregated(dec: dict, pre: dict, req: Request, rho: np.ndarray) -> dict[s
     """
     lam = dec["requests_per_s"]
     ratio = lam * pre["prefill_service_s"] / (pre["servers"] * rho)
-    ttft = prefill_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], rho, req)
+    tau = pre["stack_latency_s"]
+    ttft = prefill_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], tau, rho, req)
     usd_pre = pre["usd_per_prompt"] / rho
     usd_req = dec["usd_per_request"] + usd_pre
     chips = dec["chips"] + ratio * pre["chips"]
     power = power_w(dec["chips"], dec["power_per_chip"]) + power_w(ratio * pre["chips"], pre["power_per_chip"])
     quant = {}
     for q in req.quantiles:
-        quant[f"ttft_{quantile_name(q)}_s"] = prefill_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], rho, req, q)
+        quant[f"ttft_{quantile_name(q)}_s"] = prefill_ttft(pre["prefill_service_s"], pre["kv_transfer_s"], tau, rho,
+                                                           req, q)
         quant[f"tpot_{quantile_name(q)}_s"] = dec["tpot_s"] * np.ones_like(ttft)
     out = _metrics("disaggregated", req, lam, ttft, dec["tpot_s"], chips, usd_req * lam, usd_pre / usd_req,
                    np.ones_like(chips), prefill_replicas=ratio, prefill_rho=rho,
                    kv_transfer_s=pre["kv_transfer_s"] * np.ones_like(ttft),
                    prefill_service_s=pre["prefill_service_s"] * np.ones_like(ttft),
-                   stack_latency_s=np.full_like(ttft, req.stack.disaggregated.fixed_latency_s), **quant)
+                   stack_latency_s=tau * np.ones_like(ttft), **quant)
     out["power_w"] = power
     return out
 
@@ -609,14 +620,15 @@ def disaggregated_closed_loop(dec: dict, pre: dict, req: Request, concurrency: n
     transfer = np.asarray(pre["kv_transfer_s"], dtype=np.float64)
     tpot = np.asarray(dec["tpot_s"], dtype=np.float64)
     share = np.asarray(pre.get("chunk_share_s", s), dtype=np.float64)
-    terms = req.stack.disaggregated
+    terms = StackTerms(queue_share=np.asarray(pre["queue_share"], dtype=np.float64),
+                       fixed_latency_s=np.asarray(pre["stack_latency_s"], dtype=np.float64))
     wave = np.maximum(c / servers - 1.0, 0.0) * share
     tail = max(req.output - 1, 0) * tpot
     floor = np.maximum(c * share / servers - s - transfer - tail, 0.0)  # the saturated loop's, at S_b per prompt
     wait = np.maximum(terms.queue_share * wave, floor)
     engine = s + wait + transfer
     lam = c / (engine + tail)
-    tau = np.full(np.shape(engine), terms.fixed_latency_s)
+    tau = terms.fixed_latency_s * np.ones(np.shape(engine))
     out = {"requests_per_s": lam, "ttft_s": closed_loop_ttft(s, transfer, wave, terms, floor) * np.ones_like(engine),
            "tpot_s": tpot, "prefill_rho": lam * share / servers,
            "queue_wait_s": wait, "wave_s": wave, "wait_floor_s": floor, "stack_latency_s": tau}

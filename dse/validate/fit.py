@@ -539,16 +539,26 @@ its own (two: each then predicted from the other, out of sample); with fewer, a 
 mode's terms, and a mode the terms fitted on all the framework's rows."""
 
 
-def stack_levels(fw: str, mode: str, model: str) -> tuple[str, str, str]:
-    """The keys of the stack terms a row of ``fw``, ``mode`` and ``model`` may take, the most specific first: the
-    model's own on that framework and mode, the framework and mode's, the framework's.
+def stack_levels(fw: str, mode: str, model: str, family: str = "") -> tuple[str, ...]:
+    """The keys of the stack terms a row of ``fw``, ``mode``, ``model`` and hardware ``family`` may take, the most
+    specific first: disaggregated, the model's own on that framework on the family (the KV hand-off between the
+    pools crosses the family's fabric and runs its transfer library: `dse.catalog.frameworks.Stack.disaggregated_of`);
+    the model's own on that framework and mode, the framework and mode's, the framework's.
     """
-    return f"{fw}|{mode}|{model}", f"{fw}|{mode}", fw
+    own = (f"{fw}|{mode}|{model}|{family}",) if mode == "disagg" and family else ()
+    return *own, f"{fw}|{mode}|{model}", f"{fw}|{mode}", fw
 
 
-def stack_key_of(fits: dict, fw: str, mode: str, model: str) -> str | None:
+def stack_families(t: pd.DataFrame) -> np.ndarray:
+    """Each row's hardware family as `stack_levels` keys it ("" for a system of no family, which takes its model's
+    terms, as `dse.catalog.frameworks.Stack.disaggregated_of` gives them).
+    """
+    return np.array([family_of(str(s)) or "" for s in t["system"]], dtype=object).astype(str)
+
+
+def stack_key_of(fits: dict, fw: str, mode: str, model: str, family: str = "") -> str | None:
     """The most specific key of `stack_levels` that ``fits`` (`fit_stack`'s) holds, None where it holds none."""
-    return next((k for k in stack_levels(fw, mode, model) if k in fits), None)
+    return next((k for k in stack_levels(fw, mode, model, family) if k in fits), None)
 
 
 def fit_stack(t: pd.DataFrame, groups: pd.Series, train: np.ndarray | None = None,
@@ -581,10 +591,11 @@ def fit_stack_sets(t: pd.DataFrame, group_sets: list[pd.Series], train: np.ndarr
     """
     train = np.ones(len(t), dtype=bool) if train is None else np.asarray(train, dtype=bool)
     fw, mode, model = (t[c].astype(str).to_numpy() for c in ("backend", "mode", "model"))
+    fam = stack_families(t)
     service, wave, floor = (t[c].to_numpy(dtype=float) for c in ("prefill_s", "wave_s", "wait_floor_s"))
     transfer = outside_stack(t)
     measured = t["measured_ttft_s"].to_numpy(dtype=float)
-    keys = [fw, mode, model, train, *(np.asarray(g) for g in group_sets)]
+    keys = [fw, mode, model, fam, train, *(np.asarray(g) for g in group_sets)]
     cell = pd.MultiIndex.from_arrays(keys).factorize()[0] if len(t) else np.zeros(0, dtype=np.int64)
     order = np.argsort(cell, kind="stable")
     first = np.flatnonzero(np.r_[True, cell[order][1:] != cell[order][:-1]]) if len(t) else np.zeros(0, int)
@@ -603,8 +614,8 @@ def fit_stack_sets(t: pd.DataFrame, group_sets: list[pd.Series], train: np.ndarr
         at = cell[r[starts]]
         sums[at] += part
     head = order[first]
-    cell_fw, cell_mode, cell_model, cell_train = fw[head], mode[head], model[head], train[head]
-    pairs = sorted(set(zip(fw, mode, model, strict=True)))
+    cell_fw, cell_mode, cell_model, cell_fam, cell_train = fw[head], mode[head], model[head], fam[head], train[head]
+    pairs = sorted(set(zip(fw, mode, model, fam, strict=True)))
 
     def predict(rows: np.ndarray, ij: tuple[int, int] | None) -> np.ndarray:
         i, j = ij or (0, 0)
@@ -618,12 +629,13 @@ def fit_stack_sets(t: pd.DataFrame, group_sets: list[pd.Series], train: np.ndarr
         return np.unravel_index(np.argmin(sums[cells].sum(axis=0)), (len(QUEUE_SHARES), len(FIXED_LATENCIES)))
 
     level_cells, level_rows = {}, {}  # each key of `stack_levels`: its training cells and rows
-    for f, m, md in pairs:
-        for key, cells, rows in zip(
-                stack_levels(f, m, md),
-                ((cell_fw == f) & (cell_mode == m) & (cell_model == md), (cell_fw == f) & (cell_mode == m),
-                 cell_fw == f),
-                ((fw == f) & (mode == m) & (model == md), (fw == f) & (mode == m), fw == f), strict=True):
+    for f, m, md, fa in pairs:
+        levels = stack_levels(f, m, md, fa)
+        masks = [((cell_fw == f) & (cell_mode == m) & (cell_model == md) & (cell_fam == fa),
+                  (fw == f) & (mode == m) & (model == md) & (fam == fa))][:len(levels) - 3]
+        masks += [((cell_fw == f) & (cell_mode == m) & (cell_model == md), (fw == f) & (mode == m) & (model == md)),
+                  ((cell_fw == f) & (cell_mode == m), (fw == f) & (mode == m)), (cell_fw == f, fw == f)]
+        for key, (cells, rows) in zip(levels, masks, strict=True):
             if key not in level_cells:
                 level_cells[key], level_rows[key] = cells & cell_train, rows & train
     out = []
@@ -638,9 +650,9 @@ def fit_stack_sets(t: pd.DataFrame, group_sets: list[pd.Series], train: np.ndarr
                 fits[key] = {"terms": StackTerms(queue_share=float(QUEUE_SHARES[i]),
                                                  fixed_latency_s=float(FIXED_LATENCIES[j])),
                              "rows": int(level_rows[key].sum()), "sweeps": sweeps}
-        for f, m, md in pairs:
-            rows = np.flatnonzero((fw == f) & (mode == m) & (model == md))
-            own = [k for k in stack_levels(f, m, md) if k in fits]
+        for f, m, md, fa in pairs:
+            rows = np.flatnonzero((fw == f) & (mode == m) & (model == md) & (fam == fa))
+            own = [k for k in stack_levels(f, m, md, fa) if k in fits]
             in_sample[rows] = predict(rows, at[own[0]] if own else None)
             for name in np.unique(gk[rows]):
                 mine = rows[gk[rows] == name]

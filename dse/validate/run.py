@@ -21,7 +21,8 @@ groups out and predicts the group left out from fits on the others:
   prompt's prefill, plus the wait in the wave of the other requests in flight at its prefill server (a queue share
   xi of (n - 1) prompts, each at its share of a pass carrying a full chunk of prompts; `dse.physics.queueing`),
   plus the KV hand-off (disaggregated), plus the stack's fixed latency tau. The shipped terms (xi, tau) per
-  framework and mode are the catalog's (hw_catalog/calibration/serving_stack.yaml, fitted by `dse validate --fit`
+  framework, mode and model (disaggregated, per model and hardware family where it has sweeps enough there:
+  `dse.validate.fit.stack_levels`) are the catalog's (hw_catalog/calibration/serving_stack.yaml, fitted by `dse validate --fit`
   on the rows with stated layouts); the leave-group-out prediction refits them without the row's sweep
   (`dse.validate.fit.fit_stack`; TTFT is affine in (xi, tau), `dse.physics.serving.closed_loop_ttft`), on the rows
   `dse.validate.stack.stack_rows` reads (a measurement over twice its deployment's TTFT at a higher concurrency,
@@ -53,7 +54,7 @@ from dse.physics.serving import closed_loop_ttft
 from dse.validate import cache as stored
 from dse.validate.decode import TpotPasses, predicted_passes, tpot_at
 from dse.validate.factors import FACTORS
-from dse.validate.fit import fit_stack_sets, refit_tpot_sets, stack_key_of
+from dse.validate.fit import fit_stack_sets, refit_tpot_sets, stack_families, stack_key_of
 from dse.validate.points import Cases
 from dse.validate.predict import TTFT_PIECES, outside_stack, predict, predict_runs, table
 from dse.validate.report import RunsValidation, Validation, family_bands, summarize
@@ -240,8 +241,8 @@ def _predict_apart(t: pd.DataFrame, scales: dict, family_fits: tuple[dict, dict]
     tpot_family = tpot_by(family_key(t).to_numpy(), *family_fits)[0]
     _copy_prediction(t, pred, predict_runs(t, IDEAL, decode_batch=tp.decode_batch(split)))
     fits = scales.get("ttft", {})
-    keys = [stack_key_of(fits, f, m, md) for f, m, md in zip(t["backend"].astype(str), t["mode"], t["model"],
-                                                              strict=True)]
+    keys = [stack_key_of(fits, f, m, md, fa) for f, m, md, fa in zip(t["backend"].astype(str), t["mode"], t["model"],
+                                                                      stack_families(t), strict=True)]
     terms = StackTerms(queue_share=np.array([fits[k]["queue_share"] if k else 0.0 for k in keys]),
                        fixed_latency_s=np.array([fits[k]["fixed_latency_s"] if k else 0.0 for k in keys]))
     ttft = closed_loop_ttft(t["prefill_s"].to_numpy(dtype=float), outside_stack(t), t["wave_s"].to_numpy(dtype=float),

@@ -1,0 +1,82 @@
+"""The serving stack's disaggregated terms per hardware family: read from calibration/serving_stack.yaml, carried
+by the prefill pool of each system as the physics evaluates it, and refused where the file misplaces them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dse.catalog.calibration import family_of
+from dse.catalog.frameworks import StackTerms, load_stack_file
+from dse.catalog.hardware import default_systems
+from dse.catalog.models import get_model
+from dse.errors import InputError
+from dse.physics.roofline import ModelTable, SystemTable
+from dse.physics.serving import RHO_MAX, Request, prefill_pool, prefill_ttft, rho_for_ttft
+from tests.helpers import candidates_of
+
+STACK = """stack:
+  trtllm:
+    aggregated: {fixed_latency_s: 0.1, queue_share: 0.1}
+    disaggregated: {fixed_latency_s: 0.2, queue_share: 0.2}
+    models:
+      deepseek-v3:
+        disaggregated: {fixed_latency_s: 0.3, queue_share: 0.3}
+        families:
+          blackwell: {disaggregated: {fixed_latency_s: 0.45, queue_share: 0.15}}
+"""
+
+
+def _stacks(tmp_path, text: str) -> dict:
+    path = tmp_path / "serving_stack.yaml"
+    path.write_text(text)
+    return load_stack_file(path)
+
+
+def test_a_models_disaggregated_terms_on_a_family_are_its_own_there(tmp_path):
+    stacks = _stacks(tmp_path, STACK)
+    own = stacks["trtllm|deepseek-v3"]
+    assert own.disaggregated_of("blackwell") == StackTerms(fixed_latency_s=0.45, queue_share=0.15)
+    assert own.disaggregated_of("hopper") == own.disaggregated == StackTerms(fixed_latency_s=0.3, queue_share=0.3)
+    assert own.disaggregated_of(None) == own.disaggregated  # a system of no family
+    assert own.aggregated == StackTerms(fixed_latency_s=0.1, queue_share=0.1)  # the framework's
+    assert stacks["trtllm"].disaggregated_of("blackwell") == StackTerms(fixed_latency_s=0.2, queue_share=0.2)
+
+
+def test_each_prefill_pool_carries_its_familys_terms(tmp_path):
+    """One evaluation over a Hopper and a Blackwell prefill replica: each TTFT adds its own family's fixed latency,
+    and the utilisation a TTFT target allows follows it."""
+    stack = _stacks(tmp_path, STACK)["trtllm|deepseek-v3"]
+    req = Request(prompt=4000, output=500, name="chat", ttft_max=1.0, stack=stack)
+    systems = [default_systems()["h200"], default_systems()["b200"]]
+    assert [family_of(s.id) for s in systems] == ["hopper", "blackwell"]
+    mt, st = ModelTable.build([get_model("deepseek-v3")]), SystemTable.build(systems)
+    rows = [(i, 1, 8, 8, 1, 1, 1, 1, 0, 1) for i in range(2)]  # TP1 DP8 EP8, fp8 weights and KV
+    pre = prefill_pool(candidates_of(rows, req.prompt), mt, st, req)
+    assert pre["stack_latency_s"].tolist() == [0.3, 0.45] and pre["queue_share"].tolist() == [0.3, 0.15]
+    s, x = pre["prefill_service_s"], pre["kv_transfer_s"]
+    rho = rho_for_ttft(s, x, pre["stack_latency_s"], req)
+    ttft = prefill_ttft(s, x, pre["stack_latency_s"], rho, req)
+    assert np.all((rho > 0) & (rho < RHO_MAX))  # below the cap: the target met exactly
+    assert np.allclose(ttft, 1.0, rtol=1e-9)
+    empty = prefill_ttft(s, x, pre["stack_latency_s"], np.zeros(2), req)
+    assert empty == pytest.approx(s + x + np.array([0.3, 0.45]), rel=1e-12)
+    # the model's terms on every family: the Blackwell replica's TTFT falls by the difference
+    plain = dataclasses.replace(req, stack=dataclasses.replace(stack, families=()))
+    flat = prefill_pool(candidates_of(rows, req.prompt), mt, st, plain)
+    assert flat["stack_latency_s"].tolist() == [0.3, 0.3]
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("stack:\n  trtllm:\n    disaggregated: {fixed_latency_s: 0.2, queue_share: 0.2}\n    families:\n"
+     "      blackwell: {disaggregated: {fixed_latency_s: 0.4, queue_share: 0.1}}\n", "stack.trtllm'.families"),
+    (STACK.replace("blackwell: {disaggregated:", "blackwell: {aggregated:"), "models.deepseek-v3.families.blackwell"),
+    (STACK.replace("fixed_latency_s: 0.45", "fixed_latency_s: -1"),
+     "models.deepseek-v3.families.blackwell.disaggregated.fixed_latency_s"),
+])
+def test_misplaced_family_terms_are_refused_by_name(tmp_path, text, field):
+    with pytest.raises(InputError) as err:
+        _stacks(tmp_path, text)
+    assert field in str(err.value)
