@@ -22,13 +22,14 @@ groups out and predicts the group left out from fits on the others:
   xi of (n - 1) prompts, each at its share of a pass carrying a full chunk of prompts; `dse.physics.queueing`),
   plus the KV hand-off (disaggregated), plus the stack's fixed latency tau. The shipped terms (xi, tau) per
   framework, mode and model (disaggregated, per model and hardware family where it has sweeps enough there:
-  `dse.validate.fit.stack_levels`) are the catalog's (hw_catalog/calibration/serving_stack.yaml, fitted by `dse validate --fit`
-  on the rows with stated layouts); the leave-group-out prediction refits them without the row's sweep
-  (`dse.validate.fit.fit_stack`; TTFT is affine in (xi, tau), `dse.physics.serving.closed_loop_ttft`), on the rows
-  `dse.validate.stack.stack_rows` reads (a measurement over twice its deployment's TTFT at a higher concurrency,
-  which no closed loop has, is predicted and judged but fits nothing). Measured
-  TTFT grows nearly linearly with the concurrency in most sweeps (R^2 > 0.9 in most of the 286 aggregated sweeps
-  with 4 or more concurrencies), at a slope of a fraction of one prompt's prefill per request in flight: the wave.
+  `dse.validate.fit.stack_levels`) are the catalog's (hw_catalog/calibration/serving_stack.yaml, fitted by
+  `dse validate --fit` on the rows with stated layouts); the leave-group-out prediction refits them without the
+  row's sweep (`dse.validate.fit.fit_stack`; TTFT is affine in (xi, tau), `dse.physics.serving.closed_loop_ttft`),
+  on the rows `dse.validate.stack.stack_rows` reads (a measurement over twice its deployment's TTFT at a higher
+  concurrency, or over twice the longest closed loop any terms give it, is predicted and judged but fits nothing).
+  Measured TTFT grows nearly linearly with the concurrency in most sweeps (R^2 > 0.9 in most of the 286 aggregated
+  sweeps with 4 or more concurrencies), at a slope of a fraction of one prompt's prefill per request in flight: the
+  wave.
 - Leave-family-out: each hardware family's rows predicted by the fits on the other families' rows (the error
   of a family with no measured runs of its own: the band of `dse.validate.bands` for such a family).
 - Rows whose layout the file leaves unknown (a disaggregated row without worker counts) or states against what
