@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from dse.catalog.frameworks import MODES, STACK_FILE, StackTerms
+from dse.physics.serving import closed_loop_ttft
 from dse.validate.fit import FIXED_LATENCIES, MIN_SWEEPS, QUEUE_SHARES, fit_stack
 from dse.validate.predict import TTFT_PIECES, outside_stack, predict_runs
 from dse.validate.runs import DEPLOYMENT, group_key, map_runs, read_runs_files
@@ -64,8 +65,9 @@ def beyond_every_loop(t: pd.DataFrame) -> np.ndarray:
     """
     if t.empty:
         return np.zeros(0, dtype=bool)
-    wait = np.maximum(QUEUE_SHARES[-1] * t["wave_s"].to_numpy(dtype=float), t["wait_floor_s"].to_numpy(dtype=float))
-    longest = t["prefill_s"].to_numpy(dtype=float) + wait + outside_stack(t) + FIXED_LATENCIES[-1]
+    prefill, wave, floor = (t[c].to_numpy(dtype=float) for c in ("prefill_s", "wave_s", "wait_floor_s"))
+    longest = closed_loop_ttft(prefill, outside_stack(t), wave,
+                               StackTerms(fixed_latency_s=FIXED_LATENCIES[-1], queue_share=QUEUE_SHARES[-1]), floor)
     return t["measured_ttft_s"].to_numpy(dtype=float) > FALLING_TTFT * longest
 
 
