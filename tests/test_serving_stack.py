@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from helpers import candidates_of
 
 from dse.catalog.calibration import family_of
 from dse.catalog.frameworks import StackTerms, load_stack_file
@@ -15,7 +16,6 @@ from dse.catalog.models import get_model
 from dse.errors import InputError
 from dse.physics.roofline import ModelTable, SystemTable
 from dse.physics.serving import RHO_MAX, Request, prefill_pool, prefill_ttft, rho_for_ttft
-from tests.helpers import candidates_of
 
 STACK = """stack:
   trtllm:
