@@ -1,4 +1,4 @@
-"""scripts/measure_gpu.py: its CPU path runs; committed GPU measurements agree with the prediction."""
+"""scripts/measure_gpu.py: its CPU path runs; the committed GPU measurements against the roofline and the catalog."""
 
 from __future__ import annotations
 
@@ -7,11 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from dse.catalog.hardware import IDEAL
+from dse.errors import InputError
+from dse.validate.cases import load_cases
+from dse.validate.measured import DEFAULT_STACK, header_fields, load_measured
+from dse.validate.predict import predict
+
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED = sorted((ROOT / "hw_catalog" / "measured").glob("*.csv"))
+CASE = "dse_measured_h100_llama31_8b"
 
 
 def read(path_or_text) -> tuple[str, pd.DataFrame]:
@@ -20,27 +28,92 @@ def read(path_or_text) -> tuple[str, pd.DataFrame]:
     return header, pd.read_csv(io.StringIO(body))
 
 
-def test_cpu_path_measures_matmul_copy_and_decode(tmp_path):
+def test_cpu_path_measures_matmul_copy_decode_and_prefill(tmp_path):
     out = tmp_path / "cpu.csv"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "measure_gpu.py"), "--device", "cpu", "--quick",
                         "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     header, table = read(out)
     assert header.startswith("# device:") and "date:" in header and "numpy" in header
-    assert set(table["kind"]) == {"matmul", "copy", "decode"}
+    assert header_fields(header)["model"] == "measure-tiny"
+    assert set(table["kind"]) == {"matmul", "copy", "decode", "prefill"}
     assert (table["seconds"] > 0).all() and (table["value"] > 0).all()
-    decode = table[table["kind"] == "decode"]
-    assert (decode["predicted_ideal_s"] > 0).all()
+    steps = table[table["kind"].isin(["decode", "prefill"])]
+    assert (steps["predicted_ideal_s"] > 0).all()
     # a real step never beats the roofline built from this machine's own peaks by more than noise
-    assert (decode["seconds"] >= decode["predicted_ideal_s"] * 0.5).all()
+    assert (steps["seconds"] >= steps["predicted_ideal_s"] * 0.5).all()
 
 
-@pytest.mark.skipif(not MEASURED, reason="no GPU measurement committed yet (hw_catalog/measured/ is empty)")
+def stacks_of(path: Path) -> list[tuple[str, str]]:
+    table = read(path)[1]
+    if "stack" not in table:  # a run of the eager stack alone, before the script timed a compiled one
+        table = table.assign(stack=DEFAULT_STACK)
+    steps = table[table["kind"].isin(["decode", "prefill"])]
+    return sorted(set(zip(steps["stack"], steps["attention"], strict=True)))
+
+
+@pytest.mark.skipif(not MEASURED, reason="no GPU measurement committed (hw_catalog/measured/ is empty)")
 @pytest.mark.parametrize("path", MEASURED, ids=[p.name for p in MEASURED])
-def test_committed_gpu_decode_steps_are_within_20_percent_of_prediction(path):
-    header, table = read(path)
-    decode = table[table["kind"] == "decode"]
-    assert not decode.empty
-    error = decode["predicted_calibrated_s"] / decode["seconds"] - 1
-    assert error.abs().median() <= 0.20, header
-    assert (decode["seconds"] >= decode["predicted_ideal_s"] * 0.95).all()
+def test_no_measured_step_beats_the_ideal_roofline_of_the_catalog_system(path):
+    """Every decode step and prefill, of every stack and attention kernel, takes at least the ideal roofline's
+    time on the catalog H100 (datasheet peaks: 989 TFLOP/s bf16, 3.35 TB/s), predicted with today's catalog."""
+    for stack, attention in stacks_of(path):
+        points = load_measured(path, "check", "h100", stack, attention).points
+        measured = np.array([p.measured for p in points])
+        ideal = predict(points, IDEAL)
+        assert (measured <= ideal).all(), (stack, attention, measured / ideal)
+
+
+def test_the_catalog_predicts_the_measured_h100_steps_it_calibrates_on():
+    """The compiled stack with flash attention (what serving frameworks run) is a calibration case; the catalog's
+    Hopper factors predict its 17 decode steps and 10 prefills within 10% at the median and 35% at worst, and order
+    their step times as measured (rank correlation; prefill throughputs sit within a few percent of each other from
+    1k to 8k tokens, so their order is noise, while the step times span 7 ms to 1.3 s)."""
+    points = [p for p in load_cases().points if p.case == CASE]
+    assert sorted({p.kind for p in points}) == ["decode", "prefill"] and len(points) == 27
+    measured = np.array([p.measured for p in points])
+    error = predict(points) / measured - 1
+    assert np.median(np.abs(error)) <= 0.10
+    assert np.abs(error).max() <= 0.35
+    tokens = np.array([p.batch * (p.context if p.kind == "prefill" else 1) for p in points])
+    for kind in ("decode", "prefill"):
+        mine = np.array([p.kind == kind for p in points])
+        predicted_s, measured_s = tokens[mine] / predict(points)[mine], tokens[mine] / measured[mine]
+        rank = np.corrcoef(pd.Series(predicted_s).rank(), pd.Series(measured_s).rank())[0, 1]
+        assert rank >= 0.95, (kind, rank)
+
+
+def test_the_eager_stack_is_slower_than_the_compiled_one_at_every_shape():
+    """The same model, chip and kernels for the matrix products: fusing the elementwise work saves time at every
+    measured shape, so the eager rows are no calibration of what a serving framework reaches."""
+    table = read(ROOT / "hw_catalog" / "measured" / "h100-2026-11-27-run2.csv")[1]
+    steps = table[table["kind"].isin(["decode", "prefill"])]
+    wide = steps.pivot_table(index=["kind", "attention", "batch", "context"], columns="stack", values="seconds")
+    assert len(wide) == 44 and (wide["eager"] > wide["compiled"]).all()
+
+
+def measured_file(tmp_path: Path, header: str, rows: str) -> Path:
+    path = tmp_path / "m.csv"
+    path.write_text(header + "\nkind,dtype,stack,attention,batch,context,seconds,value,unit\n" + rows)
+    return path
+
+
+def test_a_malformed_measured_file_names_the_file_row_and_field(tmp_path):
+    good = "decode,bf16,compiled,sdpa,8,512,0.01,800,tokens/s\n"
+    assert len(load_measured(measured_file(tmp_path, "# model: llama-3.1-8b", good), "c", "h100", "compiled",
+                             "sdpa").points) == 1
+    cases = [
+        ("# model: no-such-model", good, "line 1"),
+        ("# model: llama-3.1-8b", "decode,bf16,compiled,sdpa,8,512,0.01,900,tokens/s\n", "field 'value'"),
+        ("# model: llama-3.1-8b", "decode,bf16,compiled,sdpa,-8,512,0.01,800,tokens/s\n", "field 'batch'"),
+        ("# model: llama-3.1-8b", "decode,int3,compiled,sdpa,8,512,0.01,800,tokens/s\n", "field 'dtype'"),
+        ("# model: llama-3.1-8b", "training,bf16,compiled,sdpa,8,512,0.01,800,tokens/s\n", "field 'kind'"),
+        ("# model: llama-3.1-8b", "decode,bf16,eager,sdpa,8,512,0.01,800,tokens/s\n", "no decode or prefill row"),
+    ]
+    for header, rows, needle in cases:
+        path = measured_file(tmp_path, header, rows)
+        with pytest.raises(InputError) as exc:
+            load_measured(path, "c", "h100", "compiled", "sdpa")
+        assert str(path) in str(exc.value) and needle in str(exc.value), str(exc.value)
+    with pytest.raises(InputError, match="field 'system'"):
+        load_measured(measured_file(tmp_path, "# model: llama-3.1-8b", good), "c", "h999", "compiled", "sdpa")

@@ -89,6 +89,19 @@ def test_leave_one_out_machinery_on_a_subset(cases):
     assert cal.band["default"][0] <= 1 <= cal.band["default"][1] + 0.5
 
 
+def test_measured_gpu_steps_calibrate_their_own_family_and_not_the_pooled_default(cases):
+    """The H100 steps measured by scripts/measure_gpu.py fit Hopper's factors; the default that families without
+    data inherit is the fit of the published points alone, with or without them."""
+    measured = [p for p in cases.points if p.case == "dse_measured_h100_llama31_8b"]
+    assert len(measured) == 27 and all(p.family_only and p.system == "h100" for p in measured)
+    published = [p for p in cases.points if p.system in ("h200", "b200") and p.model == "llama-3.3-70b"]
+    start = default_efficiency_catalog().default
+    without = calibrate(type(cases)(points=published), start, loo=False)
+    both = calibrate(type(cases)(points=published + measured), start, loo=False)
+    assert both.default == without.default
+    assert "hopper" in both.families and both.families["hopper"] != without.families["hopper"]
+
+
 def test_dse_validate_command(tmp_path):
     out = tmp_path / "v"
     r = dse("validate", "--json", "--out", str(out))

@@ -46,11 +46,13 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.08  # 7.3%
     assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.14  # 13.2%
     assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.5%
-    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.6%
-    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.10  # 9.3%
+    assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.5%
+    # 11.1% (9.3% before the measured H100 steps entered Hopper's fit: the move is in B200's SGLang DeepSeek rows
+    # left out, which return to 9.1% with the earlier Hopper factors and all else as now)
+    assert by[("disagg", "tpot")]["loo_median_abs_error"] <= 0.115
     # a decode factor set per framework errs less out of sample than one per family shared by the frameworks on
-    # the aggregated rows (10.6% against 11.9%) and overall (10.6% against 11.7%); not on the 142 disaggregated
-    # rows (9.3% against 8.6%)
+    # the aggregated rows (10.5% against 12.0%) and overall (10.5% against 11.7%); not on the 142 disaggregated
+    # rows (11.1% against 8.6%)
     e = by[("agg", "tpot")]
     assert e["loo_median_abs_error"] < e["loo_family_factors_median_abs_error"] - 0.004
     e = by[("all", "tpot")]
@@ -86,7 +88,7 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     stated_disagg = t[(t["mode"] == "disagg") & (t["layout"] == "stated")]
     # a disaggregated closed loop's decode batch follows the predicted TTFT, so the prefill physics and the wave
     # move these rows' decode passes
-    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.10  # 9.3%
+    assert stated_disagg["tpot_loo_error"].abs().median() <= 0.115  # 11.1% (9.3% before the H100 steps)
     # the shipped physics (the catalog's factors, fitted jointly on these runs where the workers are stated, and
     # on offline throughput): 13.1% on the stated rows
     t = full.table

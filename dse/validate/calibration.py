@@ -118,11 +118,12 @@ def calibrate(cases: Cases, start: Efficiency, loo: bool = True, progress=None,
     `EfficiencyCatalog`) before the rows are re-derived at them: a run's TTFT, and with it the closed loop's decode
     batch, follows the stacks, so the fixed point holds the factors and the stacks together. The
     global default (the start of every family's fit, and the factors of the systems of no family) is fitted on
-    the points alone: one set of fixed times for hardware the runs do not measure would be a guess dressed as
-    a fit, so the families without runs keep the estimated fixed times.
+    the points alone, less those that calibrate their own family only (`Point.family_only`): one set of fixed
+    times for hardware the runs do not measure would be a guess dressed as a fit, so the families without runs
+    keep the estimated fixed times.
     """
     pts = cases.points
-    default, rms_all = fit(pts, start)
+    default, rms_all = fit([p for p in pts if not p.family_only], start)
     families, rms, names, runs = {}, {"default": rms_all}, {}, {}
     members = hardware_families()
     by_family = {fam: [p for p in pts if family_of(p.system) == fam] for fam in members}

@@ -10,6 +10,7 @@ from pathlib import Path
 from dse.catalog.hardware import hw_dir
 from dse.catalog.loading import read_yaml
 from dse.errors import InputError
+from dse.validate.measured import load_measured
 from dse.validate.points import Cases, Point, Skipped
 from dse.validate.published import load_published
 
@@ -68,6 +69,9 @@ def _load_case(case: dict, out: Cases, folder: Path) -> None:
         rows = load_published(folder / case["file"])
         out.points += rows.points
         out.skipped += rows.skipped
+    elif "measured_file" in case:  # steps measured on a GPU by scripts/measure_gpu.py
+        out.points += load_measured(folder / case["measured_file"], cid, case["system"], case["stack"],
+                                    case["attention"], _source(case)).points
     elif cid == "trtllm_perf_overview_v1_llama33_70b":
         out.points += _trt_v1(case, "llama-3.3-70b", [("b200", 1, "fp4"), ("gb200-nvl72", 1, "fp4"),
                                                        ("h200", 1, "fp8"), ("h100", 2, "fp8")])

@@ -209,7 +209,8 @@ def leave_one_out(points: list[Point], default: Efficiency, families: dict[str, 
                   serving: dict[str, ServingRows], progress=None) -> np.ndarray:
     """Each point predicted from a fit without it: for a point of a fitted family, the family's whole procedure
     again on its other points (which factors they identify, jointly with the family's ``serving`` rows), from
-    the family's factors; for a point of no fitted family, the global fit on every other point.
+    the family's factors; for a point of no fitted family, the global fit on every other point (less those that
+    calibrate their own family only).
     ``progress(i, n)`` is called before each point.
     """
     out = np.empty(len(points))
@@ -217,7 +218,8 @@ def leave_one_out(points: list[Point], default: Efficiency, families: dict[str, 
         if progress:
             progress(i, len(points))
         fam = family_of(p.system)
-        pool = [q for j, q in enumerate(points) if j != i and (fam not in families or family_of(q.system) == fam)]
+        pool = [q for j, q in enumerate(points) if j != i and (family_of(q.system) == fam if fam in families
+                                                               else not q.family_only)]
         if fam in families:  # the family's whole procedure again: which factors its other points identify
             e, _, _ = fit_family(pool, families[fam], max_nfev=LOO_MAX_NFEV, at=default, serving=serving.get(fam))
         else:

@@ -46,6 +46,9 @@ class Point:
     divide_by: float = 1.0  # e.g. nodes, for per-node figures
     max_batch: int = 4096
     source: str = ""
+    # calibrates its own hardware family only, not the pooled default of the families without data (a lab
+    # measurement of one chip and one model, many points of one case, would pull the pool toward that chip)
+    family_only: bool = False
 
 
 @dataclass(frozen=True)
