@@ -19,7 +19,7 @@ from dse.validate.predict import predict
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED = sorted((ROOT / "hw_catalog" / "measured").glob("*.csv"))
-CASE = "dse_measured_h100_llama31_8b"
+CASES = ("dse_measured_h100_llama31_8b", "dse_measured_h200_llama31_8b")
 
 
 def read(path_or_text) -> tuple[str, pd.DataFrame]:
@@ -56,20 +56,25 @@ def stacks_of(path: Path) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("path", MEASURED, ids=[p.name for p in MEASURED])
 def test_no_measured_step_beats_the_ideal_roofline_of_the_catalog_system(path):
     """Every decode step and prefill, of every stack and attention kernel, takes at least the ideal roofline's
-    time on the catalog H100 (datasheet peaks: 989 TFLOP/s bf16, 3.35 TB/s), predicted with today's catalog."""
+    time on the catalog system the file is named after (datasheet peaks: 989 TFLOP/s bf16 on both, 3.35 TB/s on
+    the H100, 4.8 TB/s on the H200), predicted with today's catalog."""
+    system = path.name.split("-")[0]
+    assert system in ("h100", "h200") and system.upper() in read(path)[0]
     for stack, attention in stacks_of(path):
-        points = load_measured(path, "check", "h100", stack, attention).points
+        points = load_measured(path, "check", system, stack, attention).points
         measured = np.array([p.measured for p in points])
         ideal = predict(points, IDEAL)
         assert (measured <= ideal).all(), (stack, attention, measured / ideal)
 
 
-def test_the_catalog_predicts_the_measured_h100_steps_it_calibrates_on():
-    """The compiled stack with flash attention (what serving frameworks run) is a calibration case; the catalog's
-    Hopper factors predict its 17 decode steps and 10 prefills within 10% at the median and 35% at worst, and order
+@pytest.mark.parametrize("case", CASES)
+def test_the_catalog_predicts_the_measured_steps_it_calibrates_on(case):
+    """The compiled stack with flash attention (what serving frameworks run) on H100 and on H200 is a calibration
+    case each; the catalog's Hopper factors predict the 17 decode steps and 10 prefills of each within 10% at the
+    median and 35% at worst, and order
     their step times as measured (rank correlation; prefill throughputs sit within a few percent of each other from
     1k to 8k tokens, so their order is noise, while the step times span 7 ms to 1.3 s)."""
-    points = [p for p in load_cases().points if p.case == CASE]
+    points = [p for p in load_cases().points if p.case == case]
     assert sorted({p.kind for p in points}) == ["decode", "prefill"] and len(points) == 27
     measured = np.array([p.measured for p in points])
     error = predict(points) / measured - 1

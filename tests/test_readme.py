@@ -43,8 +43,8 @@ def test_the_budget_example_prints_what_the_readme_shows(shipped, monkeypatch, c
     printed = capsys.readouterr().out.splitlines()
     shown = _block("$ dse run studies/budget_16_gpus.yaml")
     assert printed[1:1 + len(shown)] == shown
-    # the study's expectation: xPyD within the 16 GPUs (11: four prefill pairs and three single-H200 decode
-    # replicas whose HBM-bound batch the prefill rate fills), 16% below aggregated; with a fifth prefill replica
+    # the study's expectation: xPyD within the 16 GPUs (11: eight prefill GPUs and three single-H200 decode
+    # replicas whose HBM-bound batch the prefill rate fills), 16% below aggregated; with a fifth prefill pair
     # (14 GPUs, 1% dearer) the prefill pool sets the rate and the decode layouts that keep up with it tie: single
     # H200s bound by HBM capacity or TP2 at the TPOT target; equal costs go to the lower TPOT (`dse.optimize.ties`)
     (e,) = r.summary["best"]
@@ -55,7 +55,7 @@ def test_the_budget_example_prints_what_the_readme_shows(shipped, monkeypatch, c
     assert fifth and all(a["usd_per_request"] == pytest.approx(fifth[0]["usd_per_request"], rel=1e-12) for a in fifth)
     assert 1.0 < fifth[0]["usd_per_request"] / e["usd_per_request"] < 1.02
     assert any(a["pools"][1]["tp"] == 2 and a["binding"].startswith("the TPOT target")
-               and a["tpot_s"] > 1.1 * fifth[0]["tpot_s"] for a in fifth)
+               and a["tpot_s"] > 1.02 * fifth[0]["tpot_s"] for a in fifth)
     assert all(a["tpot_s"] >= fifth[0]["tpot_s"] for a in fifth)
     assert all(a["pools"][1]["batch_served"] < a["pools"][1]["batch"] for a in fifth)
     agg = min(a["usd_per_request"] for a in e["alternatives"] if a["serving"] == "aggregated")
