@@ -1,5 +1,5 @@
-"""The serving stack's disaggregated terms per hardware family: read from calibration/serving_stack.yaml, carried
-by the prefill pool of each system as the physics evaluates it, and refused where the file misplaces them."""
+"""The serving stack's terms per hardware family and mode: read from calibration/serving_stack.yaml, carried by each
+aggregated replica and each prefill pool as the physics evaluates it, and refused where the file misplaces them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dse.catalog.hardware import default_systems
 from dse.catalog.models import get_model
 from dse.errors import InputError
 from dse.physics.roofline import ModelTable, SystemTable
-from dse.physics.serving import RHO_MAX, Request, prefill_pool, prefill_ttft, rho_for_ttft
+from dse.physics.serving import RHO_MAX, Request, aggregated, prefill_pool, prefill_ttft, rho_for_ttft
 
 STACK = """stack:
   trtllm:
@@ -23,9 +23,11 @@ STACK = """stack:
     disaggregated: {fixed_latency_s: 0.2, queue_share: 0.2}
     models:
       deepseek-v3:
+        aggregated: {fixed_latency_s: 0.25, queue_share: 0.05}
         disaggregated: {fixed_latency_s: 0.3, queue_share: 0.3}
         families:
           blackwell: {disaggregated: {fixed_latency_s: 0.45, queue_share: 0.15}}
+          hopper: {aggregated: {fixed_latency_s: 0.12, queue_share: 0.2}}
 """
 
 
@@ -41,8 +43,11 @@ def test_a_models_disaggregated_terms_on_a_family_are_its_own_there(tmp_path):
     assert own.disaggregated_of("blackwell") == StackTerms(fixed_latency_s=0.45, queue_share=0.15)
     assert own.disaggregated_of("hopper") == own.disaggregated == StackTerms(fixed_latency_s=0.3, queue_share=0.3)
     assert own.disaggregated_of(None) == own.disaggregated  # a system of no family
-    assert own.aggregated == StackTerms(fixed_latency_s=0.1, queue_share=0.1)  # the framework's
+    assert own.aggregated_of("hopper") == StackTerms(fixed_latency_s=0.12, queue_share=0.2)
+    assert own.aggregated_of("blackwell") == own.aggregated == StackTerms(fixed_latency_s=0.25, queue_share=0.05)
+    assert own.terms_of("aggregated", "hopper") == own.aggregated_of("hopper")
     assert stacks["trtllm"].disaggregated_of("blackwell") == StackTerms(fixed_latency_s=0.2, queue_share=0.2)
+    assert stacks["trtllm"].aggregated_of("hopper") == StackTerms(fixed_latency_s=0.1, queue_share=0.1)
 
 
 def test_each_prefill_pool_carries_its_familys_terms(tmp_path):
@@ -69,10 +74,34 @@ def test_each_prefill_pool_carries_its_familys_terms(tmp_path):
     assert flat["stack_latency_s"].tolist() == [0.3, 0.3]
 
 
+def test_each_aggregated_replica_carries_its_familys_terms(tmp_path):
+    """One evaluation over a Hopper and a Blackwell aggregated replica in a closed loop: each TTFT adds its own
+    family's fixed latency and queue share of the wave; without the family's terms both take the model's."""
+    stack = _stacks(tmp_path, STACK)["trtllm|deepseek-v3"]
+    req = Request(prompt=4000, output=500, name="chat", stack=stack, arrival="concurrency")
+    assert req.closed_loop
+    systems = [default_systems()["h200"], default_systems()["b200"]]
+    mt, st = ModelTable.build([get_model("deepseek-v3")]), SystemTable.build(systems)
+    rows = [(i, 1, 8, 8, 1, 1, 1, 1, 0, 8) for i in range(2)]  # TP1 DP8 EP8 at 8 per rank, fp8 weights and KV
+    r = aggregated(candidates_of(rows, req.prompt + req.output / 2), mt, st, req)
+    assert r["stack_latency_s"].tolist() == [0.12, 0.25]
+    plain = aggregated(candidates_of(rows, req.prompt + req.output / 2), mt, st,
+                       dataclasses.replace(req, stack=dataclasses.replace(stack, families=())))
+    assert plain["stack_latency_s"].tolist() == [0.25, 0.25]
+    # Blackwell's terms are the model's either way; Hopper's own: a shorter fixed latency, a larger share of the wave
+    assert r["ttft_s"][1] == plain["ttft_s"][1]
+    wave = r["wave_s"][0]
+    assert wave > 0 and r["queue_wait_s"][0] == pytest.approx(max(0.2 * wave, r["wait_floor_s"][0]), rel=1e-12)
+    assert r["ttft_s"][0] - r["queue_wait_s"][0] == pytest.approx(
+        plain["ttft_s"][0] - plain["queue_wait_s"][0] - 0.13, rel=1e-9)
+
+
 @pytest.mark.parametrize(("text", "field"), [
     ("stack:\n  trtllm:\n    disaggregated: {fixed_latency_s: 0.2, queue_share: 0.2}\n    families:\n"
      "      blackwell: {disaggregated: {fixed_latency_s: 0.4, queue_share: 0.1}}\n", "stack.trtllm'.families"),
-    (STACK.replace("blackwell: {disaggregated:", "blackwell: {aggregated:"), "models.deepseek-v3.families.blackwell"),
+    (STACK.replace("blackwell: {disaggregated:", "blackwell: {prefill:"), "models.deepseek-v3.families.blackwell"),
+    (STACK.replace("hopper: {aggregated: {fixed_latency_s: 0.12, queue_share: 0.2}}", "hopper: {}"),
+     "models.deepseek-v3.families.hopper"),
     (STACK.replace("fixed_latency_s: 0.45", "fixed_latency_s: -1"),
      "models.deepseek-v3.families.blackwell.disaggregated.fixed_latency_s"),
 ])

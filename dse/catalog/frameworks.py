@@ -50,18 +50,25 @@ class Stack:
     framework: str = ""
     aggregated: StackTerms = StackTerms()
     disaggregated: StackTerms = StackTerms()
-    families: tuple[tuple[str, StackTerms], ...] = ()
-    """Disaggregated terms per hardware family where the fit has them (the hand-off between the pools crosses the
-    family's fabric and runs its transfer library): (family, terms) pairs."""
+    families: tuple[tuple[str, str, StackTerms], ...] = ()
+    """Terms per hardware family and mode where the fit has them (the same framework runs other kernels, a
+    scheduler tuned for other chips and, disaggregated, a KV hand-off over the family's fabric with its transfer
+    library): (family, mode, terms) triples."""
 
     def terms(self, mode: str) -> StackTerms:
         return self.aggregated if mode == "aggregated" else self.disaggregated
 
-    def disaggregated_of(self, family: str | None) -> StackTerms:
-        """The disaggregated terms of a deployment on ``family``: the family's own where the fit has them, else the
+    def terms_of(self, mode: str, family: str | None) -> StackTerms:
+        """The terms of a deployment in ``mode`` on ``family``: the family's own where the fit has them, else the
         mode's.
         """
-        return next((t for f, t in self.families if f == family), self.disaggregated)
+        return next((t for f, m, t in self.families if f == family and m == mode), self.terms(mode))
+
+    def aggregated_of(self, family: str | None) -> StackTerms:
+        return self.terms_of("aggregated", family)
+
+    def disaggregated_of(self, family: str | None) -> StackTerms:
+        return self.terms_of("disaggregated", family)
 
 
 ENGINE_ONLY = Stack()
@@ -264,16 +271,15 @@ def load_stack_file(path: Path | None = None) -> dict[str, Stack]:
             m_terms = _stack_terms(m_modes, m_at)
             fams = m_modes.get("families") or {}
             if not isinstance(fams, dict):
-                raise InputError(f"{m_at}.families: expected a mapping of hardware family -> disaggregated -> terms")
+                raise InputError(f"{m_at}.families: expected a mapping of hardware family -> mode -> terms")
             per_family = []
             for fam, f_modes in fams.items():
                 f_at = f"{m_at}.families.{fam}"
-                if not isinstance(f_modes, dict):
-                    raise InputError(f"{f_at}: expected a mapping with disaggregated")
-                if set(f_modes) != {"disaggregated"}:
-                    raise InputError(f"{f_at}: expected a mapping with disaggregated only (a family's own terms are "
-                                     f"the disaggregated mode's), got {', '.join(map(str, f_modes)) or 'nothing'}")
-                per_family.append((str(fam), _stack_terms(f_modes, f_at)["disaggregated"]))
+                if not isinstance(f_modes, dict) or not f_modes or not set(f_modes) <= set(MODES):
+                    got = ", ".join(map(str, f_modes)) if isinstance(f_modes, dict) and f_modes else repr(f_modes)
+                    raise InputError(f"{f_at}: expected a mapping of {' and/or '.join(MODES)} -> terms (a family's "
+                                     f"own terms are a mode's), got {got}")
+                per_family += [(str(fam), mode, t) for mode, t in _stack_terms(f_modes, f_at).items()]
             out[f"{fid}|{mid}"] = Stack(str(fid), m_terms.get("aggregated", own.aggregated),
                                         m_terms.get("disaggregated", own.disaggregated), tuple(sorted(per_family)))
     return out

@@ -388,7 +388,11 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     # upper bound, exact while chunks are rare)
     v = dp * t_c * p_c / min(req.chunk, p_c)
     m = req.decode_passes
-    terms = req.stack.aggregated
+    # each candidate's own hardware family's terms (`dse.catalog.frameworks.Stack.aggregated_of`)
+    own = [req.stack.aggregated_of(family_of(sid)) for sid in systems.ids]
+    sys_idx = np.asarray(c.system)
+    terms = StackTerms(queue_share=np.array([t.queue_share for t in own], dtype=np.float64)[sys_idx],
+                       fixed_latency_s=np.array([t.fixed_latency_s for t in own], dtype=np.float64)[sys_idx])
     if not req.closed_loop:  # open loop: M/D/1 at each chunk server
         wave = floor = np.zeros_like(s)
         x = _solve_rate(k, conc, s, m * t_d, v)
@@ -421,7 +425,7 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
         "aggregated", req, lam, ttft, tpot, chips, usd_per_s, u, systems.power_all_in[np.asarray(c.system)],
         fits=peak["fits"], stable=(rho < 1.0) & (u < 1.0), decode_step_s=t_d, chunk_extra_s=t_c, prefill_service_s=s,
         queue_wait_s=wait, wave_s=wave, wait_floor_s=np.maximum(floor, 0.0),
-        stack_latency_s=np.full_like(s, terms.fixed_latency_s),
+        stack_latency_s=terms.fixed_latency_s * np.ones_like(s),
         hbm_bytes_per_chip=peak["hbm_bytes_per_chip"], step_s=t_bar, bound=mean["bound"], **quant,
     )
 

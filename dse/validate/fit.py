@@ -543,17 +543,18 @@ mode's terms, and a mode the terms fitted on all the framework's rows."""
 
 def stack_levels(fw: str, mode: str, model: str, family: str = "") -> tuple[str, ...]:
     """The keys of the stack terms a row of ``fw``, ``mode``, ``model`` and hardware ``family`` may take, the most
-    specific first: disaggregated, the model's own on that framework on the family (the KV hand-off between the
-    pools crosses the family's fabric and runs its transfer library: `dse.catalog.frameworks.Stack.disaggregated_of`);
-    the model's own on that framework and mode, the framework and mode's, the framework's.
+    specific first: the model's own on that framework and mode on the family (the same framework runs other kernels
+    and a scheduler tuned for other chips, and disaggregated, a KV hand-off over the family's fabric with its
+    transfer library: `dse.catalog.frameworks.Stack.terms_of`); the model's own on that framework and mode, the
+    framework and mode's, the framework's.
     """
-    own = (f"{fw}|{mode}|{model}|{family}",) if mode == "disagg" and family else ()
+    own = (f"{fw}|{mode}|{model}|{family}",) if family else ()
     return *own, f"{fw}|{mode}|{model}", f"{fw}|{mode}", fw
 
 
 def stack_families(t: pd.DataFrame) -> np.ndarray:
     """Each row's hardware family as `stack_levels` keys it ("" for a system of no family, which takes its model's
-    terms, as `dse.catalog.frameworks.Stack.disaggregated_of` gives them).
+    terms, as `dse.catalog.frameworks.Stack.terms_of` gives them).
     """
     return np.array([family_of(str(s)) or "" for s in t["system"]], dtype=object).astype(str)
 

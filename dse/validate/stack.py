@@ -105,7 +105,7 @@ def write_stack(fits: dict, folder: Path, date: str, runs_name: str) -> Path:
     """
     per: dict[str, dict[str, tuple]] = {}
     models: dict[str, dict[str, dict[str, tuple]]] = {}
-    families: dict[tuple[str, str], dict[str, tuple]] = {}
+    families: dict[tuple[str, str], dict[str, dict[str, tuple]]] = {}
     for key, f in fits.items():
         parts = key.split("|")
         if len(parts) == 2:
@@ -113,8 +113,9 @@ def write_stack(fits: dict, folder: Path, date: str, runs_name: str) -> Path:
         elif len(parts) == 3:
             models.setdefault(parts[0], {}).setdefault(parts[2], {})[MODE_NAMES[parts[1]]] = (
                 f["terms"], f["rows"], f["sweeps"])
-        elif len(parts) == 4:  # a model's disaggregated terms on one hardware family
-            families.setdefault((parts[0], parts[2]), {})[parts[3]] = (f["terms"], f["rows"], f["sweeps"])
+        elif len(parts) == 4:  # a model's terms in one mode on one hardware family
+            families.setdefault((parts[0], parts[2]), {}).setdefault(parts[3], {})[MODE_NAMES[parts[1]]] = (
+                f["terms"], f["rows"], f["sweeps"])
 
     def entry(terms: StackTerms, rows: int, sweeps: int) -> str:
         return (f"{{fixed_latency_s: {terms.fixed_latency_s:g}, queue_share: {terms.queue_share:g}, rows: {rows}, "
@@ -139,10 +140,10 @@ def write_stack(fits: dict, folder: Path, date: str, runs_name: str) -> Path:
         f"# models: a model's own terms on the framework and mode where it has {MIN_SWEEPS} sweeps or more there (the",
         "# stack's latency and queue share differ by model: tokenizer and chat template, the kernels and scheduling",
         "# paths its prefill takes); another model, or a mode the model has no terms of, takes the framework's.",
-        f"# families: a model's disaggregated terms on one hardware family where it has {MIN_SWEEPS} sweeps or more "
-        "there (the",
-        "# KV hand-off between the pools crosses the family's fabric and runs its transfer library); a deployment on",
-        "# another family takes the model's.",
+        f"# families: a model's terms in a mode on one hardware family where it has {MIN_SWEEPS} sweeps or more there",
+        "# (the same framework runs other kernels and a scheduler tuned for other chips, and disaggregated, a KV",
+        "# hand-off over the family's fabric with its transfer library); a deployment on another family takes the",
+        "# model's.",
         "",
         f"fitted: '{date}'",
         f"runs: {runs_name}",
@@ -157,12 +158,15 @@ def write_stack(fits: dict, folder: Path, date: str, runs_name: str) -> Path:
                 lines.append(f"      {mid}:")
                 lines += [f"        {mode}: {entry(*models[fw][mid][mode])}" for mode in MODES
                           if mode in models[fw][mid]]
-                # a family's terms fitted on all of the model's rows are the model's: not written again
-                mine = {fam: e for fam, e in families.get((fw, mid), {}).items()
-                        if e[1] != models[fw][mid].get("disaggregated", (None, -1))[1]}
+                # a family's terms fitted on all of the model's rows in that mode are the model's: not written again
+                mine = {fam: {mode: e for mode, e in per_mode.items()
+                              if e[1] != models[fw][mid].get(mode, (None, -1))[1]}
+                        for fam, per_mode in families.get((fw, mid), {}).items()}
+                mine = {fam: m for fam, m in mine.items() if m}
                 if mine:
                     lines.append("        families:")
-                    lines += [f"          {fam}: {{disaggregated: {entry(*mine[fam])}}}" for fam in sorted(mine)]
+                    lines += [f"          {fam}: {{" + ", ".join(f"{mode}: {entry(*mine[fam][mode])}" for mode in MODES
+                                                         if mode in mine[fam]) + "}" for fam in sorted(mine)]
     path = Path(folder) / "calibration" / STACK_FILE
     path.write_text("\n".join(lines) + "\n")
     return path
