@@ -44,7 +44,7 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
     # each sweep's level removed, the shape across concurrency errs far less than the level: the gap to the goals
     # is the level of whole sweeps
     assert by[("agg", "tpot")]["within_sweep_median_abs_error"] <= 0.08  # 7.3%
-    assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.14  # 13.2%
+    assert by[("agg", "ttft")]["within_sweep_median_abs_error"] <= 0.145  # 14.1% (13.4% with stack terms per model alone)
     assert by[("all", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.5%
     assert by[("agg", "tpot")]["loo_median_abs_error"] <= 0.11  # 10.5%
     # 11.1% (9.3% before the measured H100 steps entered Hopper's fit: left out, 15 of B200's SGLang DeepSeek rows
@@ -109,8 +109,9 @@ def test_the_measured_runs_are_predicted_with_the_figures_reported(full):
 def test_the_stored_serving_stacks_are_the_fit_on_these_runs():
     """calibration/serving_stack.yaml is its own fixed point: the terms refitted in sample on the stated rows of the
     catalog's measured runs, at the catalog's factors, are the stored ones, framework by framework, mode by mode and,
-    where a model has terms of its own, model by model, and disaggregated, family by family where a model has them on
-    one (DeepSeek-V3 on Blackwell with SGLang and TensorRT-LLM)."""
+    where a model has terms of its own, model by model, and family by family where a model has them on one
+    (disaggregated, DeepSeek-V3 on Blackwell with SGLang and TensorRT-LLM; aggregated, 19 models' on Hopper, Blackwell
+    or CDNA3)."""
     from dse.catalog.frameworks import stack_of
     from dse.validate.runs import catalog_runs_files
 
@@ -124,12 +125,13 @@ def test_the_stored_serving_stacks_are_the_fit_on_these_runs():
         if not rest:  # the framework's terms over all its modes: stored as a mode's only where it has none of its own
             continue
         stack = stack_of(fw, rest[1] if len(rest) >= 2 else None)
-        stored = stack.disaggregated_of(rest[2]) if len(rest) == 3 else stack.terms(
-            "aggregated" if rest[0] == "agg" else "disaggregated")
+        mode = "aggregated" if rest[0] == "agg" else "disaggregated"
+        stored = stack.terms_of(mode, rest[2]) if len(rest) == 3 else stack.terms(mode)
         assert (f["queue_share"], f["fixed_latency_s"]) == pytest.approx((stored.queue_share, stored.fixed_latency_s))
         checked += 1
     assert checked >= 6 + 19
-    assert {"sglang|disagg|deepseek-v3|blackwell", "trtllm|disagg|deepseek-v3|blackwell"} <= keys
+    assert {"sglang|disagg|deepseek-v3|blackwell", "trtllm|disagg|deepseek-v3|blackwell",
+            "sglang|agg|deepseek-v3|cdna3", "sglang|agg|deepseek-v3|hopper"} <= keys
 
 
 def test_a_ttft_that_falls_with_load_is_predicted_but_not_fitted(full):
@@ -195,12 +197,15 @@ def test_a_calibrated_decode_step_is_never_faster_than_the_roofline(full):
 
 def test_the_ideal_ttft_is_the_engine_alone(full):
     """The ideal roofline's TTFT carries no serving-stack term (as `--ideal` has it): the calibrated prediction is
-    above it by at least the row's stack fixed latency, and few runs (under 3%) measure faster than it."""
+    above it by at least the row's stack fixed latency (its model's on its hardware family where the fit has one), and
+    few runs (under 3%) measure faster than it."""
+    from dse.catalog.calibration import family_of
     from dse.catalog.frameworks import stack_of
 
     t = full.table
-    tau = np.array([stack_of(fw, md).terms("aggregated" if mode == "agg" else "disaggregated").fixed_latency_s
-                    for fw, md, mode in zip(t["backend"], t["model"], t["mode"], strict=True)])
+    tau = np.array([stack_of(fw, md).terms_of("aggregated" if mode == "agg" else "disaggregated",
+                                              family_of(system)).fixed_latency_s
+                    for fw, md, mode, system in zip(t["backend"], t["model"], t["mode"], t["system"], strict=True)])
     assert (t["predicted_ttft_s"] - t["ideal_ttft_s"] >= tau * (1 - 1e-9) - 1e-12).all()
     assert (t["measured_ttft_s"] < t["ideal_ttft_s"]).mean() < 0.03
 
@@ -493,7 +498,7 @@ def test_the_split_passes_predicted_with_the_unsplit_ones_are_their_own():
 def test_the_stack_fit_per_cell_is_the_grid_argmin_written_out():
     """`fit_stack_sets` sums the rows' grid errors per cell; written out here as the mean |log error| of every
     (xi, tau) over the training rows of each fit (and of each left-out group), its terms and predictions are the
-    argmin's, for two partitions at once, at each level of `stack_levels` (disaggregated, a model's own terms on a
+    argmin's, for two partitions at once, at each level of `stack_levels` (a model's own terms in a mode on a
     hardware family where its training rows there span two groups; a model's own terms where they span two groups,
     else its framework and mode's, else its framework's; a system of no family skips the family's level)."""
     from dse.catalog.frameworks import StackTerms
@@ -532,7 +537,7 @@ def test_the_stack_fit_per_cell_is_the_grid_argmin_written_out():
             masks = [train & (fw == f) & (mode == m) & (model == md), train & (fw == f) & (mode == m),
                      train & (fw == f)]
             keys = [f"{f}|{m}|{md}", f"{f}|{m}", f]
-            if m == "disagg" and fa:
+            if fa:
                 masks, keys = [masks[0] & (fam == fa), *masks], [f"{f}|{m}|{md}|{fa}", *keys]
             own = [k for k, r in enumerate(masks) if k == len(masks) - 1 or len(np.unique(g[r])) >= MIN_SWEEPS]
             levels_used.add(keys[own[0]].count("|"))
