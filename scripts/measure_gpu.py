@@ -508,7 +508,9 @@ def run_predict(path: Path, system: str) -> None:
     text = path.read_text()
     header, body = text.split("\n", 1)
     table = pd.read_csv(io.StringIO(body))
-    model_id = next(p.split(":", 1)[1].strip() for p in header.lstrip("# ").split("; ") if p.startswith("model:"))
+    from dse.validate.measured import header_fields
+
+    model_id = header_fields(header)["model"]
     rows = [{k: v for k, v in r.items() if not (isinstance(v, float) and math.isnan(v))}
             for r in table.to_dict("records")]
     for r in rows:

@@ -28,7 +28,7 @@ REQUIRED = ("kind", "dtype", "attention", "batch", "context", "seconds", "value"
 DEFAULT_STACK = "eager"
 KINDS = ("matmul", "copy", "decode", "prefill")
 UNITS = {"decode": "output tokens/s", "prefill": "input tokens/s"}
-DTYPE_NAMES = {"bf16": "bf16", "fp8": "fp8"}  # formats a calibrating step may run in (float32 is the CPU path's)
+STEP_DTYPES = ("bf16", "fp8")  # formats a calibrating step may run in (float32 is the CPU path's)
 
 
 def header_fields(header: str) -> dict[str, str]:
@@ -63,8 +63,8 @@ def load_measured(path: Path, case: str, system: str, stack: str, attention: str
             raise InputError(f"{where}: field 'kind': {raw['kind']!r} is not one of {', '.join(KINDS)}")
         if raw["kind"] not in UNITS or (raw.get("stack") or DEFAULT_STACK) != stack or raw["attention"] != attention:
             continue
-        if raw["dtype"] not in DTYPE_NAMES:
-            raise InputError(f"{where}: field 'dtype': {raw['dtype']!r} is not one of {', '.join(DTYPE_NAMES)}")
+        if raw["dtype"] not in STEP_DTYPES:
+            raise InputError(f"{where}: field 'dtype': {raw['dtype']!r} is not one of {', '.join(STEP_DTYPES)}")
         values = {}
         for name in ("batch", "context", "seconds", "value"):
             try:
@@ -78,7 +78,7 @@ def load_measured(path: Path, case: str, system: str, stack: str, attention: str
         if abs(values["value"] * values["seconds"] / tokens - 1) > 1e-6:
             raise InputError(f"{where}: field 'value': {values['value']:g} tokens/s is not the {tokens} tokens of "
                              f"the row over its {values['seconds']:g} s")
-        dtype = DTYPE_NAMES[raw["dtype"]]
+        dtype = raw["dtype"]
         length = "prompt" if raw["kind"] == "prefill" else "KV"
         out.points.append(Point(
             case, "serving_throughput",
