@@ -96,9 +96,27 @@ def test_each_aggregated_replica_carries_its_familys_terms(tmp_path):
         plain["ttft_s"][0] - plain["queue_wait_s"][0] - 0.13, rel=1e-9)
 
 
+def test_a_frameworks_terms_on_a_family_serve_the_models_without_their_own(tmp_path):
+    """The framework's terms on a family (fitted on all its models' rows there) come after a model's own: a mode the
+    model has terms of takes its own (on the family where it has them), a mode it has none of the framework's on the
+    family, and a family the framework has none on the framework's."""
+    text = STACK.replace("    models:\n", "    families:\n      hopper: {aggregated: {fixed_latency_s: 0.07, "
+                         "queue_share: 0.3}, disaggregated: {fixed_latency_s: 0.08, queue_share: 0.4}}\n    models:\n")
+    text += "      llama-3.1-8b:\n        disaggregated: {fixed_latency_s: 0.5, queue_share: 0.5}\n"
+    stacks = _stacks(tmp_path, text)
+    assert stacks["trtllm"].aggregated_of("hopper") == StackTerms(fixed_latency_s=0.07, queue_share=0.3)
+    assert stacks["trtllm"].aggregated_of("blackwell") == StackTerms(fixed_latency_s=0.1, queue_share=0.1)
+    deepseek, llama = stacks["trtllm|deepseek-v3"], stacks["trtllm|llama-3.1-8b"]
+    assert deepseek.aggregated_of("hopper") == StackTerms(fixed_latency_s=0.12, queue_share=0.2)  # its own there
+    assert deepseek.disaggregated_of("hopper") == StackTerms(fixed_latency_s=0.3, queue_share=0.3)  # its own
+    assert llama.aggregated_of("hopper") == StackTerms(fixed_latency_s=0.07, queue_share=0.3)  # the framework's there
+    assert llama.disaggregated_of("hopper") == StackTerms(fixed_latency_s=0.5, queue_share=0.5)  # its own
+    assert llama.aggregated_of("blackwell") == StackTerms(fixed_latency_s=0.1, queue_share=0.1)  # the framework's
+
+
 @pytest.mark.parametrize(("text", "field"), [
     ("stack:\n  trtllm:\n    disaggregated: {fixed_latency_s: 0.2, queue_share: 0.2}\n    families:\n"
-     "      blackwell: {disaggregated: {fixed_latency_s: 0.4, queue_share: 0.1}}\n", "stack.trtllm'.families"),
+     "      blackwell: {prefill: {fixed_latency_s: 0.4, queue_share: 0.1}}\n", "stack.trtllm'.families.blackwell"),
     (STACK.replace("blackwell: {disaggregated:", "blackwell: {prefill:"), "models.deepseek-v3.families.blackwell"),
     (STACK.replace("hopper: {aggregated: {fixed_latency_s: 0.12, queue_share: 0.2}}", "hopper: {}"),
      "models.deepseek-v3.families.hopper"),

@@ -258,30 +258,39 @@ def load_stack_file(path: Path | None = None) -> dict[str, Stack]:
     out = {}
     for fid, modes in doc["stack"].items():
         at = f"{path}: field 'stack.{fid}'"
-        if isinstance(modes, dict) and "families" in modes:
-            raise InputError(f"{at}.families: a family's own terms are a model's (under models.<model>.families)")
         terms = _stack_terms(modes, at)
         agg = terms.get("aggregated") or terms.get("disaggregated") or StackTerms()
-        out[str(fid)] = own = Stack(str(fid), agg, terms.get("disaggregated", agg))
+        on_family = _family_terms(modes.get("families"), at)  # the framework's on a family, all its models
+        out[str(fid)] = own = Stack(str(fid), agg, terms.get("disaggregated", agg), tuple(sorted(on_family)))
         models = modes.get("models") or {}
         if not isinstance(models, dict):
             raise InputError(f"{at}.models: expected a mapping of model id -> mode -> terms")
         for mid, m_modes in models.items():
             m_at = f"{at}.models.{mid}"
             m_terms = _stack_terms(m_modes, m_at)
-            fams = m_modes.get("families") or {}
-            if not isinstance(fams, dict):
-                raise InputError(f"{m_at}.families: expected a mapping of hardware family -> mode -> terms")
-            per_family = []
-            for fam, f_modes in fams.items():
-                f_at = f"{m_at}.families.{fam}"
-                if not isinstance(f_modes, dict) or not f_modes or not set(f_modes) <= set(MODES):
-                    got = ", ".join(map(str, f_modes)) if isinstance(f_modes, dict) and f_modes else repr(f_modes)
-                    raise InputError(f"{f_at}: expected a mapping of {' and/or '.join(MODES)} -> terms (a family's "
-                                     f"own terms are a mode's), got {got}")
-                per_family += [(str(fam), mode, t) for mode, t in _stack_terms(f_modes, f_at).items()]
+            # a mode the model has terms of takes its own on a family, else its own; a mode it has none of takes
+            # the framework's on the family, else the framework's
+            per_family = _family_terms(m_modes.get("families"), m_at)
+            per_family += [f for f in on_family if f[1] not in m_terms]
             out[f"{fid}|{mid}"] = Stack(str(fid), m_terms.get("aggregated", own.aggregated),
                                         m_terms.get("disaggregated", own.disaggregated), tuple(sorted(per_family)))
+    return out
+
+
+def _family_terms(fams: object, at: str) -> list[tuple[str, str, StackTerms]]:
+    """(family, mode, terms) of a ``families`` mapping (hardware family -> mode -> terms) at ``at``."""
+    if fams is None:
+        return []
+    if not isinstance(fams, dict):
+        raise InputError(f"{at}.families: expected a mapping of hardware family -> mode -> terms")
+    out = []
+    for fam, f_modes in fams.items():
+        f_at = f"{at}.families.{fam}"
+        if not isinstance(f_modes, dict) or not f_modes or not set(f_modes) <= set(MODES):
+            got = ", ".join(map(str, f_modes)) if isinstance(f_modes, dict) and f_modes else repr(f_modes)
+            raise InputError(f"{f_at}: expected a mapping of {' and/or '.join(MODES)} -> terms (a family's own "
+                             f"terms are a mode's), got {got}")
+        out += [(str(fam), mode, t) for mode, t in _stack_terms(f_modes, f_at).items()]
     return out
 
 

@@ -545,11 +545,14 @@ def stack_levels(fw: str, mode: str, model: str, family: str = "") -> tuple[str,
     """The keys of the stack terms a row of ``fw``, ``mode``, ``model`` and hardware ``family`` may take, the most
     specific first: the model's own on that framework and mode on the family (the same framework runs other kernels
     and a scheduler tuned for other chips, and disaggregated, a KV hand-off over the family's fabric with its
-    transfer library: `dse.catalog.frameworks.Stack.terms_of`); the model's own on that framework and mode, the
-    framework and mode's, the framework's.
+    transfer library: `dse.catalog.frameworks.Stack.terms_of`); the model's own on that framework and mode; the
+    framework and mode's on the family, fitted on all its models' rows there (``fw|mode||family``: a model measured
+    in too few sweeps for terms of its own, on a family its framework has sweeps on); the framework and mode's; the
+    framework's.
     """
     own = (f"{fw}|{mode}|{model}|{family}",) if family else ()
-    return *own, f"{fw}|{mode}|{model}", f"{fw}|{mode}", fw
+    on_family = (f"{fw}|{mode}||{family}",) if family else ()  # every model's rows of the framework on the family
+    return *own, f"{fw}|{mode}|{model}", *on_family, f"{fw}|{mode}", fw
 
 
 def stack_families(t: pd.DataFrame) -> np.ndarray:
@@ -631,15 +634,19 @@ def fit_stack_sets(t: pd.DataFrame, group_sets: list[pd.Series], train: np.ndarr
             return None
         return np.unravel_index(np.argmin(sums[cells].sum(axis=0)), (len(QUEUE_SHARES), len(FIXED_LATENCIES)))
 
+    def level_masks(key: str) -> tuple[np.ndarray, np.ndarray]:  # a key's cells and rows: each part it names
+        parts = key.split("|")
+        cells, rows = cell_fw == parts[0], fw == parts[0]
+        for part, c_col, r_col in zip(parts[1:], (cell_mode, cell_model, cell_fam), (mode, model, fam), strict=False):
+            if part:
+                cells, rows = cells & (c_col == part), rows & (r_col == part)
+        return cells, rows
+
     level_cells, level_rows = {}, {}  # each key of `stack_levels`: its training cells and rows
     for f, m, md, fa in pairs:
-        levels = stack_levels(f, m, md, fa)
-        masks = [((cell_fw == f) & (cell_mode == m) & (cell_model == md) & (cell_fam == fa),
-                  (fw == f) & (mode == m) & (model == md) & (fam == fa))][:len(levels) - 3]
-        masks += [((cell_fw == f) & (cell_mode == m) & (cell_model == md), (fw == f) & (mode == m) & (model == md)),
-                  ((cell_fw == f) & (cell_mode == m), (fw == f) & (mode == m)), (cell_fw == f, fw == f)]
-        for key, (cells, rows) in zip(levels, masks, strict=True):
+        for key in stack_levels(f, m, md, fa):
             if key not in level_cells:
+                cells, rows = level_masks(key)
                 level_cells[key], level_rows[key] = cells & cell_train, rows & train
     out = []
     for g in group_sets:

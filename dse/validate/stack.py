@@ -113,7 +113,7 @@ def write_stack(fits: dict, folder: Path, date: str, runs_name: str) -> Path:
         elif len(parts) == 3:
             models.setdefault(parts[0], {}).setdefault(parts[2], {})[MODE_NAMES[parts[1]]] = (
                 f["terms"], f["rows"], f["sweeps"])
-        elif len(parts) == 4:  # a model's terms in one mode on one hardware family
+        elif len(parts) == 4:  # a model's terms in one mode on one hardware family ("": the framework's)
             families.setdefault((parts[0], parts[2]), {}).setdefault(parts[3], {})[MODE_NAMES[parts[1]]] = (
                 f["terms"], f["rows"], f["sweeps"])
 
@@ -143,15 +143,26 @@ def write_stack(fits: dict, folder: Path, date: str, runs_name: str) -> Path:
         f"# families: a model's terms in a mode on one hardware family where it has {MIN_SWEEPS} sweeps or more there",
         "# (the same framework runs other kernels and a scheduler tuned for other chips, and disaggregated, a KV",
         "# hand-off over the family's fabric with its transfer library); a deployment on another family takes the",
-        "# model's.",
+        "# model's. A framework's families: its terms in a mode on a family, fitted on all its models' rows there,",
+        "# for a model with no terms of its own in that mode.",
         "",
         f"fitted: '{date}'",
         f"runs: {runs_name}",
         "stack:",
     ]
+    def family_lines(mine: dict, indent: str) -> list[str]:
+        return [f"{indent}families:"] + [f"{indent}  {fam}: {{" + ", ".join(
+            f"{mode}: {entry(*mine[fam][mode])}" for mode in MODES if mode in mine[fam]) + "}" for fam in sorted(mine)]
+
     for fw in sorted(per):
         lines.append(f"  {fw}:")
         lines += [f"    {mode}: {entry(*per[fw][mode])}" for mode in MODES if mode in per[fw]]
+        # the framework's on a family: not written again where fitted on all of the framework's rows in that mode
+        mine = {fam: {mode: e for mode, e in per_mode.items() if e[1] != per[fw].get(mode, (None, -1))[1]}
+                for fam, per_mode in families.get((fw, ""), {}).items()}
+        mine = {fam: m for fam, m in mine.items() if m}
+        if mine:
+            lines += family_lines(mine, "    ")
         if models.get(fw):
             lines.append("    models:")
             for mid in sorted(models[fw]):
@@ -164,9 +175,7 @@ def write_stack(fits: dict, folder: Path, date: str, runs_name: str) -> Path:
                         for fam, per_mode in families.get((fw, mid), {}).items()}
                 mine = {fam: m for fam, m in mine.items() if m}
                 if mine:
-                    lines.append("        families:")
-                    lines += [f"          {fam}: {{" + ", ".join(f"{mode}: {entry(*mine[fam][mode])}" for mode in MODES
-                                                         if mode in mine[fam]) + "}" for fam in sorted(mine)]
+                    lines += family_lines(mine, "        ")
     path = Path(folder) / "calibration" / STACK_FILE
     path.write_text("\n".join(lines) + "\n")
     return path
