@@ -30,7 +30,7 @@ STUDY = {
     "workloads": [
         {"name": "chat", "prompt": 200, "output": 1000, "tpot_max_s": 0.05, "ttft_max_s": 2.0,
          "demand_tokens_per_s": 20000},
-        {"name": "rag", "prompt": 32000, "output": 100, "tpot_max_s": 0.02, "ttft_max_s": 4.0,
+        {"name": "rag", "prompt": 32000, "output": 100, "tpot_max_s": 0.02, "ttft_max_s": 3.0,
          "demand_tokens_per_s": 20000}],
     "space": {"systems": ["h100"], "weights_dtypes": ["fp8"], "kv_dtypes": ["fp8"], "kv_tiers": ["hbm"],
               "tp": [1, 2], "pp": [1], "max_racks": 1, "max_batch_per_rank": 256},
