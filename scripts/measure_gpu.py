@@ -11,6 +11,7 @@ when PyTorch is absent) a small stack runs the same code in float32, and its ste
 from the matmul peak and copy bandwidth measured in the same run.
 
 Usage: python scripts/measure_gpu.py [--device cuda|cpu] [--model ID] [--system h100] [--out FILE.csv] [--quick]
+           [--stacks eager,compiled] [--decode B:T,...|none] [--prefill B:P,...|none]
        python scripts/measure_gpu.py --predict FILE.csv [--system h100]   # add dse's predictions to a measured file
 Writes one CSV (a row per measurement) whose first line is a comment naming device, date and software. Where
 `dse` cannot be imported (a GPU machine without the project's dependencies) the prediction columns stay empty
@@ -522,6 +523,20 @@ def run_predict(path: Path, system: str) -> None:
     print(write(rows, header, path))
 
 
+def shapes(text: str) -> list[tuple[int, int]]:
+    """``B:L,B:L,...`` (batch and length of each step) as pairs; ``none``: no step of that kind."""
+    if text.strip().lower() == "none":
+        return []
+    try:
+        pairs = [tuple(int(x) for x in item.split(":")) for item in text.split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected batch:length pairs of positive integers separated by commas "
+                                         f"(e.g. 1:65536,2:32768) or 'none', got {text!r}")
+    return pairs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default = "cuda" if (torch is not None and torch.cuda.is_available()) else "cpu"
@@ -534,6 +549,10 @@ def main() -> None:
     parser.add_argument("--stacks", default=None, help="comma-separated: eager, compiled (torch.compile); default "
                         "both on a GPU, eager on the CPU")
     parser.add_argument("--predict", type=Path, default=None, help="add predictions to this measured CSV and stop")
+    parser.add_argument("--decode", type=shapes, default=None, metavar="B:T,...",
+                        help="decode steps to time instead of the default grid: batch:KV-length pairs, or 'none'")
+    parser.add_argument("--prefill", type=shapes, default=None, metavar="B:P,...",
+                        help="prefills to time instead of the default grid: batch:prompt-length pairs, or 'none'")
     args = parser.parse_args()
     if args.predict:
         run_predict(args.predict, args.system)
@@ -556,6 +575,8 @@ def main() -> None:
         decode_grid, prefill_grid = [(1, 128), (4, 128), (1, 512), (4, 512)], [(1, 64), (1, 256)]
         step_dtype, variants = "float32", ("bmm",)
         stacks = tuple(args.stacks.split(",")) if args.stacks else ("eager",)
+    decode_grid = decode_grid if args.decode is None else args.decode
+    prefill_grid = prefill_grid if args.prefill is None else args.prefill
     rows = measure_matmul(backend, sizes, dtypes, repeat) + measure_copy(backend, copy, repeat)
     stack = Stack(backend, spec, step_dtype)
     check_note = checks(stack, backend, stacks)
