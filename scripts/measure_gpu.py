@@ -11,7 +11,7 @@ when PyTorch is absent) a small stack runs the same code in float32, and its ste
 from the matmul peak and copy bandwidth measured in the same run.
 
 Usage: python scripts/measure_gpu.py [--device cuda|cpu] [--model ID] [--system h100] [--out FILE.csv] [--quick]
-           [--stacks eager,compiled] [--decode B:T,...|none] [--prefill B:P,...|none]
+           [--stacks eager,compiled] [--decode B:T,...|none] [--prefill B:P,...|none] [--weights bf16|fp8]
        python scripts/measure_gpu.py --predict FILE.csv [--system h100]   # add dse's predictions to a measured file
 Writes one CSV (a row per measurement) whose first line is a comment naming device, date and software. Where
 `dse` cannot be imported (a GPU machine without the project's dependencies) the prediction columns stay empty
@@ -264,10 +264,13 @@ def measure_copy(backend: Backend, sizes_bytes: list[int], repeat: int) -> list[
 
 
 class Stack:
-    """A whole dense GQA model with random weights: what one decode step or one prefill computes and reads."""
+    """A whole dense GQA model with random weights: what one decode step or one prefill computes and reads.
+    `dtype` is the activations' and the KV cache's format; `weights` the weight matrices' (`fp8`, on a GPU with
+    FP8 tensor cores: e4m3 with a per-tensor scale, each product's input cast to e4m3 and multiplied by
+    torch._scaled_mm into bf16; the embedding table stays in `dtype`, a lookup)."""
 
-    def __init__(self, backend: Backend, spec: dict, dtype: str) -> None:
-        self.b, self.spec, self.dtype = backend, spec, dtype
+    def __init__(self, backend: Backend, spec: dict, dtype: str, weights: str | None = None) -> None:
+        self.b, self.spec, self.dtype, self.weights = backend, spec, dtype, weights or dtype
         self.compiled: dict[str, tuple] = {}
         d, a, f = spec["d_model"], spec["attention"], spec["ffn"]["d_ff"]
         self.d, self.f = d, f
@@ -283,6 +286,28 @@ class Stack:
             "w13": backend.randn(d, 2 * f, dtype=dtype, scale=s),
             "w2": backend.randn(f, d, dtype=dtype, scale=1 / math.sqrt(f)),
         } for _ in range(spec["n_layers"])]
+        if self.weights == "fp8":
+            self.one = torch.tensor(1.0, device=backend.device)
+            self.head = self.quantized(self.head)
+            for L in self.layers:
+                for name in ("wqkv", "wo", "w13", "w2"):
+                    L[name] = self.quantized(L[name])
+        elif self.weights != dtype:
+            raise SystemExit(f"weights in {self.weights} with activations in {dtype}: not measured")
+
+    def quantized(self, w):
+        """`w` (in, out) as e4m3 with its per-tensor scale, laid out column-major as torch._scaled_mm takes it."""
+        scale = w.abs().amax().float() / torch.finfo(torch.float8_e4m3fn).max
+        return (w.float() / scale).t().contiguous().to(torch.float8_e4m3fn).t(), scale
+
+    def mm(self, x, w):
+        """x @ w, through FP8 tensor cores where the weights are FP8."""
+        if not isinstance(w, tuple):
+            return x @ w
+        w8, scale = w
+        x8 = x.reshape(-1, x.shape[-1]).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(x8, w8, scale_a=self.one, scale_b=scale, out_dtype=x.dtype)
+        return y.reshape(*x.shape[:-1], w8.shape[1])
 
     def rope(self, positions: np.ndarray):
         """cos and sin of the rotary embedding at these positions, shape (n, head_dim / 2)."""
@@ -300,8 +325,8 @@ class Stack:
         return self.b.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
     def mlp(self, x, L):
-        gu = self.b.rmsnorm(x, L["n2"]) @ L["w13"]
-        return x + (self.b.silu(gu[..., : self.f]) * gu[..., self.f:]) @ L["w2"]
+        gu = self.mm(self.b.rmsnorm(x, L["n2"]), L["w13"])
+        return x + self.mm(self.b.silu(gu[..., : self.f]) * gu[..., self.f:], L["w2"])
 
     def kv_cache(self, batch: int, tokens: int):
         return [(self.b.randn(batch, self.kvh, tokens, self.hd, dtype=self.dtype),
@@ -310,23 +335,23 @@ class Stack:
     def decode_layer(self, x, L, K, V, cos, sin, pos: int, variant: str):
         """One layer of a decode step: `x` (batch, d_model), its token at position `pos` written to K and V."""
         h, kvh, hd, batch = self.h, self.kvh, self.hd, x.shape[0]
-        qkv = self.b.rmsnorm(x, L["n1"]) @ L["wqkv"]
+        qkv = self.mm(self.b.rmsnorm(x, L["n1"]), L["wqkv"])
         q = self.rotate(qkv[:, : h * hd].reshape(batch, h, hd), cos, sin)
         K[:, :, pos] = self.rotate(qkv[:, h * hd: (h + kvh) * hd].reshape(batch, kvh, hd), cos, sin)
         V[:, :, pos] = qkv[:, (h + kvh) * hd:].reshape(batch, kvh, hd)
-        return self.mlp(x + self.b.decode_attention(q, K, V, variant) @ L["wo"], L)
+        return self.mlp(x + self.mm(self.b.decode_attention(q, K, V, variant), L["wo"]), L)
 
     def prefill_layer(self, x, L, K, V, cos, sin):
         """One layer of a prefill: `x` (batch, prompt, d_model), every position's K and V written to the cache."""
         h, kvh, hd = self.h, self.kvh, self.hd
         batch, prompt = x.shape[0], x.shape[1]
-        qkv = self.b.rmsnorm(x, L["n1"]) @ L["wqkv"]
+        qkv = self.mm(self.b.rmsnorm(x, L["n1"]), L["wqkv"])
         q = self.rotate(qkv[..., : h * hd].reshape(batch, prompt, h, hd).swapaxes(1, 2), cos, sin)
         K[...] = self.rotate(qkv[..., h * hd: (h + kvh) * hd].reshape(batch, prompt, kvh, hd).swapaxes(1, 2),
                              cos, sin)
         V[...] = qkv[..., (h + kvh) * hd:].reshape(batch, prompt, kvh, hd).swapaxes(1, 2)
         o = self.b.causal_attention(q, K, V).swapaxes(1, 2).reshape(batch, prompt, h * hd)
-        return self.mlp(x + o @ L["wo"], L)
+        return self.mlp(x + self.mm(o, L["wo"]), L)
 
     def layer_functions(self, stack: str):
         """The layer functions as written (`eager`) or compiled by torch.compile (`compiled`: elementwise work
@@ -353,7 +378,7 @@ class Stack:
             x = self.embed[tokens]
             for L, (K, V) in zip(self.layers, cache, strict=True):
                 x = layer(x, L, K, V, cos, sin, context - 1, variant)
-            out["logits"] = self.b.rmsnorm(x, self.norm) @ self.head
+            out["logits"] = self.mm(self.b.rmsnorm(x, self.norm), self.head)
             return out["logits"]
         return step, out
 
@@ -369,7 +394,7 @@ class Stack:
             x = self.embed[tokens]
             for L, (K, V) in zip(self.layers, cache, strict=True):
                 x = layer(x, L, K, V, cos, sin)
-            out["logits"] = self.b.rmsnorm(x[:, -1], self.norm) @ self.head
+            out["logits"] = self.mm(self.b.rmsnorm(x[:, -1], self.norm), self.head)
             return out["logits"]
         return step, out
 
@@ -439,7 +464,8 @@ def measure_steps(backend: Backend, stack: Stack, decode_grid, prefill_grid, var
                 backend.free()
                 continue
             tokens = batch if kind == "decode" else batch * context
-            rows.append({"kind": kind, "dtype": stack.dtype, "stack": name, "attention": variant, "batch": batch,
+            rows.append({"kind": kind, "dtype": stack.weights, "kv_dtype": stack.dtype, "stack": name,
+                         "attention": variant, "batch": batch,
                          "context": context, "seconds": med, "seconds_min": best, "value": tokens / med,
                          "unit": "tokens/s"})
             print(f"# {name} {kind} batch {batch} context {context} {variant}: {med * 1e3:.3f} ms", flush=True)
@@ -469,7 +495,7 @@ def predict(rows: list[dict], spec: dict, system_id: str | None, peaks: dict | N
                       batch=np.array([r["batch"] for r in steps]), context=np.array([r["context"] for r in steps]),
                       phase=np.array([int(r["kind"] == "prefill") for r in steps]),
                       weights_dtype=np.array([code[r["dtype"]] for r in steps]),
-                      kv_dtype=np.array([code[r["dtype"]] for r in steps]), kv_tier=0)
+                      kv_dtype=np.array([code[r.get("kv_dtype") or r["dtype"]] for r in steps]), kv_tier=0)
     tables = ModelTable.build([model]), SystemTable.build([system])
     ideal = evaluate(cand, *tables, IDEAL, ttft=False)
     for i, r in enumerate(steps):
@@ -553,11 +579,16 @@ def main() -> None:
                         help="decode steps to time instead of the default grid: batch:KV-length pairs, or 'none'")
     parser.add_argument("--prefill", type=shapes, default=None, metavar="B:P,...",
                         help="prefills to time instead of the default grid: batch:prompt-length pairs, or 'none'")
+    parser.add_argument("--weights", choices=("bf16", "fp8"), default=None,
+                        help="the weight matrices' format (default: the activations'; fp8 on a GPU: e4m3 products "
+                        "on the FP8 tensor cores, the KV cache in bf16)")
     args = parser.parse_args()
     if args.predict:
         run_predict(args.predict, args.system)
         return
     backend = Backend(args.device)
+    if args.weights == "fp8" and not (backend.torch and hasattr(torch, "_scaled_mm")):
+        parser.error("--weights fp8: needs PyTorch with torch._scaled_mm (FP8 products)")
     gpu = backend.cuda
     repeat = 3 if args.quick else (20 if gpu else 10)
     state_before = gpu_state() if gpu else ""
@@ -578,7 +609,7 @@ def main() -> None:
     decode_grid = decode_grid if args.decode is None else args.decode
     prefill_grid = prefill_grid if args.prefill is None else args.prefill
     rows = measure_matmul(backend, sizes, dtypes, repeat) + measure_copy(backend, copy, repeat)
-    stack = Stack(backend, spec, step_dtype)
+    stack = Stack(backend, spec, step_dtype, args.weights)
     check_note = checks(stack, backend, stacks)
     partial = f"# device: {backend.name()}; partial: written after each measurement; model: {spec['id']}"
     rows += measure_steps(backend, stack, decode_grid, prefill_grid, variants, stacks, repeat,
@@ -598,8 +629,10 @@ def main() -> None:
         against = args.system if gpu else "this CPU measured peaks"
     except ImportError as exc:  # the GPU machine lacks dse's dependencies: --predict adds them afterwards
         against = f"none (dse not importable here: {exc}; run --predict)"
+    fp8 = " (e4m3, per-tensor scales; activations cast to e4m3 before each product)" if stack.weights == "fp8" else ""
     header = (f"# device: {backend.name()}; date: {datetime.date.today().isoformat()}; {backend.versions()}; "
-              f"python {platform.python_version()}; model: {spec['id']}; weights: random {step_dtype}; "
+              f"python {platform.python_version()}; model: {spec['id']}; weights: random {stack.weights}{fp8}; "
+              f"KV cache: {step_dtype}; "
               f"checks: {check_note or 'none'}; gpu before: {state_before or 'n/a'}; "
               f"gpu after: {gpu_state() if gpu else 'n/a'}; predictions against: {against}")
     print(write(rows, header, args.out))

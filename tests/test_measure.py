@@ -56,6 +56,11 @@ def test_cpu_path_times_the_shapes_it_is_given(tmp_path):
     assert list(zip(steps["kind"], steps["batch"], steps["context"], strict=True)) == [("decode", 2, 96)]
     r = subprocess.run([*script, "--prefill", "1:x"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--prefill" in r.stderr and "batch:length" in r.stderr
+    try:
+        import torch  # noqa: F401  (the FP8 path runs where PyTorch has FP8 products)
+    except ImportError:
+        r = subprocess.run([*script, "--weights", "fp8"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "--weights fp8" in r.stderr and "_scaled_mm" in r.stderr
 
 
 def stacks_of(path: Path) -> list[tuple[str, str]]:
@@ -124,6 +129,28 @@ def test_the_catalog_predicts_steps_four_times_longer_than_those_it_calibrates_o
     assert len(shared) == 3 and all(abs(a / b - 1) <= 0.02 for a, b in shared)
 
 
+def test_fp8_weights_decode_as_predicted_and_prefill_slower_than_one_share_for_every_format_gives():
+    """Out of sample in format: the H100 grid again with FP8 weight matrices (e4m3 products on the FP8 tensor cores,
+    KV cache and attention in bf16), in no fit. Decode, bound by reading the weights, comes within 12% (median 3.5%).
+    Prefill is compute-bound, and there the catalog's one compute share per family for every format overstates FP8:
+    the tensor cores ran these prefills 1.43-1.53x as fast as bf16 (their FP8 GEMM at 8,192 cubed reached 67% of its
+    peak, bf16's 77%) where the shared share gives 1.9x, so every FP8 prefill is predicted 13-35% fast. Adding these
+    steps to the fit moved Hopper's shares toward a compromise that erred more on the published points (leave one
+    out 5.7% -> 6.1%) and still predicted these prefills 18% fast: the gap wants a share per format, not a refit.
+    Their labels name the formats, apart from the bf16 case's."""
+    path = ROOT / "hw_catalog" / "measured" / "h100-2026-11-27-fp8.csv"
+    points = load_measured(path, "fp8", "h100", "compiled", "sdpa").points
+    assert len(points) == 27 and {(p.weights_dtype, p.kv_dtype) for p in points} == {("fp8", "bf16")}
+    bf16 = {p.label for p in load_cases().points if p.case == "dse_measured_h100_llama31_8b"}
+    assert not bf16 & {p.label for p in points}
+    measured = np.array([p.measured for p in points])
+    error = predict(points) / measured - 1
+    prefill = np.array([p.kind == "prefill" for p in points])
+    assert np.abs(error[~prefill]).max() <= 0.12 and np.median(np.abs(error[~prefill])) <= 0.05
+    assert 0.10 <= error[prefill].min() and error[prefill].max() <= 0.35
+    assert (predict(points, IDEAL) >= measured).all()
+
+
 def test_the_eager_stack_is_slower_than_the_compiled_one_at_every_shape():
     """The same model, chip and kernels for the matrix products: fusing the elementwise work saves time at every
     measured shape, so the eager rows are no calibration of what a serving framework reaches."""
@@ -156,5 +183,13 @@ def test_a_malformed_measured_file_names_the_file_row_and_field(tmp_path):
         with pytest.raises(InputError) as exc:
             load_measured(path, "c", "h100", "compiled", "sdpa")
         assert str(path) in str(exc.value) and needle in str(exc.value), str(exc.value)
+    fp8 = "decode,fp8,bf16,compiled,sdpa,8,512,0.01,800,tokens/s\n"
+    path = tmp_path / "kv.csv"
+    path.write_text("# model: llama-3.1-8b\nkind,dtype,kv_dtype,stack,attention,batch,context,seconds,value,unit\n" + fp8)
+    (point,) = load_measured(path, "c", "h100", "compiled", "sdpa").points
+    assert (point.weights_dtype, point.kv_dtype) == ("fp8", "bf16")  # the KV cache's own format where stated
+    path.write_text(path.read_text().replace(",fp8,bf16,", ",fp8,int4,"))
+    with pytest.raises(InputError, match="field 'kv_dtype'"):
+        load_measured(path, "c", "h100", "compiled", "sdpa")
     with pytest.raises(InputError, match="field 'system'"):
         load_measured(measured_file(tmp_path, "# model: llama-3.1-8b", good), "c", "h999", "compiled", "sdpa")

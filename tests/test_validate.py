@@ -10,6 +10,7 @@ from helpers import dse
 
 from dse.catalog.hardware import IDEAL, default_efficiency_catalog
 from dse.catalog.training import TRAIN_IDEAL
+from dse.errors import InputError
 from dse.validate import (
     FITTED,
     calibrate,
@@ -51,6 +52,23 @@ def test_no_calibrated_prediction_exceeds_the_ideal_roofline(cases):
     runs = load_training_runs()
     train_cal, train_ideal = predict_training(runs, None), predict_training(runs, TRAIN_IDEAL)
     assert np.all(train_cal <= train_ideal * (1 + 1e-12)) and np.all(train_cal > 0)
+
+
+def test_every_point_has_a_label_of_its_own(cases, tmp_path):
+    """A label keys a point's stored leave-one-out prediction: two points of one label would read each other's. A
+    cases file whose points share a label is refused, naming both cases (a GPU measurement's label names its
+    formats where they are not bf16: tests/test_measure.py)."""
+    labels = [p.label for p in cases.points]
+    assert len(set(labels)) == len(labels)
+    from dse.validate.cases import cases_path
+
+    folder = cases_path().parent
+    text = cases_path().read_text().replace("file: ", f"file: {folder}/")  # the files beside the original
+    entry = text[text.index("- id: dse_measured_h200_llama31_8b"):].split("\n- id:")[0]
+    path = tmp_path / "cases.yaml"
+    path.write_text(text + "\n" + entry.replace("dse_measured_h200_llama31_8b", "again", 1) + "\n")
+    with pytest.raises(InputError, match="cases 'dse_measured_h200_llama31_8b' and 'again': two points labelled"):
+        load_cases(path)
 
 
 def test_stored_leave_one_out_error_meets_the_target():

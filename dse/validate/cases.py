@@ -59,6 +59,12 @@ def load_cases(path: Path | None = None) -> Cases:
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise InputError(f"{path}: cases[{i}] (id '{case['id']}'): malformed: {detail}") from None
+    seen: dict[str, str] = {}
+    for p in out.points:  # a label keys its stored leave-one-out prediction (calibration/fitted.yaml): one per point
+        if p.label in seen:
+            raise InputError(f"{path}: cases '{seen[p.label]}' and '{p.case}': two points labelled {p.label!r}; "
+                             "a point's label must name what sets it apart (system, layout, formats, lengths)")
+        seen[p.label] = p.case
     return out
 
 

@@ -9,7 +9,8 @@ points (output tokens per second at a batch and KV length) and ``prefill`` point
 batch of prompts), tensor-parallel 1 on one chip, predicted by the same roofline as every other point. They
 calibrate their system's hardware family only (`Point.family_only`): the pooled default that families without data
 inherit is fitted on the published measurements of deployments. The first line of the file is a comment naming
-device, date, software and `model: <catalog id>`.
+device, date, software and `model: <catalog id>`; a row's `dtype` is its weights' format and its optional `kv_dtype`
+the KV cache's (the weights' where absent).
 """
 
 from __future__ import annotations
@@ -78,12 +79,15 @@ def load_measured(path: Path, case: str, system: str, stack: str, attention: str
         if abs(values["value"] * values["seconds"] / tokens - 1) > 1e-6:
             raise InputError(f"{where}: field 'value': {values['value']:g} tokens/s is not the {tokens} tokens of "
                              f"the row over its {values['seconds']:g} s")
-        dtype = raw["dtype"]
+        dtype, kv = raw["dtype"], raw.get("kv_dtype") or raw["dtype"]  # KV in the weights' format unless stated
+        if kv not in STEP_DTYPES:
+            raise InputError(f"{where}: field 'kv_dtype': {kv!r} is not one of {', '.join(STEP_DTYPES)}")
         length = "prompt" if raw["kind"] == "prefill" else "KV"
         out.points.append(Point(
             case, "serving_throughput",
-            f"{model} 1 x {system} {stack} {raw['kind']}, batch {batch}, {length} {context} ({attention} attention)",
-            raw["kind"], model, system, 1, 1, 1, 1, dtype, dtype,
+            f"{model} 1 x {system} {stack} {raw['kind']}, batch {batch}, {length} {context} ({attention} attention"
+            + "".join(f", {d} {what}" for d, what in ((dtype, "weights"), (kv, "KV")) if d != "bf16") + ")",
+            raw["kind"], model, system, 1, 1, 1, 1, dtype, kv,
             values["value"], UNITS[raw["kind"]], batch=batch, context=context, source=source or str(path),
             family_only=True,
         ))
