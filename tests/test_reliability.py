@@ -322,3 +322,25 @@ def test_an_edited_space_does_not_reuse_stale_sweep_answers():
     doc["sweep"]["factors"] = [0.5, 4.0]
     edited = {p.factor: p.key for p in points_of(dse.load_study(doc))}
     assert edited[0.5] in before and edited[4.0] not in before  # same space: the old point is reused
+
+
+def test_a_refitted_catalog_does_not_reuse_stale_sweep_answers(tmp_path, monkeypatch):
+    """A sweep's storage keys each point by the catalogs and dse's source too (`sources_digest`): after `dse validate
+    --fit` rewrites a factor, a rerun into the same folder solves every point again instead of returning the answers
+    of the catalog it replaced."""
+    import shutil
+
+    from dse.catalog.hardware import hw_dir
+    from dse.studies.optuna_sweep import points_of
+
+    doc = yaml.safe_load(SMALL.read_text())
+    before = {p.key for p in points_of(dse.load_study(doc))}
+    copy = tmp_path / "hw"
+    shutil.copytree(hw_dir(), copy)
+    efficiency = copy / "efficiency.yaml"
+    text = efficiency.read_text()
+    assert "  compute_prefill: {value: 0.5892," in text
+    efficiency.write_text(text.replace("  compute_prefill: {value: 0.5892,", "  compute_prefill: {value: 0.5,", 1))
+    monkeypatch.setenv("DSE_HW_CATALOG", str(copy))
+    after = {p.key for p in points_of(dse.load_study(doc))}
+    assert before and len(after) == len(before) and not before & after

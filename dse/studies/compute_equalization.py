@@ -270,6 +270,7 @@ def _refine(sv: LifeSolver, spec: Spec, best: dict, storage: str | None, progres
     import optuna
 
     from dse.studies.optuna_sweep import open_storage
+    from dse.validate.cache import sources_digest
 
     e = spec.equalization
     widths = sorted(e.family.widths)
@@ -280,7 +281,8 @@ def _refine(sv: LifeSolver, spec: Spec, best: dict, storage: str | None, progres
         return []
     doc = {"equalization": e.model_dump(mode="json"), "space": spec.space.model_dump(mode="json"),
            "workload": spec.workloads[0].model_dump(mode="json"), "price": spec.price, "prices": spec.prices,
-           "solver": spec.solver.model_dump(mode="json"), "around": [best["sparsity"], best["top_k_menu"], lo, hi]}
+           "solver": spec.solver.model_dump(mode="json"), "around": [best["sparsity"], best["top_k_menu"], lo, hi],
+           "sources": sources_digest()}  # a refitted catalog or changed physics: the trials are solved again
     digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
     study = optuna.create_study(study_name=f"{spec.study}/refine/{digest}", storage=open_storage(storage),
                                 direction="minimize", load_if_exists=True,

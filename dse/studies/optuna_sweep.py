@@ -89,18 +89,24 @@ class SweepStudy(StudySpec):
         return False
 
 
-def _digest(spec: SweepStudy, workload) -> str:
-    """A short digest of what a point's answer depends on besides its model, parameter and factor."""
+def _digest(spec: SweepStudy, workload, sources: str) -> str:
+    """A short digest of what a point's answer depends on besides its model, parameter and factor: the study's
+    space, solver and workload, and ``sources`` (`dse.validate.cache.sources_digest`: the catalogs and dse's source,
+    so a storage holding points solved before a refit or a change of the physics solves them again).
+    """
     doc = {"objective": OBJECTIVE, "space": spec.space.model_dump(mode="json"),
            "solver": spec.solver.model_dump(mode="json"),
            "workload": workload.model_dump(mode="json"), "scaled": list(spec.scaled_systems()),
-           "per_system": spec.per_system()}
+           "per_system": spec.per_system(), "sources": sources}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def points_of(spec: SweepStudy) -> list[Point]:
     """Every point of a sweep or tornado study, in a stable order."""
-    return [Point(m, w.name, p, float(f), _digest(spec, w))
+    from dse.validate.cache import sources_digest
+
+    sources = sources_digest()
+    return [Point(m, w.name, p, float(f), _digest(spec, w, sources))
             for m in spec.models for w in spec.workloads for p, f in spec.pairs()]
 
 

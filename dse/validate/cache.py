@@ -25,7 +25,7 @@ from dse.catalog.cache import CACHE_ENV, cache_dir
 from dse.catalog.hardware import hw_dir
 from dse.catalog.models import model_dir
 
-__all__ = ["CACHE_ENV", "cache_dir", "key", "lookup", "store"]
+__all__ = ["CACHE_ENV", "cache_dir", "key", "lookup", "sources_digest", "store"]
 
 FORMAT = b"dse validate cache 1"
 """Changes whenever what is stored changes shape."""
@@ -42,15 +42,26 @@ def _tree(h, folder: Path, suffixes: tuple[str, ...]) -> None:
         h.update(f.read_bytes() + b"\0")
 
 
-def key(paths: list[Path]) -> str:
-    """The SHA-256 of the inputs of `dse.validate.run.validate_file` on ``paths``: the files' bytes in order, the
-    hardware and model catalogs, dse's source and the Python, numpy and pandas versions.
+def sources_digest() -> str:
+    """The SHA-256 of what every answer of dse is computed from besides its own inputs: dse's source, the hardware
+    and model catalogs (as `hw_dir` and `model_dir` name them now) and the Python, numpy and pandas versions. A
+    result stored under it (a cross-validation here, a sweep's points in `dse.studies.optuna_sweep`) is never read
+    back once the catalog is refitted or the physics changes.
     """
-    h = hashlib.sha256(FORMAT)
+    h = hashlib.sha256(b"dse sources")
     h.update(f"{platform.python_version()} {np.__version__} {pd.__version__}".encode())
     _tree(h, PACKAGE, (".py",))
     _tree(h, hw_dir(), (".yaml", ".yml", ".csv", ".json"))
     _tree(h, model_dir(), (".yaml", ".yml", ".json"))
+    return h.hexdigest()
+
+
+def key(paths: list[Path]) -> str:
+    """The SHA-256 of the inputs of `dse.validate.run.validate_file` on ``paths``: the files' bytes in order and
+    `sources_digest`.
+    """
+    h = hashlib.sha256(FORMAT)
+    h.update(sources_digest().encode())
     for p in paths:
         h.update(b"input\0" + Path(p).read_bytes())
     return h.hexdigest()
