@@ -912,6 +912,35 @@ def test_column_generation_bound_is_at_most_the_brute_force_optimum():
     assert raised >= 1
 
 
+def test_column_generation_branches_on_systems_in_use_and_stays_at_most_the_brute_force_optimum():
+    """Where the master holds a system with a fixed cost partly in use, the branching also splits on that system
+    (in use or not; a box holding it out prices it at `BANNED_USD`): the bound never exceeds the brute force's
+    optimum on instances whose root master has a fractional in-use value, and reaches it on some."""
+    from dse.optimize.fleet_bound import column_bound
+
+    rng = np.random.default_rng(5)
+    checked = tight = 0
+    while checked < 4:
+        d = random_instance(rng, budget=False)
+        if (d.systems["fixed_usd_per_day"] <= 0).all():
+            continue
+        root = column_bound(d, 10.0, tol=1e-9, branch=False)
+        if root.x is None:
+            continue
+        use = root.x[len(d.systems) * (1 + len(d.slices)):]
+        if not ((use > 1e-6) & (use < 1 - 1e-6)).any():
+            continue
+        best = brute_force(d)
+        if best is None:
+            continue
+        cb = column_bound(d, 10.0, tol=1e-9)
+        assert root.bound <= cb.bound * (1 + 1e-9) + 1e-9
+        assert cb.bound <= best * (1 + 1e-6) + 1e-6
+        tight += cb.bound >= best * (1 - 1e-6) > root.bound * (1 + 1e-6)
+        checked += 1
+    assert tight >= 1
+
+
 def test_column_generation_bound_with_pools_joined_across_systems_and_n_plus_one():
     """Pools joined by interconnects with N+1 (the pricing forms their pairs, `priced_pool`): the bound never exceeds
     the brute force's optimum, whose service re-pairs the pools after a failure within the interconnects' bytes/s

@@ -41,6 +41,10 @@ from formulations.fleet_columns import (
 ARTIFICIAL_USD = 1e9
 """Cost of the artificial column each class and slice starts with (so the first master is feasible); never part of a
 bound (the Lagrangian value does not read the columns)."""
+BANNED_USD = 1e9
+"""Price per day of a system in the pricing of a box that holds its in-use value at 0 (`column_bound`'s
+branching): a plan using it costs at least this much, so a class that cannot be served without it bounds the box's
+fleets (none) at no less."""
 
 
 @dataclass
@@ -123,9 +127,11 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
     pw = d.systems["power_per_node_w"].to_numpy(dtype=float)
     inv = d.inventory.reindex(S).to_numpy(dtype=float)
     def generate(box: tuple, stop: float) -> tuple[float, dict]:
-        """Column generation with the node variables within ``box`` (reserved low, high; hourly low, high): its
-        best Lagrangian value (a bound on every fleet whose nodes are in the box; infinity where the box holds
-        none) and the last master's node values and near plans.
+        """Column generation with the node variables within ``box`` (low, high per node variable: reserved,
+        hourly by system and slice, in use): its best Lagrangian value (a bound on every fleet whose nodes are in
+        the box; infinity where the box holds none) and the last master's node values and near plans. A system
+        whose in-use value the box holds at 0 is priced at `BANNED_USD` (the box's fleets do not use it, so its
+        cover sets are those without it).
         """
         node: dict = {"bound": -math.inf, "master": math.inf, "x": None, "near": {}}
         while True:
@@ -133,8 +139,7 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
             mp = master_program(d, blocks, np.r_[np.arange(len(blocks)), [c[0] for c in columns]].astype(np.int64),
                                 np.vstack([np.zeros((len(blocks), len(S)))] + [c[1][None, :] for c in columns]))
             mp.c[mp.n_nodes:mp.n_nodes + len(blocks)] = ARTIFICIAL_USD
-            mp.bounds[:nS, 0], mp.bounds[:nS, 1] = box[0], box[1]
-            mp.bounds[nS:nS + nS * nT, 0], mp.bounds[nS:nS + nS * nT, 1] = box[2].ravel(), box[3].ravel()
+            mp.bounds[:mp.n_nodes, 0], mp.bounds[:mp.n_nodes, 1] = box[0], box[1]
             lp = linprog(mp.c, A_ub=mp.A_ub, b_ub=mp.b_ub, A_eq=mp.A_eq, b_eq=mp.b_eq, bounds=mp.bounds,
                          method="highs")
             if lp.status != 0:
@@ -158,19 +163,21 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                 red_res[si] += inv_u[n_].sum()
                 red_hr[si] += inv_u[n_]
                 red_fix[si] = fix_c[si] - float((inv_u[n_] * inv[si]).sum()) - sum(v[si] for v in eta.values())
-                value += min(red_fix[si], 0.0)
+                value += red_fix[si] * (box[1][use0 + n_] if red_fix[si] < 0 else box[0][use0 + n_])
             if len(phi):
                 red_res += pw * phi.sum()
                 red_hr += np.outer(pw, phi)
                 value -= float(phi.sum() * d.power_cap_w)
-            value += float(np.where(red_res < 0, box[1], box[0]) @ red_res)
-            value += float((np.where(red_hr < 0, box[3], box[2]) * red_hr).sum())
+            value += float(np.where(red_res < 0, box[1][:nS], box[0][:nS]) @ red_res)
+            value += float((np.where(red_hr.ravel() < 0, box[1][nS:use0], box[0][nS:use0]) * red_hr.ravel()).sum())
             added = 0
+            banned = np.zeros(nS)
+            banned[fixed] = np.where(box[1][use0:] < 0.5, BANNED_USD, 0.0)
             for b, (j, t) in enumerate(blocks):
                 if cut and time.perf_counter() >= stop:  # a round cut short bounds nothing: the rounds before stand
                     return node["bound"], node
                 ti = tix[t]
-                fx = eta.get(b, np.zeros(nS))
+                fx = eta.get(b, np.zeros(nS)) + banned
                 seed = None
                 near = []
                 for chips, used, counts in mine[b]:  # the block's plans so far at these prices: a plan to beat
@@ -219,7 +226,8 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
             if not added or node["bound"] >= node["master"] * (1 - tol) or time.perf_counter() >= stop:
                 return node["bound"], node
 
-    root = (np.zeros(nS), inv.min(axis=1), np.zeros((nS, nT)), inv.copy())
+    use0 = nS + nS * nT  # the in-use values follow the reserved and hourly nodes
+    root = (np.zeros(use0 + len(fixed)), np.r_[inv.min(axis=1), inv.ravel(), np.ones(len(fixed))])
     out.bound, node = generate(root, t0 + time_limit_s)
     out.master, out.x, out.near = node["master"], node["x"], node["near"]
     if branch and node["x"] is not None:
@@ -230,38 +238,36 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
 
 def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop: float
             ) -> tuple[float, np.ndarray | None]:
-    """Branch and price on the node counts, best bound first, within ``stop``: reserved nodes are whole, and so are
-    hourly nodes at an optimum (where replicas take whole nodes the least hourly count meeting a whole-node need is
-    whole; elsewhere the program makes them integers), so a box's fleets are those of its two halves, below and
-    above a fractional node count: the one rounding most USD/day (fraction times the node's cost per day). The bound
-    is the least over the boxes left open (each box's own bound valid for the fleets in it); returned with the node
-    values of the master of the box that has it.
+    """Branch and price on the node counts and the systems in use, best bound first, within ``stop``: reserved
+    nodes are whole, and so are hourly nodes at an optimum (where replicas take whole nodes the least hourly count
+    meeting a whole-node need is whole; elsewhere the program makes them integers), and a system is in use or not,
+    so a box's fleets are those of its two halves, below and above a fractional value: the one rounding most USD/day
+    (fraction times the node's cost per day, or the system's fixed cost). The bound is the least over the boxes left
+    open (each box's own bound valid for the fleets in it); returned with the node values of the master of the box
+    that has it.
     """
-    nS, nT = len(d.systems), len(d.slices)
-    res_c, hr_c, _ = node_costs(d)
-    cost = np.r_[res_c, hr_c.ravel()]
+    res_c, hr_c, fix_c = node_costs(d)
+    cost = np.r_[res_c, hr_c.ravel(), fix_c[fix_c > 0]]
     open_: list = [(bound, root, node["x"])]
     while time.perf_counter() < stop:
         open_.sort(key=lambda o: o[0])
         b0, box, x = open_[0]
-        v = x[:nS + nS * nT]
+        v = x[:len(cost)]
         frac = np.minimum(v - np.floor(v + 1e-9), np.ceil(v - 1e-9) - v)
         score = np.where(frac > 1e-6, frac * cost, 0.0)
         if not score.any():
-            break  # the least open box has whole node counts: branching on nodes cannot raise it
+            break  # the least open box has whole node counts and systems in use: branching cannot raise it
         i = int(np.argmax(score))
         kids = []
         for side in (0, 1):
-            lo_r, hi_r, lo_h, hi_h = (a.copy() for a in box)
-            lo, hi = (lo_r, hi_r) if i < nS else (lo_h.ravel(), hi_h.ravel())
-            at = i if i < nS else i - nS
+            lo, hi = box[0].copy(), box[1].copy()
             if side == 0:
-                hi[at] = math.floor(v[i] + 1e-9)
+                hi[i] = math.floor(v[i] + 1e-9)
             else:
-                lo[at] = math.ceil(v[i] - 1e-9)
-            if lo[at] > hi[at]:
+                lo[i] = math.ceil(v[i] - 1e-9)
+            if lo[i] > hi[i]:
                 continue
-            kid = (lo_r, hi_r, lo_h, hi_h)
+            kid = (lo, hi)
             kb, kn = generate(kid, stop)
             if kb == math.inf:
                 continue  # no fleet has its nodes in this box
