@@ -194,8 +194,12 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                     found = cheapest_plan(parts[b], lams[b], prices, fixed_b, seed, spare=d.n_plus_one)
                     if found is not None and pooled[b] and found[1]:  # its price with every system's fixed price
                         price = _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
-                        if price > found[0] + 1e-9 * max(1.0, price) and found[0] < sigma[b] - 1e-7 * max(
-                                1.0, abs(sigma[b])):  # fixed prices the pooled units did not bear may decide
+                        cut_at = sigma[b] - 1e-7 * max(1.0, abs(sigma[b]))
+                        if price > found[0] + 1e-9 * max(1.0, price) and found[0] < cut_at <= price:
+                            # fixed prices the pooled units did not bear may decide (where the plan prices below
+                            # the dual with them it is a column already, and its minimum without them a bound)
+                            if seed is None or price < seed[0]:
+                                seed = (price, found[1])
                             found = cheapest_plan_fixed(parts[b], lams[b], prices, fixed_b, seed, d.n_plus_one,
                                                         found[0])
                             price = None if found is None else _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
