@@ -293,10 +293,9 @@ def pareto(M: np.ndarray, left: np.ndarray, chips: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=bool)
     eps = 1e-12
     ge = (M[None, :] >= M[:, None] - eps) & (left[None, :] >= left[:, None] - eps) & (chips[None, :] <= chips[:, None])
-    better = ge & ((M[None, :] > M[:, None] + eps) | (left[None, :] > left[:, None] + eps)
-                   | (chips[None, :] < chips[:, None]))
-    first = np.tril(ge & ~better, -1).any(axis=1)
-    return ~(better.any(axis=1) | first)
+    at = np.arange(len(M))  # a row as good as this one beats it where strictly better in one, or earlier
+    beats = (M[None, :] > M[:, None] + eps) | (left[None, :] > left[:, None] + eps) | (chips[None, :] < chips[:, None])
+    return ~(ge & (beats | (at[None, :] < at[:, None]))).any(axis=1)
 
 
 def _front(cap: np.ndarray, chips: np.ndarray) -> np.ndarray:
