@@ -406,9 +406,10 @@ def test_slices_solved_at_the_optimums_reserved_nodes_give_the_optimum_and_the_s
     """Given the reserved nodes and the systems in use, slices are independent: solved one by one at the brute
     force optimum's own (read from the program solved to its optimum), they give back the brute force's cost. The
     search over reserved nodes (`search_reserved`) from the greedy gives fleets that pass the re-check and cost at
-    least the optimum; so do the slices with their reserved nodes left to them (``loose``)."""
+    least the optimum; so do the slices with their reserved nodes left to them (``loose``), and the search whose
+    points are plan programs over given plans (never dearer than the greedy it starts from)."""
     from dse.optimize.bridge import solve_pyomo
-    from dse.optimize.fleet import _read, _reserved_starts, search_reserved, solve_by_slice
+    from dse.optimize.fleet import _read, _reserved_starts, _start_plans, search_reserved, solve_by_slice
 
     rng = np.random.default_rng(41)
     checked = 0
@@ -431,6 +432,11 @@ def test_slices_solved_at_the_optimums_reserved_nodes_give_the_optimum_and_the_s
         s = search_reserved(d, "scip", 20, _reserved_starts(d, g, None))
         assert s is not None and check(d, s) == []
         assert fleet_cost(d, s) >= best * (1 - 1e-6) - 1e-6
+        # each point's slices as plan programs over the single configurations and the greedy's plans: from the
+        # greedy's nodes, never dearer than it, never below the optimum
+        p = search_reserved(d, "highs", 20, _reserved_starts(d, g, None), _start_plans(d, g))
+        assert p is not None and check(d, p) == []
+        assert best * (1 - 1e-6) - 1e-6 <= fleet_cost(d, p) <= fleet_cost(d, g) * (1 + 1e-9)
         checked += 1
 
 

@@ -476,7 +476,16 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
                 best, best_cost, found_by = f, fleet_cost(dm, f), "slices at the node relaxation's nodes"
         proven = bound >= best_cost * (1 - 1e-9)
     if plans and full and reserved_stage and not proven:
-        f = search_reserved(dm, name, max(1.0, remaining() / 2), _reserved_starts(dm, best, master))
+        # where the node relaxations do not run (their slices too large to solve exactly in time) and the column
+        # generation priced plans, each point of the search is the plan programs of its slices over those plans
+        offered = None
+        if extra is not None and columns > (NODE_JOINED_COLUMNS_MAX if joined_pools else NODE_COLUMNS_MAX):
+            offered = {key: list(p) for key, p in extra.items()}
+            for key, counts in best.plans.items():
+                offered.setdefault(key, []).append(counts)
+        f = search_reserved(dm, name if offered is None or solver != "auto" else choose_solver(dm, "plans"),
+                            max(1.0, remaining() / 2 if offered is None else remaining() - SEARCH_LEFT * time_limit_s),
+                            _reserved_starts(dm, best, master), offered)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "search over the reserved nodes"
     elif plans and (full or remaining() > 1.0) and not proven:
@@ -963,8 +972,8 @@ def solve_by_slice(d: FleetData, solver: str, time_limit_s: float, reserved: pd.
     return _join_slices(d, parts, most)
 
 
-def search_reserved(d: FleetData, solver: str, time_limit_s: float, starts: list[tuple[pd.Series, set]]
-                    ) -> Fleet | None:
+def search_reserved(d: FleetData, solver: str, time_limit_s: float, starts: list[tuple[pd.Series, set]],
+                    plans: dict | None = None) -> Fleet | None:
     """A local search over the reserved nodes and the systems in use, each point's slices solved exactly
     (`solve_by_slice`, which then lowers each system's reserved nodes to the count that costs least for the nodes
     its slices hold): from each start (reserved nodes per system, systems in use), first improvement over the
@@ -972,7 +981,10 @@ def search_reserved(d: FleetData, solver: str, time_limit_s: float, starts: list
     neighbours: a system in use swapped for one not in use, its reserved nodes moved there; one reserved node more
     or fewer, or half as many, on a system in use; a system added, or one dropped, the reserved nodes of the
     systems then in use left to the slices (`solve_by_slice`'s ``loose``) and the slices solved again at those the
-    join kept.
+    join kept. With ``plans`` (per (class index, slice), as `solve_plans_by_slice` takes them), each point's slices
+    are plan programs over those plans instead (a point in a second or two where the full program's slices are
+    hard), and the neighbours one reserved node more or fewer, or half as many, first, then the swaps, then a
+    system added or dropped with the reserved nodes kept.
     A heuristic: its fleets are the full program's, its cost proves nothing. The cheapest fleet found; None where
     none is.
 
@@ -997,7 +1009,11 @@ def search_reserved(d: FleetData, solver: str, time_limit_s: float, starts: list
         if key in seen:
             return None
         seen.add(key)
-        f = solve_by_slice(d, solver, max(1.0, end - time.perf_counter()), reserved, used, end, loose, models)
+        if plans is None:
+            f = solve_by_slice(d, solver, max(1.0, end - time.perf_counter()), reserved, used, end, loose, models)
+        else:
+            f = solve_plans_by_slice(d, solver, max(1.0, end - time.perf_counter()), reserved, used, plans, False,
+                                     end)
         if fleet_cost(d, f) < best_cost * (1 - 1e-9):
             best, best_cost = f, fleet_cost(d, f)
         if loose and f is not None:  # the slices again, at the reserved nodes the join kept
@@ -1009,26 +1025,28 @@ def search_reserved(d: FleetData, solver: str, time_limit_s: float, starts: list
         return {s for s in S if float(f.reserved[s] + f.hourly.loc[s].max()) > 0}
 
     def moves(here: pd.Series, used: set) -> list:
-        out = []
-        out = []
+        swaps, steps = [], []
         for s in sorted(used):
             for s2 in S:
                 if s2 not in used and here[s] > 0:
                     r = here.copy()
                     r[s2], r[s] = r[s], 0.0
-                    out.append((r, used - {s} | {s2}, frozenset()))
+                    swaps.append((r, used - {s} | {s2}, frozenset()))
         for s in sorted(used):
             for v in sorted({here[s] - 1, here[s] + 1, math.floor(here[s] / 2)}):
                 if 0 <= v <= cap[s] and v != here[s]:
                     r = here.copy()
                     r[s] = float(v)
-                    out.append((r, used, frozenset()))
+                    steps.append((r, used, frozenset()))
+        if plans is not None:  # the plan programs hold the reserved nodes given: none is left to the slices
+            return steps + swaps + [(here, used ^ {s}, frozenset()) for s in S]
+        out = swaps + steps
         out += [(here, used | {s}, frozenset(used | {s})) for s in S if s not in used]
         out += [(here, used - {s}, frozenset(used - {s})) for s in sorted(used)]
         return out
 
     for reserved, used in starts:
-        f = visit(reserved.reindex(S).fillna(0.0).astype(float), set(used), frozenset(used))
+        f = visit(reserved.reindex(S).fillna(0.0).astype(float), set(used), frozenset(used if plans is None else ()))
         if f is None:
             continue
         here, used, cost = f.reserved.reindex(S).astype(float), in_use(f), fleet_cost(d, f)
