@@ -266,6 +266,12 @@ PLAN_SHARE = 1 / 4
 where pools join across systems."""
 
 
+PLANS_SEARCH_SHARE = 0.5
+"""Share of the time left after the column generation that the plan program (`solve_plans`) leaves, above
+`FULL_PROGRAM_MAX` columns, to the search over the reserved nodes with plan programs per slice over the column
+generation's plans. Measured with `scripts/bench_fleet.py` (60 s, load 2, one run each), aggregated 10 models x 12
+and x 24 slices: with none (the plan program taking all the time) 69,531 and 69,750 USD/day (gaps 1.11% and 1.46%);
+with half, 69,456 and 69,440 (1.00% and 1.02%), each found by the search where the plan program found nothing."""
 SEARCH_LEFT = 1 / 12
 """Above `FULL_PROGRAM_MAX` columns, where the plan program (`solve_plans`) ends with more than this share of the
 time limit left, the search over the reserved nodes (`search_reserved`) takes the rest from the best fleet."""
@@ -394,7 +400,12 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     (`solve_by_slice`); where that bound proves the best fleet so far, nothing else runs; else, from
     `PLAN_STAGE_MIN` columns, the search over the reserved nodes and systems in use with every slice solved
     exactly (`search_reserved`, from the best fleet and the column generation master's nodes; half of the time
-    left); above `FULL_PROGRAM_MAX`, the restricted program of one plan per class and slice instead (`solve_plans`:
+    left; above `NODE_COLUMNS_MAX` columns, where the column generation priced plans, each slice a plan program over
+    its near plans, the greedy's and the best fleet's, all of the time left but `SEARCH_LEFT`: on
+    `scripts/bench_fleet.py`'s aggregated 10 models x 6 slices (load 1.4-2, one run each), with every slice solved
+    exactly the search found no fleet below the column generation's 66,641 USD/day in half the time left, with plan
+    programs 66,625 in half of it and 66,538 in all but `SEARCH_LEFT`); above `FULL_PROGRAM_MAX`, the restricted
+    program of one plan per class and slice instead (`solve_plans`:
     the column generation's near plans and the greedy's where it ran, else every single configuration and simple
     mixes; all of the time left; a stage starts only with time left), then the search over the reserved nodes where
     more than `SEARCH_LEFT` of the time is left; then, below `FULL_PROGRAM_MAX` columns, the full program started
@@ -489,13 +500,21 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "search over the reserved nodes"
     elif plans and (full or remaining() > 1.0) and not proven:
-        f = solve_plans(dm, name, max(1.0, remaining() / (2 if full else 1)), best, extra, mixes=extra is None,
-                        whole=choose_solver(dm, "plans") if solver == "auto" else name)
+        share = 1 - (PLANS_SEARCH_SHARE if not full and reserved_stage and extra is not None else 0.0)
+        f = solve_plans(dm, name, max(1.0, remaining() * share / (2 if full else 1)), best, extra,
+                        mixes=extra is None, whole=choose_solver(dm, "plans") if solver == "auto" else name)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "plans"
         if not full and reserved_stage and remaining() > SEARCH_LEFT * time_limit_s:
-            # the plan program ended with time left: the search over the reserved nodes from its fleet
-            f = search_reserved(dm, name, remaining(), _reserved_starts(dm, best, master))
+            # the plan program ended with time left: the search over the reserved nodes from its fleet (each
+            # point's slices plan programs over the column generation's plans where it priced some)
+            offered = None
+            if extra is not None:
+                offered = {key: list(p) for key, p in extra.items()}
+                for key, counts in best.plans.items():
+                    offered.setdefault(key, []).append(counts)
+            f = search_reserved(dm, name if offered is None or solver != "auto" else choose_solver(dm, "plans"),
+                                remaining(), _reserved_starts(dm, best, master), offered)
             if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
                 best, best_cost, found_by = f, fleet_cost(dm, f), "search over the reserved nodes"
     termination = f"full program not run ({bounded_by or 'no bound'})"
