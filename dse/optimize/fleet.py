@@ -269,7 +269,9 @@ where pools join across systems."""
 PLANS_SEARCH_SHARE = 0.5
 """Share of the time left after the column generation that the plan program (`solve_plans`) leaves, above
 `FULL_PROGRAM_MAX` columns, to the search over the reserved nodes with plan programs per slice over the column
-generation's plans. Measured with `scripts/bench_fleet.py` (60 s, load 2, one run each), aggregated 10 models x 12
+generation's plans, where the whole plan program is SCIP's (above `PLAN_HIGHS_MAX` pairs; below, HiGHS proves it and
+its fleet is the better use of the time: disaggregated 5 x 12 with half of it 14,051 USD/day, with all 14,042).
+Measured with `scripts/bench_fleet.py` (60 s, load 2, one run each), aggregated 10 models x 12
 and x 24 slices: with none (the plan program taking all the time) 69,531 and 69,750 USD/day (gaps 1.11% and 1.46%);
 with half, 69,456 and 69,440 (1.00% and 1.02%), each found by the search where the plan program found nothing."""
 SEARCH_LEFT = 1 / 12
@@ -500,7 +502,8 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "search over the reserved nodes"
     elif plans and (full or remaining() > 1.0) and not proven:
-        share = 1 - (PLANS_SEARCH_SHARE if not full and reserved_stage and extra is not None else 0.0)
+        share = 1 - (PLANS_SEARCH_SHARE if not full and reserved_stage and extra is not None
+                     and choose_solver(dm, "plans") != "highs" else 0.0)
         f = solve_plans(dm, name, max(1.0, remaining() * share / (2 if full else 1)), best, extra,
                         mixes=extra is None, whole=choose_solver(dm, "plans") if solver == "auto" else name)
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
