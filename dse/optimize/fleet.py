@@ -493,9 +493,7 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
         # generation priced plans, each point of the search is the plan programs of its slices over those plans
         offered = None
         if extra is not None and columns > (NODE_JOINED_COLUMNS_MAX if joined_pools else NODE_COLUMNS_MAX):
-            offered = {key: list(p) for key, p in extra.items()}
-            for key, counts in best.plans.items():
-                offered.setdefault(key, []).append(counts)
+            offered = _offered_plans(extra, best)
         f = search_reserved(dm, name if offered is None or solver != "auto" else choose_solver(dm, "plans"),
                             max(1.0, remaining() / 2 if offered is None else remaining() - SEARCH_LEFT * time_limit_s),
                             _reserved_starts(dm, best, master), offered)
@@ -511,11 +509,7 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
         if not full and reserved_stage and remaining() > SEARCH_LEFT * time_limit_s:
             # the plan program ended with time left: the search over the reserved nodes from its fleet (each
             # point's slices plan programs over the column generation's plans where it priced some)
-            offered = None
-            if extra is not None:
-                offered = {key: list(p) for key, p in extra.items()}
-                for key, counts in best.plans.items():
-                    offered.setdefault(key, []).append(counts)
+            offered = None if extra is None else _offered_plans(extra, best)
             f = search_reserved(dm, name if offered is None or solver != "auto" else choose_solver(dm, "plans"),
                                 remaining(), _reserved_starts(dm, best, master), offered)
             if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
@@ -992,6 +986,16 @@ def solve_by_slice(d: FleetData, solver: str, time_limit_s: float, reserved: pd.
             held = float(parts[-1].reserved[s] + parts[-1].hourly.loc[s, t])
             most[s] = held if t == d.slices[0] else min(most[s], held)
     return _join_slices(d, parts, most)
+
+
+def _offered_plans(extra: dict, best: Fleet) -> dict:
+    """The plans per (class index, slice) the search over the reserved nodes offers each slice's plan program: the
+    column generation's near plans (``extra``) and the best fleet's.
+    """
+    offered = {key: list(p) for key, p in extra.items()}
+    for key, counts in best.plans.items():
+        offered.setdefault(key, []).append(counts)
+    return offered
 
 
 def search_reserved(d: FleetData, solver: str, time_limit_s: float, starts: list[tuple[pd.Series, set]],
