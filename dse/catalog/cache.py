@@ -3,7 +3,7 @@
 Each file holds one value under a key, the SHA-256 of everything the value is computed from: a parsed YAML document
 (`dse.catalog.loading.read_yaml`, ``yaml-<key>.pkl``), the cross-validation of measured runs
 (`dse.validate.cache`, ``validate-<key>.pkl``). Any change to any input is another key, so a stale value is never
-read.
+read. `sources_digest` is the part of such keys every answer shares: dse's source and the catalogs.
 
 The folder is ``$DSE_CACHE_DIR`` (empty: no cache), else ``$XDG_CACHE_HOME/dse``, else ``~/.cache/dse``. dse writes
 there only files of the names above (each written to a temporary sibling, then linked to its name, so a reader never
@@ -13,8 +13,10 @@ or holds another key, is ignored (and left in place); a folder that cannot be wr
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
+import platform
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,3 +88,36 @@ def store(name: str, key: str, value: object) -> None:
     finally:
         if tmp is not None:  # our own temporary name
             tmp.unlink(missing_ok=True)
+
+
+PACKAGE = Path(__file__).resolve().parents[1]
+"""dse's own source: its modules are part of every key."""
+
+
+def _tree(h, folder: Path, suffixes: tuple[str, ...]) -> None:
+    """Every file of ``folder`` with one of ``suffixes``, its path relative to the folder and its bytes, in a
+    fixed order.
+    """
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in suffixes):
+        h.update(str(f.relative_to(folder)).encode() + b"\0")
+        h.update(f.read_bytes() + b"\0")
+
+
+def sources_digest() -> str:
+    """The SHA-256 of what every answer of dse is computed from besides its own inputs: dse's source, the hardware
+    and model catalogs (as `hw_dir` and `model_dir` name them now) and the Python, numpy and pandas versions. A
+    result stored under it (a cross-validation in `dse.validate.cache`, a sweep's points in
+    `dse.studies.optuna_sweep`) is never read back once the catalog is refitted or the physics changes.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from dse.catalog.hardware import hw_dir  # here, not at the top: the catalogs' loaders use this module
+    from dse.catalog.models import model_dir
+
+    h = hashlib.sha256(b"dse sources")
+    h.update(f"{platform.python_version()} {np.__version__} {pd.__version__}".encode())
+    _tree(h, PACKAGE, (".py",))
+    _tree(h, hw_dir(), (".yaml", ".yml", ".csv", ".json"))
+    _tree(h, model_dir(), (".yaml", ".yml", ".json"))
+    return h.hexdigest()

@@ -269,8 +269,8 @@ def _refine(sv: LifeSolver, spec: Spec, best: dict, storage: str | None, progres
     """
     import optuna
 
+    from dse.catalog.cache import sources_digest
     from dse.studies.optuna_sweep import open_storage
-    from dse.validate.cache import sources_digest
 
     e = spec.equalization
     widths = sorted(e.family.widths)

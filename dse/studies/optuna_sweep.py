@@ -91,7 +91,7 @@ class SweepStudy(StudySpec):
 
 def _digest(spec: SweepStudy, workload, sources: str) -> str:
     """A short digest of what a point's answer depends on besides its model, parameter and factor: the study's
-    space, solver and workload, and ``sources`` (`dse.validate.cache.sources_digest`: the catalogs and dse's source,
+    space, solver and workload, and ``sources`` (`dse.catalog.cache.sources_digest`: the catalogs and dse's source,
     so a storage holding points solved before a refit or a change of the physics solves them again).
     """
     doc = {"objective": OBJECTIVE, "space": spec.space.model_dump(mode="json"),
@@ -103,7 +103,7 @@ def _digest(spec: SweepStudy, workload, sources: str) -> str:
 
 def points_of(spec: SweepStudy) -> list[Point]:
     """Every point of a sweep or tornado study, in a stable order."""
-    from dse.validate.cache import sources_digest
+    from dse.catalog.cache import sources_digest
 
     sources = sources_digest()
     return [Point(m, w.name, p, float(f), _digest(spec, w, sources))

@@ -14,46 +14,15 @@ cache, else ``$XDG_CACHE_HOME/dse``, else ``~/.cache/dse``), written and read as
 from __future__ import annotations
 
 import hashlib
-import platform
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
 from dse.catalog import cache as files
-from dse.catalog.cache import CACHE_ENV, cache_dir
-from dse.catalog.hardware import hw_dir
-from dse.catalog.models import model_dir
+from dse.catalog.cache import CACHE_ENV, cache_dir, sources_digest
 
 __all__ = ["CACHE_ENV", "cache_dir", "key", "lookup", "sources_digest", "store"]
 
 FORMAT = b"dse validate cache 1"
 """Changes whenever what is stored changes shape."""
-PACKAGE = Path(__file__).resolve().parents[1]
-"""dse's own source: its modules are part of every key."""
-
-
-def _tree(h, folder: Path, suffixes: tuple[str, ...]) -> None:
-    """Every file of ``folder`` with one of ``suffixes``, its path relative to the folder and its bytes, in a
-    fixed order.
-    """
-    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in suffixes):
-        h.update(str(f.relative_to(folder)).encode() + b"\0")
-        h.update(f.read_bytes() + b"\0")
-
-
-def sources_digest() -> str:
-    """The SHA-256 of what every answer of dse is computed from besides its own inputs: dse's source, the hardware
-    and model catalogs (as `hw_dir` and `model_dir` name them now) and the Python, numpy and pandas versions. A
-    result stored under it (a cross-validation here, a sweep's points in `dse.studies.optuna_sweep`) is never read
-    back once the catalog is refitted or the physics changes.
-    """
-    h = hashlib.sha256(b"dse sources")
-    h.update(f"{platform.python_version()} {np.__version__} {pd.__version__}".encode())
-    _tree(h, PACKAGE, (".py",))
-    _tree(h, hw_dir(), (".yaml", ".yml", ".csv", ".json"))
-    _tree(h, model_dir(), (".yaml", ".yml", ".json"))
-    return h.hexdigest()
 
 
 def key(paths: list[Path]) -> str:
