@@ -110,3 +110,27 @@ def test_every_pool_recomputes_from_the_physics(answer):
         if slow:  # the TTFT band's upper edge: the slowest prefill pool at its band's low end, times the multiplier
             assert e["ttft_s_band"][1] == pytest.approx(max(slow) * bands_of(e["system"]).ttft[1], rel=1e-9)
     assert checked >= 10 and fewer >= 5  # most pools have whole replicas to spare
+
+
+def test_each_answer_costs_its_pools_split_into_input_and_output(answer):
+    """A request's cost is every pool's replicas' USD/s over the requests the demand brings; its input part is the
+    prefill pools' cost (an aggregated pool's at its share of time on prefill chunks), its output part the rest,
+    each per million tokens of its kind, so that input x prompt + output x output tokens is the request's cost.
+    (The answers were once the largest pool's replica evaluated alone: 1.61 USD/Mtok input for a 1,000-token
+    prompt whose whole request cost 0.000311 USD.)"""
+    spec, result = answer
+    workloads = {w.name: w for w in spec.workloads}
+    for e in result.summary["best"]:
+        w = workloads[e["workload"]]
+        lam = w.demand_tokens_per_s / w.output  # requests/s
+        usd = sum(p["usd_per_s"] * p["replicas"] for p in e["pools"])
+        assert e["usd_per_request"] == pytest.approx(usd / lam, rel=1e-9)
+        assert e["usd_per_mtok"] == pytest.approx(usd / w.demand_tokens_per_s * 1e6, rel=1e-9)
+        parts = (e["usd_per_mtok_input"] * w.prompt + e["usd_per_mtok_output"] * w.output) / 1e6
+        assert parts == pytest.approx(e["usd_per_request"], rel=1e-9)
+        assert e["usd_per_mtok_blended"] == pytest.approx(e["usd_per_request"] / (w.prompt + w.output) * 1e6, rel=1e-9)
+        if {p["role"] for p in e["pools"]} == {"prefill", "decode"}:
+            pre = sum(p["usd_per_s"] * p["replicas"] for p in e["pools"] if p["role"] == "prefill")
+            assert e["usd_per_mtok_input"] * w.prompt / 1e6 == pytest.approx(pre / lam, rel=1e-9)
+            assert e["prefill_share"] == pytest.approx(pre / usd, rel=1e-9)
+        assert 0.0 <= e["prefill_share"] <= 1.0

@@ -27,8 +27,10 @@ from dse.physics.serving import prefill_ttft
 
 COLUMNS = ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype",
            "kv_dtype", "kv_tier", "usd_per_s", "requests_per_s", "ttft_s", "tpot_s", "power_w", "context_parallel",
-           "prefill_service_s", "kv_transfer_s", "utilisation", "block")
-"""``block``: the label of the point's block in its space's ``blocks`` (`served_point` evaluates it again there)."""
+           "prefill_service_s", "kv_transfer_s", "utilisation", "prefill_share", "block")
+"""``prefill_share``: the input part of the point's cost as `dse.physics.serving` splits it (an aggregated replica's
+share of time on prefill chunks at its batch; a prefill replica 1, a decode replica 0). ``block``: the label of the
+point's block in its space's ``blocks`` (`served_point` evaluates it again there)."""
 
 
 def _power(space: Space, pos: np.ndarray, chips: np.ndarray) -> np.ndarray:
@@ -92,7 +94,8 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
                              "ttft_s": float(m["ttft_s"][i]), "tpot_s": float(m["tpot_s"][i]),
                              "power_w": float(_power(space, pos[[i]], np.array([cfg["chips"]]))[0]),
                              "context_parallel": False, "prefill_service_s": np.nan, "kv_transfer_s": np.nan,
-                             "utilisation": np.nan, "block": b.index[pos[i]]})
+                             "utilisation": np.nan, "prefill_share": float(m["prefill_share"][i]),
+                             "block": b.index[pos[i]]})
     if "disaggregated" in modes:
         t = disaggregated_tables(space, req, context_parallel)
         for i in first_min_per_block(t.dpos, np.where(t.dok, -t.dm["requests_per_s"], np.inf)):
@@ -102,7 +105,7 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
                          "ttft_s": np.nan, "tpot_s": float(t.dm["tpot_s"][i]),
                          "power_w": float(_power(space, t.dpos[[i]], np.array([cfg["chips"]]))[0]),
                          "context_parallel": False, "prefill_service_s": np.nan, "kv_transfer_s": np.nan,
-                         "utilisation": np.nan, "block": b.index[t.dpos[i]]})
+                         "utilisation": np.nan, "prefill_share": 0.0, "block": b.index[t.dpos[i]]})
         pre = t.pre
         for j in np.flatnonzero(pre.ok):
             cfg = _config(space, pre.pos[j], 1)
@@ -117,7 +120,7 @@ def operating_points(space: Space, modes: tuple[str, ...] = ("aggregated", "disa
                          "tpot_s": np.nan, "power_w": float(_power(space, pre.pos[[j]], np.array([cfg["chips"]]))[0]),
                          "context_parallel": cp, "prefill_service_s": float(pm["prefill_service_s"][j]),
                          "kv_transfer_s": float(pm["kv_transfer_s"][j]), "utilisation": float(pre.rho[j]),
-                         "block": b.index[pre.pos[j]]})
+                         "prefill_share": 1.0, "block": b.index[pre.pos[j]]})
     pts = pd.DataFrame(rows, columns=[c for c in ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp",
                                                   "etp", "batch", "context", "weights_dtype", "kv_dtype", "kv_tier",
                                                   *COLUMNS[13:])])

@@ -48,6 +48,7 @@ from dse.physics.queueing import QUANTILES, quantile_name
 from dse.physics.serving import (
     Request,
     aggregated,
+    cost_keys,
     decode_pool,
     disaggregated,
     prefill_pool,
@@ -414,16 +415,12 @@ def aggregated_deployed(metrics: dict, replicas: int, chips: int, power_per_chip
     replicas have capacity to spare), else at the planned batch.
     """
     usd_s = replicas * metrics["usd_per_s"]
-    usd_req = usd_s / rate
     u = metrics["prefill_share"]
     gpus = replicas * chips
     at = served or metrics
     latency = {k: v for k, v in at.items() if k.startswith(("ttft_", "tpot_"))}
-    return {"usd_per_request": usd_req, "usd_per_mtok_input": usd_req * u / req.prompt * 1e6,
-            "usd_per_mtok_output": usd_req * (1 - u) / req.output * 1e6,
-            "usd_per_mtok_blended": usd_req / (req.prompt + req.output) * 1e6, "prefill_share": u,
-            "chips": gpus, "power_w": gpus * power_per_chip, "requests_per_s": rate, "usd_per_s": usd_s,
-            "tokens_per_s_per_gpu": rate * req.output / gpus, **latency,
+    return {**cost_keys(usd_s, rate, u, req.prompt, req.output), "chips": gpus, "power_w": gpus * power_per_chip,
+            "requests_per_s": rate, "usd_per_s": usd_s, "tokens_per_s_per_gpu": rate * req.output / gpus, **latency,
             "tokens_per_s_per_user": 1.0 / at["tpot_s"], "replicas": replicas,
             **({k: served[k] for k in ("batch_served", "served_edges") if k in served} if served else {})}
 
@@ -863,10 +860,8 @@ def disaggregated_deployed(space: Space, t: DisaggregatedTables, i: int, j: int,
     usd_pre = p * pre.metrics["usd_per_s"][j]
     usd = usd_pre + d * t.dm["usd_per_s"][i]
     gpus = p * pre_chips + d * dec_chips
-    m.update({"usd_per_request": usd / rate, "usd_per_mtok_input": usd_pre / rate / req.prompt * 1e6,
-              "usd_per_mtok_output": (usd - usd_pre) / rate / req.output * 1e6,
-              "usd_per_mtok_blended": usd / rate / (req.prompt + req.output) * 1e6, "prefill_share": usd_pre / usd,
-              "chips": gpus, "power_w": p * pre_chips * pre_sys.power_all_in_w + d * dec_chips * dec_sys.power_all_in_w,
+    m.update({**cost_keys(usd, rate, usd_pre / usd, req.prompt, req.output), "chips": gpus,
+              "power_w": p * pre_chips * pre_sys.power_all_in_w + d * dec_chips * dec_sys.power_all_in_w,
               "requests_per_s": rate, "usd_per_s": usd, "tokens_per_s_per_gpu": rate * req.output / gpus,
               "prefill_replicas": p, "decode_replicas": d})
     tpot = (served or fluid)["tpot_s"]

@@ -430,24 +430,32 @@ def aggregated(cand: Candidates, models: ModelTable, systems: SystemTable, req: 
     )
 
 
+def cost_keys(usd_per_s, rate, input_share, prompt: float, output: float) -> dict:
+    """A request's cost as the module's "Cost split" has it: the deployment's USD/s over the requests/s it serves
+    (``usd_per_request``), its input part the prefill's share ``input_share`` of it over the prompt's tokens, the rest
+    over the output's, and the whole over all of them (``usd_per_mtok_blended``); arrays or floats.
+    """
+    usd_req = usd_per_s / rate
+    return {"usd_per_request": usd_req,
+            "usd_per_mtok_input": usd_req * input_share / prompt * 1e6,
+            "usd_per_mtok_output": usd_req * (1.0 - input_share) / output * 1e6,
+            "usd_per_mtok_blended": usd_req / (prompt + output) * 1e6,
+            "prefill_share": input_share}
+
+
 def _metrics(serving: str, req: Request, lam: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, chips: np.ndarray,
              usd_per_s: np.ndarray, input_share: np.ndarray, power_per_chip: np.ndarray, **extra) -> dict:
     with np.errstate(divide="ignore", invalid="ignore"):
-        usd_req = usd_per_s / lam
         out = {
             "ttft_s": ttft,
             "tpot_s": tpot,
             "tokens_per_s_per_gpu": lam * req.output / chips,
             "tokens_per_s_per_user": 1.0 / tpot,
-            "usd_per_request": usd_req,
-            "usd_per_mtok_input": usd_req * input_share / req.prompt * 1e6,
-            "usd_per_mtok_output": usd_req * (1.0 - input_share) / req.output * 1e6,
-            "usd_per_mtok_blended": usd_req / (req.prompt + req.output) * 1e6,
+            **cost_keys(usd_per_s, lam, input_share, req.prompt, req.output),
             "chips": chips,
             "power_w": power_w(chips, power_per_chip),
             "requests_per_s": lam,
             "usd_per_s": usd_per_s,
-            "prefill_share": input_share,
         }
     out.update(extra)
     return out

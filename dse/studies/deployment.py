@@ -25,6 +25,7 @@ from dse.optimize.deployment import check, data_of, greedy, solve_deployment
 from dse.optimize.margins import Margins, margins_for
 from dse.optimize.operating_points import non_dominated, operating_points
 from dse.optimize.space import Space, build_space, subset
+from dse.physics.serving import cost_keys
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.common import (
     banded,
@@ -121,6 +122,14 @@ def _robust_check(pools: pd.DataFrame, margins: Margins, systems: list, targets:
     return bad
 
 
+def input_usd_per_s(pools: pd.DataFrame) -> float:
+    """The input part of the pools' USD/s as `dse.physics.serving` splits a request's cost: each pool's replicas'
+    cost at its operating point's ``prefill_share`` (a prefill pool's whole, an aggregated pool's share of time on
+    prefill chunks, a decode pool's none).
+    """
+    return float((pools["usd_per_s"] * pools["replicas"] * pools["prefill_share"]).sum())
+
+
 def _cost_parts(pools: pd.DataFrame) -> list[tuple[str, float]]:
     return [(p["system"], float(p["usd_per_s"] * p["replicas"])) for p in pools.to_dict("records")]
 
@@ -191,10 +200,8 @@ def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: 
     e["chips"] = chips
     e["racks"] = int((pools["racks"] * pools["replicas"]).sum())
     e["usd_per_s"] = usd_per_s
-    e["usd_per_request"] = usd_per_s / lam
-    e["usd_per_mtok_output"] = usd_per_s / w.demand_tokens_per_s * 1e6
-    e["usd_per_mtok_blended"] = usd_per_s / (lam * (w.prompt + w.output)) * 1e6
-    e["usd_per_mtok"] = e["usd_per_mtok_output"]
+    e.update(cost_keys(usd_per_s, lam, input_usd_per_s(pools) / usd_per_s, w.prompt, w.output))
+    e["usd_per_mtok"] = usd_per_s / w.demand_tokens_per_s * 1e6  # every chip's cost over the output tokens
     e["tokens_per_s_per_gpu"] = w.demand_tokens_per_s / chips
     e["tokens_per_s"] = w.demand_tokens_per_s
     e["ttft_s"] = float(pools.loc[pools["role"] != "decode", "ttft_s"].max())
@@ -270,7 +277,8 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                     found[mode] = r
                     rows.append({**row, "status": r.result.status, "reason": "", "usd_per_s": r.usd_per_s,
                                  "usd_per_hour": r.usd_per_s * 3600,
-                                 "usd_per_mtok_output": r.usd_per_s / sum(w.demand_tokens_per_s for w in ws) * 1e6,
+                                 "usd_per_mtok": r.usd_per_s / sum(w.demand_tokens_per_s for w in ws) * 1e6,
+                                 "prefill_share": input_usd_per_s(p) / r.usd_per_s,
                                  "chips": sum(chips.values()), "aggregated_chips": chips["both"],
                                  "prefill_chips": chips["prefill"], "decode_chips": chips["decode"],
                                  "decode_per_prefill_chip": chips["decode"] / chips["prefill"] if chips["prefill"]
@@ -333,7 +341,7 @@ def _modes_plot(out: StudyOutput, path: Path) -> None:
     fig, ax = subplots(figsize=(9, 4))
     labels = [f"{w}\n{g}" for w, g in dict.fromkeys(zip(t["workload"], t["group"], strict=True))]
     for i, mode in enumerate(MODES):
-        sub = t[t["mode"] == mode].set_index(["workload", "group"])["usd_per_mtok_output"]
+        sub = t[t["mode"] == mode].set_index(["workload", "group"])["usd_per_mtok"]
         vals = [sub.get((lb.split("\n")[0], lb.split("\n")[1]), float("nan")) for lb in labels]
         ax.bar([j + 0.27 * (i - 1) for j in range(len(labels))], vals, width=0.27, label=mode)
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
@@ -342,4 +350,4 @@ def _modes_plot(out: StudyOutput, path: Path) -> None:
     save(fig, path)
 
 
-PLOTS = (Plot("modes", "modes.png", _modes_plot, needs="usd_per_mtok_output"),)
+PLOTS = (Plot("modes", "modes.png", _modes_plot, needs="usd_per_mtok"),)

@@ -21,6 +21,7 @@ from dse.catalog.models import get_model
 from dse.errors import InputError
 from dse.optimize.fleet import OPTION_COLUMNS, FleetData, check, fleet_options, loads, solve_fleet
 from dse.optimize.space import Space, build_space
+from dse.physics.serving import cost_keys
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.common import banded, config_entry, pools_quantiles, served_entry, served_pools
 from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput
@@ -231,11 +232,9 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.nd
     usd_req = usd_s / lam
     e.update(serving="aggregated" if roles == {"both"} else "disaggregated" if "both" not in roles else "mixed",
              chips=chips, racks=int((pools["racks"] * pools["replicas"]).sum()), peak_slice=t,
-             demand_requests_per_s=lam, usd_per_s=usd_s, usd_per_request=usd_req,
-             usd_per_mtok_input=input_s / lam / w.prompt * 1e6,
-             usd_per_mtok_output=(usd_s - input_s) / lam / w.output * 1e6,
-             usd_per_mtok_blended=usd_req / (w.prompt + w.output) * 1e6, usd_per_mtok=usd_req / w.output * 1e6,
-             prefill_share=input_s / usd_s if usd_s else 0.0,
+             demand_requests_per_s=lam, usd_per_s=usd_s,
+             **cost_keys(usd_s, lam, input_s / usd_s if usd_s else 0.0, w.prompt, w.output),
+             usd_per_mtok=usd_req / w.output * 1e6,
              ttft_s=float(pools.loc[pools["role"] != "decode", "ttft_s"].max()),
              tpot_s=float(pools.loc[pools["role"] != "prefill", "tpot_s"].max()),
              tokens_per_s=lam * w.output, tokens_per_s_per_gpu=lam * w.output / chips,
