@@ -274,8 +274,11 @@ def _print_evaluation(r: dict) -> None:
              f"{r['usd_per_mtok_blended']:.4g} USD/Mtok; prefill {r['prefill_share']:.0%} of cost"
              + (f"; 80% band {r['usd_per_request_band'][0]:.4g} - {r['usd_per_request_band'][1]:.4g}"
                 if r.get("usd_per_request_band") else "")),
-            ("power", _si(r["power_w"], "W"), f"{r['chips']} chips, price kind {r['price_kind']}"),
         ]
+        # the step's own throughput and cost per output token: the decode step alone, at the batch in flight
+        for i, (name, value, note) in enumerate(rows):
+            if name in ("throughput", "cost"):
+                rows[i] = (f"decode step {name}", value, note)
         peak = r["prompt"] + r["output"]
         rows.insert(next(i for i, row in enumerate(rows) if row[0] == "HBM used per chip") + 1,
                     ("HBM at the request's peak", _si(r["hbm_bytes_per_chip_request"], "B"),
