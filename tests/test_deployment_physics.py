@@ -134,3 +134,7 @@ def test_each_answer_costs_its_pools_split_into_input_and_output(answer):
             assert e["usd_per_mtok_input"] * w.prompt / 1e6 == pytest.approx(pre / lam, rel=1e-9)
             assert e["prefill_share"] == pytest.approx(pre / usd, rel=1e-9)
         assert 0.0 <= e["prefill_share"] <= 1.0
+        # the top-level configuration is a replica that decodes (a prefill replica read as a decode step at
+        # batch 1 once named what bound the answer's decode)
+        assert any(p["role"] != "prefill" and all(p[k] == e[k] for k in ("system", "tp", "dp", "ep", "pp", "batch"))
+                   for p in e["pools"])

@@ -179,15 +179,18 @@ def _loads(pools: pd.DataFrame, rate: float) -> pd.Series:
 
 def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: dict, usd_per_s: float,
            mode: str, space: Space, robust: bool = False) -> Optimum:
-    """The contract's entry: the largest pool's configuration evaluated as `dse evaluate` does, the deployment's
-    request-level figures with their bands (robust: the replicas serve the demand at the low end of each pool's
-    throughput band, so its cost is the band's high end), and every pool. TTFT and TPOT are each pool's at the load
-    it serves (`served_pools`, in ``space``: a pool whose replicas could serve more holds fewer sequences,
-    ``batch_served``, and a prefill pool runs below its planned utilisation).
+    """The contract's entry: the costliest decoding (decode or aggregated) pool's configuration evaluated as `dse
+    evaluate` does, the deployment's request-level figures with their bands (robust: the replicas serve the demand
+    at the low end of each pool's throughput band, so its cost is the band's high end), and every pool. TTFT and
+    TPOT are each pool's at the load it serves (`served_pools`, in ``space``: a pool whose replicas could serve more
+    holds fewer sequences, ``batch_served``, and a prefill pool runs below its planned utilisation).
     """
     lam = w.demand_tokens_per_s / w.output
     pools, edges, one = served_pools(pools.assign(load=_loads(pools, lam)), lambda _: space)
-    main = pools.sort_values("usd_per_s", key=lambda s: s * pools.loc[s.index, "replicas"]).iloc[-1]
+    # the top level is a replica that decodes (as `disaggregated_entry` has it): the costliest decode or aggregated
+    # pool (a prefill replica evaluated as a decode step at batch 1 would name what binds no decode step)
+    decoding = pools[pools["role"] != "prefill"]
+    main = decoding.sort_values("usd_per_s", key=lambda s: s * decoding.loc[s.index, "replicas"]).iloc[-1]
     cfg = {k: main[k] for k in ("system", "chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context",
                                 "weights_dtype", "kv_dtype", "kv_tier")}
     cfg = {k: (int(v) if k in ("chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context") else v)
