@@ -90,6 +90,7 @@ def test_solve_returns_a_solved_the_summary_is_made_from(kind, tmp_path):
     assert summary["best"] == [o.entry for o in solved.best]
     assert summary["infeasible"] == solved.infeasible and summary["status"] == solved.status
     assert {"study", "kind", "price_kind", "no_price", "spaces", "solver"} <= set(summary)
+    assert isinstance(summary["objective"], str) and summary["objective"]  # the metric minimized (DESIGN.md)
     assert {"name", "wall_s", "solve_wall_s", "solves", "gap"} <= set(summary["solver"])
     assert not any(k.startswith("_") for k in summary)
     json.dumps(summary, default=float)  # nothing but data

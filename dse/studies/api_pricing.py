@@ -21,6 +21,9 @@ from dse.studies.common import entry
 from dse.studies.contract import Progress, Solved, status_of
 
 USES_STORAGE = False
+OBJECTIVE = "usd_per_mtok"
+"""What the forward pricing minimizes at each context: every chip's USD per million output tokens of its serving
+optimum."""
 WORKERS = False
 
 

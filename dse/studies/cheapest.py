@@ -35,7 +35,20 @@ from dse.studies.contract import Chart, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import TIME_BREAKDOWN, save, subplots
 
 USES_STORAGE = False
+
 WORKERS = False
+
+
+def OBJECTIVE(spec) -> str:  # noqa: N802 - the kind's OBJECTIVE, which a cheapest study's demand decides
+    """What the answers minimize: USD per request as deployed where a budget or the workload's demand asks for whole
+    deployments, else at the fluid pool ratio.
+    """
+    whole = [spec.budget is not None or w.demand_tokens_per_s is not None for w in spec.workloads]
+    if all(whole):
+        return "usd_per_request"
+    if not any(whole):
+        return "usd_per_request_fluid"
+    return "usd_per_request_fluid (usd_per_request where a workload states its demand)"
 
 
 class BudgetSpec(Strict):

@@ -120,6 +120,11 @@ def summary_of(spec: StudySpec, solved: Solved, wall_s: float) -> dict:
                "expect": spec.expect.strip(), "price_kind": spec.price, "no_price": no_price(spec),
                "best": [o.entry for o in solved.best], "infeasible": solved.infeasible, "spaces": solved.space_stats}
     summary.update(solved.facts)
+    if "objective" not in summary:  # the metric the kind minimizes (its module's OBJECTIVE, or what the study makes it)
+        from dse.studies.registry import study_module
+
+        objective = study_module(spec.kind).OBJECTIVE
+        summary["objective"] = objective(spec) if callable(objective) else objective
     summary["status"] = solved.status
     summary["solver"] = _solver_block(spec, solved, wall_s)
     return summary

@@ -19,6 +19,9 @@ from dse.studies.contract import Plot, Progress, Solved, SolverStats, StudyOutpu
 from dse.studies.plotting import save, subplots
 
 USES_STORAGE = False
+OBJECTIVE = "peak_gpu_tokens"
+"""What the placement program minimizes first: the most-loaded GPU's routed tokens (then, at that peak, the tokens that
+cross scale-up domains)."""
 WORKERS = False
 
 

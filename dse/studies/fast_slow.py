@@ -24,6 +24,8 @@ from dse.studies.contract import Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import TIME_BREAKDOWN, save, subplots
 
 USES_STORAGE = False
+OBJECTIVE = "usd_per_request_fluid"
+"""What each mode's optimum minimizes: USD per request at the fluid pool ratio over every feasible configuration."""
 WORKERS = False
 
 

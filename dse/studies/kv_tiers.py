@@ -15,6 +15,8 @@ from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.contract import Progress, Solved, status_of
 
 USES_STORAGE = False
+OBJECTIVE = "usd_per_s"
+"""What the tiering program minimizes: USD per second of storage, reads and recomputation."""
 WORKERS = False
 
 

@@ -17,6 +17,8 @@ from dse.studies.contract import Plot, Progress, Solved, SolverStats, StudyOutpu
 from dse.studies.plotting import save, subplots
 
 USES_STORAGE = False
+OBJECTIVE = "usd_per_mtok"
+"""What each scale-up domain's optimum minimizes: USD per million output tokens at fixed quality."""
 WORKERS = False
 
 

@@ -23,6 +23,9 @@ from dse.studies.contract import Chart, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import TIME_BREAKDOWN, place_labels, save, spread, subplots
 
 USES_STORAGE = False
+OBJECTIVE = "usd_per_request_fluid"
+"""The cost front's objective: USD per request at the fluid pool ratio at each TPOT (the throughput front maximizes
+tokens/s per GPU at each tokens/s per user)."""
 WORKERS = False
 TABLES = {"cost": "pareto", "throughput": "pareto_throughput"}
 

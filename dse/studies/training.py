@@ -23,6 +23,8 @@ from dse.studies.contract import Chart, Plot, Progress, Solved, SolverStats, Stu
 from dse.studies.plotting import save, subplots
 
 USES_STORAGE = False
+OBJECTIVE = "usd"
+"""What the layout search minimizes within the deadline and inventory: the training run's USD."""
 WORKERS = False
 
 Precision = Literal["bf16", "fp8", "fp4", "int8"]
