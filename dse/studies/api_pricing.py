@@ -13,17 +13,20 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from dse.catalog.models import get_model
-from dse.errors import InfeasibleError, InputError
-from dse.optimize.serving import solve_serving
+from dse.errors import InputError
 from dse.optimize.space import build_space
 from dse.studies.base import MAX_LIST, Strict, StudySpec
-from dse.studies.common import entry
+from dse.studies.common import mode_tables, pick_modes
 from dse.studies.contract import Progress, Solved, status_of
 
+FORWARD_KEYS = ("serving", "system", "chips", "batch", "usd_per_request", "usd_per_mtok_input", "usd_per_mtok_output",
+                "usd_per_mtok_blended", "prefill_share", "ttft_s", "tpot_s")
+"""What the forward table gives of each context's optimum (request level: its cost split as the physics splits it,
+`dse.physics.serving`)."""
 USES_STORAGE = False
-OBJECTIVE = "usd_per_mtok"
-"""What the forward pricing minimizes at each context: every chip's USD per million output tokens of its serving
-optimum."""
+OBJECTIVE = "usd_per_request_fluid"
+"""What the forward pricing minimizes at each context: USD per request at the fluid pool ratio (prefill counted), whose
+input and output parts price the tiers."""
 WORKERS = False
 
 
@@ -70,6 +73,10 @@ class Spec(StudySpec):
     def check_catalog(self, path: Path, models: dict) -> None:
         if self.pricing is None:
             raise InputError(f"{path}: missing required field 'pricing' (price sheets and the forward contexts)")
+        for m in self.models:  # a context served forward is a request of that many tokens
+            for i, ctx in enumerate(self.pricing.contexts):
+                models[m].check_context(ctx, self.allow_beyond_trained_context,
+                                        f"{path}: field 'pricing.contexts.{i}' for model '{m}'")
 
 
 def solve(spec: Spec, progress: Progress | None = None, storage: str | None = None) -> Solved:
@@ -93,22 +100,34 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
         for j, ctx in enumerate(pr.contexts):
             if progress:
                 progress(f"{model_id}: context {ctx:,}", i * len(pr.contexts) + j, len(spec.models) * len(pr.contexts))
+            # a request of ctx tokens: its prompt the context less the workload's output (the whole context where
+            # that leaves none), served at the request-level optimum (prefill counted, the workload's targets)
             w = replace(base.workload(), name=f"{ctx}", prompt=ctx - base.output if ctx > base.output else ctx)
             space = build_space(model, w, opts)
-            try:
-                r = solve_serving(space, w.tpot_max, solver=spec.solver.name)
-            except InfeasibleError as exc:
-                fwd.append({"model": model_id, "context": ctx, "status": "infeasible", "reason": str(exc)})
-                costs.append(np.inf)
+            row = {"model": model_id, "context": ctx,
+                   "beyond_trained_context": bool(model.max_context and w.prompt + w.output > model.max_context)}
+            picked, reasons = pick_modes(space, mode_tables(space, spec), opts.ideal) if not space.blocks.empty \
+                else ([], [space.empty_reason])
+            if not picked:
+                fwd.append({**row, "status": "infeasible", "reason": "; ".join(reasons)})
+                costs.append((np.inf, np.inf))
                 continue
+            e, r = picked[0]
             results.append(r.result)
-            e = entry(space, r, opts.ideal)
-            fwd.append({"model": model_id, "context": ctx, "status": r.result.status, "reason": "",
-                        **{k: e[k] for k in ("system", "chips", "batch", "usd_per_mtok", "usd_per_mtok_input",
-                                             "tpot_s", "bound")}})
-            costs.append(e["usd_per_mtok"])
-        for t in tier_prices(np.array(pr.contexts, dtype=float), np.array(costs), pr.tier_boundaries, pr.margin):
-            tiers.append({"model": model_id, **t})
+            fwd.append({**row, "status": r.result.status, "reason": "",
+                        **{k: e[k] for k in FORWARD_KEYS}})
+            costs.append((e["usd_per_mtok_input"], e["usd_per_mtok_output"]))
+        ctxs, cost = np.array(pr.contexts, dtype=float), np.array(costs, dtype=float).reshape(-1, 2)
+        by_kind = [tier_prices(ctxs, cost[:, k], pr.tier_boundaries, pr.margin) for k in (0, 1)]
+        for t_in, t_out in zip(*by_kind, strict=True):
+            tiers.append({"model": model_id, "tier_from": t_in["tier_from"], "tier_to": t_in["tier_to"],
+                          "max_input_cost_usd_per_mtok": t_in["max_cost_usd_per_mtok"],
+                          "price_input_usd_per_mtok": t_in["price_usd_per_mtok"],
+                          "max_output_cost_usd_per_mtok": t_out["max_cost_usd_per_mtok"],
+                          "price_output_usd_per_mtok": t_out["price_usd_per_mtok"],
+                          "beyond_trained_context": any(f["beyond_trained_context"] for f in fwd
+                                                        if f["model"] == model_id
+                                                        and t_in["tier_from"] < f["context"] <= t_in["tier_to"])})
     tables = {"pricing_inverse": pd.DataFrame(inv), "pricing_consistent": pd.DataFrame(consistent),
               "pricing_forward": pd.DataFrame(fwd), "pricing_tiers": pd.DataFrame(tiers)}
     return Solved(status=status_of(results, []), tables=tables, results=results)
@@ -126,5 +145,8 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
         lines.append(f"{sheet}: the price step implies {pairs}")
     for _, r in tables["pricing_tiers"].iterrows():
         lines.append(f"{r['model']}: context {r['tier_from']:,.0f}-{r['tier_to']:,.0f} tokens priced at "
-                     f"{r['price_usd_per_mtok']:.3g} USD/Mtok (worst cost {r['max_cost_usd_per_mtok']:.3g})")
+                     f"{r['price_input_usd_per_mtok']:.3g} USD/Mtok input, {r['price_output_usd_per_mtok']:.3g} "
+                     f"output (worst cost {r['max_input_cost_usd_per_mtok']:.3g} and "
+                     f"{r['max_output_cost_usd_per_mtok']:.3g})"
+                     + (" - beyond the model's trained context" if r["beyond_trained_context"] else ""))
     return lines
