@@ -687,6 +687,11 @@ def test_fleet_day_study_writes_fleet_csv_and_per_class_figures_from_its_operati
         # the class's replicas at its peak slice, as fleet.csv lists them
         mine = reps[(reps["workload"] == e["workload"]) & (reps["slice"] == e["peak_slice"])]
         assert e["chips"] == int(mine["chips"].sum())
+        # its power as the fleet counts it against the site's cap: the study's all-in 1,730 W per H800 (the chip's
+        # 700 W TDP, which the catalog falls back to, understated it 2.5x)
+        assert e["power_w"] == pytest.approx(1730.0 * e["chips"], rel=1e-12)
+        assert e["usd_per_mtok_input"] * e["prompt"] / 1e6 + e["usd_per_mtok_output"] * e["output"] / 1e6 \
+            == pytest.approx(e["usd_per_request"], rel=1e-9)
         assert e["usd_per_request"] * e["demand_requests_per_s"] * 86400 < day  # one class's share of one slice
         assert e["price_kind"] == s["price_kind"]
     # both classes peak in the same slice: their shares add up to that slice's cost as fleet.csv and systems.csv

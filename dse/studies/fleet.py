@@ -216,17 +216,12 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.nd
                else main[k]) for k in CFG}
     e = config_entry(model_id, cls, w.prompt, cfg, spec.space.ideal, output=w.output, request_level=True,
                      system=systems_priced[cfg["system"]], framework=spec.framework, mem_fraction=spec.mem_fraction)
-    pools = pools.assign(fleet_usd_per_s=usd[sel])  # its share of the slice's cost, not its on-demand price
+    # each pool's share of the slice's cost (not its on-demand price), and its power as the fleet counts it against
+    # the site's cap (the study's or the catalog's all-in figure per GPU, `FleetData.systems`)
+    per_gpu_w = d.systems["power_per_node_w"] / d.systems["node_chips"]
+    pools = pools.assign(fleet_usd_per_s=usd[sel], power_w=pools["chips"] * pools["system"].map(per_gpu_w))
     usd_s = float(pools["fleet_usd_per_s"].sum())
-    input_s = 0.0
-    for p in pools.to_dict("records"):
-        if p["role"] == "prefill":
-            input_s += p["fleet_usd_per_s"]
-        elif p["role"] == "both":
-            q = config_entry(model_id, cls, w.prompt, {k: p[k] for k in CFG}, spec.space.ideal, output=w.output,
-                             request_level=True, system=systems_priced[p["system"]], framework=spec.framework,
-                             mem_fraction=spec.mem_fraction)
-            input_s += p["fleet_usd_per_s"] * float(q["prefill_share"])
+    input_s = float((pools["fleet_usd_per_s"] * pools["prefill_share"]).sum())  # as `dse.physics.serving` splits it
     chips = int((pools["chips"] * pools["replicas"]).sum())
     roles = set(pools["role"])
     usd_req = usd_s / lam
