@@ -173,8 +173,10 @@ class BlockOptima:
     req: Request | None = None  # the request the pairs were evaluated for (None: the space's workload)
 
 
-def _binding(n: int, n_hi: int, cap: int | None, m_next: dict | None, req: Request) -> str:
-    """What stops the block's batch at n: the study's batch cap, HBM capacity, a target, or the cost itself."""
+def _binding(n: int, n_hi: int, cap: int | None, m_next: dict | None, req: Request, robust: bool = False) -> str:
+    """What stops the block's batch at n: the study's batch cap, HBM capacity, a target (``robust``: met at the
+    high end of the prediction's error band, `Margins`, which the label says), or the cost itself.
+    """
     if n >= n_hi:
         return "the study's batch cap (max_batch_per_rank)" if cap is not None and n_hi >= cap else "HBM capacity"
     if m_next is not None:
@@ -182,7 +184,7 @@ def _binding(n: int, n_hi: int, cap: int | None, m_next: dict | None, req: Reque
             return "the prefill load (one more sequence per rank and the prefill no longer keeps up)"
         for key, target, label in targets(req):
             if key in m_next and m_next[key] > target * (1 + TOL):
-                return label
+                return label + (", met at the high end of the prediction's error band" if robust else "")
     return "the cost per request (a larger batch costs more per request)"
 
 
@@ -247,7 +249,7 @@ def block_optima(space: Space, req: Request | None = None, max_pairs: int | None
             binding.append("")
             continue
         following = {k: v[j] for k, v in nxt.items()} if best_n[j] < n_hi[j] else None
-        binding.append(_binding(int(best_n[j]), int(n_hi[j]), cap, following, w))
+        binding.append(_binding(int(best_n[j]), int(n_hi[j]), cap, following, w, margins is not None))
     return BlockOptima(b, best_n, metrics, binding, evaluated, margins, req)
 
 
@@ -821,7 +823,7 @@ def disaggregated_results(space: Space, t: DisaggregatedTables, i: np.ndarray, j
             tpot_next = t.dm["tpot_next_s"][ik] * float(np.ravel(tpot_m)[0])
             nxt = {key: tpot_next for key, _, _ in targets(w) if key.startswith("tpot")}  # a decode pass: one TPOT
         out.append(DisaggregatedResult(res[k], choice, int(index[pre.pos[jk]]), bool(pre.cp[jk]), metrics, pools,
-                                       _binding(n, hi, cap, nxt, w),
+                                       _binding(n, hi, cap, nxt, w, t.margins is not None),
                                        {"decode_pairs_evaluated": t.evaluated, "prefill_options": len(pre.pos)},
                                        deployed, whole))
     return out
