@@ -48,6 +48,8 @@ def test_the_answer_as_an_operator_reads_it(shipped, monkeypatch, capsys, column
                 f"{e['tokens_per_s_per_gpu']:,.4g} output tokens/s per GPU, {e['tokens_per_s_per_user']:,.3g} per "
                 "user") in text
         assert f"what binds the batch: {e['binding']}; sized for 50,000 output tokens/s" in text
+        if e["decide"] == "robust":  # the replicas bought at each pool's throughput band's low end: said so
+            assert "sized for 50,000 output tokens/s at the low end of each pool's throughput band" in text
         assert len(e["alternatives"]) == 10  # five of each mode
         for a in e["alternatives"]:  # lines at 80 columns; a table from 120, whose deployment cells may fold
             assert (a["layout"] in text or columns == "160") and f"{a['usd_per_request']:.4g}" in text

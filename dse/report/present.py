@@ -112,7 +112,9 @@ def answer_lines(e: dict, micro: str = "µ") -> list[str]:
     if e.get("budget"):
         sized.append(f"within {e['budget']}")
     if e.get("demand_tokens_per_s"):
-        sized.append(f"for {e['demand_tokens_per_s']:,.0f} output tokens/s")
+        # a robust decision buys the replicas for the demand at each pool's throughput band's low end
+        low = " at the low end of each pool's throughput band" if e.get("decide") == "robust" else ""
+        sized.append(f"for {e['demand_tokens_per_s']:,.0f} output tokens/s{low}")
     binds = (f"what binds the batch: {e['binding']}" if e.get("binding") else
              f"what binds the decode step: {e.get('bound', '-')}")
     if sized:
