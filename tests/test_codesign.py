@@ -18,6 +18,8 @@ def test_moe_codesign_study(shipped):
     assert best["h200"]["sparsity"] < best["gb200-nvl72"]["sparsity"]  # the jump
     assert best["gb200-nvl72"]["params_total"] > 3 * best["h200"]["params_total"]
     assert best["gb200-nvl72"]["usd_per_mtok"] < best["h200"]["usd_per_mtok"]
+    # a domain without a price of the study's kind is left out, not called infeasible
+    assert best["rubin-ultra-nvl576"]["status"] == "no_price" and "no price" in best["rubin-ultra-nvl576"]["reason"]
     t = run.table("codesign")
     h200 = t[t["system_domain"] == "h200"]
     assert (h200[h200["sparsity"] >= 16]["status"] == "infeasible").all()  # too big for 8 GPUs' HBM

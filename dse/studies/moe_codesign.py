@@ -61,7 +61,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
         ok = g[g["status"] != "infeasible"]
         if ok.empty:
             priced = not g["reason"].astype(str).str.contains("has a price of kind").all()
-            best.append({"system_domain": system, "status": "infeasible",
+            best.append({"system_domain": system, "status": "infeasible" if priced else "no_price",
                          "reason": "no sparsity fits one domain" if priced else
                          f"left out: no price of kind '{spec.price}' (supply one in the study's prices)"})
             continue
@@ -108,7 +108,7 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
     """One line per scale-up domain: the cost-optimal sparsity and its cost."""
     lines = []
     for e in summary["optimum"]:
-        if e["status"] == "infeasible":
+        if e["status"] != "optimal":  # infeasible, or left out for want of a price
             lines.append(f"{e['system_domain']}: {e.get('reason', 'no sparsity fits one domain')}")
             continue
         lines.append(f"{e['system_domain']}: sparsity {e['sparsity']} ({e['params_total'] / 1e12:.2f}T total, "
