@@ -134,6 +134,14 @@ def test_each_answer_costs_its_pools_split_into_input_and_output(answer):
             assert e["usd_per_mtok_input"] * w.prompt / 1e6 == pytest.approx(pre / lam, rel=1e-9)
             assert e["prefill_share"] == pytest.approx(pre / usd, rel=1e-9)
         assert 0.0 <= e["prefill_share"] <= 1.0
+        # the deployment's scale-up domains: no fewer than each pool's GPUs fill, no more than a domain per replica
+        # (16-GPU replicas share a 72-GPU NVL72 rack four to a rack; each once counted a rack of its own)
+        domain = {p["system"]: default_systems(spec.price)[p["system"]].scaleup_domain for p in e["pools"]}
+        low = sum(-(-p["replicas"] * p["chips"] // int(domain[p["system"]])) for p in e["pools"])
+        high = sum(p["replicas"] * -(-p["chips"] // int(domain[p["system"]])) for p in e["pools"])
+        assert low <= e["racks"] <= high
+        if e["chips"] == 48 and set(domain) == {"gb200-nvl72"}:
+            assert e["racks"] == 2  # 2 x 16 decode GPUs in one rack, 16 prefill GPUs in another
         # the top-level configuration is a replica that decodes (a prefill replica read as a decode step at
         # batch 1 once named what bound the answer's decode)
         assert any(p["role"] != "prefill" and all(p[k] == e[k] for k in ("system", "tp", "dp", "ep", "pp", "batch"))

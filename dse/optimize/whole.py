@@ -181,6 +181,14 @@ def nodes_for(replicas: np.ndarray | int, chips: np.ndarray | int, node: np.ndar
     return np.where(c <= g, -(-x // per_node), x * (-(-c // g)))
 
 
+def racks_of(pools: list[dict], domain: Callable[[str], int]) -> int:
+    """Scale-up domains (racks, 8-GPU nodes) a deployment's pools take: per pool, `nodes_for` its ``replicas`` of
+    ``chips`` on domains of its ``system``'s size (``domain``); replicas of one pool share a domain where several fit
+    in it, pools do not share one (an upper bound where two pools' replicas could fill one domain together).
+    """
+    return int(sum(int(nodes_for(p["replicas"], p["chips"], domain(p["system"]))) for p in pools))
+
+
 def _units(budget: Budget | None, replicas: np.ndarray, chips: np.ndarray, node: np.ndarray) -> np.ndarray:
     """What ``replicas`` replicas take of the budget (GPUs, or nodes; GPUs without a budget)."""
     if budget is not None and budget.nodes is not None:

@@ -33,7 +33,7 @@ from dse.optimize.requests import (
 from dse.optimize.serving import ServingResult
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Space, build_space, describe_choice, subset
-from dse.optimize.whole import Budget, whole_aggregated, whole_disaggregated
+from dse.optimize.whole import Budget, racks_of, whole_aggregated, whole_disaggregated
 from dse.physics.evaluate import Config, evaluate_levels
 from dse.physics.queueing import QUANTILES, quantile_name
 from dse.physics.serving import Request
@@ -268,6 +268,7 @@ def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_l
         if "batch_served" in res.deployed:  # the replicas have capacity to spare: each holds fewer sequences
             out["pools"][0]["batch_served"] = res.deployed["batch_served"]
         as_deployed(out, res.deployed, res.metrics["usd_per_request"], space.workload.output)
+        out["racks"] = racks_of(out["pools"], lambda _: int(system.scaleup_domain))  # the deployment's, as chips
         if space.workload.closed_loop and space.workload.concurrency is not None:
             out["concurrency"] = space.workload.concurrency  # the replicas hold the closed loop exactly
         parts = [(system.id, out[k]) for k in ("usd_per_request", "ttft_s", "tpot_s")]
@@ -324,6 +325,7 @@ def disaggregated_entry(space: Space, res: DisaggregatedResult, ideal: bool, siz
     out["prefill_service_s"] = dep["prefill_service_s"]
     out["context_parallel"] = res.context_parallel
     out["pools"] = res.pools
+    out["racks"] = racks_of(res.pools, lambda s: int((system if s == system.id else pre_sys).scaleup_domain))
     out["price_is_estimate"] = bool(system.price_is_estimate or pre_sys.price_is_estimate)
     cal = {family_of(s.id) or "uncalibrated family" for s in (system, pre_sys)}
     out["calibration"] = "uncalibrated family" if "uncalibrated family" in cal else ", ".join(sorted(cal))

@@ -25,6 +25,7 @@ from dse.optimize.deployment import check, data_of, greedy, solve_deployment
 from dse.optimize.margins import Margins, margins_for
 from dse.optimize.operating_points import non_dominated, operating_points
 from dse.optimize.space import Space, build_space, subset
+from dse.optimize.whole import racks_of
 from dse.physics.serving import cost_keys
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.common import (
@@ -201,7 +202,7 @@ def _entry(spec: Spec, model: str, w, group: str, pools: pd.DataFrame, systems: 
     roles = set(pools["role"])
     e["serving"] = "aggregated" if roles == {"both"} else "disaggregated" if "both" not in roles else "mixed"
     e["chips"] = chips
-    e["racks"] = int((pools["racks"] * pools["replicas"]).sum())
+    e["racks"] = racks_of(pools.to_dict("records"), lambda s: int(systems[s].scaleup_domain))
     e["usd_per_s"] = usd_per_s
     e.update(cost_keys(usd_per_s, lam, input_usd_per_s(pools) / usd_per_s, w.prompt, w.output))
     e["usd_per_mtok"] = usd_per_s / w.demand_tokens_per_s * 1e6  # every chip's cost over the output tokens

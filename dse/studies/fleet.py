@@ -21,6 +21,7 @@ from dse.catalog.models import get_model
 from dse.errors import InputError
 from dse.optimize.fleet import OPTION_COLUMNS, FleetData, check, fleet_options, loads, solve_fleet
 from dse.optimize.space import Space, build_space
+from dse.optimize.whole import racks_of
 from dse.physics.serving import cost_keys
 from dse.studies.base import MAX_LIST, Strict, StudySpec
 from dse.studies.common import banded, config_entry, pools_quantiles, served_entry, served_pools
@@ -226,7 +227,8 @@ def _entry(spec: Spec, d: FleetData, r, j: int, systems_priced: dict, usd: np.nd
     roles = set(pools["role"])
     usd_req = usd_s / lam
     e.update(serving="aggregated" if roles == {"both"} else "disaggregated" if "both" not in roles else "mixed",
-             chips=chips, racks=int((pools["racks"] * pools["replicas"]).sum()), peak_slice=t,
+             chips=chips, racks=racks_of(pools.to_dict("records"), lambda s: int(d.systems.loc[s, "node_chips"])),
+             peak_slice=t,
              demand_requests_per_s=lam, usd_per_s=usd_s,
              **cost_keys(usd_s, lam, input_s / usd_s if usd_s else 0.0, w.prompt, w.output),
              usd_per_mtok=usd_req / w.output * 1e6,
