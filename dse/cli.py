@@ -406,7 +406,13 @@ def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) ->
     table of the answers and of the alternatives from 120 columns, lines below). Text is printed as it is: no
     ``:name:`` in it is read as an emoji code (nor is rich's table of them loaded).
     """
-    from dse.report.present import ALTERNATIVE_COLUMNS, alternative_rows, answer_lines, decision_text
+    from dse.report.present import (
+        ALTERNATIVE_COLUMNS,
+        alternative_rows,
+        alternatives_title,
+        answer_lines,
+        decision_text,
+    )
     from dse.studies.contract import Frames
     from dse.studies.registry import study_module
 
@@ -440,7 +446,7 @@ def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) ->
         if not alts:
             continue
         if wide:
-            t = Table(title="  alternatives: the next best deployments of each mode", title_justify="left",
+            t = Table(title=f"  {alternatives_title(e)}", title_justify="left",
                       header_style="bold", box=None, padding=(0, 1))
             for col in ALTERNATIVE_COLUMNS:
                 t.add_column(col, justify="left" if col in ("mode", "deployment") else "right",
@@ -449,7 +455,7 @@ def _print_study(summary: dict, tables: dict, target: Path, files: list[str]) ->
                 t.add_row(*(a[c] for c in ALTERNATIVE_COLUMNS))
             console.print(t)
         else:
-            console.print("  alternatives: the next best deployments of each mode", highlight=False)
+            console.print(f"  {alternatives_title(e)}", highlight=False)
             for a in alts:
                 console.print(f"  - {a['mode']}, {escape(a['deployment'])}", highlight=False)
                 console.print(f"    {a['USD/request']} USD/request, TTFT {a['TTFT']}, TPOT {a['TPOT']}, "

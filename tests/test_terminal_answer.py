@@ -67,3 +67,18 @@ def test_a_sweep_resumed_from_its_storage_says_so(shipped, monkeypatch, capsys, 
     out = " ".join(capsys.readouterr().out.split())
     n = summary["points"]
     assert f"{n} points: 0 solved now, {n} resumed from the sweep's storage" in out
+
+
+def test_alternatives_ranked_at_the_fluid_pool_ratio_say_so(shipped, monkeypatch, capsys):
+    """With no budget and no demand the search ranks deployments at the fluid pool ratio, and the alternatives'
+    smallest whole deployments may then cost less as deployed than the answer's: the heading says how they were
+    ranked and each shows its fluid figure beside the one as deployed."""
+    from dse.report.present import _usd
+
+    r = shipped("hbm_bandwidth_sensitivity")
+    text = _shown(r, monkeypatch, capsys, "160")
+    assert "ranked at the fluid pool ratio" in text
+    for e in r.summary["best"]:
+        assert not e.get("budget") and not e.get("demand_tokens_per_s")
+        for a in e["alternatives"]:
+            assert f"{_usd(a['usd_per_request'])} ({_usd(a['usd_per_request_fluid'])})" in text

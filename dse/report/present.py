@@ -132,9 +132,25 @@ ALTERNATIVE_COLUMNS = ("mode", "deployment", "USD/request", "USD/Mtok in", "USD/
                        "tok/s/GPU", "tok/s/user")
 
 
+def ranked_at_fluid(e: dict) -> bool:
+    """Whether the search compared deployments at the fluid pool ratio (no budget, no demand): their smallest whole
+    deployments, which the figures as deployed describe, may then rank otherwise.
+    """
+    return not e.get("budget") and not e.get("demand_tokens_per_s") and "usd_per_request_fluid" in e
+
+
+def alternatives_title(e: dict) -> str:
+    """The heading of an entry's alternatives, saying how they were ranked."""
+    return "alternatives: the next best deployments of each mode" + (
+        ", ranked at the fluid pool ratio (USD/request: the smallest whole deployment's, as deployed; fluid "
+        "in brackets)" if ranked_at_fluid(e) else "")
+
+
 def alternative_rows(e: dict, micro: str = "µ") -> list[dict[str, str]]:
     """The entry's alternatives (``alternatives``: the next best deployments of each mode) as display cells."""
-    return [{"mode": a["serving"], "deployment": a["layout"], "USD/request": _usd(a["usd_per_request"]),
+    fluid = ranked_at_fluid(e)
+    return [{"mode": a["serving"], "deployment": a["layout"],
+             "USD/request": _usd(a["usd_per_request"]) + (f" ({_usd(a['usd_per_request_fluid'])})" if fluid else ""),
              "USD/Mtok in": _usd(a["usd_per_mtok_input"]), "USD/Mtok out": _usd(a["usd_per_mtok_output"]),
              "TTFT": si(a["ttft_s"], "s", micro=micro), "TPOT": si(a["tpot_s"], "s", micro=micro),
              "tok/s/GPU": f"{a['tokens_per_s_per_gpu']:,.4g}", "tok/s/user": f"{a['tokens_per_s_per_user']:,.3g}"}
@@ -187,7 +203,7 @@ def headline_html(out: StudyOutput, kind: str) -> str:
             alts = alternative_rows(e)
             table = ""
             if alts:
-                table = ("<details><summary>Alternatives (the next best deployments of each mode)</summary>"
+                table = (f"<details><summary>{html.escape(alternatives_title(e).capitalize())}</summary>"
                          + table_html(Table.from_records(alts)) + "</details>")
             rows.append(f"<li><b>{html.escape(first)}</b><br>" + "<br>".join(html.escape(r) for r in rest)
                         + (f"<br>{html.escape(decided)}" if decided else "") + table + "</li>")
