@@ -98,4 +98,7 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
         drain = "" if pd.isna(r["tier_drain_s"]) else f" (drain {r['tier_drain_s']:.3g} s)"
         lines.append(f"{r['model']} / {r['class']}: {r['tier']}{drain}, {r['gb_kept']:,.1f} GB kept, "
                      f"{r['usd_per_hour']:.3g} USD/h; a cache write costs {r['write_over_hit']:,.0f}x a hit")
+    if lines:  # what a hit is charged, and what it is not
+        lines.append("a hit costs the tier's storage and its devices' read time; the GPUs' time while the prefix "
+                     "loads is not charged (the load assumed to overlap other requests' work; load_s gives it)")
     return lines
