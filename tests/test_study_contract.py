@@ -68,6 +68,7 @@ def test_the_kind_exposes_its_parts_with_their_types(kind):
     charts = getattr(module, "CHARTS", ())
     assert isinstance(charts, tuple) and all(isinstance(c, Chart) for c in charts)
     assert isinstance(module.USES_STORAGE, bool) and isinstance(module.WORKERS, bool)
+    assert isinstance(module.OBJECTIVE, str) or callable(module.OBJECTIVE)  # the metric summary.json names
     assert not hasattr(module, "run")  # one way in: solve, summarised by solve_study
 
 

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from dse.optimize.equalization import ModelOptions
 
 USES_STORAGE = True
+OBJECTIVE = "lifetime_usd"
+"""What the lifetime program minimizes: the USD of training, RL and serving over the model's life."""
 WORKERS = False
 Tokens = Annotated[float, Field(ge=0, le=1e18)]
 
@@ -429,7 +431,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
     return Solved(
         status="optimal" if statuses == {"optimal"} else "feasible", tables=tables, results=sv.results,
         solver_name=f"pyomo -> ortools {spec.solver.name} (Optuna TPE refines the width)",
-        facts={"objective": "lifetime_usd", "optimum": best, "menu_optimum": optimum, "lecture": lecture,
+        facts={"objective": OBJECTIVE, "optimum": best, "menu_optimum": optimum, "lecture": lecture,
                "binds": binds(best_d, best_r, sv.quality, edge), "left_out": left,
                "greedy_usd": greedy_usd, "gain_over_greedy": 1 - optimum["lifetime_usd"] / greedy_usd
                if math.isfinite(greedy_usd) else None,

@@ -45,6 +45,8 @@ from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput, s
 from dse.studies.plotting import save, subplots
 
 USES_STORAGE = False
+OBJECTIVE = "usd_per_s"
+"""What the deployment program minimizes: the pools' USD per second serving the demand."""
 WORKERS = False
 MODES = {"aggregated": ("aggregated",), "disaggregated": ("disaggregated",), "mixed": ("aggregated", "disaggregated")}
 POOL_KEYS = ("role", "system", "replicas", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype",
@@ -314,7 +316,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
         tables["best"] = best_table(best)
     return Solved(status=status_of(results, infeasible), best=best, infeasible=infeasible, tables=tables,
                   results=results, solver_name=f"pyomo+gdp.{dep.gdp} -> ortools {spec.solver.name}", spaces=spaces,
-                  facts={"objective": "usd_per_s", "gdp_transformation": dep.gdp})
+                  facts={"objective": OBJECTIVE, "gdp_transformation": dep.gdp})
 
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:

@@ -29,6 +29,8 @@ from dse.studies.contract import Optimum, Plot, Progress, Solved, StudyOutput
 from dse.studies.plotting import save, subplots
 
 USES_STORAGE = False
+OBJECTIVE = "usd_per_day"
+"""What the fleet program minimizes: the USD of the nodes held through the day (reserved, hourly, fixed)."""
 WORKERS = False
 CFG = ("system", "chips", "racks", "tp", "ep", "pp", "dp", "etp", "batch", "context", "weights_dtype", "kv_dtype",
        "kv_tier")
@@ -292,7 +294,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
                                         "mean_nodes": float((r.reserved[s] + r.hourly.loc[s]).mean())}
                                        for s in d.systems.index])}
     kw = r.duals.get("usd_per_day_per_kw", {})
-    facts = {"objective": "usd_per_day", **info, "price_kind": _price_text(f),
+    facts = {"objective": OBJECTIVE, **info, "price_kind": _price_text(f),
              "price_kinds": {"reserved": f.reserved_price, "hourly": f.hourly_price},
              "cost": r.cost, "greedy_usd_per_day": g,
              "gain_over_greedy": 1 - r.result.objective / g if math.isfinite(g) else None,
