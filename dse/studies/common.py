@@ -493,11 +493,12 @@ def _deployment_key(serving: str, pools: list[dict]) -> tuple[str, tuple[str, ..
 def pool_text(p: dict) -> str:
     """One pool in a line: replicas, role, chips, system, layout and batch (``2 x decode [8 h200 TP8 DP1 EP1,
     batch 64]``; ``batch 64, serving 41`` where the replicas have capacity to spare); a prefill pool's batch is
-    one prompt per DP rank, so it is not repeated.
+    one prompt per DP rank, so it is not repeated, and context parallelism (a prompt split over the DP ranks) is
+    named where there are ranks to split it over.
     """
     role = "" if p.get("role", "both") == "both" else f"{p['role']} "
     layout = f"{p['chips']} {p['system']} TP{p['tp']} DP{p['dp']} EP{p['ep']}" + (
-        f" PP{p['pp']}" if p["pp"] > 1 else "") + (" CP" if p.get("context_parallel") else "")
+        f" PP{p['pp']}" if p["pp"] > 1 else "") + (" CP" if p.get("context_parallel") and p["dp"] > 1 else "")
     served = f", serving {p['batch_served']}" if p.get("batch_served") not in (None, p["batch"]) else ""
     batch = "" if p.get("role") == "prefill" else f", batch {p['batch']}{served}"
     return f"{p['replicas']} x {role}[{layout}{batch}]"
