@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -415,7 +416,7 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
                   ) -> tuple[float, dict] | None:
     """The exact minimum over a class cover set given as components (`formulations.fleet_columns.cover_components`)
     of chips priced per system (``price``) plus a fixed price per system used (``fixed``): depth-first branch and
-    bound over the components (each unused or one of its configurations, the largest first), the components in
+    bound over the components (each unused or one of its configurations, the dearest within the budget first), the components in
     order of their best price per request/s, a node's bound its cost plus what it still has to serve at the best
     price per request/s of the components left (fixed prices left out: a lower bound). ``start``: a plan's (cost,
     replicas) to beat (any plan: the minimum returned is then at most the cover set's). Units whose pools span
@@ -431,9 +432,10 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
             c = priced_pool(c, lam, price, spare)
         if not len(c.M):
             continue
-        cost = (c.usd if c.usd is not None else price.get(c.system, 0.0) * c.chips).tolist()
-        M = c.M.tolist()
-        tables.append((c, M, c.loss.tolist(), cost, min(x / m for x, m in zip(cost, M, strict=True))))
+        cost = c.usd if c.usd is not None else price.get(c.system, 0.0) * c.chips
+        order = np.argsort(cost, kind="stable")  # by cost: the configurations within a node's budget are a prefix
+        cost, M = cost[order], c.M[order]
+        tables.append((c, M.tolist(), c.loss[order].tolist(), cost.tolist(), float((cost / M).min()), order))
     tables.sort(key=lambda x: x[4])
     suffix = [math.inf] * (len(tables) + 1)
     for i in range(len(tables) - 1, -1, -1):
@@ -448,21 +450,29 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
             return False
         if i == len(tables):
             return True
-        c, M, L, cost, _ = tables[i]
-        extra = 0.0 if c.system is None or c.system in used else fixed.get(c.system, 0.0)
+        c, M, L, cost, _, _ = tables[i]
+        base = paid + (0.0 if c.system is None or c.system in used else fixed.get(c.system, 0.0))
         nxt = suffix[i + 1]
         inner = used if c.system is None else used | {c.system}
-        for n in range(len(M) - 1, -1, -1):  # the largest first: a plan complete early bounds the rest
-            p = paid + cost[n] + extra
+        need = lam - served
+        # the dearest configuration within the budget first (the largest, mostly: a plan complete early bounds the
+        # rest); those at or above the best so far are never visited
+        n = bisect_left(cost, best[0] - tol - base) - 1
+        while n >= 0:
+            p = base + cost[n]
             if p >= best[0] - tol:
+                n -= 1
                 continue
-            s = served + M[n]
             w = loss if loss > L[n] else L[n]
-            if s >= lam + w - tol:
+            short = need + w - M[n]  # what is still to serve, the worst failure's included
+            if short <= tol:
                 best[0], best[1] = p, chosen + ((i, n),)
-            elif p + (lam + w - s) * nxt < best[0] - tol and not search(i + 1, s, w, p, inner, chosen + ((i, n),)):
+                n = min(n, bisect_left(cost, best[0] - tol - base)) - 1
+                continue
+            if p + short * nxt < best[0] - tol and not search(i + 1, served + M[n], w, p, inner, chosen + ((i, n),)):
                 return False
-        if paid + (lam + loss - served) * nxt < best[0] - tol:
+            n -= 1
+        if paid + (need + loss) * nxt < best[0] - tol:
             return search(i + 1, served, loss, paid, used, chosen)
         return True
 
@@ -472,7 +482,7 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
         return best[0], best[1] or {}
     counts: dict = {}
     for i, n in best[1]:
-        c = tables[i][0]
-        for k, v in zip(c.ks, c.configs[n], strict=True):
+        c, order = tables[i][0], tables[i][5]
+        for k, v in zip(c.ks, c.configs[order[n]], strict=True):
             counts[int(k)] = counts.get(int(k), 0) + int(v)
     return best[0], counts
