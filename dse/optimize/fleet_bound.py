@@ -411,20 +411,28 @@ def cheapest_plan_fixed(comps: list, lam: float, price: dict, fixed: dict, start
     return best
 
 
+def _by_cost(cost: np.ndarray, M: np.ndarray, loss: np.ndarray) -> tuple:
+    """A component's configurations in ascending ``cost`` (so those within a budget are a prefix): their order, then
+    M, loss and cost in that order as lists, and the least cost per request/s served.
+    """
+    order = np.argsort(cost, kind="stable")
+    cost, M = cost[order], M[order]
+    return order, M.tolist(), loss[order].tolist(), cost.tolist(), float((cost / M).min())
+
+
 def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tuple[float, dict] | None = None,
                   node_limit: int = 20000, spare: bool = True, prepaid: frozenset = frozenset()
                   ) -> tuple[float, dict] | None:
-    """The exact minimum over a class cover set given as components (`formulations.fleet_columns.cover_components`)
-    of chips priced per system (``price``) plus a fixed price per system used (``fixed``): depth-first branch and
-    bound over the components (each unused or one of its configurations, the dearest within the budget first), the components in
-    order of their best price per request/s, a node's bound its cost plus what it still has to serve at the best
+    """The exact minimum over a class cover set given as components (`formulations.fleet_columns.cover_components`) of
+    chips priced per system (``price``) plus a fixed price per system used (``fixed``): depth-first branch and bound
+    over the components (each unused or one of its configurations, the dearest within the budget first), the components
+    in order of their best price per request/s, a node's bound its cost plus what it still has to serve at the best
     price per request/s of the components left (fixed prices left out: a lower bound). ``start``: a plan's (cost,
-    replicas) to beat (any plan: the minimum returned is then at most the cover set's). Units whose pools span
-    systems (`Pooled`, priced by `priced_pool`; ``spare``: with N+1) bear no fixed price: where one is in the plan
-    returned and a system only it uses has a fixed price, the minimum is a lower bound, not a plan's price
-    (`cheapest_plan_fixed` decides those). ``prepaid``: systems whose fixed price is not counted. Returns
-    (minimum, replicas per option), or None when the search passes ``node_limit`` nodes (the caller then solves the
-    cover program).
+    replicas) to beat (any plan: the minimum returned is then at most the cover set's). Units whose pools span systems
+    (`Pooled`, priced by `priced_pool`; ``spare``: with N+1) bear no fixed price: where one is in the plan returned and
+    a system only it uses has a fixed price, the minimum is a lower bound, not a plan's price (`cheapest_plan_fixed`
+    decides those). ``prepaid``: systems whose fixed price is not counted. Returns (minimum, replicas per option), or
+    None when the search passes ``node_limit`` nodes (the caller then solves the cover program).
     """
     tables = []
     for c in comps:
@@ -432,14 +440,17 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
             c = priced_pool(c, lam, price, spare)
         if not len(c.M):
             continue
-        cost = c.usd if c.usd is not None else price.get(c.system, 0.0) * c.chips
-        order = np.argsort(cost, kind="stable")  # by cost: the configurations within a node's budget are a prefix
-        cost, M = cost[order], c.M[order]
-        tables.append((c, M.tolist(), c.loss[order].tolist(), cost.tolist(), float((cost / M).min()), order))
-    tables.sort(key=lambda x: x[4])
+        if c.usd is not None:  # priced: its own table
+            scale, (order, M, L, units, ratio) = 1.0, _by_cost(c.usd, c.M, c.loss)
+        else:  # chips at one system's price: ordered by chips, once per component
+            if c.by_chips is None:
+                c.by_chips = _by_cost(c.chips, c.M, c.loss)
+            scale, (order, M, L, units, ratio) = price.get(c.system, 0.0), c.by_chips
+        tables.append((c, M, L, units, scale, ratio * scale, order))
+    tables.sort(key=lambda x: x[5])
     suffix = [math.inf] * (len(tables) + 1)
     for i in range(len(tables) - 1, -1, -1):
-        suffix[i] = min(suffix[i + 1], tables[i][4])
+        suffix[i] = min(suffix[i + 1], tables[i][5])
     best: list = [math.inf, None] if start is None else [start[0], start[1]]
     nodes = [0]
     tol = 1e-9 * max(1.0, lam)
@@ -450,16 +461,23 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
             return False
         if i == len(tables):
             return True
-        c, M, L, cost, _, _ = tables[i]
+        c, M, L, units, scale, _, _ = tables[i]
         base = paid + (0.0 if c.system is None or c.system in used else fixed.get(c.system, 0.0))
         nxt = suffix[i + 1]
         inner = used if c.system is None else used | {c.system}
         need = lam - served
+
+        def within() -> int:  # configurations priced below the best so far less what the node has paid: a prefix
+            room = best[0] - tol - base
+            if scale > 0:
+                return bisect_left(units, room / scale)
+            return len(units) if room > 0 else 0
+
         # the dearest configuration within the budget first (the largest, mostly: a plan complete early bounds the
         # rest); those at or above the best so far are never visited
-        n = bisect_left(cost, best[0] - tol - base) - 1
+        n = within() - 1
         while n >= 0:
-            p = base + cost[n]
+            p = base + scale * units[n]
             if p >= best[0] - tol:
                 n -= 1
                 continue
@@ -467,7 +485,7 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
             short = need + w - M[n]  # what is still to serve, the worst failure's included
             if short <= tol:
                 best[0], best[1] = p, chosen + ((i, n),)
-                n = min(n, bisect_left(cost, best[0] - tol - base)) - 1
+                n = min(n, within()) - 1
                 continue
             if p + short * nxt < best[0] - tol and not search(i + 1, served + M[n], w, p, inner, chosen + ((i, n),)):
                 return False
@@ -482,7 +500,7 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
         return best[0], best[1] or {}
     counts: dict = {}
     for i, n in best[1]:
-        c, order = tables[i][0], tables[i][5]
+        c, order = tables[i][0], tables[i][6]
         for k, v in zip(c.ks, c.configs[order[n]], strict=True):
             counts[int(k)] = counts.get(int(k), 0) + int(v)
     return best[0], counts
