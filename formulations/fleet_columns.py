@@ -31,7 +31,7 @@ unit u a continuous a_k <= (its pool's rate) - r_k z_k and <= (the other pool's 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
@@ -268,6 +268,8 @@ class Component:
     loss: np.ndarray
     chips: np.ndarray
     usd: np.ndarray | None = None  # priced: USD/day per configuration, already at given prices (system None)
+    # `dse.optimize.fleet_bound.cheapest_plan`'s table of its configurations by chips, built once per component
+    by_chips: tuple | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

@@ -836,15 +836,18 @@ def _cheapest_by_enumeration(d: FleetData, cls: str, t, up: np.ndarray, price: d
 def test_cheapest_plan_equals_enumeration_of_every_replica_vector():
     """The column generation's pricing (branch and bound over components, and the cover program where pools pair
     across an interconnect) returns the cheapest replica vector serving one class's demand with N+1, equal to an
-    enumeration of every vector (the brute force's own service rule), at random prices."""
+    enumeration of every vector (the brute force's own service rule), at random prices; the replicas it returns cost
+    that minimum, and the same components priced again at other prices (one system's free) give that enumeration's
+    minimum too."""
     from dse.optimize.fleet_bound import cheapest_plan
     from formulations.fleet_columns import cover_components
 
-    rng = np.random.default_rng(41)
+    rng, other = np.random.default_rng(41), np.random.default_rng(42)
     checked = 0
     while checked < 40:
         d = random_instance(rng, budget=False)
         up = d.upper()
+        foot = d.footprint()
         for j, (_, cls) in enumerate(d.classes):
             for t in d.slices:
                 if float(d.demand.iloc[j][t]) <= 0:
@@ -855,9 +858,20 @@ def test_cheapest_plan_equals_enumeration_of_every_replica_vector():
                 comps = cover_components(d, j, t, up[t].to_numpy())
                 if comps is None or ref is None:
                     continue
-                got = cheapest_plan(comps, float(d.demand.iloc[j][t]), price, fixed)
+                got = cheapest_plan(comps, float(d.demand.iloc[j][t]), price, fixed, spare=d.n_plus_one)
                 assert got is not None
                 assert got[0] == pytest.approx(ref, rel=1e-9, abs=1e-9)
+                # the replicas returned are a plan at that price (its components' tables are reordered by cost)
+                chips = pd.Series(foot[list(got[1])] * np.array(list(got[1].values())),
+                                  index=d.options["system"].to_numpy()[list(got[1])]).groupby(level=0).sum()
+                assert sum(price[s] * c + fixed[s] for s, c in chips.items() if c > 0) == pytest.approx(got[0]) \
+                    or got[0] == ref == math.inf
+                # the same components priced again at other prices (their tables by chips kept), one system free
+                again = {s: float(other.uniform(0, 3)) for s in d.systems.index}
+                again[d.systems.index[0]] = 0.0
+                got = cheapest_plan(comps, float(d.demand.iloc[j][t]), again, fixed, spare=d.n_plus_one)
+                assert got is not None and got[0] == pytest.approx(
+                    _cheapest_by_enumeration(d, cls, t, up[t].to_numpy(), again, fixed), rel=1e-9, abs=1e-9)
                 checked += 1
 
 

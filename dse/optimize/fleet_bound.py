@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -410,20 +411,28 @@ def cheapest_plan_fixed(comps: list, lam: float, price: dict, fixed: dict, start
     return best
 
 
+def _by_cost(cost: np.ndarray, M: np.ndarray, loss: np.ndarray) -> tuple:
+    """A component's configurations in ascending ``cost`` (so those within a budget are a prefix): their order, then
+    M, loss and cost in that order as lists, and the least cost per request/s served.
+    """
+    order = np.argsort(cost, kind="stable")
+    cost, M = cost[order], M[order]
+    return order, M.tolist(), loss[order].tolist(), cost.tolist(), float((cost / M).min())
+
+
 def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tuple[float, dict] | None = None,
                   node_limit: int = 20000, spare: bool = True, prepaid: frozenset = frozenset()
                   ) -> tuple[float, dict] | None:
-    """The exact minimum over a class cover set given as components (`formulations.fleet_columns.cover_components`)
-    of chips priced per system (``price``) plus a fixed price per system used (``fixed``): depth-first branch and
-    bound over the components (each unused or one of its configurations, the largest first), the components in
-    order of their best price per request/s, a node's bound its cost plus what it still has to serve at the best
+    """The exact minimum over a class cover set given as components (`formulations.fleet_columns.cover_components`) of
+    chips priced per system (``price``) plus a fixed price per system used (``fixed``): depth-first branch and bound
+    over the components (each unused or one of its configurations, the dearest within the budget first), the components
+    in order of their best price per request/s, a node's bound its cost plus what it still has to serve at the best
     price per request/s of the components left (fixed prices left out: a lower bound). ``start``: a plan's (cost,
-    replicas) to beat (any plan: the minimum returned is then at most the cover set's). Units whose pools span
-    systems (`Pooled`, priced by `priced_pool`; ``spare``: with N+1) bear no fixed price: where one is in the plan
-    returned and a system only it uses has a fixed price, the minimum is a lower bound, not a plan's price
-    (`cheapest_plan_fixed` decides those). ``prepaid``: systems whose fixed price is not counted. Returns
-    (minimum, replicas per option), or None when the search passes ``node_limit`` nodes (the caller then solves the
-    cover program).
+    replicas) to beat (any plan: the minimum returned is then at most the cover set's). Units whose pools span systems
+    (`Pooled`, priced by `priced_pool`; ``spare``: with N+1) bear no fixed price: where one is in the plan returned and
+    a system only it uses has a fixed price, the minimum is a lower bound, not a plan's price (`cheapest_plan_fixed`
+    decides those). ``prepaid``: systems whose fixed price is not counted. Returns (minimum, replicas per option), or
+    None when the search passes ``node_limit`` nodes (the caller then solves the cover program).
     """
     tables = []
     for c in comps:
@@ -431,13 +440,17 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
             c = priced_pool(c, lam, price, spare)
         if not len(c.M):
             continue
-        cost = (c.usd if c.usd is not None else price.get(c.system, 0.0) * c.chips).tolist()
-        M = c.M.tolist()
-        tables.append((c, M, c.loss.tolist(), cost, min(x / m for x, m in zip(cost, M, strict=True))))
-    tables.sort(key=lambda x: x[4])
+        if c.usd is not None:  # priced: its own table
+            scale, (order, M, L, units, ratio) = 1.0, _by_cost(c.usd, c.M, c.loss)
+        else:  # chips at one system's price: ordered by chips, once per component
+            if c.by_chips is None:
+                c.by_chips = _by_cost(c.chips, c.M, c.loss)
+            scale, (order, M, L, units, ratio) = price.get(c.system, 0.0), c.by_chips
+        tables.append((c, M, L, units, scale, ratio * scale, order))
+    tables.sort(key=lambda x: x[5])
     suffix = [math.inf] * (len(tables) + 1)
     for i in range(len(tables) - 1, -1, -1):
-        suffix[i] = min(suffix[i + 1], tables[i][4])
+        suffix[i] = min(suffix[i + 1], tables[i][5])
     best: list = [math.inf, None] if start is None else [start[0], start[1]]
     nodes = [0]
     tol = 1e-9 * max(1.0, lam)
@@ -448,21 +461,36 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
             return False
         if i == len(tables):
             return True
-        c, M, L, cost, _ = tables[i]
-        extra = 0.0 if c.system is None or c.system in used else fixed.get(c.system, 0.0)
+        c, M, L, units, scale, _, _ = tables[i]
+        base = paid + (0.0 if c.system is None or c.system in used else fixed.get(c.system, 0.0))
         nxt = suffix[i + 1]
         inner = used if c.system is None else used | {c.system}
-        for n in range(len(M) - 1, -1, -1):  # the largest first: a plan complete early bounds the rest
-            p = paid + cost[n] + extra
+        need = lam - served
+
+        def within() -> int:  # configurations priced below the best so far less what the node has paid: a prefix
+            room = best[0] - tol - base
+            if scale > 0:
+                return bisect_left(units, room / scale)
+            return len(units) if room > 0 else 0
+
+        # the dearest configuration within the budget first (the largest, mostly: a plan complete early bounds the
+        # rest); those at or above the best so far are never visited
+        n = within() - 1
+        while n >= 0:
+            p = base + scale * units[n]
             if p >= best[0] - tol:
+                n -= 1
                 continue
-            s = served + M[n]
             w = loss if loss > L[n] else L[n]
-            if s >= lam + w - tol:
+            short = need + w - M[n]  # what is still to serve, the worst failure's included
+            if short <= tol:
                 best[0], best[1] = p, chosen + ((i, n),)
-            elif p + (lam + w - s) * nxt < best[0] - tol and not search(i + 1, s, w, p, inner, chosen + ((i, n),)):
+                n = min(n, within()) - 1
+                continue
+            if p + short * nxt < best[0] - tol and not search(i + 1, served + M[n], w, p, inner, chosen + ((i, n),)):
                 return False
-        if paid + (lam + loss - served) * nxt < best[0] - tol:
+            n -= 1
+        if paid + (need + loss) * nxt < best[0] - tol:
             return search(i + 1, served, loss, paid, used, chosen)
         return True
 
@@ -472,7 +500,7 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
         return best[0], best[1] or {}
     counts: dict = {}
     for i, n in best[1]:
-        c = tables[i][0]
-        for k, v in zip(c.ks, c.configs[n], strict=True):
+        c, order = tables[i][0], tables[i][6]
+        for k, v in zip(c.ks, c.configs[order[n]], strict=True):
             counts[int(k)] = counts.get(int(k), 0) + int(v)
     return best[0], counts
