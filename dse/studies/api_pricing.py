@@ -105,7 +105,7 @@ def solve(spec: Spec, progress: Progress | None = None, storage: str | None = No
             w = replace(base.workload(), name=f"{ctx}", prompt=ctx - base.output if ctx > base.output else ctx)
             space = build_space(model, w, opts)
             row = {"model": model_id, "context": ctx,
-                   "beyond_trained_context": bool(model.max_context and w.prompt + w.output > model.max_context)}
+                   "beyond_trained_context": model.check_context(w.prompt + w.output, allow_beyond=True)}
             picked, reasons = pick_modes(space, mode_tables(space, spec), opts.ideal) if not space.blocks.empty \
                 else ([], [space.empty_reason])
             if not picked:

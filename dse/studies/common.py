@@ -30,7 +30,6 @@ from dse.optimize.requests import (
     ranked,
     ranked_disaggregated,
 )
-from dse.optimize.serving import ServingResult
 from dse.optimize.solver import SolveResult
 from dse.optimize.space import Space, build_space, describe_choice, subset
 from dse.optimize.whole import Budget, racks_of, whole_aggregated, whole_disaggregated
@@ -250,30 +249,26 @@ def served_entry(e: dict, pools: pd.DataFrame, keys: tuple[str, ...], main: obje
     e.update({k: one[k] for k in QUANTILE_KEYS if k in one})
 
 
-def entry(space: Space, res: ServingResult | RequestResult, ideal: bool, sized_low: bool = False,
-          memo: dict | None = None) -> dict:
-    """One optimum as the contract names it: model, workload, configuration, metrics (as `dse evaluate`).
-
-    A `RequestResult` (the request-level search) gives the request-level keys under the contract's
-    names and the limit that binds its batch as `binding`.
+def entry(space: Space, res: RequestResult, ideal: bool, sized_low: bool = False, memo: dict | None = None) -> dict:
+    """One aggregated optimum of the request-level search as the contract names it: model, workload, configuration
+    and step figures (as `dse evaluate`), the request-level keys of its whole deployment as deployed, and the limit
+    that binds its batch as `binding`.
     """
-    request_level = isinstance(res, RequestResult)
     system = next(s for s in space.systems if s.id == res.config["system"])
     out = config_entry(space.model.id, space.workload.name, space.workload.prompt, res.config, ideal,
-                       output=space.workload.output, request_level=request_level, system=system,
+                       output=space.workload.output, request_level=True, system=system,
                        req=space.workload, mem_fraction=space.mem_fraction, memo=memo)
-    if request_level:
-        out["binding"] = res.binding
-        out["pools"][0]["replicas"] = res.replicas
-        if "batch_served" in res.deployed:  # the replicas have capacity to spare: each holds fewer sequences
-            out["pools"][0]["batch_served"] = res.deployed["batch_served"]
-        as_deployed(out, res.deployed, res.metrics["usd_per_request"], space.workload.output)
-        out["racks"] = racks_of(out["pools"], lambda _: int(system.scaleup_domain))  # the deployment's, as chips
-        if space.workload.closed_loop and space.workload.concurrency is not None:
-            out["concurrency"] = space.workload.concurrency  # the replicas hold the closed loop exactly
-        parts = [(system.id, out[k]) for k in ("usd_per_request", "ttft_s", "tpot_s")]
-        banded(out, res.deployed, None if ideal else pooled_bands(*([p] for p in parts), sized_low=sized_low))
-        out["chunk_tokens"] = space.workload.chunk  # the chunked-prefill budget the plan was solved at
+    out["binding"] = res.binding
+    out["pools"][0]["replicas"] = res.replicas
+    if "batch_served" in res.deployed:  # the replicas have capacity to spare: each holds fewer sequences
+        out["pools"][0]["batch_served"] = res.deployed["batch_served"]
+    as_deployed(out, res.deployed, res.metrics["usd_per_request"], space.workload.output)
+    out["racks"] = racks_of(out["pools"], lambda _: int(system.scaleup_domain))  # the deployment's, as chips
+    if space.workload.closed_loop and space.workload.concurrency is not None:
+        out["concurrency"] = space.workload.concurrency  # the replicas hold the closed loop exactly
+    parts = [(system.id, out[k]) for k in ("usd_per_request", "ttft_s", "tpot_s")]
+    banded(out, res.deployed, None if ideal else pooled_bands(*([p] for p in parts), sized_low=sized_low))
+    out["chunk_tokens"] = space.workload.chunk  # the chunked-prefill budget the plan was solved at
     out["solver_status"] = res.result.status
     out["gap"] = res.result.gap
     return out
@@ -583,9 +578,9 @@ def decision(winner: dict, others: list[dict], cost: float | None = None) -> dic
             "contenders": [{k: o[k] for k in keep} for o in close[:CONTENDERS]]}
 
 
-def optimum(e: dict, res: ServingResult | RequestResult | DisaggregatedResult) -> Optimum:
-    """An entry of `entry` or `disaggregated_entry` at the level its result's type gives its figures."""
-    return Optimum(e, request_level=isinstance(res, (RequestResult, DisaggregatedResult)))
+def optimum(e: dict, res: RequestResult | DisaggregatedResult) -> Optimum:
+    """An entry of `entry` or `disaggregated_entry`: request-level figures."""
+    return Optimum(e, request_level=True)
 
 
 def chosen_blocks(space: Space, entries: list[dict]) -> Space:
