@@ -130,3 +130,20 @@ def test_operating_points_of_a_real_space_are_non_dominated_and_solve():
     r = solve_deployment(d)
     assert check(d, r.pools, {"chat": (0.05, 2.0)}) == []
     assert r.usd_per_s <= greedy(d) * (1 + 1e-9)
+
+
+def test_operating_points_power_is_all_in_or_absent_never_the_tdp():
+    """A point's power is chips x the catalog's all-in W per chip (host, network and cooling shares included); on a
+    system whose catalog has no all-in figure (H800: a 700 W TDP only) it is absent, as in the request-level physics,
+    never the TDP under the all-in name."""
+    from dse.catalog.hardware import default_systems
+
+    w = Request(name="chat", prompt=1000, output=300, tpot_max=0.05, ttft_max=2.0)
+    h100, h800 = (operating_points(build_space(get_model("llama-3.1-8b"), w, SpaceOptions(
+        systems=(s,), weights_dtypes=("fp8",), kv_dtypes=("fp8",), kv_tiers=("hbm",), tp=(1, 2), pp=(1,),
+        max_racks=1, max_batch_per_rank=64, prices=((s, 2.0),)))) for s in ("h100", "h800"))
+    cat = default_systems("rental_3yr")
+    assert np.isnan(cat["h800"].power_all_in_w) and cat["h800"].power == 700.0
+    assert len(h100) and len(h800)
+    assert np.allclose(h100["power_w"], h100["chips"] * cat["h100"].power_all_in_w, rtol=1e-12)
+    assert h800["power_w"].isna().all()

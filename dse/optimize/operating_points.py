@@ -23,7 +23,7 @@ from dse.optimize.requests import (
     served_pair,
 )
 from dse.optimize.space import Choice, Space, describe_choice, pair_chunks
-from dse.physics.serving import prefill_ttft
+from dse.physics.serving import power_w, prefill_ttft
 
 COLUMNS = ("role", "group", "system", "chips", "racks", "tp", "ep", "pp", "dp", "batch", "weights_dtype",
            "kv_dtype", "kv_tier", "usd_per_s", "requests_per_s", "ttft_s", "tpot_s", "power_w", "context_parallel",
@@ -34,10 +34,11 @@ point's block in its space's ``blocks`` (`served_point` evaluates it again there
 
 
 def _power(space: Space, pos: np.ndarray, chips: np.ndarray) -> np.ndarray:
-    """All-in power of a replica (catalog all-in W per chip; the chip's TDP where the catalog has none)."""
+    """All-in power of a replica (`dse.physics.serving.power_w`: the catalog's all-in W per chip; NaN where it has
+    none, never the chip's TDP under the all-in name).
+    """
     si = space.blocks["system_idx"][pos]
-    per = np.array([s.power_all_in_w if np.isfinite(s.power_all_in_w) else s.power for s in space.systems])
-    return chips * per[si]
+    return power_w(chips, np.array([s.power_all_in_w for s in space.systems])[si])
 
 
 def _config(space: Space, pos: int, n: int) -> dict:
