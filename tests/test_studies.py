@@ -153,8 +153,12 @@ def test_pareto_front_is_monotone_and_non_dominated(shipped):
     assert front["label"].str.contains("TP").all()
     best = summary["best"][0]
     assert front["usd_per_request_fluid"].min() == pytest.approx(best["usd_per_request_fluid"], rel=1e-12)
+    assert (front["tokens_per_s_per_gpu"] <= front["tokens_per_s_per_gpu_fluid"] * (1 + 1e-12)).all()  # as deployed
+    agg = front["serving"] == "aggregated"  # one replica: as deployed is the fluid figure
+    assert (front.loc[agg, "tokens_per_s_per_gpu"] == front.loc[agg, "tokens_per_s_per_gpu_fluid"]).all()
     thr = run.table("pareto_throughput")
-    assert (thr["tokens_per_s_per_gpu"].diff().dropna() > 0).all()
+    assert (thr["tokens_per_s_per_gpu_fluid"].diff().dropna() > 0).all()  # the front: at the fluid pool ratio
+    assert (thr["tokens_per_s_per_gpu"] <= thr["tokens_per_s_per_gpu_fluid"] * (1 + 1e-12)).all()
     stats = {f["front"]: f for f in summary["fronts"]}
     assert stats["cost"]["points"] == len(front) and stats["cost"]["candidates"] > 100_000
     assert summary["status"] == "optimal"
@@ -175,6 +179,9 @@ def test_fast_slow_mode(shipped):
     base = table[table["speed_multiplier"] == 1.0].set_index("model")
     for model, e in best.items():  # the base point is the request-level optimum under the 50 ms target
         assert base.loc[model, "usd_per_request"] == pytest.approx(e["usd_per_request"], rel=1e-9)
+        for key in ("chips", "ttft_s", "tokens_per_s_per_gpu"):  # every figure of the row its whole deployment's
+            assert base.loc[model, key] == pytest.approx(e[key], rel=1e-9), key
+        assert base.loc[model, "tokens_per_s_per_gpu_fluid"] >= e["tokens_per_s_per_gpu"]
         assert e["tpot_s"] <= 0.05 * (1 + 1e-9)
 
 

@@ -173,21 +173,38 @@ def describe_points(space: Space, f: pd.DataFrame, pre: PrefillOptions | None = 
     return out
 
 
-def smallest_whole(f: pd.DataFrame) -> pd.DataFrame:
-    """Each point's smallest whole deployment (`unit_replicas_many`; aggregated: one replica) costed as deployed:
+def smallest_whole(f: pd.DataFrame, pre: PrefillOptions | None = None, req: Request | None = None) -> pd.DataFrame:
+    """Each point's smallest whole deployment (`unit_replicas_many`; aggregated: one replica) as deployed:
     ``prefill_replicas``, ``decode_replicas``, ``chips`` (its GPUs in total), ``usd_per_request`` (every chip's
-    USD/s over the requests its decode replicas serve, the prefill pool's idle share included) and the point's own
-    figure at the fluid pool ratio as ``usd_per_request_fluid``.
+    USD/s over the requests its decode replicas serve, the prefill pool's idle share included),
+    ``tokens_per_s_per_gpu`` (those requests' output tokens/s over its GPUs) and, with the prefill options the
+    points index (``pre``) and the request, ``ttft_s`` with the prefill pool at the utilisation it runs at as
+    deployed (the planned one x the fluid ratio x d / p, at most the planned one); beside them the point's own figures
+    at the fluid pool ratio, ``usd_per_request_fluid`` and ``tokens_per_s_per_gpu_fluid`` (what the fronts are over).
     """
     ratio = f["pool_ratio"].to_numpy(dtype=float)
     dis = ratio > 0
     p, d = unit_replicas_many(np.where(dis, ratio, 1.0))
     p, d = np.where(dis, p, 0), np.where(dis, d, 1)
     fluid = f["usd_per_request"].to_numpy(dtype=float)
-    pre = f["prefill_usd_per_request"].to_numpy(dtype=float)
+    pre_usd = f["prefill_usd_per_request"].to_numpy(dtype=float)
+    chips, pre_chips = f["chips"].to_numpy(dtype=np.int64), f["prefill_chips"].to_numpy(dtype=np.int64)
+    whole = p * pre_chips + d * chips
+    tok_fluid = f["tokens_per_s_per_gpu"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        deployed = np.where(dis, fluid + pre * (p / (d * ratio) - 1.0), fluid)
-    return pd.DataFrame({"prefill_replicas": p, "decode_replicas": d,
-                         "chips": p * f["prefill_chips"].to_numpy(dtype=np.int64) + d * f["chips"].to_numpy(
-                             dtype=np.int64), "usd_per_request": deployed, "usd_per_request_fluid": fluid},
-                        index=f.index)
+        deployed = np.where(dis, fluid + pre_usd * (p / (d * ratio) - 1.0), fluid)
+        # the decode replicas' output tokens/s (tokens/s per GPU at the fluid ratio x its GPUs per decode replica)
+        tok = tok_fluid * (chips + ratio * pre_chips) * d / whole
+    out = pd.DataFrame({"prefill_replicas": p, "decode_replicas": d, "chips": whole, "usd_per_request": deployed,
+                        "usd_per_request_fluid": fluid, "tokens_per_s_per_gpu": np.where(dis, tok, tok_fluid),
+                        "tokens_per_s_per_gpu_fluid": tok_fluid}, index=f.index)
+    if pre is not None and req is not None:
+        ttft = f["ttft_s"].to_numpy(dtype=float).copy()
+        if dis.any():
+            j = f["prefill"].to_numpy()[dis]
+            pm = pre.metrics
+            rho = pre.rho[j] * ratio[dis] * d[dis] / p[dis]
+            ttft[dis] = prefill_ttft(pm["prefill_service_s"][j], pm["kv_transfer_s"][j], pm["stack_latency_s"][j],
+                                     rho, req)
+        out["ttft_s"] = ttft
+    return out

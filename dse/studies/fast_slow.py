@@ -100,9 +100,8 @@ def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
             row["batch_same_layout"] = 0
         desc = describe_points(relaxed, point, dis).iloc[0].to_dict()
         row.update(desc)
-        row.update(smallest_whole(point).iloc[0].to_dict())
-        row.update({k: float(point[k].iloc[0]) for k in ("tpot_s", "ttft_s", "tokens_per_s_per_gpu",
-                                                          "tokens_per_s_per_user")})
+        row.update(smallest_whole(point, dis, relaxed.served(req)).iloc[0].to_dict())
+        row.update({k: float(point[k].iloc[0]) for k in ("tpot_s", "tokens_per_s_per_user")})
         rows.append(row)
     found.rows.setdefault("fast_slow", []).extend(rows)
 

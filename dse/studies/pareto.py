@@ -1,6 +1,8 @@
 """``kind: pareto``: the exact, complete Pareto fronts of every (model, workload) at request level, over
 aggregated and disaggregated deployments (``space.serving``): USD per request against TPOT
-(``pareto.csv``) and output tokens/s per GPU against tokens/s per user (``pareto_throughput.csv``).
+(``pareto.csv``) and output tokens/s per GPU against tokens/s per user (``pareto_throughput.csv``), both at the
+fluid pool ratio (``usd_per_request_fluid``, ``tokens_per_s_per_gpu_fluid``); each row also gives its smallest whole
+deployment as deployed (`dse.optimize.fronts.smallest_whole`: GPUs, USD per request, tokens/s per GPU, TTFT).
 
 Every feasible configuration of the space is a candidate (every integer batch of every block; see
 `dse.optimize.fronts`), so the front is the whole non-dominated set, not a sample of TPOT targets.
@@ -25,7 +27,7 @@ from dse.studies.plotting import TIME_BREAKDOWN, place_labels, save, spread, sub
 USES_STORAGE = False
 OBJECTIVE = "usd_per_request_fluid"
 """The cost front's objective: USD per request at the fluid pool ratio at each TPOT (the throughput front maximizes
-tokens/s per GPU at each tokens/s per user)."""
+tokens/s per GPU at the fluid pool ratio at each tokens/s per user)."""
 WORKERS = False
 TABLES = {"cost": "pareto", "throughput": "pareto_throughput"}
 
@@ -56,8 +58,8 @@ def solve_one(space: Space, spec: Spec, ideal: bool, found: Found) -> None:
     for objective in spec.pareto.fronts:
         f = front(space, req, tables.aggregated is not None, dis, objective)
         desc = describe_points(space, f, dis.pre if dis is not None else None)
-        rows = pd.concat([desc, smallest_whole(f), f[["tpot_s", "ttft_s", "tokens_per_s_per_gpu",
-                                                      "tokens_per_s_per_user"]]], axis=1)
+        whole = smallest_whole(f, dis.pre if dis is not None else None, space.served(req))
+        rows = pd.concat([desc, whole, f[["tpot_s", "tokens_per_s_per_user"]]], axis=1)
         rows.insert(0, "workload", w.name)
         rows.insert(0, "model", space.model.id)
         rows["usd_per_mtok_blended"] = rows["usd_per_request"] / (w.prompt + w.output) * 1e6
@@ -116,16 +118,17 @@ def _cost(out: StudyOutput, path: Path) -> None:
 
 
 def _throughput(out: StudyOutput, path: Path) -> None:
-    _draw(out, path, "pareto_throughput", "tokens_per_s_per_gpu", "output tokens/s per GPU (both pools counted)",
+    _draw(out, path, "pareto_throughput", "tokens_per_s_per_gpu_fluid",
+          "output tokens/s per GPU at the fluid pool ratio (both pools counted)",
           "tokens/s per user against tokens/s per GPU", x="tokens_per_s_per_user")
 
 
 PLOTS = (TIME_BREAKDOWN, Plot("pareto", "pareto.png", _cost, needs="usd_per_request_fluid"),
-         Plot("pareto_throughput", "pareto_throughput.png", _throughput, needs="tokens_per_s_per_gpu"))
+         Plot("pareto_throughput", "pareto_throughput.png", _throughput, needs="tokens_per_s_per_gpu_fluid"))
 CHARTS = (Chart("pareto", "tpot_s", "usd_per_request_fluid",
                 "Pareto front: TPOT against USD per request at the fluid pool ratio"),
-          Chart("pareto_throughput", "tokens_per_s_per_user", "tokens_per_s_per_gpu",
-                "Pareto front: tokens/s per user against tokens/s per GPU"))
+          Chart("pareto_throughput", "tokens_per_s_per_user", "tokens_per_s_per_gpu_fluid",
+                "Pareto front: tokens/s per user against tokens/s per GPU at the fluid pool ratio"))
 
 
 def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
@@ -138,9 +141,9 @@ def headline(summary: dict, tables: dict[str, pd.DataFrame]) -> list[str]:
             continue
         what = ("USD per request at the fluid pool ratio {:.3g} (TPOT {:.3g} ms) to {:.3g} (TPOT {:.3g} ms)"
                 if s["front"] == "cost" else
-                "{:.4g} tokens/s per GPU at {:.3g} ms TPOT to {:.4g} at {:.3g} ms")
+                "{:.4g} tokens/s per GPU at the fluid pool ratio at {:.3g} ms TPOT to {:.4g} at {:.3g} ms")
         first, last = g.iloc[-1], g.iloc[0]
-        ykey = "usd_per_request_fluid" if s["front"] == "cost" else "tokens_per_s_per_gpu"
+        ykey = "usd_per_request_fluid" if s["front"] == "cost" else "tokens_per_s_per_gpu_fluid"
         lines.append(f"{s['model']} / {s['workload']} {s['front']} front: {s['points']} non-dominated points of "
                      f"{s['candidates']:,} feasible configurations ({s['aggregated_points']} aggregated); "
                      + what.format(first[ykey], first["tpot_s"] * 1e3, last[ykey], last["tpot_s"] * 1e3))
