@@ -323,6 +323,39 @@ def _pool_states(rate: np.ndarray, usd: np.ndarray, most: np.ndarray, lam: float
     return counts[1:], cap[1:], top[1:], cost[1:]
 
 
+REACH_CHUNK = 32
+"""Vectors `_first_reaching` compares with each query at once; the rest of a query's vectors come from a table per
+multiple of this many."""
+
+
+def _first_reaching(a: np.ndarray, b: np.ndarray, c: np.ndarray, qa: np.ndarray, qb: np.ndarray) -> np.ndarray:
+    """Per query the position of the cheapest vector with a >= qa and b >= qb (of equal costs the first; every query
+    is reached by one). The vectors reaching a query's qa are a prefix of them in descending a: its whole multiples
+    of `REACH_CHUNK` are read from a table (per such prefix and value of b, the least rank in the cheapest-first order
+    among its vectors at or above that value), the rest (fewer than `REACH_CHUNK`) compared one by one.
+    """
+    n = len(c)
+    by_c = np.argsort(c, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_c] = np.arange(n)
+    by_a = np.argsort(-a, kind="stable")
+    reach = n - np.searchsorted(np.sort(a), qa, side="left")  # vectors with a >= qa
+    vb = np.unique(b)
+    full = n // REACH_CHUNK
+    table = np.full((full + 1, len(vb) + 1), n, dtype=np.int64)
+    if full:
+        np.minimum.at(table, (1 + np.arange(full * REACH_CHUNK) // REACH_CHUNK,
+                              np.searchsorted(vb, b[by_a[:full * REACH_CHUNK]])), rank[by_a[:full * REACH_CHUNK]])
+        table = np.minimum.accumulate(np.minimum.accumulate(table[:, ::-1], axis=1)[:, ::-1], axis=0)
+    k = reach // REACH_CHUNK
+    best = table[k, np.searchsorted(vb, qb, side="left")]
+    pos = k[:, None] * REACH_CHUNK + np.arange(REACH_CHUNK)[None, :]
+    rows = by_a[np.minimum(pos, n - 1)]
+    ok = (pos < reach[:, None]) & (b[rows] >= qb[:, None])
+    best = np.minimum(best, np.where(ok, rank[rows], n).min(axis=1))
+    return by_c[best]
+
+
 def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True) -> Component:
     """A unit whose pools span systems as a component at given prices (USD/day per chip of each system): the pairs
     of its pools' non-dominated vectors (`_pool_states`) that no other pair beats (serving as much, as much after
@@ -350,14 +383,8 @@ def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True) -> Compo
     vb, rb = np.unique(np.concatenate((bP, bD)), return_inverse=True)
     code = np.unique(np.minimum.outer(ra[:len(aP)], ra[len(aP):]) * len(vb)
                      + np.minimum.outer(rb[:len(bP)], rb[len(bP):]))
-    targets = np.stack([va[code // len(vb)], vb[code % len(vb)]], axis=1)
-    big = np.inf
-
-    def cheapest(a, b, c):
-        ok = (a[None, :] >= targets[:, :1] - 1e-12) & (b[None, :] >= targets[:, 1:] - 1e-12)
-        return np.argmin(np.where(ok, c[None, :], big), axis=1)
-
-    i, j = cheapest(aP, bP, cP), cheapest(aD, bD, cD)
+    qa, qb = (va - 1e-12)[code // len(vb)], (vb - 1e-12)[code % len(vb)]  # a vector reaching a target has these
+    i, j = _first_reaching(aP, bP, cP, qa, qb), _first_reaching(aD, bD, cD, qa, qb)
     pair = np.unique(i * len(cD) + j)
     i, j = pair // len(cD), pair % len(cD)
     M, left, usd = np.minimum(aP[i], aD[j]), np.minimum(bP[i], bD[j]), cP[i] + cD[j]
