@@ -192,7 +192,8 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                 if parts[b] is not None:
                     prices, fixed_b = dict(zip(S, pi[:, ti].tolist(), strict=True)), dict(zip(S, fx.tolist(),
                                                                                                 strict=True))
-                    found = cheapest_plan(parts[b], lams[b], prices, fixed_b, seed, spare=d.n_plus_one)
+                    memo: dict = {}  # the pooled units' components at these prices, for both searches
+                    found = cheapest_plan(parts[b], lams[b], prices, fixed_b, seed, spare=d.n_plus_one, memo=memo)
                     if found is not None and pooled[b] and found[1]:  # its price with every system's fixed price
                         price = _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
                         cut_at = sigma[b] - 1e-7 * max(1.0, abs(sigma[b]))
@@ -202,7 +203,7 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                             if seed is None or price < seed[0]:
                                 seed = (price, found[1])
                             found = cheapest_plan_fixed(parts[b], lams[b], prices, fixed_b, seed, d.n_plus_one,
-                                                        found[0])
+                                                        found[0], memo)
                             price = None if found is None else _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
                     out.searched += found is not None
                 if found is None:
@@ -356,22 +357,39 @@ def _first_reaching(a: np.ndarray, b: np.ndarray, c: np.ndarray, qa: np.ndarray,
     return by_c[best]
 
 
-def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True) -> Component:
+def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True, memo: dict | None = None) -> Component:
     """A unit whose pools span systems as a component at given prices (USD/day per chip of each system): the pairs
     of its pools' non-dominated vectors (`_pool_states`) that no other pair beats (serving as much, as much after
     its worst failure, for no more USD), each serving min(cP, cD) and after the failure of a top prefill (decode)
     replica min(cP - rP, cD) (min(cP, cD - rD)), both counted up to lam. Every pair is beaten by the pair of the
     cheapest prefill and the cheapest decode vectors reaching its (served, left after a failure), so only those are
-    formed. USD/day per configuration in ``usd``; fixed prices of the systems it uses are not in it.
+    formed. USD/day per configuration in ``usd``; fixed prices of the systems it uses are not in it. ``memo``: a
+    dict holding each pool's vectors and each unit's component by their options and USD per replica (a unit
+    restricted to some systems, `cheapest_plan_fixed`, keeps a pool none of them holds, and often both).
     """
-    side = {}
+    memo = {} if memo is None else memo
+    side, keys = {}, []
     for r in ("prefill", "decode"):
         usd = np.array([price.get(s, 0.0) for s in u.system[r]]) * u.chips[r]
-        n, cap, top, cost = _pool_states(u.rate[r], usd, u.most[r], lam)
-        a = np.minimum(cap, lam)
-        b = np.minimum(cap - top, lam) if spare else a
-        keep = pareto(a, b, cost)
-        side[r] = (n[keep], a[keep], b[keep], cost[keep])
+        key = (r, u.ks[r].tobytes(), u.most[r].tobytes(), usd.tobytes(), lam, spare)
+        keys.append(key)
+        if key not in memo:
+            n, cap, top, cost = _pool_states(u.rate[r], usd, u.most[r], lam)
+            a = np.minimum(cap, lam)
+            b = np.minimum(cap - top, lam) if spare else a
+            keep = pareto(a, b, cost)
+            memo[key] = (n[keep], a[keep], b[keep], cost[keep])
+        side[r] = memo[key]
+    key = tuple(keys)
+    if key not in memo:
+        memo[key] = _paired(u, side)
+    return memo[key]
+
+
+def _paired(u: Pooled, side: dict) -> Component:
+    """`priced_pool`'s component from its pools' non-dominated vectors ``side`` (role -> counts, served, left after
+    a failure, USD/day).
+    """
     nP, aP, bP, cP = side["prefill"]
     nD, aD, bD, cD = side["decode"]
     if not len(cP) or not len(cD):
@@ -408,7 +426,8 @@ def _restrict(u: Pooled, banned: set) -> Pooled | None:
 
 
 def cheapest_plan_fixed(comps: list, lam: float, price: dict, fixed: dict, start: tuple[float, dict] | None = None,
-                        spare: bool = True, low: float = -math.inf) -> tuple[float, dict] | None:
+                        spare: bool = True, low: float = -math.inf, memo: dict | None = None
+                        ) -> tuple[float, dict] | None:
     """`cheapest_plan` with the fixed prices of systems that units spanning systems (`Pooled`) may use decided
     exactly: per set W of those systems (of the `FIXED_SUBSETS` largest prices), the units restricted to systems
     outside the others and W's fixed prices paid up front (so no component pays them again); the least over the sets
@@ -416,8 +435,9 @@ def cheapest_plan_fixed(comps: list, lam: float, price: dict, fixed: dict, start
     its plans at no less than their price). Systems beyond `FIXED_SUBSETS` keep their fixed price out of the units:
     the minimum is then a lower bound. ``start``: a plan and its price, to beat; ``low``: `cheapest_plan`'s minimum
     (fixed prices out of the units), so a set whose prices added to it reach the best so far is not searched. None
-    where a search passes its node limit.
+    where a search passes its node limit. ``memo``: `priced_pool`'s, shared by the searches.
     """
+    memo = {} if memo is None else memo
     tops = sorted({s for c in comps if isinstance(c, Pooled) for r in c.system for s in c.system[r]
                    if fixed.get(s, 0.0) > 0}, key=lambda s: -fixed[s])[:FIXED_SUBSETS]
     best = start
@@ -430,7 +450,7 @@ def cheapest_plan_fixed(comps: list, lam: float, price: dict, fixed: dict, start
                 continue
             r = cheapest_plan([c for c in parts if c is not None], lam, price, fixed,
                               None if best is None else (best[0] - up_front, best[1]), spare=spare,
-                              prepaid=frozenset(paid))
+                              prepaid=frozenset(paid), memo=memo)
             if r is None:
                 return None
             if best is None or r[0] + up_front < best[0]:
@@ -448,8 +468,8 @@ def _by_cost(cost: np.ndarray, M: np.ndarray, loss: np.ndarray) -> tuple:
 
 
 def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tuple[float, dict] | None = None,
-                  node_limit: int = 20000, spare: bool = True, prepaid: frozenset = frozenset()
-                  ) -> tuple[float, dict] | None:
+                  node_limit: int = 20000, spare: bool = True, prepaid: frozenset = frozenset(),
+                  memo: dict | None = None) -> tuple[float, dict] | None:
     """The exact minimum over a class cover set given as components (`formulations.fleet_columns.cover_components`) of
     chips priced per system (``price``) plus a fixed price per system used (``fixed``): depth-first branch and bound
     over the components (each unused or one of its configurations, the dearest within the budget first), the components
@@ -458,13 +478,14 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
     replicas) to beat (any plan: the minimum returned is then at most the cover set's). Units whose pools span systems
     (`Pooled`, priced by `priced_pool`; ``spare``: with N+1) bear no fixed price: where one is in the plan returned and
     a system only it uses has a fixed price, the minimum is a lower bound, not a plan's price (`cheapest_plan_fixed`
-    decides those). ``prepaid``: systems whose fixed price is not counted. Returns (minimum, replicas per option), or
-    None when the search passes ``node_limit`` nodes (the caller then solves the cover program).
+    decides those). ``prepaid``: systems whose fixed price is not counted; ``memo``: `priced_pool`'s. Returns
+    (minimum, replicas per option), or None when the search passes ``node_limit`` nodes (the caller then solves the
+    cover program).
     """
     tables = []
     for c in comps:
         if isinstance(c, Pooled):
-            c = priced_pool(c, lam, price, spare)
+            c = priced_pool(c, lam, price, spare, memo)
         if not len(c.M):
             continue
         if c.usd is not None:  # priced: its own table
