@@ -293,14 +293,17 @@ def _staircase(cost: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return cost[order], np.maximum.accumulate(cap[order])
 
 
-def _pool_states(rate: np.ndarray, usd: np.ndarray, most: np.ndarray, lam: float) -> tuple[np.ndarray, ...]:
+def _pool_states(rate: np.ndarray, usd: np.ndarray, most: np.ndarray, lam: float, below: float = math.inf
+                 ) -> tuple[np.ndarray, ...]:
     """The replica vectors of one pool worth holding at given prices (USD/day per replica ``usd``): (counts, rate
     capped at lam + top rate, top rate, USD/day), at least one replica, without those another beats (as much capped
     rate, no larger top rate, no more USD). Built option by option in ascending rate: the vectors that add the
     option's replicas have its rate as their top, so one held before (no larger top) beats one of them when it has
     as much capped rate for no more USD, and among themselves the same test decides; a completion adds replicas no
     slower than those held, so it keeps a dominance (the new top is common to both, and a capped rate plus a
-    replica of the new top reaches lam + that top whenever the uncapped one does).
+    replica of the new top reaches lam + that top whenever the uncapped one does). Only those priced below
+    ``below``: exactly those of them without it (a vector is beaten by cheaper ones only, and its completions cost
+    more).
     """
     counts = np.zeros((1, len(rate)), dtype=np.int64)
     cap, top, cost = np.zeros(1), np.zeros(1), np.zeros(1)
@@ -312,7 +315,8 @@ def _pool_states(rate: np.ndarray, usd: np.ndarray, most: np.ndarray, lam: float
         u_new = (cost[:, None] + n[None, :] * usd[k]).ravel()
         at, most_cap = _staircase(cost, cap)  # the vectors held so far (tops no larger)
         pos = np.searchsorted(at, u_new, side="right") - 1
-        fresh = np.flatnonzero(c_new > np.where(pos >= 0, most_cap[np.maximum(pos, 0)], -np.inf) + 1e-12)
+        fresh = np.flatnonzero((c_new > np.where(pos >= 0, most_cap[np.maximum(pos, 0)], -np.inf) + 1e-12)
+                               & (u_new < below))
         order = fresh[np.lexsort((-c_new[fresh], u_new[fresh]))]
         prior = np.maximum.accumulate(np.concatenate(([-np.inf], c_new[order][:-1])))
         order = order[c_new[order] > prior + 1e-12]
@@ -357,33 +361,43 @@ def _first_reaching(a: np.ndarray, b: np.ndarray, c: np.ndarray, qa: np.ndarray,
     return by_c[best]
 
 
-def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True, memo: dict | None = None) -> Component:
+def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True, memo: dict | None = None,
+                below: float = math.inf) -> Component:
     """A unit whose pools span systems as a component at given prices (USD/day per chip of each system): the pairs
     of its pools' non-dominated vectors (`_pool_states`) that no other pair beats (serving as much, as much after
     its worst failure, for no more USD), each serving min(cP, cD) and after the failure of a top prefill (decode)
     replica min(cP - rP, cD) (min(cP, cD - rD)), both counted up to lam. Every pair is beaten by the pair of the
     cheapest prefill and the cheapest decode vectors reaching its (served, left after a failure), so only those are
-    formed. USD/day per configuration in ``usd``; fixed prices of the systems it uses are not in it. ``memo``: a
-    dict holding each pool's vectors and each unit's component by their options and USD per replica (a unit
-    restricted to some systems, `cheapest_plan_fixed`, keeps a pool none of them holds, and often both).
+    formed. USD/day per configuration in ``usd``; fixed prices of the systems it uses are not in it. ``below``:
+    only the pairs priced below it (a search with a plan at that price never visits the others: the same minimum;
+    each pool's vectors below it less the other pool's cheapest replica, exactly the vectors formed without it, so
+    the pairs are the same points). ``memo``: a dict holding each pool's vectors and each unit's component by their
+    options and USD per replica, with the ``below`` they were formed under (a unit restricted to some systems,
+    `cheapest_plan_fixed`, keeps a pool none of them holds, and often both).
     """
     memo = {} if memo is None else memo
+    usd = {r: np.array([price.get(s, 0.0) for s in u.system[r]]) * u.chips[r] for r in ("prefill", "decode")}
     side, keys = {}, []
-    for r in ("prefill", "decode"):
-        usd = np.array([price.get(s, 0.0) for s in u.system[r]]) * u.chips[r]
-        key = (r, u.ks[r].tobytes(), u.most[r].tobytes(), usd.tobytes(), lam, spare)
+    for r, o in (("prefill", "decode"), ("decode", "prefill")):
+        key = (r, u.ks[r].tobytes(), u.most[r].tobytes(), usd[r].tobytes(), lam, spare)
         keys.append(key)
-        if key not in memo:
-            n, cap, top, cost = _pool_states(u.rate[r], usd, u.most[r], lam)
-            a = np.minimum(cap, lam)
-            b = np.minimum(cap - top, lam) if spare else a
+        cap = below - (usd[o].min() if len(usd[o]) else 0.0)
+        if key not in memo or memo[key][0] < cap:
+            n, c, top, cost = _pool_states(u.rate[r], usd[r], u.most[r], lam, cap)
+            a = np.minimum(c, lam)
+            b = np.minimum(c - top, lam) if spare else a
             keep = pareto(a, b, cost)
-            memo[key] = (n[keep], a[keep], b[keep], cost[keep])
-        side[r] = memo[key]
+            memo[key] = (cap, (n[keep], a[keep], b[keep], cost[keep]))
+        held, v = memo[key]
+        side[r] = v if held == cap else tuple(x[v[3] < cap] for x in v)
     key = tuple(keys)
-    if key not in memo:
-        memo[key] = _paired(u, side)
-    return memo[key]
+    if key not in memo or memo[key][0] < below:
+        memo[key] = (below, _paired(u, side))
+    held, c = memo[key]
+    if held == below:
+        return c
+    at = c.usd < below
+    return Component(None, c.ks, c.configs[at], c.M[at], c.loss[at], c.chips[at], c.usd[at])
 
 
 def _paired(u: Pooled, side: dict) -> Component:
@@ -485,7 +499,7 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
     tables = []
     for c in comps:
         if isinstance(c, Pooled):
-            c = priced_pool(c, lam, price, spare, memo)
+            c = priced_pool(c, lam, price, spare, memo, math.inf if start is None else start[0])
         if not len(c.M):
             continue
         if c.usd is not None:  # priced: its own table
