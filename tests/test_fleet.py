@@ -939,8 +939,12 @@ def test_pooled_units_are_priced_as_an_enumeration_of_every_replica_vector():
                 low = cheapest_plan(comps, need, price, fixed, spare=d.n_plus_one)
                 assert low[0] <= ref + 1e-9
                 free = cheapest_plan(comps, need, price, dict.fromkeys(fixed, 0.0), spare=d.n_plus_one)
-                assert free[0] == pytest.approx(_cheapest_by_enumeration(d, cls, t, up[t].to_numpy(), price,
-                                                                         dict.fromkeys(fixed, 0.0)), rel=1e-9, abs=1e-9)
+                ref_free = _cheapest_by_enumeration(d, cls, t, up[t].to_numpy(), price, dict.fromkeys(fixed, 0.0))
+                assert free[0] == pytest.approx(ref_free, rel=1e-9, abs=1e-9)
+                # from a plan priced just above the minimum (the pooled units' pairs formed only below it)
+                tight = cheapest_plan(comps, need, price, dict.fromkeys(fixed, 0.0), (ref_free * (1 + 1e-6) + 1e-6,
+                                      {}), spare=d.n_plus_one)
+                assert tight[0] == pytest.approx(ref_free, rel=1e-9, abs=1e-9)
                 checked += 1
                 spare += d.n_plus_one
     assert spare >= 10
