@@ -287,17 +287,46 @@ class Pooled:
     most: dict  # role -> most replicas of each option
 
 
+PARETO_BLOCK = 256
+"""Rows `pareto` compares pairwise at once (a block of rows in ascending chips, ties kept together); rows in earlier
+blocks (fewer chips) enter as the staircase of their (M, left)."""
+
+
 def pareto(M: np.ndarray, left: np.ndarray, chips: np.ndarray) -> np.ndarray:
     """Rows no other row beats: serving at least as much, as much after its worst failure, in no more chips (or
-    USD), one of them strictly (of identical rows the first).
+    USD), one of them strictly (of identical rows the first). In blocks of about `PARETO_BLOCK` rows in ascending
+    chips (equal chips in one block), each compared pairwise within itself; a row of an earlier block has fewer
+    chips, so it beats a row where it serves as much and as much after a failure (within 1e-12), which the
+    staircase of the earlier blocks' (M, left) answers exactly (a row there is beaten on both by one kept).
     """
-    if len(M) == 0:
+    n = len(M)
+    if n == 0:
         return np.zeros(0, dtype=bool)
     eps = 1e-12
-    ge = (M[None, :] >= M[:, None] - eps) & (left[None, :] >= left[:, None] - eps) & (chips[None, :] <= chips[:, None])
-    at = np.arange(len(M))  # a row as good as this one beats it where strictly better in one, or earlier
-    beats = (M[None, :] > M[:, None] + eps) | (left[None, :] > left[:, None] + eps) | (chips[None, :] < chips[:, None])
-    return ~(ge & (beats | (at[None, :] < at[:, None]))).any(axis=1)
+    order = np.argsort(chips, kind="stable")
+    sorted_chips = chips[order]
+    keep = np.ones(n, dtype=bool)
+    st_M, st_L = np.zeros(0), np.zeros(0)  # the staircase: M ascending, left descending
+    start = 0
+    while start < n:
+        end = int(np.searchsorted(sorted_chips, sorted_chips[min(start + PARETO_BLOCK, n) - 1], side="right"))
+        at = order[start:end]
+        m, lt, ch = M[at], left[at], chips[at]
+        ge = (m[None, :] >= m[:, None] - eps) & (lt[None, :] >= lt[:, None] - eps) & (ch[None, :] <= ch[:, None])
+        beats = (m[None, :] > m[:, None] + eps) | (lt[None, :] > lt[:, None] + eps) | (ch[None, :] < ch[:, None])
+        beaten = (ge & (beats | (at[None, :] < at[:, None]))).any(axis=1)
+        if len(st_M):
+            k = np.searchsorted(st_M, m - eps, side="left")
+            beaten |= (k < len(st_M)) & (st_L[np.minimum(k, len(st_M) - 1)] >= lt - eps)
+        keep[at] = ~beaten
+        if end < n:
+            allM, allL = np.concatenate((st_M, m)), np.concatenate((st_L, lt))
+            by = np.lexsort((-allL, -allM))  # M descending, then left descending
+            prior = np.maximum.accumulate(np.concatenate(([-np.inf], allL[by][:-1])))
+            top = by[allL[by] > prior][::-1]
+            st_M, st_L = allM[top], allL[top]
+        start = end
+    return keep
 
 
 def _front(cap: np.ndarray, chips: np.ndarray) -> np.ndarray:

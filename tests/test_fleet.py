@@ -875,6 +875,34 @@ def test_cheapest_plan_equals_enumeration_of_every_replica_vector():
                 checked += 1
 
 
+def test_pareto_and_cheapest_reaching_equal_their_pairwise_definitions():
+    """The pricing's two primitives on rows with ties and near-ties (within and past their 1e-12 tolerance), on more
+    rows than one block: `pareto` keeps exactly the rows no other beats (as much served and left within 1e-12, no
+    more cost, one of them strictly, or an identical earlier row), and `_first_reaching` gives per query the first
+    of the cheapest rows reaching it, both checked against every pair of rows."""
+    from dse.optimize.fleet_bound import _first_reaching
+    from formulations.fleet_columns import pareto
+
+    rng = np.random.default_rng(59)
+    for _ in range(40):
+        n = int(rng.integers(1, 700))
+        v = rng.integers(0, int(rng.integers(2, 30)), size=(n, 3)).astype(float)
+        v += rng.choice([0.0, 1e-13, -1e-13, 5e-13, 2e-12], size=(n, 3)) * (rng.uniform(size=(n, 3)) < 0.5)
+        M, left, cost = v.T
+        keep = pareto(M, left, cost)
+        for i in range(n):
+            beaten = any(M[j] >= M[i] - 1e-12 and left[j] >= left[i] - 1e-12 and cost[j] <= cost[i]
+                         and (M[j] > M[i] + 1e-12 or left[j] > left[i] + 1e-12 or cost[j] < cost[i] or j < i)
+                         for j in range(n))
+            assert keep[i] == (not beaten)
+        q = rng.integers(0, n, size=200)
+        qa, qb = M[q] - rng.choice([0.0, 1e-12, 1.0], 200), left[q] - rng.choice([0.0, 1e-12, 2.0], 200)
+        got = _first_reaching(M, left, cost, qa, qb)
+        for t in range(200):
+            reach = [j for j in range(n) if M[j] >= qa[t] and left[j] >= qb[t]]
+            assert got[t] == min(reach, key=lambda j: (cost[j], j))
+
+
 def test_pooled_units_are_priced_as_an_enumeration_of_every_replica_vector():
     """Pools joined across systems by interconnects (free hand-offs, with and without N+1): the pricing that forms
     their non-dominated pairs at the prices (`priced_pool`) and decides the fixed prices of the systems they use
@@ -911,8 +939,12 @@ def test_pooled_units_are_priced_as_an_enumeration_of_every_replica_vector():
                 low = cheapest_plan(comps, need, price, fixed, spare=d.n_plus_one)
                 assert low[0] <= ref + 1e-9
                 free = cheapest_plan(comps, need, price, dict.fromkeys(fixed, 0.0), spare=d.n_plus_one)
-                assert free[0] == pytest.approx(_cheapest_by_enumeration(d, cls, t, up[t].to_numpy(), price,
-                                                                         dict.fromkeys(fixed, 0.0)), rel=1e-9, abs=1e-9)
+                ref_free = _cheapest_by_enumeration(d, cls, t, up[t].to_numpy(), price, dict.fromkeys(fixed, 0.0))
+                assert free[0] == pytest.approx(ref_free, rel=1e-9, abs=1e-9)
+                # from a plan priced just above the minimum (the pooled units' pairs formed only below it)
+                tight = cheapest_plan(comps, need, price, dict.fromkeys(fixed, 0.0), (ref_free * (1 + 1e-6) + 1e-6,
+                                      {}), spare=d.n_plus_one)
+                assert tight[0] == pytest.approx(ref_free, rel=1e-9, abs=1e-9)
                 checked += 1
                 spare += d.n_plus_one
     assert spare >= 10

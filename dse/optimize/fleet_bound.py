@@ -192,7 +192,8 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                 if parts[b] is not None:
                     prices, fixed_b = dict(zip(S, pi[:, ti].tolist(), strict=True)), dict(zip(S, fx.tolist(),
                                                                                                 strict=True))
-                    found = cheapest_plan(parts[b], lams[b], prices, fixed_b, seed, spare=d.n_plus_one)
+                    memo: dict = {}  # the pooled units' components at these prices, for both searches
+                    found = cheapest_plan(parts[b], lams[b], prices, fixed_b, seed, spare=d.n_plus_one, memo=memo)
                     if found is not None and pooled[b] and found[1]:  # its price with every system's fixed price
                         price = _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
                         cut_at = sigma[b] - 1e-7 * max(1.0, abs(sigma[b]))
@@ -202,7 +203,7 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                             if seed is None or price < seed[0]:
                                 seed = (price, found[1])
                             found = cheapest_plan_fixed(parts[b], lams[b], prices, fixed_b, seed, d.n_plus_one,
-                                                        found[0])
+                                                        found[0], memo)
                             price = None if found is None else _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
                     out.searched += found is not None
                 if found is None:
@@ -292,14 +293,17 @@ def _staircase(cost: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return cost[order], np.maximum.accumulate(cap[order])
 
 
-def _pool_states(rate: np.ndarray, usd: np.ndarray, most: np.ndarray, lam: float) -> tuple[np.ndarray, ...]:
+def _pool_states(rate: np.ndarray, usd: np.ndarray, most: np.ndarray, lam: float, below: float = math.inf
+                 ) -> tuple[np.ndarray, ...]:
     """The replica vectors of one pool worth holding at given prices (USD/day per replica ``usd``): (counts, rate
     capped at lam + top rate, top rate, USD/day), at least one replica, without those another beats (as much capped
     rate, no larger top rate, no more USD). Built option by option in ascending rate: the vectors that add the
     option's replicas have its rate as their top, so one held before (no larger top) beats one of them when it has
     as much capped rate for no more USD, and among themselves the same test decides; a completion adds replicas no
     slower than those held, so it keeps a dominance (the new top is common to both, and a capped rate plus a
-    replica of the new top reaches lam + that top whenever the uncapped one does).
+    replica of the new top reaches lam + that top whenever the uncapped one does). Only those priced below
+    ``below``: exactly those of them without it (a vector is beaten by cheaper ones only, and its completions cost
+    more).
     """
     counts = np.zeros((1, len(rate)), dtype=np.int64)
     cap, top, cost = np.zeros(1), np.zeros(1), np.zeros(1)
@@ -311,7 +315,8 @@ def _pool_states(rate: np.ndarray, usd: np.ndarray, most: np.ndarray, lam: float
         u_new = (cost[:, None] + n[None, :] * usd[k]).ravel()
         at, most_cap = _staircase(cost, cap)  # the vectors held so far (tops no larger)
         pos = np.searchsorted(at, u_new, side="right") - 1
-        fresh = np.flatnonzero(c_new > np.where(pos >= 0, most_cap[np.maximum(pos, 0)], -np.inf) + 1e-12)
+        fresh = np.flatnonzero((c_new > np.where(pos >= 0, most_cap[np.maximum(pos, 0)], -np.inf) + 1e-12)
+                               & (u_new < below))
         order = fresh[np.lexsort((-c_new[fresh], u_new[fresh]))]
         prior = np.maximum.accumulate(np.concatenate(([-np.inf], c_new[order][:-1])))
         order = order[c_new[order] > prior + 1e-12]
@@ -323,22 +328,82 @@ def _pool_states(rate: np.ndarray, usd: np.ndarray, most: np.ndarray, lam: float
     return counts[1:], cap[1:], top[1:], cost[1:]
 
 
-def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True) -> Component:
+REACH_CHUNK = 32
+"""Vectors `_first_reaching` compares with each query at once; the rest of a query's vectors come from a table per
+multiple of this many."""
+
+
+def _first_reaching(a: np.ndarray, b: np.ndarray, c: np.ndarray, qa: np.ndarray, qb: np.ndarray) -> np.ndarray:
+    """Per query the position of the cheapest vector with a >= qa and b >= qb (of equal costs the first; every query
+    is reached by one). The vectors reaching a query's qa are a prefix of them in descending a: its whole multiples
+    of `REACH_CHUNK` are read from a table (per such prefix and value of b, the least rank in the cheapest-first order
+    among its vectors at or above that value), the rest (fewer than `REACH_CHUNK`) compared one by one.
+    """
+    n = len(c)
+    by_c = np.argsort(c, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_c] = np.arange(n)
+    by_a = np.argsort(-a, kind="stable")
+    reach = n - np.searchsorted(np.sort(a), qa, side="left")  # vectors with a >= qa
+    vb = np.unique(b)
+    full = n // REACH_CHUNK
+    table = np.full((full + 1, len(vb) + 1), n, dtype=np.int64)
+    if full:
+        np.minimum.at(table, (1 + np.arange(full * REACH_CHUNK) // REACH_CHUNK,
+                              np.searchsorted(vb, b[by_a[:full * REACH_CHUNK]])), rank[by_a[:full * REACH_CHUNK]])
+        table = np.minimum.accumulate(np.minimum.accumulate(table[:, ::-1], axis=1)[:, ::-1], axis=0)
+    k = reach // REACH_CHUNK
+    best = table[k, np.searchsorted(vb, qb, side="left")]
+    pos = k[:, None] * REACH_CHUNK + np.arange(REACH_CHUNK)[None, :]
+    rows = by_a[np.minimum(pos, n - 1)]
+    ok = (pos < reach[:, None]) & (b[rows] >= qb[:, None])
+    best = np.minimum(best, np.where(ok, rank[rows], n).min(axis=1))
+    return by_c[best]
+
+
+def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True, memo: dict | None = None,
+                below: float = math.inf) -> Component:
     """A unit whose pools span systems as a component at given prices (USD/day per chip of each system): the pairs
     of its pools' non-dominated vectors (`_pool_states`) that no other pair beats (serving as much, as much after
     its worst failure, for no more USD), each serving min(cP, cD) and after the failure of a top prefill (decode)
     replica min(cP - rP, cD) (min(cP, cD - rD)), both counted up to lam. Every pair is beaten by the pair of the
     cheapest prefill and the cheapest decode vectors reaching its (served, left after a failure), so only those are
-    formed. USD/day per configuration in ``usd``; fixed prices of the systems it uses are not in it.
+    formed. USD/day per configuration in ``usd``; fixed prices of the systems it uses are not in it. ``below``:
+    only the pairs priced below it (a search with a plan at that price never visits the others: the same minimum;
+    each pool's vectors below it less the other pool's cheapest replica, exactly the vectors formed without it, so
+    the pairs are the same points). ``memo``: a dict holding each pool's vectors and each unit's component by their
+    options and USD per replica, with the ``below`` they were formed under (a unit restricted to some systems,
+    `cheapest_plan_fixed`, keeps a pool none of them holds, and often both).
     """
-    side = {}
-    for r in ("prefill", "decode"):
-        usd = np.array([price.get(s, 0.0) for s in u.system[r]]) * u.chips[r]
-        n, cap, top, cost = _pool_states(u.rate[r], usd, u.most[r], lam)
-        a = np.minimum(cap, lam)
-        b = np.minimum(cap - top, lam) if spare else a
-        keep = pareto(a, b, cost)
-        side[r] = (n[keep], a[keep], b[keep], cost[keep])
+    memo = {} if memo is None else memo
+    usd = {r: np.array([price.get(s, 0.0) for s in u.system[r]]) * u.chips[r] for r in ("prefill", "decode")}
+    side, keys = {}, []
+    for r, o in (("prefill", "decode"), ("decode", "prefill")):
+        key = (r, u.ks[r].tobytes(), u.most[r].tobytes(), usd[r].tobytes(), lam, spare)
+        keys.append(key)
+        cap = below - (usd[o].min() if len(usd[o]) else 0.0)
+        if key not in memo or memo[key][0] < cap:
+            n, c, top, cost = _pool_states(u.rate[r], usd[r], u.most[r], lam, cap)
+            a = np.minimum(c, lam)
+            b = np.minimum(c - top, lam) if spare else a
+            keep = pareto(a, b, cost)
+            memo[key] = (cap, (n[keep], a[keep], b[keep], cost[keep]))
+        held, v = memo[key]
+        side[r] = v if held == cap else tuple(x[v[3] < cap] for x in v)
+    key = tuple(keys)
+    if key not in memo or memo[key][0] < below:
+        memo[key] = (below, _paired(u, side))
+    held, c = memo[key]
+    if held == below:
+        return c
+    at = c.usd < below
+    return Component(None, c.ks, c.configs[at], c.M[at], c.loss[at], c.chips[at], c.usd[at])
+
+
+def _paired(u: Pooled, side: dict) -> Component:
+    """`priced_pool`'s component from its pools' non-dominated vectors ``side`` (role -> counts, served, left after
+    a failure, USD/day).
+    """
     nP, aP, bP, cP = side["prefill"]
     nD, aD, bD, cD = side["decode"]
     if not len(cP) or not len(cD):
@@ -350,14 +415,8 @@ def priced_pool(u: Pooled, lam: float, price: dict, spare: bool = True) -> Compo
     vb, rb = np.unique(np.concatenate((bP, bD)), return_inverse=True)
     code = np.unique(np.minimum.outer(ra[:len(aP)], ra[len(aP):]) * len(vb)
                      + np.minimum.outer(rb[:len(bP)], rb[len(bP):]))
-    targets = np.stack([va[code // len(vb)], vb[code % len(vb)]], axis=1)
-    big = np.inf
-
-    def cheapest(a, b, c):
-        ok = (a[None, :] >= targets[:, :1] - 1e-12) & (b[None, :] >= targets[:, 1:] - 1e-12)
-        return np.argmin(np.where(ok, c[None, :], big), axis=1)
-
-    i, j = cheapest(aP, bP, cP), cheapest(aD, bD, cD)
+    qa, qb = (va - 1e-12)[code // len(vb)], (vb - 1e-12)[code % len(vb)]  # a vector reaching a target has these
+    i, j = _first_reaching(aP, bP, cP, qa, qb), _first_reaching(aD, bD, cD, qa, qb)
     pair = np.unique(i * len(cD) + j)
     i, j = pair // len(cD), pair % len(cD)
     M, left, usd = np.minimum(aP[i], aD[j]), np.minimum(bP[i], bD[j]), cP[i] + cD[j]
@@ -381,7 +440,8 @@ def _restrict(u: Pooled, banned: set) -> Pooled | None:
 
 
 def cheapest_plan_fixed(comps: list, lam: float, price: dict, fixed: dict, start: tuple[float, dict] | None = None,
-                        spare: bool = True, low: float = -math.inf) -> tuple[float, dict] | None:
+                        spare: bool = True, low: float = -math.inf, memo: dict | None = None
+                        ) -> tuple[float, dict] | None:
     """`cheapest_plan` with the fixed prices of systems that units spanning systems (`Pooled`) may use decided
     exactly: per set W of those systems (of the `FIXED_SUBSETS` largest prices), the units restricted to systems
     outside the others and W's fixed prices paid up front (so no component pays them again); the least over the sets
@@ -389,8 +449,9 @@ def cheapest_plan_fixed(comps: list, lam: float, price: dict, fixed: dict, start
     its plans at no less than their price). Systems beyond `FIXED_SUBSETS` keep their fixed price out of the units:
     the minimum is then a lower bound. ``start``: a plan and its price, to beat; ``low``: `cheapest_plan`'s minimum
     (fixed prices out of the units), so a set whose prices added to it reach the best so far is not searched. None
-    where a search passes its node limit.
+    where a search passes its node limit. ``memo``: `priced_pool`'s, shared by the searches.
     """
+    memo = {} if memo is None else memo
     tops = sorted({s for c in comps if isinstance(c, Pooled) for r in c.system for s in c.system[r]
                    if fixed.get(s, 0.0) > 0}, key=lambda s: -fixed[s])[:FIXED_SUBSETS]
     best = start
@@ -403,7 +464,7 @@ def cheapest_plan_fixed(comps: list, lam: float, price: dict, fixed: dict, start
                 continue
             r = cheapest_plan([c for c in parts if c is not None], lam, price, fixed,
                               None if best is None else (best[0] - up_front, best[1]), spare=spare,
-                              prepaid=frozenset(paid))
+                              prepaid=frozenset(paid), memo=memo)
             if r is None:
                 return None
             if best is None or r[0] + up_front < best[0]:
@@ -421,8 +482,8 @@ def _by_cost(cost: np.ndarray, M: np.ndarray, loss: np.ndarray) -> tuple:
 
 
 def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tuple[float, dict] | None = None,
-                  node_limit: int = 20000, spare: bool = True, prepaid: frozenset = frozenset()
-                  ) -> tuple[float, dict] | None:
+                  node_limit: int = 20000, spare: bool = True, prepaid: frozenset = frozenset(),
+                  memo: dict | None = None) -> tuple[float, dict] | None:
     """The exact minimum over a class cover set given as components (`formulations.fleet_columns.cover_components`) of
     chips priced per system (``price``) plus a fixed price per system used (``fixed``): depth-first branch and bound
     over the components (each unused or one of its configurations, the dearest within the budget first), the components
@@ -431,13 +492,14 @@ def cheapest_plan(comps: list, lam: float, price: dict, fixed: dict, start: tupl
     replicas) to beat (any plan: the minimum returned is then at most the cover set's). Units whose pools span systems
     (`Pooled`, priced by `priced_pool`; ``spare``: with N+1) bear no fixed price: where one is in the plan returned and
     a system only it uses has a fixed price, the minimum is a lower bound, not a plan's price (`cheapest_plan_fixed`
-    decides those). ``prepaid``: systems whose fixed price is not counted. Returns (minimum, replicas per option), or
-    None when the search passes ``node_limit`` nodes (the caller then solves the cover program).
+    decides those). ``prepaid``: systems whose fixed price is not counted; ``memo``: `priced_pool`'s. Returns
+    (minimum, replicas per option), or None when the search passes ``node_limit`` nodes (the caller then solves the
+    cover program).
     """
     tables = []
     for c in comps:
         if isinstance(c, Pooled):
-            c = priced_pool(c, lam, price, spare)
+            c = priced_pool(c, lam, price, spare, memo, math.inf if start is None else start[0])
         if not len(c.M):
             continue
         if c.usd is not None:  # priced: its own table
