@@ -44,6 +44,12 @@ from formulations.fleet_columns import (
 ARTIFICIAL_USD = 1e9
 """Cost of the artificial column each class and slice starts with (so the first master is feasible); never part of a
 bound (the Lagrangian value does not read the columns)."""
+BRANCH_TOL = 1e-2
+"""Relative gap between a box's Lagrangian value and its master's at which `column_bound`'s branching stops that
+box's column generation (the root's is ``tol``, 1e-3 by default; the larger of the two applies): the box's bound is
+then its parent's where that is higher, and the time goes to more boxes. Measured with `column_bound` alone on
+`scripts/bench_fleet.py`'s disaggregated 2 models x 12 slices from `solve_fleet`'s start plans (20 s, load 1.6-2):
+1e-3 6,321 USD/day, 5e-3 6,327, 1e-2 6,330-6,331 (two runs), 2e-2 6,329, 5e-2 6,327."""
 BANNED_USD = 1e9
 """Price per day of a system in the pricing of a box that holds its in-use value at 0 (`column_bound`'s
 branching): a plan using it costs at least this much, so a class that cannot be served without it bounds the box's
@@ -171,11 +177,13 @@ class WarmMaster:
 
 
 def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, tol: float = 1e-3,
-                 near_usd: float = 1.0, branch: bool = True, cut: bool = False) -> ColumnBound:
+                 near_usd: float = 1.0, branch: bool = True, cut: bool = False, branch_tol: float = BRANCH_TOL
+                 ) -> ColumnBound:
     """Column generation on ``d`` (reduced and merged as the caller solves it) within ``time_limit_s``; ``start``:
     block (class index, slice) -> plans to begin with (each a {option: replicas}). Stops when the bound is within
     ``tol`` of the master's optimum, when no plan prices below its block's dual, or at the time limit. With
-    ``branch``, then branches on the node counts (`_branch`) in the time left. With ``cut``, a round is stopped at
+    ``branch``, then branches on the node counts (`_branch`) in the time left, each box's column generation stopped
+    within the larger of ``tol`` and ``branch_tol`` (`BRANCH_TOL`). With ``cut``, a round is stopped at
     the time limit (it bounds nothing then; without, every round, the first included, runs to its end). Returns the
     best bound reached.
     """
@@ -227,8 +235,11 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                         np.vstack([np.zeros((len(blocks), len(S)))] + [c[1][None, :] for c in columns]))
     mp.c[mp.n_nodes:mp.n_nodes + len(blocks)] = ARTIFICIAL_USD  # the artificial columns
     master = WarmMaster(d, blocks, mp)
+    # a block's cheapest plan at given prices (an exact minimum, whatever plan the search starts from): the same
+    # prices recur across rounds and boxes (a branch moves some slices' prices only)
+    memo: dict = {}
 
-    def generate(box: tuple, stop: float, basis=None) -> tuple[float, dict]:
+    def generate(box: tuple, stop: float, basis=None, tol: float = tol) -> tuple[float, dict]:
         """Column generation with the node variables within ``box`` (low, high per node variable: reserved,
         hourly by system and slice, in use): its best Lagrangian value (a bound on every fleet whose nodes are in
         the box; infinity where the box holds none) and the last master's node values and near plans. A system
@@ -295,7 +306,10 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                 if parts[b] is not None:
                     prices, fixed_b = dict(zip(S, pi[:, ti].tolist(), strict=True)), dict(zip(S, fx.tolist(),
                                                                                                 strict=True))
-                    found = cheapest_plan(parts[b], lams[b], prices, fixed_b, seed, spare=d.n_plus_one)
+                    at = (b, pi[:, ti].tobytes(), fx.tobytes())  # the block at these prices: priced once
+                    if ("plan", *at) not in memo:
+                        memo["plan", *at] = cheapest_plan(parts[b], lams[b], prices, fixed_b, seed, spare=d.n_plus_one)
+                    found = memo["plan", *at]
                     if found is not None and pooled[b] and found[1]:  # its price with every system's fixed price
                         price = _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
                         cut_at = sigma[b] - 1e-7 * max(1.0, abs(sigma[b]))
@@ -304,8 +318,10 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                             # the dual with them it is a column already, and its minimum without them a bound)
                             if seed is None or price < seed[0]:
                                 seed = (price, found[1])
-                            found = cheapest_plan_fixed(parts[b], lams[b], prices, fixed_b, seed, d.n_plus_one,
-                                                        found[0])
+                            if ("fixed", *at) not in memo:
+                                memo["fixed", *at] = cheapest_plan_fixed(parts[b], lams[b], prices, fixed_b, seed,
+                                                                         d.n_plus_one, found[0])
+                            found = memo["fixed", *at]
                             price = None if found is None else _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
                     out.searched += found is not None
                 if found is None:
@@ -339,12 +355,12 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
     out.bound, node = generate(root, t0 + time_limit_s)
     out.master, out.x, out.near = node["master"], node["x"], node["near"]
     if branch and node["x"] is not None:
-        out.bound, out.leaf = _branch(generate, root, out.bound, node, d, t0 + time_limit_s)
+        out.bound, out.leaf = _branch(generate, root, out.bound, node, d, t0 + time_limit_s, max(tol, branch_tol))
     out.wall_s = time.perf_counter() - t0
     return out
 
 
-def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop: float
+def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop: float, tol: float
             ) -> tuple[float, np.ndarray | None]:
     """Branch and price on the node counts and the systems in use, best bound first, within ``stop``: reserved
     nodes are whole, and so are hourly nodes at an optimum (where replicas take whole nodes the least hourly count
@@ -376,7 +392,7 @@ def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop:
             if lo[i] > hi[i]:
                 continue
             kid = (lo, hi)
-            kb, kn = generate(kid, stop, basis)  # from the parent's basis: its dual simplex goes on from it
+            kb, kn = generate(kid, stop, basis, tol)  # from the parent's basis: its dual simplex goes on from it
             if kb == math.inf:
                 continue  # no fleet has its nodes in this box
             kids.append((max(kb, b0), kid, kn["x"], kn["basis"]))  # the parent's bound holds in the box too
