@@ -238,6 +238,7 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
     # a block's cheapest plan at given prices (an exact minimum, whatever plan the search starts from): the same
     # prices recur across rounds and boxes (a branch moves some slices' prices only)
     memo: dict = {}
+    stacked: dict = {}  # block -> (how many plans, their chips per system, the systems they use as 0/1), as matrices
 
     def generate(box: tuple, stop: float, basis=None, tol: float = tol) -> tuple[float, dict]:
         """Column generation with the node variables within ``box`` (low, high per node variable: reserved,
@@ -293,14 +294,16 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                     return node["bound"], node
                 ti = tix[t]
                 fx = eta.get(b, np.zeros(nS)) + banned
-                seed = None
-                near = []
-                for chips, used, counts in mine[b]:  # the block's plans so far at these prices: a plan to beat
-                    v = float(chips @ pi[:, ti]) + sum(fx[i] for i in used)
-                    if seed is None or v < seed[0]:
-                        seed = (v, counts)
-                    if v <= sigma[b] + near_usd:
-                        near.append(counts)
+                seed, near = None, []
+                if mine[b]:  # the block's plans so far at these prices: the cheapest is a plan to beat
+                    if stacked.get(b, (0,))[0] != len(mine[b]):
+                        stacked[b] = (len(mine[b]), np.array([m[0] for m in mine[b]]),
+                                      np.array([np.isin(np.arange(nS), list(m[1])) for m in mine[b]], dtype=float))
+                    _, chips_b, used_b = stacked[b]
+                    v = chips_b @ pi[:, ti] + used_b @ fx
+                    k = int(np.argmin(v))
+                    seed = (float(v[k]), mine[b][k][2])
+                    near = [mine[b][i][2] for i in np.flatnonzero(v <= sigma[b] + near_usd)]
                 node["near"][b] = near
                 found, price = None, None
                 if parts[b] is not None:
