@@ -245,7 +245,8 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
         hourly by system and slice, in use): its best Lagrangian value (a bound on every fleet whose nodes are in
         the box; infinity where the box holds none) and the last master's node values and near plans. A system
         whose in-use value the box holds at 0 is priced at `BANNED_USD` (the box's fleets do not use it, so its
-        cover sets are those without it).
+        cover sets are those without it). ``basis``: where its first master starts from (its parent box's; else the
+        model's own); ``tol``: the gap to the master at which it stops.
         """
         node: dict = {"bound": -math.inf, "master": math.inf, "x": None, "near": {}, "basis": None}
         while True:
@@ -371,7 +372,8 @@ def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop:
     so a box's fleets are those of its two halves, below and above a fractional value: the one rounding most USD/day
     (fraction times the node's cost per day, or the system's fixed cost). The bound is the least over the boxes left
     open (each box's own bound valid for the fleets in it); returned with the node values of the master of the box
-    that has it.
+    that has it. A box's master starts from its parent's basis (the parent's optimum with one bound moved: a few dual
+    simplex steps) and its column generation stops within ``tol`` of its master.
     """
     res_c, hr_c, fix_c = node_costs(d)
     cost = np.r_[res_c, hr_c.ravel(), fix_c[fix_c > 0]]
