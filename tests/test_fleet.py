@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pyomo.environ as pyo
 import pytest
+import scipy.sparse as sp
 from formulation_contract import FormulationContract
 from helpers import dse
 
@@ -1170,3 +1171,82 @@ def test_plan_program_keeps_hand_offs_across_systems_within_the_interconnect():
         f = solve_plans(d, "highs", 10.0, extra={(0, 0): [across, half]}, mixes=False)
         assert fleet_cost(d, f) == pytest.approx(day * nodes)
         assert check(d, f, fleet_cost(d, f)) == []
+
+
+def test_the_warm_master_solves_as_a_rebuilt_master_over_the_same_columns_and_boxes():
+    """The master held in one HiGHS model (`WarmMaster`: columns and link rows added in place, node bounds changed per
+    box, solved from the basis it holds or a box's own) has at every step the optimum of `master_program` rebuilt
+    over the same columns and solved from scratch (scipy's ``linprog``), and its row duals, read back in
+    `master_program`'s order, are optimal duals of that rebuilt program (their Lagrangian value, rows priced at them
+    and each variable at the bound minimizing its reduced cost, is its optimum): the sign the bound reads them in."""
+    from scipy.optimize import linprog
+
+    from dse.optimize.fleet_bound import ARTIFICIAL_USD, WarmMaster, column_bound
+    from formulations.fleet_columns import master_program
+
+    def lagrangian(mp, y_ub, y_eq):
+        A = sp.vstack([mp.A_ub, mp.A_eq]).tocsc()
+        red = mp.c - A.T @ np.r_[y_ub, y_eq]
+        assert (red[np.isinf(mp.bounds[:, 1])] >= -1e-6).all()
+        at = np.where(red < 0, np.where(np.isinf(mp.bounds[:, 1]), 0.0, mp.bounds[:, 1]), mp.bounds[:, 0])
+        return float(mp.b_ub @ y_ub + mp.b_eq @ y_eq + red @ at)
+
+    def over(d, blocks, cols):  # the master over the artificial columns, then ``cols``
+        block_of = np.r_[np.arange(len(blocks)), [c[0] for c in cols]].astype(np.int64)
+        mp = master_program(d, blocks, block_of, np.vstack([np.zeros((len(blocks), len(d.systems)))]
+                                                           + [c[1][None, :] for c in cols]))
+        mp.c[mp.n_nodes:mp.n_nodes + len(blocks)] = ARTIFICIAL_USD
+        return mp
+
+    rng = np.random.default_rng(7)
+    checked = boxes = 0
+    while checked < 4:
+        d = random_instance(rng, budget=False)
+        cb = column_bound(d, 10.0, tol=1e-9, branch=False)
+        if cb.x is None:
+            continue
+        S = list(d.systems.index)
+        foot = d.footprint().astype(float)
+        sys_pos = pd.Index(S).get_indexer(d.options["system"])
+        cols = []
+        for b, plans in cb.plans.items():
+            for counts in plans:
+                chips = np.zeros(len(S))
+                for k, n in counts.items():
+                    chips[sys_pos[k]] += foot[k] * n
+                cols.append((b, chips))
+        if len(cols) < 4:
+            continue
+        order = rng.permutation(len(cols))
+        cols = [cols[i] for i in order]
+        first = max(1, len(cols) // 4)
+        wm = WarmMaster(d, cb.blocks, over(d, cb.blocks, cols[:first]))
+        root = (over(d, cb.blocks, []).bounds[:wm.n_nodes, 0].copy(), over(d, cb.blocks, []).bounds[:wm.n_nodes, 1].copy())
+        saved = None
+        for upto in sorted({first, len(cols) // 2, len(cols)}):
+            if upto > wm.columns:
+                wm.add(np.array([c[0] for c in cols[wm.columns:upto]]),
+                       np.vstack([c[1][None, :] for c in cols[wm.columns:upto]]))
+            for box in [root] + [(root[0], np.where(np.arange(len(root[1])) == i, np.floor(cb.x[i]), root[1]))
+                                 for i in range(len(cb.x)) if cb.x[i] - np.floor(cb.x[i]) > 1e-6][:2]:
+                warm = wm.solve(box, saved if box is not root else None)
+                mp = over(d, cb.blocks, cols[:upto])
+                mp.bounds[:mp.n_nodes, 0], mp.bounds[:mp.n_nodes, 1] = box
+                cold = linprog(mp.c, A_ub=mp.A_ub, b_ub=mp.b_ub, A_eq=mp.A_eq, b_eq=mp.b_eq, bounds=mp.bounds,
+                               method="highs")
+                assert warm is not None and cold.status == 0
+                assert warm.fun == pytest.approx(cold.fun, rel=1e-6)
+                y_ub = np.empty(mp.A_ub.shape[0])
+                for k in ("hold", "inventory", "power"):
+                    y_ub[mp.rows[k]] = warm.dual[wm.rows[k]]
+                for i, key in enumerate(mp.keys["link"]):
+                    y_ub[mp.rows["link"].start + i] = warm.dual[wm.link[key]]
+                assert (y_ub <= 1e-9).all()
+                assert lagrangian(mp, y_ub, warm.dual[wm.rows["convex"]]) == pytest.approx(cold.fun, rel=1e-6)
+                assert lagrangian(mp, cold.ineqlin.marginals, cold.eqlin.marginals) == pytest.approx(cold.fun,
+                                                                                                      rel=1e-6)
+                boxes += box is not root
+                if box is root:
+                    saved = warm.basis
+        checked += 1
+    assert boxes >= 2

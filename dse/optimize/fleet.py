@@ -198,7 +198,12 @@ to pools paired on their own system (its fleets only; `solve_fleet`)."""
 COLUMN_SHARE = 1 / 3
 """Share of the time limit for the column generation bound (`dse.optimize.fleet_bound.column_bound`): measured with
 `scripts/bench_fleet.py` it converges (to 0.1% of its master) in 13 CPU s on disaggregated 10 models x 24 h and
-5 CPU s on aggregated; stopped early, it still returns a valid bound (its best Lagrangian value)."""
+5 CPU s on aggregated; stopped early, it still returns a valid bound (its best Lagrangian value). With the master
+warm (`dse.optimize.fleet_bound.WarmMaster`, 60 s, load 1.6-2, one run each), half of the time instead of a third
+closed disaggregated 2 x 12 (gap 0.99-1.02% -> 0.85%, bound 6,330-6,332 -> 6,341 USD/day) but left the plan
+program too little on disaggregated 5 x 24 (14,042 -> 14,070, gap 0.92% -> 1.07%) and the search over the reserved
+nodes on aggregated 10 x 6 (66,308 -> 66,486, 0.70% -> 0.95%); aggregated 10 x 24 0.96% -> 0.88%, disaggregated
+5 x 12 0.97% -> 0.93%."""
 COLUMN_SHARE_FULL = 1 / 6
 """The same share where the node relaxations (`node_bound`) follow (up to `NODE_COLUMNS_MAX` columns) and need the
 time: measured with `scripts/bench_fleet.py` aggregated 2 x 12 (60 s, load 3.5-3.7), with a third the node

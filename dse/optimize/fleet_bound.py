@@ -1,6 +1,6 @@
 """A lower bound on the fleet program by column generation over whole-replica plans per class and slice.
 
-The master linear program (`formulations.fleet_columns.master_program`, HiGHS through scipy's ``linprog``) prices
+The master linear program (`formulations.fleet_columns.master_program`, held in one HiGHS model, `WarmMaster`) prices
 the nodes, the systems in use and the power; each class and slice's cheapest plan at those prices comes from a
 branch and bound over its components (`cheapest_plan`; units whose pools pair across interconnects enter as their
 non-dominated pairs at those prices, `priced_pool`, and the fixed prices of the systems they use are decided by
@@ -24,9 +24,11 @@ import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+import highspy
 import numpy as np
 import pandas as pd
-from scipy.optimize import LinearConstraint, linprog, milp
+import scipy.sparse as sp
+from scipy.optimize import LinearConstraint, milp
 
 from formulations.fleet import FleetData
 from formulations.fleet_columns import (
@@ -42,6 +44,12 @@ from formulations.fleet_columns import (
 ARTIFICIAL_USD = 1e9
 """Cost of the artificial column each class and slice starts with (so the first master is feasible); never part of a
 bound (the Lagrangian value does not read the columns)."""
+BRANCH_TOL = 1e-2
+"""Relative gap between a box's Lagrangian value and its master's at which `column_bound`'s branching stops that
+box's column generation (the root's is ``tol``, 1e-3 by default; the larger of the two applies): the box's bound is
+then its parent's where that is higher, and the time goes to more boxes. Measured with `column_bound` alone on
+`scripts/bench_fleet.py`'s disaggregated 2 models x 12 slices from `solve_fleet`'s start plans (20 s, load 1.6-2):
+1e-3 6,321 USD/day, 5e-3 6,327, 1e-2 6,330-6,331 (two runs), 2e-2 6,329, 5e-2 6,327."""
 BANNED_USD = 1e9
 """Price per day of a system in the pricing of a box that holds its in-use value at 0 (`column_bound`'s
 branching): a plan using it costs at least this much, so a class that cannot be served without it bounds the box's
@@ -74,12 +82,108 @@ def _price(d: FleetData, counts: dict, foot: np.ndarray, sys_pos: np.ndarray, pr
     return float(chips @ price + fixed[chips > 0].sum())
 
 
+@dataclass
+class MasterSolution:
+    """A solved master: its optimum (infinity where the box holds no fleet), the node variables' values, the row
+    duals in HiGHS' sign (what a unit more of each row's right-hand side changes the optimum by: <= 0 on a binding
+    <= row of a minimization), and the basis (`WarmMaster.solve` starts from it).
+    """
+
+    fun: float
+    x: np.ndarray | None = None
+    dual: np.ndarray | None = None
+    basis: object = None
+
+
+class WarmMaster:
+    """The master linear program (`formulations.fleet_columns.master_program`) held in one HiGHS model for a whole
+    column generation and its branching: columns are added in place, with the ``link`` rows of the (block, system)
+    pairs they bring first, both taken from `master_program` over the new columns alone (the node rows' positions do
+    not depend on the columns); a box changes the node variables' bounds; each solve starts from a basis (the one
+    the model holds, or a box's own), so the simplex goes on from it instead of from scratch. ``rows``: model rows
+    of each kind (hold, inventory, power, convex) in `master_program`'s order; ``link``: (block, system) -> row.
+    """
+
+    def __init__(self, d: FleetData, blocks: list, mp) -> None:
+        self.d, self.blocks, self.n_nodes = d, blocks, mp.n_nodes
+        n_ub = mp.A_ub.shape[0]
+        self.rows = {k: np.arange(mp.rows[k].start, mp.rows[k].stop) for k in ("hold", "inventory", "power")}
+        self.rows["convex"] = n_ub + np.arange(len(blocks))
+        self.link = {key: mp.rows["link"].start + i for i, key in enumerate(mp.keys["link"])}
+        self.n_rows = n_ub + len(blocks)
+        self.columns = mp.A_ub.shape[1] - mp.n_nodes - len(blocks)  # the real columns (after the artificial ones)
+        A = sp.vstack([mp.A_ub, mp.A_eq]).tocsc()
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = A.shape[1], A.shape[0]
+        lp.col_cost_, lp.col_lower_, lp.col_upper_ = mp.c, mp.bounds[:, 0], mp.bounds[:, 1]
+        lp.row_lower_ = np.r_[np.full(n_ub, -np.inf), mp.b_eq]
+        lp.row_upper_ = np.r_[mp.b_ub, mp.b_eq]
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = A.shape[1], A.shape[0]
+        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = A.indptr, A.indices, A.data
+        # the binding itself: the `highspy.Highs` wrapper prints a banner on stdout and runs Python callbacks
+        self.h = highspy._core._Highs()
+        self.h.setOptionValue("output_flag", False)
+        self.h.passModel(lp)
+
+    def add(self, block_of: np.ndarray, chips: np.ndarray) -> None:
+        """Columns of blocks ``block_of`` (positions in ``blocks``) with ``chips`` per system, and the link rows of
+        the (block, system) pairs they are the first to bring.
+        """
+        mp = master_program(self.d, self.blocks, block_of, chips)
+        at = np.empty(mp.A_ub.shape[0] + mp.A_eq.shape[0], dtype=np.int32)  # its rows' positions in the model
+        for k in ("hold", "inventory", "power"):
+            at[mp.rows[k]] = self.rows[k]
+        at[mp.A_ub.shape[0]:] = self.rows["convex"]
+        fresh = []
+        for i, key in enumerate(mp.keys["link"]):
+            if key not in self.link:
+                self.link[key] = self.n_rows + len(fresh)
+                fresh.append(mp.rows["link"].start + i)
+            at[mp.rows["link"].start + i] = self.link[key]
+        if fresh:  # the new link rows' entries on the node (in-use) variables
+            R = mp.A_ub[fresh][:, :self.n_nodes].tocsr()
+            self.h.addRows(len(fresh), np.full(len(fresh), -np.inf), mp.b_ub[fresh], R.nnz, R.indptr[:-1],
+                           R.indices, R.data)
+            self.n_rows += len(fresh)
+        C = sp.vstack([mp.A_ub, mp.A_eq]).tocsc()[:, self.n_nodes:]
+        self.h.addCols(C.shape[1], mp.c[self.n_nodes:], mp.bounds[self.n_nodes:, 0], mp.bounds[self.n_nodes:, 1],
+                       C.nnz, C.indptr[:-1], at[C.indices], C.data)
+        self.columns += len(block_of)
+
+    def solve(self, box: tuple, basis=None) -> MasterSolution | None:
+        """The master with the node variables within ``box`` (low, high), from ``basis`` where given (a basis of
+        the model with fewer rows and columns: those added since enter it basic and at their lower bound), else from
+        the model's own; None where HiGHS ends short of optimal.
+        """
+        n = self.n_nodes
+        self.h.changeColsBounds(n, np.arange(n, dtype=np.int32), np.asarray(box[0], dtype=float),
+                                np.asarray(box[1], dtype=float))
+        if basis is not None:
+            basis.col_status = list(basis.col_status) + [highspy.HighsBasisStatus.kLower] * (
+                self.h.getNumCol() - len(basis.col_status))
+            basis.row_status = list(basis.row_status) + [highspy.HighsBasisStatus.kBasic] * (
+                self.n_rows - len(basis.row_status))
+            self.h.setBasis(basis)
+        self.h.run()
+        status = self.h.getModelStatus()
+        if status in (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kUnboundedOrInfeasible):
+            return MasterSolution(math.inf)  # costs and variables are nonnegative: never unbounded
+        if status != highspy.HighsModelStatus.kOptimal:
+            return None
+        sol = self.h.getSolution()
+        return MasterSolution(self.h.getInfo().objective_function_value, np.array(sol.col_value[:n]),
+                              np.array(sol.row_dual), self.h.getBasis())
+
+
 def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, tol: float = 1e-3,
-                 near_usd: float = 1.0, branch: bool = True, cut: bool = False) -> ColumnBound:
+                 near_usd: float = 1.0, branch: bool = True, cut: bool = False, branch_tol: float = BRANCH_TOL
+                 ) -> ColumnBound:
     """Column generation on ``d`` (reduced and merged as the caller solves it) within ``time_limit_s``; ``start``:
     block (class index, slice) -> plans to begin with (each a {option: replicas}). Stops when the bound is within
     ``tol`` of the master's optimum, when no plan prices below its block's dual, or at the time limit. With
-    ``branch``, then branches on the node counts (`_branch`) in the time left. With ``cut``, a round is stopped at
+    ``branch``, then branches on the node counts (`_branch`) in the time left, each box's column generation stopped
+    within the larger of ``tol`` and ``branch_tol`` (`BRANCH_TOL`). With ``cut``, a round is stopped at
     the time limit (it bounds nothing then; without, every round, the first included, runs to its end). Returns the
     best bound reached.
     """
@@ -127,34 +231,46 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
     nc = d.systems["node_chips"].to_numpy(dtype=float)
     pw = d.systems["power_per_node_w"].to_numpy(dtype=float)
     inv = d.inventory.reindex(S).to_numpy(dtype=float)
-    def generate(box: tuple, stop: float) -> tuple[float, dict]:
+    mp = master_program(d, blocks, np.r_[np.arange(len(blocks)), [c[0] for c in columns]].astype(np.int64),
+                        np.vstack([np.zeros((len(blocks), len(S)))] + [c[1][None, :] for c in columns]))
+    mp.c[mp.n_nodes:mp.n_nodes + len(blocks)] = ARTIFICIAL_USD  # the artificial columns
+    master = WarmMaster(d, blocks, mp)
+    # a block's cheapest plan at given prices (an exact minimum, whatever plan the search starts from): the same
+    # prices recur across rounds and boxes (a branch moves some slices' prices only)
+    priced: dict = {}
+    stacked: dict = {}  # block -> (how many plans, their chips per system, the systems they use as 0/1), as matrices
+
+    def generate(box: tuple, stop: float, basis=None, tol: float = tol) -> tuple[float, dict]:
         """Column generation with the node variables within ``box`` (low, high per node variable: reserved,
         hourly by system and slice, in use): its best Lagrangian value (a bound on every fleet whose nodes are in
         the box; infinity where the box holds none) and the last master's node values and near plans. A system
         whose in-use value the box holds at 0 is priced at `BANNED_USD` (the box's fleets do not use it, so its
-        cover sets are those without it).
+        cover sets are those without it). ``basis``: where its first master starts from (its parent box's; else the
+        model's own); ``tol``: the gap to the master at which it stops.
         """
-        node: dict = {"bound": -math.inf, "master": math.inf, "x": None, "near": {}}
+        node: dict = {"bound": -math.inf, "master": math.inf, "x": None, "near": {}, "basis": None}
         while True:
             out.iterations += 1
-            mp = master_program(d, blocks, np.r_[np.arange(len(blocks)), [c[0] for c in columns]].astype(np.int64),
-                                np.vstack([np.zeros((len(blocks), len(S)))] + [c[1][None, :] for c in columns]))
-            mp.c[mp.n_nodes:mp.n_nodes + len(blocks)] = ARTIFICIAL_USD
-            mp.bounds[:mp.n_nodes, 0], mp.bounds[:mp.n_nodes, 1] = box[0], box[1]
-            lp = linprog(mp.c, A_ub=mp.A_ub, b_ub=mp.b_ub, A_eq=mp.A_eq, b_eq=mp.b_eq, bounds=mp.bounds,
-                         method="highs")
-            if lp.status != 0:
-                return math.inf if lp.status == 2 else node["bound"], node
-            node["master"] = float(lp.fun)
-            node["x"] = lp.x[:mp.n_nodes]
-            dual = np.maximum(-np.asarray(lp.ineqlin.marginals), 0.0)  # what a unit more of each <= row saves
-            sigma = np.asarray(lp.eqlin.marginals)
-            pi = dual[mp.rows["hold"]].reshape(nS, nT)  # USD/day per chip of system and slice
-            inv_u = dual[mp.rows["inventory"]].reshape(len(fixed), nT) if fixed else np.zeros((0, nT))
+            if len(columns) > master.columns:
+                master.add(np.array([c[0] for c in columns[master.columns:]], dtype=np.int64),
+                           np.vstack([c[1][None, :] for c in columns[master.columns:]]))
+            lp = master.solve(box, basis)
+            basis = None  # later rounds go on from the model's own basis
+            if lp is None:
+                return node["bound"], node
+            if lp.fun == math.inf:
+                return math.inf, node
+            node["master"] = lp.fun
+            node["x"] = lp.x
+            node["basis"] = lp.basis
+            dual = np.maximum(-lp.dual, 0.0)  # what a unit more of each <= row saves
+            sigma = lp.dual[master.rows["convex"]]
+            pi = dual[master.rows["hold"]].reshape(nS, nT)  # USD/day per chip of system and slice
+            inv_u = dual[master.rows["inventory"]].reshape(len(fixed), nT) if fixed else np.zeros((0, nT))
             eta: dict = {}
-            for (b, s), v in zip(mp.keys["link"], dual[mp.rows["link"]], strict=True):
+            for (b, s), v in zip(master.link, dual[list(master.link.values())], strict=True):
                 eta.setdefault(b, np.zeros(nS))[S.index(s)] = v
-            phi = dual[mp.rows["power"]] if d.power_cap_w is not None else np.zeros(0)
+            phi = dual[master.rows["power"]] if d.power_cap_w is not None else np.zeros(0)
             # the node and in-use variables, each at the bound that minimizes its reduced cost
             value = 0.0
             red_res = res_c - pi.sum(axis=1) * nc
@@ -179,21 +295,27 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                     return node["bound"], node
                 ti = tix[t]
                 fx = eta.get(b, np.zeros(nS)) + banned
-                seed = None
-                near = []
-                for chips, used, counts in mine[b]:  # the block's plans so far at these prices: a plan to beat
-                    v = float(chips @ pi[:, ti]) + sum(fx[i] for i in used)
-                    if seed is None or v < seed[0]:
-                        seed = (v, counts)
-                    if v <= sigma[b] + near_usd:
-                        near.append(counts)
+                seed, near = None, []
+                if mine[b]:  # the block's plans so far at these prices: the cheapest is a plan to beat
+                    if stacked.get(b, (0,))[0] != len(mine[b]):
+                        stacked[b] = (len(mine[b]), np.array([m[0] for m in mine[b]]),
+                                      np.array([np.isin(np.arange(nS), list(m[1])) for m in mine[b]], dtype=float))
+                    _, chips_b, used_b = stacked[b]
+                    v = chips_b @ pi[:, ti] + used_b @ fx
+                    k = int(np.argmin(v))
+                    seed = (float(v[k]), mine[b][k][2])
+                    near = [mine[b][i][2] for i in np.flatnonzero(v <= sigma[b] + near_usd)]
                 node["near"][b] = near
                 found, price = None, None
                 if parts[b] is not None:
                     prices, fixed_b = dict(zip(S, pi[:, ti].tolist(), strict=True)), dict(zip(S, fx.tolist(),
                                                                                                 strict=True))
+                    at = (b, pi[:, ti].tobytes(), fx.tobytes())  # the block at these prices: priced once
                     memo: dict = {}  # the pooled units' components at these prices, for both searches
-                    found = cheapest_plan(parts[b], lams[b], prices, fixed_b, seed, spare=d.n_plus_one, memo=memo)
+                    if ("plan", *at) not in priced:
+                        priced["plan", *at] = cheapest_plan(parts[b], lams[b], prices, fixed_b, seed,
+                                                            spare=d.n_plus_one, memo=memo)
+                    found = priced["plan", *at]
                     if found is not None and pooled[b] and found[1]:  # its price with every system's fixed price
                         price = _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
                         cut_at = sigma[b] - 1e-7 * max(1.0, abs(sigma[b]))
@@ -202,8 +324,10 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                             # the dual with them it is a column already, and its minimum without them a bound)
                             if seed is None or price < seed[0]:
                                 seed = (price, found[1])
-                            found = cheapest_plan_fixed(parts[b], lams[b], prices, fixed_b, seed, d.n_plus_one,
-                                                        found[0], memo)
+                            if ("fixed", *at) not in priced:
+                                priced["fixed", *at] = cheapest_plan_fixed(parts[b], lams[b], prices, fixed_b, seed,
+                                                                           d.n_plus_one, found[0], memo)
+                            found = priced["fixed", *at]
                             price = None if found is None else _price(d, found[1], foot, sys_pos, pi[:, ti], fx)
                     out.searched += found is not None
                 if found is None:
@@ -237,12 +361,12 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
     out.bound, node = generate(root, t0 + time_limit_s)
     out.master, out.x, out.near = node["master"], node["x"], node["near"]
     if branch and node["x"] is not None:
-        out.bound, out.leaf = _branch(generate, root, out.bound, node, d, t0 + time_limit_s)
+        out.bound, out.leaf = _branch(generate, root, out.bound, node, d, t0 + time_limit_s, max(tol, branch_tol))
     out.wall_s = time.perf_counter() - t0
     return out
 
 
-def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop: float
+def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop: float, tol: float
             ) -> tuple[float, np.ndarray | None]:
     """Branch and price on the node counts and the systems in use, best bound first, within ``stop``: reserved
     nodes are whole, and so are hourly nodes at an optimum (where replicas take whole nodes the least hourly count
@@ -250,14 +374,15 @@ def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop:
     so a box's fleets are those of its two halves, below and above a fractional value: the one rounding most USD/day
     (fraction times the node's cost per day, or the system's fixed cost). The bound is the least over the boxes left
     open (each box's own bound valid for the fleets in it); returned with the node values of the master of the box
-    that has it.
+    that has it. A box's master starts from its parent's basis (the parent's optimum with one bound moved: a few dual
+    simplex steps) and its column generation stops within ``tol`` of its master.
     """
     res_c, hr_c, fix_c = node_costs(d)
     cost = np.r_[res_c, hr_c.ravel(), fix_c[fix_c > 0]]
-    open_: list = [(bound, root, node["x"])]
+    open_: list = [(bound, root, node["x"], node["basis"])]
     while time.perf_counter() < stop:
         open_.sort(key=lambda o: o[0])
-        b0, box, x = open_[0]
+        b0, box, x, basis = open_[0]
         v = x[:len(cost)]
         frac = np.minimum(v - np.floor(v + 1e-9), np.ceil(v - 1e-9) - v)
         score = np.where(frac > 1e-6, frac * cost, 0.0)
@@ -274,10 +399,10 @@ def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop:
             if lo[i] > hi[i]:
                 continue
             kid = (lo, hi)
-            kb, kn = generate(kid, stop)
+            kb, kn = generate(kid, stop, basis, tol)  # from the parent's basis: its dual simplex goes on from it
             if kb == math.inf:
                 continue  # no fleet has its nodes in this box
-            kids.append((max(kb, b0), kid, kn["x"]))  # the parent's bound holds in the box too
+            kids.append((max(kb, b0), kid, kn["x"], kn["basis"]))  # the parent's bound holds in the box too
         open_ = open_[1:] + kids
         if not open_:
             return b0, None
