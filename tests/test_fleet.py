@@ -908,8 +908,9 @@ def test_pooled_units_are_priced_as_an_enumeration_of_every_replica_vector():
     """Pools joined across systems by interconnects (free hand-offs, with and without N+1): the pricing that forms
     their non-dominated pairs at the prices (`priced_pool`) and decides the fixed prices of the systems they use
     (`cheapest_plan_fixed`) returns the cheapest replica vector serving the class's demand with N+1, equal to an
-    enumeration of every vector (the brute force's own service rule, re-pairing the pools after a failure); with
-    the pooled units' fixed prices left out (`cheapest_plan`) it is a lower bound, exact where no system has one."""
+    enumeration of every vector (the brute force's own service rule, re-pairing the pools after a failure), also
+    with every system's fixed price decided from a plan to beat; with the pooled units' fixed prices left out
+    (`cheapest_plan`), or only one system's decided, it is a lower bound, exact where no system has one."""
     from dataclasses import replace
 
     from dse.optimize.fleet_bound import cheapest_plan, cheapest_plan_fixed
@@ -939,6 +940,13 @@ def test_pooled_units_are_priced_as_an_enumeration_of_every_replica_vector():
                 assert got is not None and got[0] == pytest.approx(ref, rel=1e-9, abs=1e-9)
                 low = cheapest_plan(comps, need, price, fixed, spare=d.n_plus_one)
                 assert low[0] <= ref + 1e-9
+                # fewer systems' fixed prices decided: a lower bound; every one decided, from a plan priced just
+                # above the minimum and the bound without them (`column_bound`'s second search): the minimum
+                part = cheapest_plan_fixed(comps, need, price, fixed, spare=d.n_plus_one, low=low[0], subsets=1)
+                assert part is not None and part[0] <= ref + 1e-9
+                exact = cheapest_plan_fixed(comps, need, price, fixed, (ref * (1 + 1e-6) + 1e-6, {}), d.n_plus_one,
+                                            low[0], subsets=None)
+                assert exact is not None and exact[0] == pytest.approx(ref, rel=1e-9, abs=1e-9)
                 free = cheapest_plan(comps, need, price, dict.fromkeys(fixed, 0.0), spare=d.n_plus_one)
                 ref_free = _cheapest_by_enumeration(d, cls, t, up[t].to_numpy(), price, dict.fromkeys(fixed, 0.0))
                 assert free[0] == pytest.approx(ref_free, rel=1e-9, abs=1e-9)
