@@ -110,3 +110,19 @@ def test_front_is_monotone_and_contains_the_cost_optimum():
     t = front(space, space.workload, True, dis, "throughput")
     user, gpu = t["tokens_per_s_per_user"].to_numpy(), t["tokens_per_s_per_gpu"].to_numpy()
     assert (np.diff(user) <= 1e-12 * user[1:]).all() and (np.diff(gpu) > 0).all()  # equal TPOT up to rounding
+
+
+def test_smallest_whole_of_an_aggregated_front_keeps_every_figure():
+    """A front without disaggregated points (no prefill options): each point's whole deployment is one replica, its
+    figures the point's own, TTFT included."""
+    from dse.catalog.models import get_model
+    from dse.optimize.fronts import smallest_whole
+    from dse.optimize.space import SpaceOptions
+
+    space = build_space(get_model("llama-3.1-8b"), Request(name="chat", prompt=2000, output=500, ttft_max=2.0),
+                        SpaceOptions(systems=("h100",), pp=(1,), max_batch_per_rank=128))
+    f = front(space, space.workload, True, None, "cost")
+    w = smallest_whole(f)
+    assert len(f) and (w["decode_replicas"] == 1).all() and (w["prefill_replicas"] == 0).all()
+    for key in ("chips", "usd_per_request", "tokens_per_s_per_gpu", "ttft_s"):
+        assert np.array_equal(w[key].to_numpy(), f[key].to_numpy()), key

@@ -177,10 +177,11 @@ def smallest_whole(f: pd.DataFrame, pre: PrefillOptions | None = None, req: Requ
     """Each point's smallest whole deployment (`unit_replicas_many`; aggregated: one replica) as deployed:
     ``prefill_replicas``, ``decode_replicas``, ``chips`` (its GPUs in total), ``usd_per_request`` (every chip's
     USD/s over the requests its decode replicas serve, the prefill pool's idle share included),
-    ``tokens_per_s_per_gpu`` (those requests' output tokens/s over its GPUs) and, with the prefill options the
-    points index (``pre``) and the request, ``ttft_s`` with the prefill pool at the utilisation it runs at as
-    deployed (the planned one x the fluid ratio x d / p, at most the planned one); beside them the point's own figures
-    at the fluid pool ratio, ``usd_per_request_fluid`` and ``tokens_per_s_per_gpu_fluid`` (what the fronts are over).
+    ``tokens_per_s_per_gpu`` (those requests' output tokens/s over its GPUs) and ``ttft_s`` (aggregated: the
+    point's; disaggregated, from the prefill options the points index, ``pre``, and the request: the prefill pool at
+    the utilisation it runs at as deployed, the planned one x the fluid ratio x d / p, at most the planned one);
+    beside them the point's own figures at the fluid pool ratio, ``usd_per_request_fluid`` and
+    ``tokens_per_s_per_gpu_fluid`` (what the fronts are over).
     """
     ratio = f["pool_ratio"].to_numpy(dtype=float)
     dis = ratio > 0
@@ -198,13 +199,14 @@ def smallest_whole(f: pd.DataFrame, pre: PrefillOptions | None = None, req: Requ
     out = pd.DataFrame({"prefill_replicas": p, "decode_replicas": d, "chips": whole, "usd_per_request": deployed,
                         "usd_per_request_fluid": fluid, "tokens_per_s_per_gpu": np.where(dis, tok, tok_fluid),
                         "tokens_per_s_per_gpu_fluid": tok_fluid}, index=f.index)
-    if pre is not None and req is not None:
-        ttft = f["ttft_s"].to_numpy(dtype=float).copy()
-        if dis.any():
-            j = f["prefill"].to_numpy()[dis]
-            pm = pre.metrics
-            rho = pre.rho[j] * ratio[dis] * d[dis] / p[dis]
-            ttft[dis] = prefill_ttft(pm["prefill_service_s"][j], pm["kv_transfer_s"][j], pm["stack_latency_s"][j],
-                                     rho, req)
-        out["ttft_s"] = ttft
+    ttft = f["ttft_s"].to_numpy(dtype=float).copy()
+    if dis.any():
+        if pre is None or req is None:
+            raise ValueError("disaggregated points need the prefill options they index and the request")
+        j = f["prefill"].to_numpy()[dis]
+        pm = pre.metrics
+        rho = pre.rho[j] * ratio[dis] * d[dis] / p[dis]
+        ttft[dis] = prefill_ttft(pm["prefill_service_s"][j], pm["kv_transfer_s"][j], pm["stack_latency_s"][j], rho,
+                                 req)
+    out["ttft_s"] = ttft
     return out
