@@ -63,7 +63,7 @@ KvShard = Enum("KvShard", {t: t for t in KV_SHARDS}, type=str)
 
 
 @contextmanager
-def _native_stdout_to_stderr() -> Iterator[None]:
+def native_stdout_to_stderr() -> Iterator[None]:
     """Send what native libraries (solver logs) write to file descriptor 1 to stderr while the block runs,
     so that stdout carries only the command's own output (``--json`` parses).
     """
@@ -310,7 +310,7 @@ def run(
         spec = load_study(study)
         _started()
         target = out or Path("results") / spec.study
-        with _native_stdout_to_stderr(), _progress_bar(err, spec.study) as progress:
+        with native_stdout_to_stderr(), _progress_bar(err, spec.study) as progress:
             result = run_study(spec, out=target, storage=storage, progress=progress, where=str(study), force=force,
                                plots=not no_plots)
     except (InputError, SolverLimitError) as exc:
@@ -372,7 +372,7 @@ def worker(
         if not study_module(spec.kind).WORKERS:
             raise InputError(f"{study}: `dse worker` joins {kinds_with('WORKERS')} studies; this is a "
                              f"{spec.kind} study")
-        with _native_stdout_to_stderr():
+        with native_stdout_to_stderr():
             _, _, solved = run_sweep(spec, storage, create=False)
     except InputError as exc:
         _fail(exc)

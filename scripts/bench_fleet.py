@@ -32,6 +32,7 @@ import pandas as pd
 
 from dse.catalog.hardware import default_systems, shipping_ids
 from dse.catalog.models import get_model
+from dse.cli import native_stdout_to_stderr
 from dse.errors import InputError
 from dse.optimize.fleet import FleetData, check, fleet_options, solve_fleet
 from dse.optimize.space import SpaceOptions, build_space
@@ -143,7 +144,8 @@ def main() -> None:
             head = f"{n_models:>6} {len(d.classes) // n_models:>3} {n_slices:>6} {modes:>13} {len(d.options):>7}"
             c0 = time.process_time()
             try:
-                r = solve_fleet(d, args.solver, args.limit, duals=False)
+                with native_stdout_to_stderr():  # the solvers' own lines stay out of the table
+                    r = solve_fleet(d, args.solver, args.limit, duals=False)
             except Exception as exc:  # noqa: BLE001 - report and go on
                 print(f"{head} failed: {exc}", flush=True)
                 continue

@@ -151,9 +151,9 @@ def test_run_json_stdout_parses_while_native_solver_logs_go_to_stderr(shipped):
 
 
 def test_native_writes_to_stdout_are_sent_to_stderr(capfd):
-    from dse.cli import _native_stdout_to_stderr
+    from dse.cli import native_stdout_to_stderr
 
-    with _native_stdout_to_stderr():
+    with native_stdout_to_stderr():
         os.write(1, b"native solver log\n")
     print("own output")
     out, err = capfd.readouterr()

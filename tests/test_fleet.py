@@ -941,7 +941,7 @@ def test_pooled_units_are_priced_as_an_enumeration_of_every_replica_vector():
                 low = cheapest_plan(comps, need, price, fixed, spare=d.n_plus_one)
                 assert low[0] <= ref + 1e-9
                 # fewer systems' fixed prices decided: a lower bound; every one decided, from a plan priced just
-                # above the minimum and the bound without them (`column_bound`'s second search): the minimum
+                # above the minimum and the bound without them (as `column_bound` decides them): the minimum
                 part = cheapest_plan_fixed(comps, need, price, fixed, spare=d.n_plus_one, low=low[0], subsets=1)
                 assert part is not None and part[0] <= ref + 1e-9
                 exact = cheapest_plan_fixed(comps, need, price, fixed, (ref * (1 + 1e-6) + 1e-6, {}), d.n_plus_one,
@@ -1010,7 +1010,8 @@ def test_column_generation_branches_on_systems_in_use_and_stays_at_most_the_brut
 def test_column_generation_bound_with_pools_joined_across_systems_and_n_plus_one():
     """Pools joined by interconnects with N+1 (the pricing forms their pairs, `priced_pool`): the bound never exceeds
     the brute force's optimum, whose service re-pairs the pools after a failure within the interconnects' bytes/s
-    (so it is at most the program's optimum, which keeps hand-offs as planned); every class is priced by the search,
+    (so it is at most the program's optimum, which keeps hand-offs as planned), with the pools paired on their own
+    systems priced first or not (the same root master where both converge); every class is priced by the search,
     none by the cover program, and the bound reaches the optimum on some (on all six of these when written)."""
     from dataclasses import replace
 
@@ -1030,6 +1031,13 @@ def test_column_generation_bound_with_pools_joined_across_systems_and_n_plus_one
         assert -np.inf < cb.bound <= best * (1 + 1e-6) + 1e-6
         assert cb.programs == 0 and cb.searched > 0
         tight += cb.bound >= best * (1 - 1e-6)
+        # the pools paired on their own systems priced first, or not: the same master where both converge, a bound
+        # either way
+        plain = column_bound(d, 10.0, tol=1e-9, own_first=False)
+        assert -np.inf < plain.bound <= best * (1 + 1e-6) + 1e-6
+        a, b = (column_bound(d, 10.0, tol=1e-9, branch=False, own_first=o) for o in (True, False))
+        if a.bound >= a.master * (1 - 1e-9) and b.bound >= b.master * (1 - 1e-9):
+            assert a.master == pytest.approx(b.master, rel=1e-6, abs=1e-6)
         # started from every plan the own-system restriction priced (as `solve_fleet` starts it): still a bound
         own = column_bound(replace(d, systems=d.systems.assign(interconnect_bytes_per_s=0.0)), 10.0, tol=1e-9)
         seeded = {}

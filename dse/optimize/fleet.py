@@ -194,7 +194,8 @@ are dearer than the pools' on `scripts/bench_fleet.py`'s instances (5 and 10 mod
 Skipping it there altogether left mixed 10 x 24 bounds of 46,576-46,758 in three runs where it ran gave 46,942."""
 OWN_SHARE = 1 / 6
 """Share of the time limit for the column generation on the restriction of a program whose pools join across systems
-to pools paired on their own system (its fleets only; `solve_fleet`)."""
+to pools paired on their own system, below `FULL_PROGRAM_MAX` columns (its fleets and reserved nodes only;
+`solve_fleet`)."""
 COLUMN_SHARE = 1 / 3
 """Share of the time limit for the column generation bound (`dse.optimize.fleet_bound.column_bound`): measured with
 `scripts/bench_fleet.py` it converges (to 0.1% of its master) in 13 CPU s on disaggregated 10 models x 24 h and
@@ -214,11 +215,15 @@ relaxation did not end in the time left (bound 6,299 USD/day from the column gen
 
 def _round_master(d: FleetData, solver: str, cb, plans: dict, time_limit_s: float, deadline: float | None = None
                   ) -> Fleet | None:
-    """Fleets of the plans near the column generation's duals (``plans``), slice by slice with the systems in use
-    and the reserved nodes of its master fixed (`solve_plans_by_slice`): the root master's rounded to the nearest
-    and down, and the least-bound box's after branching rounded to the nearest; the cheapest. On
-    `scripts/bench_fleet.py`'s aggregated 10 models x 24 h the root's reach 75,475 USD/day in 3 CPU s, where the plan
-    program reached 75,855 in 60 s. ``deadline``: none is started, and none finished, after it.
+    """Fleets of the column generation's plans (``plans``: every plan it priced, `_column_stage`), slice by slice
+    with the systems in use and the reserved nodes of its master fixed (`solve_plans_by_slice`): the root master's
+    rounded to the nearest, down, and one below down (the hourly nodes take the rest), and the least-bound box's
+    after branching rounded to the nearest; the cheapest. On `scripts/bench_fleet.py`'s aggregated 10 models x 24 h
+    the root's reach 75,475 USD/day in 3 CPU s, where the plan program reached 75,855 in 60 s. On its mixed 5 x 12
+    (reserved H200 nodes 26.75 in the master), with only the plans near the duals (within ``near_usd``, even at 50
+    USD/day) 27 and 26 nodes gave 14,070 and 14,051, 25 gave 14,080; with every plan 25 gave 14,032 (the answer's gap
+    1.11% -> 0.97%; aggregated 10 x 6 and 10 x 24 0.86-0.89% -> 0.68% and 0.85%). ``deadline``: none is started,
+    and none finished, after it.
     """
     if cb.x is None:
         return None
@@ -227,7 +232,8 @@ def _round_master(d: FleetData, solver: str, cb, plans: dict, time_limit_s: floa
     used = {s for s, v in zip(fixed, cb.x[len(S) * (1 + nT):], strict=True) if v > 1e-6}
     used |= {s for s in S if s not in fixed}
     best = None
-    tries = {tuple(np.round(cb.x[:len(S)])), tuple(np.floor(cb.x[:len(S)] + 1e-6))}
+    down = np.floor(cb.x[:len(S)] + 1e-6)
+    tries = {tuple(np.round(cb.x[:len(S)])), tuple(down), tuple(np.maximum(down - 1, 0))}
     if cb.leaf is not None:
         tries.add(tuple(np.round(cb.leaf[:len(S)])))
     for rounded in sorted(tries):
@@ -256,18 +262,18 @@ def _start_plans(d: FleetData, g: Fleet) -> dict:
     return out
 
 
-JOINED_SHARE = 1 / 2
+JOINED_SHARE = 2 / 3
 """Most share of the time limit for the column generation on a program whose pools join across systems (its pairs
-across systems priced by `dse.optimize.fleet_bound.priced_pool`, rounds cut at the limit), after the one on its
-own-system restriction, where the full program does not run (below `FULL_PROGRAM_MAX` columns the full program's
-search gives the bound, and the time is left to it: on mixed 1 model x 6 slices, with this column generation run,
-the full program had 23 s and ended at a 3.09% gap); at most the time left less `PLAN_SHARE`. Measured with
-`scripts/bench_fleet.py` (60 s, 2 shared cores, load 4-4.5): on mixed 10 models x 24 slices (560 class-slice pairs
-once equal slices merge) a round takes 7-10 s; with a third of the time 3 rounds end (bound 46,120 USD/day, the lean
-relaxation's 42,498), with half of it 4 (46,621); mixed 5 x 12: 13,737 -> 13,835-13,942. Started from the plans
-of the own-system restriction's column generation (load 1, one window, single runs), a third of the time gave mixed
-5 x 12 a bound of 13,864-13,907 where half gave 13,823-13,879, but mixed 10 x 12 and 10 x 24 46,753 and 46,576 where
-half gave 46,919 and 46,942."""
+across systems priced by `dse.optimize.fleet_bound.priced_pool`, after its pools paired on their own systems,
+`column_bound`'s ``own_first``; rounds cut at the limit), where the full program does not run (below
+`FULL_PROGRAM_MAX` columns the full program's search gives the bound, and the time is left to it: on mixed 1 model x
+6 slices, with this column generation run, the full program had 23 s and ended at a 3.09% gap); at most the time
+left less `PLAN_SHARE`. Measured with `scripts/bench_fleet.py` (60 s, 2 shared cores): on mixed 10 models x 24
+slices (560 class-slice pairs once equal slices merge; no aggregated-only stage there) a round pricing the pairs
+across systems takes about 10 s; with half of the time the bound was 46,817 USD/day (gap 0.87%, load 1), with two
+thirds 46,974 (0.53%, load 1.5). Where an aggregated-only stage runs first, the cap (the time left less
+`PLAN_SHARE`) decides: mixed 2 x 12 25 s, 5 x 12 and 5 x 24 33 s. Earlier, with a column generation on the own-system
+restriction first (a sixth of the time) and half of it here: mixed 10 x 24 46,971, 5 x 12 13,886."""
 PLAN_SHARE = 1 / 4
 """Share of the time limit kept for the fleets of the column generation's plans (`_round_master`, `solve_plans`)
 where pools join across systems."""
@@ -397,10 +403,10 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     every later stage starts from the best fleet so far and keeps it. From `PLAN_STAGE_MIN` columns, the column
     generation bound (`dse.optimize.fleet_bound.column_bound`, `COLUMN_SHARE` of the time, `COLUMN_SHARE_FULL` where
     the node relaxations follow) and fleets of its near plans at its
-    master's reserved nodes (`_round_master`); where pools join across interconnects, first the same on the
-    restriction to pools paired on their own system (`OWN_SHARE`), then, above `FULL_PROGRAM_MAX` columns, on the
-    program itself from every plan the restriction's priced (`JOINED_SHARE`, its plans whose pools pair across
-    systems handing off as `joined_flows` finds);
+    master's reserved nodes (`_round_master`); where pools join across interconnects, below `FULL_PROGRAM_MAX`
+    columns the same on the restriction to pools paired on their own system (`OWN_SHARE`: fleets and reserved nodes),
+    above, on the program itself (`JOINED_SHARE`, its plans whose pools pair across systems handing off as
+    `joined_flows` finds);
     where that bounds nothing above `FULL_PROGRAM_MAX` columns, the lean relaxation's bound
     (`formulations.fleet.build` with ``lean``; at most half the time). Below `FULL_PROGRAM_MAX` columns, from
     `PLAN_STAGE_MIN` columns and up to `NODE_COLUMNS_MAX` (`NODE_JOINED_COLUMNS_MAX` where pools join across
@@ -456,11 +462,14 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
         NODE_JOINED_COLUMNS_MAX if joined_pools else NODE_COLUMNS_MAX)
     if plans and bound_stage and column_stage:
         joined = bool((dm.systems["interconnect_bytes_per_s"] > 0).any())
-        if joined:
-            # pools joined across systems: the same options with every pool paired on its own system are a
-            # restriction (each of its fleets is one of this program's, its bound is not a bound here) whose column
-            # generation converges faster; it gives fleets and near plans, so the answer is never dearer than that
-            # restriction's
+        if joined and full:
+            # pools joined across systems, below `FULL_PROGRAM_MAX` columns (where the full program's search gives
+            # the bound): the same options with every pool paired on its own system are a restriction (each of its
+            # fleets is one of this program's, its bound is not a bound here) whose column generation converges
+            # faster; it gives fleets and near plans and the reserved nodes the search starts from. Above, the
+            # program's own column generation prices them first itself (`column_bound`) and takes this time too
+            # (`scripts/bench_fleet.py`, 60 s, load 1: mixed 2 x 12 gap 1.74% -> 1.59%, 5 x 12 1.17% -> 1.11%,
+            # 5 x 24 1.57% -> 1.28%, the same fleets)
             own = replace(dm, systems=dm.systems.assign(interconnect_bytes_per_s=0.0))
             master, extra, f = _column_stage(own, g, name, OWN_SHARE * time_limit_s, time_limit_s / 12, deadline=end)
             if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
@@ -468,8 +477,7 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
         if not joined or not full:
             share = min(JOINED_SHARE * time_limit_s, remaining() - PLAN_SHARE * time_limit_s) if joined else (
                 (COLUMN_SHARE_FULL if nodes_stage else COLUMN_SHARE) * time_limit_s + unused)
-            cb, more, f = _column_stage(dm, g, name, max(share, 0.0), time_limit_s / 6, cut=joined, deadline=end,
-                                        seed=master)  # the own-system restriction's plans are this program's
+            cb, more, f = _column_stage(dm, g, name, max(share, 0.0), time_limit_s / 6, cut=joined, deadline=end)
             master = cb if cb.x is not None else master
             if cb.bound > -math.inf:
                 if cb.bound > bound:
@@ -559,24 +567,21 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
 
 
 def _column_stage(d: FleetData, g: Fleet, solver: str, bound_s: float, round_s: float, cut: bool = False,
-                  deadline: float | None = None, seed: ColumnBound | None = None
-                  ) -> tuple[ColumnBound, dict | None, Fleet | None]:
-    """The column generation on ``d`` from the greedy ``g``'s plans (`column_bound`, within ``bound_s``), and every
-    plan priced by ``seed`` (a column generation on a restriction of ``d``, whose plans are plans of ``d``): its
-    result, its near plans with the greedy's per (class index, slice) (None where it priced nothing), and the fleet at
-    its master's rounded reserved nodes (`_round_master`, within ``round_s``; None where none). ``cut``: rounds stop
-    at the time limit (`column_bound`).
+                  deadline: float | None = None) -> tuple[ColumnBound, dict | None, Fleet | None]:
+    """The column generation on ``d`` from the greedy ``g``'s plans (`column_bound`, within ``bound_s``): its result,
+    its near plans with the greedy's per (class index, slice) (None where it priced nothing), and the fleet at its
+    master's rounded reserved nodes (`_round_master`, within ``round_s``; None where none). ``cut``: rounds stop at
+    the time limit (`column_bound`).
     """
-    start = _start_plans(d, g)
-    for b, plans in (seed.plans if seed is not None else {}).items():
-        start.setdefault(seed.blocks[b], []).extend(plans)
-    cb = column_bound(d, bound_s, start, cut=cut)
+    cb = column_bound(d, bound_s, _start_plans(d, g), cut=cut)
     if cb.bound == -math.inf:
         return cb, None, None
     extra = {cb.blocks[b]: p for b, p in cb.near.items()}
+    every = {cb.blocks[b]: list(p) for b, p in cb.plans.items()}  # the slices at fixed nodes take every plan priced
     for key, counts in g.plans.items():
         extra.setdefault(key, []).append(counts)
-    return cb, extra, _round_master(d, solver, cb, extra, round_s, deadline)
+        every.setdefault(key, []).append(counts)
+    return cb, extra, _round_master(d, solver, cb, every, round_s, deadline)
 
 
 def solve_aggregated(d: FleetData, solver: str, time_limit_s: float) -> Fleet | None:
