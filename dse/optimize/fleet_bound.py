@@ -677,11 +677,10 @@ def cheapest_plan_fixed(comps: list, lam: float, price: dict, fixed: dict, start
         value = r[0] + up_front
         if best is not None and value >= best[0] - tol or not math.isfinite(value):
             continue  # nothing in the node beats the best so far
-        own = {sys_of[k] for k in r[1] if k not in pooled_opts}
-        alone = {sys_of[k] for k in r[1] if k in pooled_opts} - own - inn
-        alone = {s for s in alone if fixed.get(s, 0.0) > 0}
-        true = value - sum(fixed.get(s, 0.0) for s in inn if s not in own and s not in
-                           {sys_of[k] for k in r[1]}) + sum(fixed[s] for s in alone)
+        # its price: IN's systems it does not use are not paid, those only its pooled units use outside IN are
+        used = {sys_of[k] for k in r[1]}
+        alone = {s for s in used - {sys_of[k] for k in r[1] if k not in pooled_opts} - inn if fixed.get(s, 0.0) > 0}
+        true = value - sum(fixed.get(s, 0.0) for s in inn - used) + sum(fixed[s] for s in alone)
         if best is None or true < best[0]:
             best = (true, r[1])
         if not alone or value >= best[0] - tol:
