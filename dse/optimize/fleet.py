@@ -222,7 +222,7 @@ def _round_master(d: FleetData, solver: str, cb, plans: dict, time_limit_s: floa
     the root's reach 75,475 USD/day in 3 CPU s, where the plan program reached 75,855 in 60 s. On its mixed 5 x 12
     (reserved H200 nodes 26.75 in the master), with only the plans near the duals (within ``near_usd``, even at 50
     USD/day) 27 and 26 nodes gave 14,070 and 14,051, 25 gave 14,080; with every plan 25 gave 14,032 (the answer's gap
-    1.11% -> 0.97%; aggregated 10 x 6 and 10 x 24 0.86-0.89% -> 0.68% and 0.85%). ``deadline``: none is started,
+    1.11% -> 0.97%; aggregated 10 x 6 and 10 x 24 0.86-0.89% -> 0.68-0.71% and 0.85%). ``deadline``: none is started,
     and none finished, after it.
     """
     if cb.x is None:
@@ -402,7 +402,7 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     fleets are the program's, so the answer is never dearer than the restriction's answer within that share, and
     every later stage starts from the best fleet so far and keeps it. From `PLAN_STAGE_MIN` columns, the column
     generation bound (`dse.optimize.fleet_bound.column_bound`, `COLUMN_SHARE` of the time, `COLUMN_SHARE_FULL` where
-    the node relaxations follow) and fleets of its near plans at its
+    the node relaxations follow) and fleets of its plans at its
     master's reserved nodes (`_round_master`); where pools join across interconnects, below `FULL_PROGRAM_MAX`
     columns the same on the restriction to pools paired on their own system (`OWN_SHARE`: fleets and reserved nodes),
     above, on the program itself (`JOINED_SHARE`, its plans whose pools pair across systems handing off as
