@@ -108,6 +108,7 @@ class WarmMaster:
     def __init__(self, d: FleetData, blocks: list, mp) -> None:
         self.d, self.blocks, self.n_nodes = d, blocks, mp.n_nodes
         self.in_use = [s for s in d.systems.index if float(d.systems.loc[s, "fixed_usd_per_day"]) > 0]
+        self.held: set = set()  # systems whose link rows are lifted now (`solve`)
         n_ub = mp.A_ub.shape[0]
         self.rows = {k: np.arange(mp.rows[k].start, mp.rows[k].stop) for k in ("hold", "inventory", "power")}
         self.rows["convex"] = n_ub + np.arange(len(blocks))
@@ -165,10 +166,11 @@ class WarmMaster:
         # the convexity rows, so they are lifted (their duals 0: the pricing bears no fixed price there, and the
         # Lagrangian value is at least as high, a plan paying at most its multiplier more)
         held = {s for s, lo in zip(self.in_use, np.asarray(box[0])[n - len(self.in_use):], strict=True) if lo >= 0.5}
-        if self.link:
+        if self.link and (held or self.held):  # rows are added with their bound: none to move while none is held
             rows = np.fromiter(self.link.values(), dtype=np.int32, count=len(self.link))
             up = np.array([np.inf if s in held else 0.0 for _, s in self.link], dtype=float)
             self.h.changeRowsBounds(len(rows), rows, np.full(len(rows), -np.inf), up)
+        self.held = held
         if basis is not None:
             basis.col_status = list(basis.col_status) + [highspy.HighsBasisStatus.kLower] * (
                 self.h.getNumCol() - len(basis.col_status))
@@ -257,7 +259,7 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
     # a block's cheapest plan at given prices (an exact minimum, whatever plan the search starts from): the same
     # prices recur across rounds and boxes (a branch moves some slices' prices only)
     priced: dict = {}
-    kept: dict = {}  # (block, systems a box bans) -> its components without them
+    kept: dict = {}  # (cover set's name, block, systems a box bans) -> its components without them (`cover_set`)
     stacked: dict = {}  # block -> (how many plans, their chips per system, the systems they use as 0/1), as matrices
 
     def seed_of(b: int, pi_t: np.ndarray, fx: np.ndarray, sigma_b: float) -> tuple:
