@@ -15,7 +15,7 @@ import pyomo.environ as pyo
 
 from dse.errors import InfeasibleError, SolverLimitError
 from dse.optimize.bridge import lp_savings, relaxation_bound, solve_pyomo, solve_pyomo_milp
-from dse.optimize.fleet_bound import ColumnBound, column_bound
+from dse.optimize.fleet_bound import ColumnBound, column_bound, cut_bound
 from dse.optimize.operating_points import operating_points
 from dse.optimize.solver import SolveResult, elastic_shortfalls, relative_gap
 from dse.optimize.space import Space
@@ -191,7 +191,9 @@ AGGREGATED_COLUMNS_MAX = 1000
 `AGGREGATED_SHARE` of the time where the program is above `FULL_PROGRAM_MAX` columns; above, the restriction's fleets
 are dearer than the pools' on `scripts/bench_fleet.py`'s instances (5 and 10 models: 1,782-4,368 columns; mixed
 5 x 12: 14,382 USD/day against 14,090-14,176; 10 x 6: 66,700 against 45,919) and it takes `AGGREGATED_SHARE_COLUMNS`.
-Skipping it there altogether left mixed 10 x 24 bounds of 46,576-46,758 in three runs where it ran gave 46,942."""
+Skipping it there altogether left mixed 10 x 24 bounds of 46,576-46,758 in three runs where it ran gave 46,942
+(before the node program over the column generation's cuts); with that program, where pools join across systems it is
+skipped there (`JOINED_SHARE`: the cuts need the time)."""
 OWN_SHARE = 1 / 6
 """Share of the time limit for the column generation on the restriction of a program whose pools join across systems
 to pools paired on their own system, below `FULL_PROGRAM_MAX` columns (its fleets and reserved nodes only;
@@ -216,30 +218,34 @@ relaxation did not end in the time left (bound 6,299 USD/day from the column gen
 def _round_master(d: FleetData, solver: str, cb, plans: dict, time_limit_s: float, deadline: float | None = None
                   ) -> Fleet | None:
     """Fleets of the column generation's plans (``plans``: every plan it priced, `_column_stage`), slice by slice
-    with the systems in use and the reserved nodes of its master fixed (`solve_plans_by_slice`): the root master's
-    rounded to the nearest, down, and one below down (the hourly nodes take the rest), and the least-bound box's
-    after branching rounded to the nearest; the cheapest. On `scripts/bench_fleet.py`'s aggregated 10 models x 24 h
-    the root's reach 75,475 USD/day in 3 CPU s, where the plan program reached 75,855 in 60 s. On its mixed 5 x 12
-    (reserved H200 nodes 26.75 in the master), with only the plans near the duals (within ``near_usd``, even at 50
-    USD/day) 27 and 26 nodes gave 14,070 and 14,051, 25 gave 14,080; with every plan 25 gave 14,032 (the answer's gap
-    1.11% -> 0.97%; aggregated 10 x 6 and 10 x 24 0.86-0.89% -> 0.68-0.71% and 0.85%). ``deadline``: none is started,
-    and none finished, after it.
+    with the systems in use and the reserved nodes of its master fixed (`solve_plans_by_slice`): first those of the
+    node program over its cuts where it ran (`ColumnBound.cut_at`, with its own systems in use), then the root
+    master's rounded to the nearest, down, and one below down (the hourly nodes take the rest), and the least-bound
+    box's after branching rounded to the nearest; the cheapest. On `scripts/bench_fleet.py`'s aggregated 10 models
+    x 24 h the root's reach 75,475 USD/day in 3 CPU s, where the plan program reached 75,855 in 60 s. On its mixed
+    5 x 12 (reserved H200 nodes 26.75 in the master), with only the plans near the duals (within ``near_usd``, even
+    at 50 USD/day) 27 and 26 nodes gave 14,070 and 14,051, 25 gave 14,080; with every plan 25 gave 14,032 (the
+    answer's gap 1.11% -> 0.97%; aggregated 10 x 6 and 10 x 24 0.86-0.89% -> 0.68-0.71% and 0.85%). ``deadline``:
+    none is started, and none finished, after it.
     """
     if cb.x is None:
         return None
     S, nT = list(d.systems.index), len(d.slices)
     fixed = [s for s in S if float(d.systems.loc[s, "fixed_usd_per_day"]) > 0]
-    used = {s for s, v in zip(fixed, cb.x[len(S) * (1 + nT):], strict=True) if v > 1e-6}
-    used |= {s for s in S if s not in fixed}
+    used = frozenset({s for s, v in zip(fixed, cb.x[len(S) * (1 + nT):], strict=True) if v > 1e-6}
+                     | {s for s in S if s not in fixed})
     best = None
     down = np.floor(cb.x[:len(S)] + 1e-6)
-    tries = {tuple(np.round(cb.x[:len(S)])), tuple(down), tuple(np.maximum(down - 1, 0))}
+    tries = [(tuple(r), used) for r in sorted({tuple(np.round(cb.x[:len(S)])), tuple(down),
+                                                  tuple(np.maximum(down - 1, 0))})]
     if cb.leaf is not None:
-        tries.add(tuple(np.round(cb.leaf[:len(S)])))
-    for rounded in sorted(tries):
+        tries.append((tuple(np.round(cb.leaf[:len(S)])), used))
+    if cb.cut_at is not None:  # the node program's nodes and systems first
+        tries.insert(0, (tuple(cb.cut_at[0].reindex(S).to_numpy()), frozenset(cb.cut_at[1])))
+    for rounded, on in dict.fromkeys(tries):
         if deadline is not None and time.perf_counter() >= deadline:
             break
-        f = solve_plans_by_slice(d, solver, time_limit_s / len(tries), pd.Series(rounded, index=S), used, plans,
+        f = solve_plans_by_slice(d, solver, time_limit_s / len(tries), pd.Series(rounded, index=S), set(on), plans,
                                  False, deadline)
         if f is not None and fleet_cost(d, f) < fleet_cost(d, best):
             best = f
@@ -262,21 +268,37 @@ def _start_plans(d: FleetData, g: Fleet) -> dict:
     return out
 
 
-JOINED_SHARE = 2 / 3
+JOINED_SHARE = 1 / 2
 """Most share of the time limit for the column generation on a program whose pools join across systems (its pairs
 across systems priced by `dse.optimize.fleet_bound.priced_pool`, after its pools paired on their own systems,
-`column_bound`'s ``own_first``; rounds cut at the limit), where the full program does not run (below
-`FULL_PROGRAM_MAX` columns the full program's search gives the bound, and the time is left to it: on mixed 1 model x
-6 slices, with this column generation run, the full program had 23 s and ended at a 3.09% gap); at most the time
-left less `PLAN_SHARE`. Measured with `scripts/bench_fleet.py` (60 s, 2 shared cores): on mixed 10 models x 24
-slices (560 class-slice pairs once equal slices merge; no aggregated-only stage there) a round pricing the pairs
-across systems takes about 10 s; with half of the time the bound was 46,817 USD/day (gap 0.87%, load 1), with two
-thirds 46,974 (0.53%, load 1.5). Where an aggregated-only stage runs first, the cap (the time left less
-`PLAN_SHARE`) decides: mixed 2 x 12 25 s, 5 x 12 and 5 x 24 33 s. Earlier, with a column generation on the own-system
-restriction first (a sixth of the time) and half of it here: mixed 10 x 24 46,971, 5 x 12 13,886."""
-PLAN_SHARE = 1 / 4
-"""Share of the time limit kept for the fleets of the column generation's plans (`_round_master`, `solve_plans`)
-where pools join across systems."""
+`column_bound`'s ``own_first``; rounds cut at the limit), where the full program does not run; at most the time
+left less `JOINED_LEFT`, which the node program over its cuts (`JOINED_CUT_SHARE`) and the fleets at its nodes and
+the master's take. Its cuts need the rounds: measured with `scripts/bench_fleet.py`'s mixed 5 models x 24 slices
+(load 1), the node program over the cuts of 30 s of generation proves 14,022.4 USD/day in 15-20 s (twice), over
+those of 20 s it stays at 13,900.8 (the linear relaxation's value) after 25 s. In `solve_fleet` (60 s, load 0.6-1):
+with two thirds capped by the time left less a quarter and a sixth (after the aggregated-only stage, 11.7 s) the
+generation had 23.4 s and the node program 10 s, bound 13,900.6, gap 1.07%; with no aggregated-only stage (the
+restriction's fleet was 16,824 against 14,051), 35 s and 10 s, 13,901.6 and 1.00%; the same on mixed 5 x 12 (0.93%
+-> 0.92%) and 10 x 24 (0.66% both)."""
+JOINED_LEFT = 5 / 12
+"""Share of the time limit the column generation leaves where pools join across systems above `FULL_PROGRAM_MAX`
+columns (`JOINED_SHARE`): the node program over its cuts and the fleets of its plans."""
+JOINED_CUT_SHARE = 1 / 3
+"""Most share of the time limit for the node program over the cuts where pools join across systems above
+`FULL_PROGRAM_MAX` columns; the fleets of the column generation's plans at its nodes and its master's
+(`_round_master`) keep a sixth."""
+CUTS_SHARE = 1 / 6
+"""Most share of the time limit for the program's own column generation, for its cuts, where pools join across
+systems below `FULL_PROGRAM_MAX` columns (there the column generation on the own-system restriction gives the fleets
+and reserved nodes, its cuts not the program's): at most half the time left. Measured with `scripts/bench_fleet.py`'s
+mixed 1 x 24 (load 1): the cuts of 10 s (184-403 distinct) prove the best fleet's 4,052.8 USD/day in 2.6-3.7 s, those
+of 20 s and 40 s in 4.0 and 4.9 s."""
+CUT_SHARE = 1 / 6
+"""Most share of the time limit for the node program over the column generation's cuts (`cut_bound`). Measured with
+`scripts/bench_fleet.py` (column generation alone, then the node program, load 1-2): mixed 2 x 12 after 10 / 15 / 20 s
+of generation, 6,352 / 6,366 / 6,395.2 USD/day (the best fleet's) in 4.2-4.9 s. Mixed 5 x 24 after 20 s: 13,900.6 in
+10 or 20 s, where HiGHS's branching leaves it at the linear relaxation's value (so does SCIP's in 25 s; HiGHS with no
+heuristics, 13,900.8); after 30 s once 14,021 (proven in 21.5 s)."""
 
 
 PLANS_SEARCH_SHARE = 0.5
@@ -398,15 +420,19 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
     then a greedy fleet. Where classes have pools and the program restricted to aggregated options has fewer than
     `FULL_PROGRAM_MAX` columns, that restriction first (`solve_aggregated`, `AGGREGATED_SHARE` of the time,
     `AGGREGATED_SHARE_COLUMNS` where the program is above `FULL_PROGRAM_MAX` columns and the restriction above
-    `AGGREGATED_COLUMNS_MAX`): its
+    `AGGREGATED_COLUMNS_MAX`, and not at all there where pools join across systems): its
     fleets are the program's, so the answer is never dearer than the restriction's answer within that share, and
     every later stage starts from the best fleet so far and keeps it. From `PLAN_STAGE_MIN` columns, the column
     generation bound (`dse.optimize.fleet_bound.column_bound`, `COLUMN_SHARE` of the time, `COLUMN_SHARE_FULL` where
-    the node relaxations follow) and fleets of its plans at its
-    master's reserved nodes (`_round_master`); where pools join across interconnects, below `FULL_PROGRAM_MAX`
-    columns the same on the restriction to pools paired on their own system (`OWN_SHARE`: fleets and reserved nodes),
-    above, on the program itself (`JOINED_SHARE`, its plans whose pools pair across systems handing off as
-    `joined_flows` finds);
+    the node relaxations follow), the node program over its cuts (`dse.optimize.fleet_bound.cut_bound`, at most
+    `CUT_SHARE`; where its bound meets the best fleet, no fleet of those plans is sought) and fleets of its plans at
+    that program's nodes and systems, then at its master's reserved nodes (`_round_master`); where pools join across
+    interconnects, below `FULL_PROGRAM_MAX` columns the same on the restriction to pools paired on their own system
+    (`OWN_SHARE`: fleets and reserved nodes; its cuts are not the program's), then the program's own column
+    generation for its cuts (`CUTS_SHARE`), the node program over them and the slices solved exactly at its nodes;
+    above, on the program itself (`JOINED_SHARE`, capped by the time left less `JOINED_LEFT`; the node program
+    over its cuts within `JOINED_CUT_SHARE`; its
+    plans whose pools pair across systems handing off as `joined_flows` finds);
     where that bounds nothing above `FULL_PROGRAM_MAX` columns, the lean relaxation's bound
     (`formulations.fleet.build` with ``lean``; at most half the time). Below `FULL_PROGRAM_MAX` columns, from
     `PLAN_STAGE_MIN` columns and up to `NODE_COLUMNS_MAX` (`NODE_JOINED_COLUMNS_MAX` where pools join across
@@ -447,17 +473,19 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
 
     pooled = bool((dm.options["role"] != "both").any())
     unused = 0.0  # of the aggregated-only stage's share, where it ends early (its restriction solved): the bound's
+    small = full or (dm.options["role"] == "both").sum() * len(dm.slices) <= AGGREGATED_COLUMNS_MAX
+    joined_pools = bool((dm.systems["interconnect_bytes_per_s"] > 0).any() and pooled)
     if g is not None and pooled and aggregated_stage and (dm.options["role"] == "both").sum() * len(dm.slices) \
-            < FULL_PROGRAM_MAX:
+            < FULL_PROGRAM_MAX and (small or not joined_pools):
         # the restriction to aggregated options first: its fleets are this program's, so the answer is never dearer
-        # than the restriction's within its share, and every later stage starts from the best fleet so far
-        small = full or (dm.options["role"] == "both").sum() * len(dm.slices) <= AGGREGATED_COLUMNS_MAX
+        # than the restriction's within its share, and every later stage starts from the best fleet so far (not
+        # where pools join across systems and the restriction is large: there the column generation and the node
+        # program over its cuts need the time, `JOINED_SHARE`)
         given, began = (AGGREGATED_SHARE if small else AGGREGATED_SHARE_COLUMNS) * time_limit_s, time.perf_counter()
         f = solve_aggregated(dm, name, given)
         unused = max(0.0, given - (time.perf_counter() - began))
         if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
             best, best_cost, found_by = f, fleet_cost(dm, f), "aggregated options alone"
-    joined_pools = bool((dm.systems["interconnect_bytes_per_s"] > 0).any() and pooled)
     nodes_stage = full and bound_stage and g is not None and columns <= (
         NODE_JOINED_COLUMNS_MAX if joined_pools else NODE_COLUMNS_MAX)
     if plans and bound_stage and column_stage:
@@ -475,22 +503,41 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
             if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
                 best, best_cost, found_by = f, fleet_cost(dm, f), "plans of pools paired on their own systems"
         if not joined or not full:
-            share = min(JOINED_SHARE * time_limit_s, remaining() - PLAN_SHARE * time_limit_s) if joined else (
-                (COLUMN_SHARE_FULL if nodes_stage else COLUMN_SHARE) * time_limit_s + unused)
-            cb, more, f = _column_stage(dm, g, name, max(share, 0.0), time_limit_s / 6, cut=joined, deadline=end)
+            share = (min(JOINED_SHARE * time_limit_s, remaining() - JOINED_LEFT * time_limit_s) if joined
+                     else (COLUMN_SHARE_FULL if nodes_stage else COLUMN_SHARE) * time_limit_s + unused)
+            cuts_s = JOINED_CUT_SHARE if joined else CUT_SHARE if full else 0.0
+            cb, more, f = _column_stage(dm, g, name, max(share, 0.0), time_limit_s / 6, cut=joined, deadline=end,
+                                        cuts_s=cuts_s * time_limit_s, best_usd=best_cost)
             master = cb if cb.x is not None else master
             if cb.bound > -math.inf:
                 if cb.bound > bound:
                     bound, bounded_by = cb.bound, f"bound by column generation ({cb.iterations} rounds)"
+                if cb.cut_value > bound:
+                    bound, bounded_by = cb.cut_value, f"bound by the node program over {len(cb.cuts)} cuts"
                 if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
                     best, best_cost, found_by = f, fleet_cost(dm, f), "plans at the master's nodes"
             for key, p in (more or {}).items():
                 extra = extra or {}
                 extra.setdefault(key, []).extend(p)
+        if joined and full and remaining() > 2.0:
+            # the program's own column generation, for its cuts (its rounds pricing the pairs across systems are
+            # slow to converge, but every round priced whole leaves a cut per class and slice), then the node
+            # program over them and the slices solved exactly at its nodes
+            cb = column_bound(dm, min(CUTS_SHARE * time_limit_s, remaining() / 2), _start_plans(dm, g), cut=True)
+            if cb.bound > bound:
+                bound, bounded_by = cb.bound, f"bound by column generation ({cb.iterations} rounds)"
+            if cb.cuts and bound < best_cost * (1 - 1e-9) and remaining() > 1.0:
+                value, at = cut_bound(dm, cb, max(1.0, min(CUT_SHARE * time_limit_s, remaining() / 2)))
+                if value > bound:
+                    bound, bounded_by = value, f"bound by the node program over {len(cb.cuts)} cuts"
+                if at is not None and bound < best_cost * (1 - 1e-9) and remaining() > 1.0:
+                    f = solve_by_slice(dm, name, remaining() / 2, *at, deadline=end)
+                    if f is not None and fleet_cost(dm, f) < best_cost * (1 - 1e-9):
+                        best, best_cost, found_by = f, fleet_cost(dm, f), "slices at the node program's nodes"
     if not full and bound_stage and bound == -math.inf:
         bound = relaxation_bound(build(dm, hull=hull, lean=True), "highs", max(1.0, min(time_limit_s / 2, remaining())))
         bounded_by = "bound by the linear relaxation"
-    proven = False
+    proven = bound >= best_cost * (1 - 1e-9)
     stop = min(end - SLICES_SHARE * time_limit_s, time.perf_counter() + NODE_SHARE * time_limit_s)
     for whole in (False, True) if nodes_stage else ():
         # the node relaxations, replica counts continuous, then whole where the program is small: their bound may
@@ -567,20 +614,29 @@ def solve_fleet(d: FleetData, solver: str = "auto", time_limit_s: float = 60.0, 
 
 
 def _column_stage(d: FleetData, g: Fleet, solver: str, bound_s: float, round_s: float, cut: bool = False,
-                  deadline: float | None = None) -> tuple[ColumnBound, dict | None, Fleet | None]:
+                  deadline: float | None = None, cuts_s: float = 0.0, best_usd: float = math.inf
+                  ) -> tuple[ColumnBound, dict | None, Fleet | None]:
     """The column generation on ``d`` from the greedy ``g``'s plans (`column_bound`, within ``bound_s``): its result,
     its near plans with the greedy's per (class index, slice) (None where it priced nothing), and the fleet at its
     master's rounded reserved nodes (`_round_master`, within ``round_s``; None where none). ``cut``: rounds stop at
-    the time limit (`column_bound`).
+    the time limit (`column_bound`). With ``cuts_s``, first the node program over the generation's cuts
+    (`cut_bound`, within ``cuts_s`` and what ``deadline`` leaves after ``round_s``), its bound and nodes kept on the
+    result (``cut_value``, ``cut_at``: `_round_master` tries those nodes first); where that bound reaches
+    ``best_usd`` (the best fleet so far), no fleet is sought.
     """
     cb = column_bound(d, bound_s, _start_plans(d, g), cut=cut)
     if cb.bound == -math.inf:
         return cb, None, None
+    left = math.inf if deadline is None else deadline - time.perf_counter() - round_s
+    if cuts_s > 0 and cb.cuts and min(cuts_s, left) >= 1.0:
+        cb.cut_value, cb.cut_at = cut_bound(d, cb, min(cuts_s, left))
     extra = {cb.blocks[b]: p for b, p in cb.near.items()}
     every = {cb.blocks[b]: list(p) for b, p in cb.plans.items()}  # the slices at fixed nodes take every plan priced
     for key, counts in g.plans.items():
         extra.setdefault(key, []).append(counts)
         every.setdefault(key, []).append(counts)
+    if cb.cut_value >= best_usd * (1 - 1e-9):
+        return cb, extra, None  # the node program proves the best fleet so far: no fleet of these plans is cheaper
     return cb, extra, _round_master(d, solver, cb, every, round_s, deadline)
 
 

@@ -51,6 +51,8 @@ box's column generation (the root's is ``tol``, 1e-3 by default; the larger of t
 then its parent's where that is higher, and the time goes to more boxes. Measured with `column_bound` alone on
 `scripts/bench_fleet.py`'s disaggregated 2 models x 12 slices from `solve_fleet`'s start plans (20 s, load 1.6-2):
 1e-3 6,321 USD/day, 5e-3 6,327, 1e-2 6,330-6,331 (two runs), 2e-2 6,329, 5e-2 6,327."""
+CUT_COEF_MIN = 1e-6
+"""Least coefficient of a cut in `cut_bound`, as a share of its largest (smaller ones are raised to it)."""
 BANNED_USD = 1e9
 """Price per day of a system in the pricing of a box that holds its in-use value at 0 (`column_bound`'s
 branching): a plan using it costs at least this much, so a class that cannot be served without it bounds the box's
@@ -72,6 +74,12 @@ class ColumnBound:
     x: np.ndarray = None  # the master's node variables (reserved, hourly, in use), last round
     leaf: np.ndarray = None  # the same in the open box of least bound, after branching
     near: dict = field(default_factory=dict)  # block index -> the plans within ``near_usd`` of its dual, last round
+    # (block index, slice position, USD/day per chip of each system, per system used, the block's minimum at those
+    # prices, systems with a fixed cost the pricing's box held out of use): one per block and round priced whole,
+    # each a valid inequality on the chips and systems a plan of the block uses (`cut_bound`)
+    cuts: dict = field(default_factory=dict)
+    cut_value: float = -math.inf  # `cut_bound`'s over them, where it ran
+    cut_at: tuple | None = None  # its reserved nodes and systems in use
 
 
 def _price(d: FleetData, counts: dict, foot: np.ndarray, sys_pos: np.ndarray, price: np.ndarray, fixed: np.ndarray
@@ -190,7 +198,7 @@ class WarmMaster:
 
 def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, tol: float = 1e-3,
                  near_usd: float = 1.0, branch: bool = True, cut: bool = False, branch_tol: float = BRANCH_TOL,
-                 own_first: bool = True) -> ColumnBound:
+                 own_first: bool = True, seed_cuts: bool = True) -> ColumnBound:
     """Column generation on ``d`` (reduced and merged as the caller solves it) within ``time_limit_s``; ``start``:
     block (class index, slice) -> plans to begin with (each a {option: replicas}). Stops when the bound is within
     ``tol`` of the master's optimum, when no plan prices below its block's dual, or at the time limit. With
@@ -201,7 +209,10 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
     own systems only (exact and fast: no pair across systems, every component on one system bearing its fixed price;
     their plans are this program's) and prices the pairs across systems only where that adds no column, so the
     rounds that bound are those (on `scripts/bench_fleet.py`'s mixed 1 x 24, alone, 40 s: 3,951 -> 3,970 USD/day).
-    Returns the best bound reached.
+    Every round that prices every block leaves a cut per block (`ColumnBound.cuts`, for `cut_bound`); with
+    ``seed_cuts``, each block is first priced at an hourly node's price per chip in its slice, its plan a column and
+    its minimum a cut (a root master's duals may price every chip at 0: on the brute-force tests' random instances the
+    node program over the root's cuts then had none). Returns the best bound reached.
     """
     t0 = time.perf_counter()
     out = ColumnBound()
@@ -428,11 +439,30 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
                 if (found[0] if price is None else price) < sigma[b] - 1e-7 * max(1.0, abs(sigma[b])):
                     added += add(b, found[1])
             value += float(lows.sum())
+            if math.isfinite(value):
+                out_f = tuple(n_ for n_, si in enumerate(fixed) if banned[si] > 0)
+                for b, (_, t) in enumerate(blocks):
+                    # a minimum at the scale of the artificial or banned prices (their duals leaking into the
+                    # round's) makes a cut HiGHS cannot use reliably: left out (a cut left out weakens nothing else)
+                    if 0.0 < lows[b] < min(ARTIFICIAL_USD, BANNED_USD) / 2:
+                        fx = eta.get(b, np.zeros(nS)).copy()
+                        fx[banned > 0] = 0.0  # the box's plans use none of them
+                        key = (b, pi[:, tix[t]].tobytes(), fx.tobytes(), out_f)
+                        out.cuts[key] = (b, tix[t], pi[:, tix[t]].copy(), fx, float(lows[b]), out_f)
             node["bound"] = max(node["bound"], value)
             if not added or node["bound"] >= node["master"] * (1 - tol) or time.perf_counter() >= stop:
                 return node["bound"], node
 
     use0 = nS + nS * nT  # the in-use values follow the reserved and hourly nodes
+    for b, (_, t) in enumerate(blocks if seed_cuts else ()):
+        # a cut per block at an hourly node's price per chip (the root master's duals may price every chip at 0),
+        # no price per system used (so the minimum is the search's own): its plan a column too
+        p = hr_c[:, tix[t]] / nc
+        found = cheapest_plan(parts[b], lams[b], dict(zip(S, p.tolist(), strict=True)), dict.fromkeys(S, 0.0),
+                              spare=d.n_plus_one)
+        if found is not None and found[1] and found[0] > 0:
+            out.cuts[b, "hourly"] = (b, tix[t], p, np.zeros(nS), float(found[0]), ())
+            add(b, found[1])
     root = (np.zeros(use0 + len(fixed)), np.r_[inv.min(axis=1), inv.ravel(), np.ones(len(fixed))])
     out.bound, node = generate(root, t0 + time_limit_s)
     out.master, out.x, out.near = node["master"], node["x"], node["near"]
@@ -440,6 +470,136 @@ def column_bound(d: FleetData, time_limit_s: float, start: dict | None = None, t
         out.bound, out.leaf = _branch(generate, root, out.bound, node, d, t0 + time_limit_s, max(tol, branch_tol))
     out.wall_s = time.perf_counter() - t0
     return out
+
+
+def cut_bound(d: FleetData, cb: ColumnBound, time_limit_s: float) -> tuple[float, tuple[pd.Series, set] | None]:
+    """A lower bound on the fleet program from the node program over the column generation's cuts, by HiGHS within
+    ``time_limit_s``: reserved and hourly nodes whole, systems in use 0 or 1, and per class and slice (block) the
+    chips y_bs its plan holds on each system and whether it uses it (w_bs), bound by the master's rows (a slice's
+    chips within its nodes, nodes within the inventory of a system in use, w_bs <= its in-use value, the power cap)
+    and by every cut the pricing left (`ColumnBound.cuts`): at chip prices p >= 0 and prices q >= 0 per system used,
+    a block's minimum m over its cover set bounds every plan of it, so its plan's chips and systems satisfy
+    p.y_b + q.w_b >= m (a cut priced in a box that held systems O out of use holds for plans using none of them:
+    p.y_b + q.w_b + m sum_O u_s >= m); and y_bs <= (the most chips its options there take) w_bs. Every fleet of the
+    program is a point of it (its nodes and systems, each block's plan's chips and systems), so its optimum, or
+    HiGHS's dual bound at the limit, bounds the program; it keeps what the master's linear program loses, the
+    rounding of whole nodes and the fixed price of each system in use, over the plans' convex hull seen through the
+    cuts (`column_bound`'s branching reaches the same only box by box). Returned with the reserved nodes and the
+    systems in use of the solution HiGHS found (a start for the fleets at fixed nodes), or None where it found none;
+    minus infinity where there is no cut or no bound.
+
+    Measured with `scripts/bench_fleet.py`'s instances (cuts of a column generation alone, load 1-2): mixed 1 model x
+    24 slices, cuts of 10 s (184 distinct) prove 4,052.8 USD/day, the best fleet's cost, in 3.7 s (the generation's
+    own bound 3,940, the node relaxation's 3,990 in 15 s); mixed 2 x 12, cuts of 30 s: 6,371.2 in 3.9 s (generation
+    6,297; best fleet 6,395); mixed 5 x 24, cuts of 30 s (1,674): 14,021 in 21.5 s (generation 13,891; best fleet
+    14,056).
+    """
+    end = time.perf_counter() + time_limit_s
+    if not cb.cuts:
+        return -math.inf, None
+    S, T, blocks = list(d.systems.index), d.slices, cb.blocks
+    nS, nT, nB = len(S), len(T), len(blocks)
+    res_c, hr_c, fix_c = node_costs(d)
+    fixed = np.flatnonzero(fix_c > 0)
+    nF = len(fixed)
+    fpos = np.full(nS, -1)
+    fpos[fixed] = np.arange(nF)
+    inv = d.inventory.reindex(S).to_numpy(dtype=float)
+    nc = d.systems["node_chips"].to_numpy(dtype=float)
+    tix = {t: i for i, t in enumerate(T)}
+    bt = np.array([tix[t] for _, t in blocks], dtype=np.int64)
+    # the most chips a block's plan holds on a system: its options there at their replica bounds
+    o, up, foot = d.options, d.upper(), d.footprint().astype(float)
+    sys_pos = pd.Index(S).get_indexer(o["system"])
+    most = np.zeros((nB, nS))
+    for b, (j, t) in enumerate(blocks):
+        mod, cls = d.classes[j]
+        ks = np.flatnonzero(((o["model"] == mod) & (o["cls"] == cls)).to_numpy())
+        np.add.at(most[b], sys_pos[ks], foot[ks] * up[t].to_numpy()[ks])
+    most = np.minimum(most, (nc * inv.max(axis=1))[None, :])
+    oR, oH, oU, oY = 0, nS, nS + nS * nT, nS + nS * nT + nF
+    oW = oY + nB * nS
+    nv = oW + nB * nF
+    c = np.zeros(nv)
+    c[oR:oH], c[oH:oU], c[oU:oY] = res_c, hr_c.ravel(), fix_c[fixed]
+    lb, ub = np.zeros(nv), np.ones(nv)
+    ub[oR:oH], ub[oH:oU], ub[oY:oW] = inv.min(axis=1), inv.ravel(), most.ravel()
+    integrality = np.r_[np.ones(oY), np.zeros(nv - oY)]
+    ri, ci, val, lo, hi = [], [], [], [], []
+    r = 0
+
+    def rows(n: int, lo_: np.ndarray, hi_: np.ndarray) -> np.ndarray:
+        nonlocal r
+        at = r + np.arange(n)
+        r += n
+        lo.append(np.broadcast_to(lo_, n))
+        hi.append(np.broadcast_to(hi_, n))
+        return at
+
+    def entries(at: np.ndarray, col: np.ndarray, v) -> None:
+        ri.append(at)
+        ci.append(col)
+        val.append(np.broadcast_to(np.asarray(v, dtype=float), len(at)))
+
+    si, ti = np.meshgrid(np.arange(nS), np.arange(nT), indexing="ij")
+    si, ti = si.ravel(), ti.ravel()
+    hold = rows(nS * nT, -np.inf, 0.0)  # a slice's chips within its nodes, by system
+    bb, bs = np.meshgrid(np.arange(nB), np.arange(nS), indexing="ij")
+    bb, bs = bb.ravel(), bs.ravel()
+    entries(hold[bs * nT + bt[bb]], oY + bb * nS + bs, 1.0)
+    entries(hold, oR + si, -nc[si])
+    entries(hold, oH + si * nT + ti, -nc[si])
+    held = rows(nS * nT, -np.inf, np.where(fpos[si] >= 0, 0.0, inv[si, ti]))  # nodes within the inventory
+    entries(held, oR + si, 1.0)
+    entries(held, oH + si * nT + ti, 1.0)
+    on = fpos[si] >= 0
+    entries(held[on], oU + fpos[si[on]], -inv[si[on], ti[on]])
+    if nF:
+        fb, ff = np.meshgrid(np.arange(nB), np.arange(nF), indexing="ij")
+        fb, ff = fb.ravel(), ff.ravel()
+        link = rows(nB * nF, -np.inf, 0.0)  # w_bs <= u_s
+        entries(link, oW + fb * nF + ff, 1.0)
+        entries(link, oU + ff, -1.0)
+        chips = rows(nB * nF, -np.inf, 0.0)  # y_bs <= most_bs w_bs
+        entries(chips, oY + fb * nS + fixed[ff], 1.0)
+        entries(chips, oW + fb * nF + ff, -most[fb, fixed[ff]])
+    if d.power_cap_w is not None:
+        pw = d.systems["power_per_node_w"].to_numpy(dtype=float) / float(d.power_cap_w)  # the cap as 1
+        power = rows(nT, -np.inf, 1.0)
+        entries(power[ti], oR + si, pw[si])
+        entries(power[ti], oH + si * nT + ti, pw[si])
+    for b, _, p, q, m, out_f in cb.cuts.values():
+        scale = max(float(p.max()), float(q.max()))
+        if scale <= 0.0:
+            continue  # prices all 0 and a positive minimum: cannot be (the plan costs 0); nothing to say
+        # coefficients as a share of the largest, none below `CUT_COEF_MIN` (raised: a larger coefficient on a
+        # nonnegative variable only weakens the cut), so HiGHS is not handed a range it cannot resolve
+        p = np.where(p > 0, np.maximum(p / scale, CUT_COEF_MIN), 0.0) * scale
+        q = np.where(q > 0, np.maximum(q / scale, CUT_COEF_MIN), 0.0) * scale
+        at = rows(1, m / scale, np.inf)
+        ys, = np.nonzero(p > 0)
+        ws, = np.nonzero(q[fixed] > 0)
+        entries(np.repeat(at, len(ys)), oY + b * nS + ys, p[ys] / scale)
+        entries(np.repeat(at, len(ws)), oW + b * nF + ws, q[fixed[ws]] / scale)
+        if out_f:
+            entries(np.repeat(at, len(out_f)), oU + np.array(out_f), m / scale)
+    A = sp.csr_matrix((np.concatenate(val), (np.concatenate(ri), np.concatenate(ci))), shape=(r, nv))
+    left = end - time.perf_counter()
+    if left < 0.5:
+        return -math.inf, None
+    res = milp(c, integrality=integrality, bounds=(lb, ub),
+               constraints=LinearConstraint(A, np.concatenate(lo), np.concatenate(hi)),
+               options={"time_limit": left, "mip_rel_gap": 1e-6})
+    if res.status == 2:  # infeasible: no fleet at all (the cuts hold for every fleet)
+        return math.inf, None
+    bound = getattr(res, "mip_dual_bound", None)
+    if bound is None or not math.isfinite(bound):
+        bound = float(res.fun) if res.status == 0 else -math.inf
+    if res.x is None:
+        return float(bound), None
+    reserved = pd.Series(np.round(res.x[oR:oH]), index=S)
+    used = {S[i] for i in range(nS) if fpos[i] < 0 or res.x[oU + fpos[i]] > 0.5}
+    return float(min(bound, res.fun) if res.status == 0 else bound), (reserved, used)
 
 
 def _branch(generate, root: tuple, bound: float, node: dict, d: FleetData, stop: float, tol: float
