@@ -279,7 +279,9 @@ those of 20 s it stays at 13,900.8 (the linear relaxation's value) after 25 s. I
 with two thirds capped by the time left less a quarter and a sixth (after the aggregated-only stage, 11.7 s) the
 generation had 23.4 s and the node program 10 s, bound 13,900.6, gap 1.07%; with no aggregated-only stage (the
 restriction's fleet was 16,824 against 14,051), 35 s and 10 s, 13,901.6 and 1.00%; the same on mixed 5 x 12 (0.93%
--> 0.92%) and 10 x 24 (0.66% both)."""
+-> 0.92%) and 10 x 24 (0.66% both). With half here and a third for the node program (30 s and 20 s): 13,930.4 (its
+branching stopped at the limit; gap 0.89%) in one run, 14,022 (proven; 0.20%) in the whole bench's; mixed 5 x 12
+0.24% (bound 13,998), 10 x 6 0.06%, 10 x 12 0.47-0.66%, 10 x 24 0.61-0.71%."""
 JOINED_LEFT = 5 / 12
 """Share of the time limit the column generation leaves where pools join across systems above `FULL_PROGRAM_MAX`
 columns (`JOINED_SHARE`): the node program over its cuts and the fleets of its plans."""
