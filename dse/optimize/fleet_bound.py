@@ -486,7 +486,8 @@ def cut_bound(d: FleetData, cb: ColumnBound, time_limit_s: float) -> tuple[float
     rounding of whole nodes and the fixed price of each system in use, over the plans' convex hull seen through the
     cuts (`column_bound`'s branching reaches the same only box by box). Returned with the reserved nodes and the
     systems in use of the solution HiGHS found (a start for the fleets at fixed nodes), or None where it found none;
-    minus infinity where there is no cut or no bound.
+    minus infinity where there is no cut or no bound (also where HiGHS reports no point: every fleet is one, so that
+    can only be numerical, and it is not taken as a bound).
 
     Measured with `scripts/bench_fleet.py`'s instances (cuts of a column generation alone, load 1-2): mixed 1 model x
     24 slices, cuts of 10 s (184 distinct) prove 4,052.8 USD/day, the best fleet's cost, in 3.7 s (the generation's
@@ -590,8 +591,8 @@ def cut_bound(d: FleetData, cb: ColumnBound, time_limit_s: float) -> tuple[float
     res = milp(c, integrality=integrality, bounds=(lb, ub),
                constraints=LinearConstraint(A, np.concatenate(lo), np.concatenate(hi)),
                options={"time_limit": left, "mip_rel_gap": 1e-6})
-    if res.status == 2:  # infeasible: no fleet at all (the cuts hold for every fleet)
-        return math.inf, None
+    if res.status == 2:  # HiGHS says no point: not taken as a proof (the callers hold a fleet), so no bound
+        return -math.inf, None
     bound = getattr(res, "mip_dual_bound", None)
     if bound is None or not math.isfinite(bound):
         bound = float(res.fun) if res.status == 0 else -math.inf
